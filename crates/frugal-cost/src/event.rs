@@ -1,0 +1,218 @@
+//! Usage events: the rows of the ledger.
+//!
+//! An event is a span of paid work (or paid idleness) with what it cost. Inference events
+//! count requests and tokens; training events are segments of a run on one kind of
+//! capacity, ending in an outcome; idle events are capacity paid for and not used.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::money::{Millis, Money};
+
+/// What kind of work an event paid for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Inference,
+    Training,
+    /// Capacity paid for and unused: all of its cost is waste.
+    Idle,
+    /// Cost that is neither (storage, network, tax) but is on the bill.
+    Other,
+}
+
+/// How capacity was bought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capacity {
+    OnDemand,
+    Spot,
+    Reserved1y,
+    Reserved3y,
+}
+
+/// How a training segment ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Completed,
+    Preempted,
+    Failed,
+    /// Stopped on purpose (checkpoint and exit, early stop).
+    Stopped,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{value}` is not a {what} (expected one of: {expected})")]
+pub struct ParseEnumError {
+    what: &'static str,
+    value: String,
+    expected: &'static str,
+}
+
+macro_rules! text_enum {
+    ($ty:ident, $what:literal, $expected:literal, { $($name:literal $(| $alias:literal)* => $variant:ident),+ $(,)? }) => {
+        impl $ty {
+            pub const ALL: &[$ty] = &[$($ty::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($ty::$variant => $name),+ }
+            }
+
+            /// The stable integer stored in the ledger.
+            pub fn code(self) -> i64 {
+                self as i64
+            }
+
+            pub fn from_code(code: i64) -> Option<$ty> {
+                Self::ALL.iter().copied().find(|v| v.code() == code)
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = ParseEnumError;
+            fn from_str(s: &str) -> Result<$ty, ParseEnumError> {
+                let norm = s.trim().to_ascii_lowercase().replace(['-', ' '], "_");
+                match norm.as_str() {
+                    $($name $(| $alias)* => Ok($ty::$variant),)+
+                    _ => Err(ParseEnumError { what: $what, value: s.to_owned(), expected: $expected }),
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+text_enum!(Kind, "kind", "inference, training, idle, other", {
+    "inference" => Inference,
+    "training" | "train" => Training,
+    "idle" => Idle,
+    "other" => Other,
+});
+
+text_enum!(Capacity, "capacity type", "on_demand, spot, reserved_1y, reserved_3y", {
+    "on_demand" | "ondemand" | "standard" => OnDemand,
+    "spot" | "preemptible" | "dynamic" => Spot,
+    "reserved_1y" | "reserved" | "committed" => Reserved1y,
+    "reserved_3y" => Reserved3y,
+});
+
+text_enum!(Outcome, "outcome", "completed, preempted, failed, stopped", {
+    "completed" | "done" => Completed,
+    "preempted" | "interrupted" => Preempted,
+    "failed" | "crashed" => Failed,
+    "stopped" => Stopped,
+});
+
+/// One row of the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    /// Start, milliseconds since the Unix epoch (UTC).
+    pub ts_ms: Millis,
+    pub duration_ms: Millis,
+    pub kind: Kind,
+    /// What the money was spent for: a service, a team's job, a training run's name.
+    pub workload: String,
+    pub model: Option<String>,
+    /// Training run id; segments of one run share it.
+    pub run_id: Option<String>,
+    pub instance_type: Option<String>,
+    pub region: Option<String>,
+    pub capacity: Option<Capacity>,
+    /// Instances (or accelerators, for accelerator-priced capacity) the event ran on.
+    pub instances: u32,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_input_tokens: u64,
+    /// Busy share of the paid capacity in [0, 1]; the rest is waste.
+    pub utilization: Option<f64>,
+    /// The cost basis (amortized, as FOCUS's EffectiveCost).
+    pub cost: Money,
+    /// The input-token part of `cost`, where the price splits it.
+    pub input_cost: Option<Money>,
+    /// What the same capacity costs on demand, for savings against it.
+    pub list_cost: Option<Money>,
+    pub outcome: Option<Outcome>,
+    /// Work redone because of this segment's end (time since the last checkpoint).
+    pub lost_ms: Millis,
+}
+
+impl Event {
+    /// An event with only the required fields set; the rest empty.
+    pub fn new(ts_ms: Millis, kind: Kind, workload: impl Into<String>, cost: Money) -> Event {
+        Event {
+            ts_ms,
+            duration_ms: 0,
+            kind,
+            workload: workload.into(),
+            model: None,
+            run_id: None,
+            instance_type: None,
+            region: None,
+            capacity: None,
+            instances: 1,
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cached_input_tokens: 0,
+            utilization: None,
+            cost,
+            input_cost: None,
+            list_cost: None,
+            outcome: None,
+            lost_ms: 0,
+        }
+    }
+
+    pub fn waste(&self) -> Money {
+        waste(self.kind, self.utilization, self.cost)
+    }
+}
+
+/// The part of `cost` that bought nothing: all of it when idle, the unused share otherwise.
+pub fn waste(kind: Kind, utilization: Option<f64>, cost: Money) -> Money {
+    match (kind, utilization) {
+        (Kind::Idle, _) => cost,
+        (_, Some(u)) => cost.scale(1.0 - u.clamp(0.0, 1.0)),
+        (_, None) => Money::ZERO,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_read_aliases_and_round_trip_codes() {
+        assert_eq!("On-Demand".parse::<Capacity>(), Ok(Capacity::OnDemand));
+        assert_eq!("Dynamic".parse::<Capacity>(), Ok(Capacity::Spot));
+        assert_eq!("preempted".parse::<Outcome>(), Ok(Outcome::Preempted));
+        for k in Kind::ALL {
+            assert_eq!(Kind::from_code(k.code()), Some(*k));
+            assert_eq!(k.as_str().parse::<Kind>(), Ok(*k));
+        }
+        let err = "gpu".parse::<Kind>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "`gpu` is not a kind (expected one of: inference, training, idle, other)"
+        );
+    }
+
+    #[test]
+    fn waste_by_hand() {
+        let mut e = Event::new(0, Kind::Training, "t", Money::from_cents(10_000));
+        assert_eq!(e.waste(), Money::ZERO);
+        e.utilization = Some(0.35);
+        assert_eq!(e.waste(), Money::from_cents(6_500));
+        e.kind = Kind::Idle;
+        assert_eq!(e.waste(), Money::from_cents(10_000));
+    }
+}

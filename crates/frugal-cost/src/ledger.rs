@@ -1,0 +1,714 @@
+//! The usage ledger: an append-only SQLite file of usage events.
+//!
+//! Every write is one transaction in WAL mode with `synchronous = FULL`: once `append` or
+//! `import` returns, the rows survive a killed process or a power cut, and a write that
+//! did not return leaves nothing behind. Triggers refuse UPDATE and DELETE on events, so
+//! the ledger only grows. Names (workloads, models, runs, instance types) are stored once
+//! in `dims` and referenced by integer, which keeps rows small and reports fast.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+use crate::event::{Capacity, Event, Kind, Outcome, waste};
+use crate::money::{Millis, Money};
+
+/// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// `PRAGMA application_id` of a frugal ledger: "FRUG".
+const APPLICATION_ID: i64 = 0x4652_5547;
+
+/// Migration `i` takes a ledger from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE dims (
+    id   INTEGER PRIMARY KEY,
+    axis INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    UNIQUE (axis, name)
+);
+CREATE TABLE imports (
+    id       INTEGER PRIMARY KEY,
+    at_ms    INTEGER NOT NULL,
+    source   TEXT NOT NULL,
+    format   TEXT NOT NULL,
+    rows     INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE events (
+    id            INTEGER PRIMARY KEY,
+    ts_ms         INTEGER NOT NULL,
+    duration_ms   INTEGER NOT NULL,
+    kind          INTEGER NOT NULL,
+    workload      INTEGER NOT NULL REFERENCES dims (id),
+    model         INTEGER REFERENCES dims (id),
+    run           INTEGER REFERENCES dims (id),
+    instance      INTEGER REFERENCES dims (id),
+    region        INTEGER REFERENCES dims (id),
+    capacity      INTEGER,
+    instances     INTEGER NOT NULL,
+    requests      INTEGER NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    utilization   REAL,
+    cost          INTEGER NOT NULL,
+    input_cost    INTEGER,
+    list_cost     INTEGER,
+    outcome       INTEGER,
+    lost_ms       INTEGER NOT NULL,
+    import        INTEGER NOT NULL REFERENCES imports (id)
+);
+CREATE INDEX events_ts ON events (ts_ms);
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+"#];
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("cannot open ledger {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("no ledger at {0}: fill one with `frugal ledger import FILE`")]
+    Missing(PathBuf),
+    #[error("{0} is not a frugal ledger")]
+    NotALedger(PathBuf),
+    #[error(
+        "ledger {path} has schema version {found}, newer than this frugal understands ({supported}); upgrade frugal"
+    )]
+    NewerSchema {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    #[error("cannot write to ledger {path}{}; nothing from this write was stored", hint(.source))]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("cannot read ledger {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("ledger {path} holds a value this frugal cannot read: {what}")]
+    Corrupt { path: PathBuf, what: String },
+}
+
+fn hint(e: &rusqlite::Error) -> &'static str {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DiskFull) => " (the disk is full)",
+        Some(rusqlite::ErrorCode::ReadOnly) => " (it is read-only)",
+        Some(rusqlite::ErrorCode::CannotOpen) => " (its folder cannot be written)",
+        _ => "",
+    }
+}
+
+/// The named axes of `dims`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Axis {
+    Workload = 0,
+    Model = 1,
+    Run = 2,
+    Instance = 3,
+    Region = 4,
+}
+
+/// A half-open time window `[since, until)` in epoch milliseconds; `None` is unbounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Window {
+    pub since_ms: Option<Millis>,
+    pub until_ms: Option<Millis>,
+}
+
+/// One event as a report reads it: names as ids into `Names`.
+#[derive(Debug, Clone, Copy)]
+pub struct Row {
+    pub ts_ms: Millis,
+    pub duration_ms: Millis,
+    pub kind: Kind,
+    pub workload: u32,
+    pub model: Option<u32>,
+    pub run: Option<u32>,
+    pub instance: Option<u32>,
+    pub region: Option<u32>,
+    pub capacity: Option<Capacity>,
+    pub instances: u32,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: u64,
+    pub utilization: Option<f64>,
+    pub cost: Money,
+    pub input_cost: Option<Money>,
+    pub list_cost: Option<Money>,
+    pub outcome: Option<Outcome>,
+    pub lost_ms: Millis,
+}
+
+impl Row {
+    pub fn waste(&self) -> Money {
+        waste(self.kind, self.utilization, self.cost)
+    }
+}
+
+/// Names of the ids in `Row`.
+#[derive(Debug, Clone, Default)]
+pub struct Names(HashMap<u32, String>);
+
+impl Names {
+    pub fn get(&self, id: u32) -> &str {
+        self.0.get(&id).map_or("?", String::as_str)
+    }
+}
+
+/// What the ledger holds, for `frugal ledger info`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LedgerInfo {
+    pub path: PathBuf,
+    pub schema_version: i64,
+    pub events: u64,
+    pub imports: u64,
+    pub first_ms: Option<Millis>,
+    pub last_ms: Option<Millis>,
+    pub total_cost: Money,
+    pub bytes: u64,
+}
+
+pub struct Ledger {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Ledger {
+    /// Opens the ledger at `path`, creating and migrating it as needed.
+    pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
+        let open_err = |source| LedgerError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        let mut ledger = Ledger {
+            conn,
+            path: path.to_owned(),
+        };
+        ledger.prepare()?;
+        Ok(ledger)
+    }
+
+    /// Opens an existing ledger; a missing file is an error rather than a new empty ledger.
+    pub fn open_existing(path: &Path) -> Result<Ledger, LedgerError> {
+        if !path.exists() {
+            return Err(LedgerError::Missing(path.to_owned()));
+        }
+        Ledger::open(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn prepare(&mut self) -> Result<(), LedgerError> {
+        let path = self.path.clone();
+        let not_ledger = |e: rusqlite::Error| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::NotADatabase) => LedgerError::NotALedger(path.clone()),
+            _ => LedgerError::Open {
+                path: path.clone(),
+                source: e,
+            },
+        };
+        let pragma = |name: &str| -> Result<i64, LedgerError> {
+            self.conn
+                .query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
+                .map_err(not_ledger)
+        };
+        let version = pragma("user_version")?;
+        let app_id = pragma("application_id")?;
+        let tables: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+            .map_err(not_ledger)?;
+        if app_id != APPLICATION_ID && (tables > 0 || app_id != 0) {
+            return Err(LedgerError::NotALedger(self.path.clone()));
+        }
+        if version > SCHEMA_VERSION {
+            return Err(LedgerError::NewerSchema {
+                path: self.path.clone(),
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        let write_err = |source| LedgerError::Write {
+            path: self.path.clone(),
+            source,
+        };
+        self.conn
+            .execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
+            .map_err(write_err)?;
+        self.conn
+            .busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(write_err)?;
+        if version < SCHEMA_VERSION {
+            let tx = self.conn.transaction().map_err(write_err)?;
+            for migration in &MIGRATIONS[version as usize..] {
+                tx.execute_batch(migration).map_err(write_err)?;
+            }
+            tx.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"
+            ))
+            .map_err(write_err)?;
+            tx.commit().map_err(write_err)?;
+        }
+        Ok(())
+    }
+
+    /// Appends events in one transaction; all of them are stored or none.
+    pub fn append(&mut self, source: &str, events: &[Event]) -> Result<u64, LedgerError> {
+        self.import(source, "api", |sink| {
+            for e in events {
+                sink.push(e)?;
+            }
+            Ok::<_, LedgerError>(())
+        })
+        .map(|(n, ())| n)
+    }
+
+    /// Runs `fill` inside one transaction; commits what it pushed if it returns `Ok`,
+    /// stores nothing if it returns `Err`. Returns the number of rows stored.
+    pub fn import<T, E: From<LedgerError>>(
+        &mut self,
+        source: &str,
+        format: &str,
+        fill: impl FnOnce(&mut Sink<'_>) -> Result<T, E>,
+    ) -> Result<(u64, T), E> {
+        let path = self.path.clone();
+        let write_err = |source| LedgerError::Write {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(write_err)?;
+        tx.execute(
+            "INSERT INTO imports (at_ms, source, format) VALUES (?1, ?2, ?3)",
+            params![chrono::Utc::now().timestamp_millis(), source, format],
+        )
+        .map_err(write_err)?;
+        let import_id = tx.last_insert_rowid();
+        let (rows, value) = {
+            let mut sink = Sink {
+                tx: &tx,
+                path: &path,
+                import_id,
+                dims: Default::default(),
+                rows: 0,
+            };
+            let value = fill(&mut sink)?;
+            (sink.rows, value)
+        };
+        tx.execute(
+            "UPDATE imports SET rows = ?1 WHERE id = ?2",
+            params![rows as i64, import_id],
+        )
+        .map_err(write_err)?;
+        tx.commit().map_err(write_err)?;
+        Ok((rows, value))
+    }
+
+    /// The names behind the ids of `Row`.
+    pub fn names(&self) -> Result<Names, LedgerError> {
+        let read_err = |source| LedgerError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, name FROM dims")
+            .map_err(read_err)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, String>(1)?)))
+            .map_err(read_err)?;
+        let mut names = HashMap::new();
+        for row in rows {
+            let (id, name) = row.map_err(read_err)?;
+            names.insert(id, name);
+        }
+        Ok(Names(names))
+    }
+
+    /// Calls `visit` for every event in the window, in time order.
+    pub fn scan(&self, window: Window, mut visit: impl FnMut(&Row)) -> Result<u64, LedgerError> {
+        let read_err = |source| LedgerError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        let corrupt = |what: String| LedgerError::Corrupt {
+            path: self.path.clone(),
+            what,
+        };
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT ts_ms, duration_ms, kind, workload, model, run, instance, region, capacity,
+                        instances, requests, input_tokens, output_tokens, cached_tokens,
+                        utilization, cost, input_cost, list_cost, outcome, lost_ms
+                 FROM events WHERE ts_ms >= ?1 AND ts_ms < ?2 ORDER BY ts_ms",
+            )
+            .map_err(read_err)?;
+        let mut rows = stmt
+            .query(params![
+                window.since_ms.unwrap_or(i64::MIN),
+                window.until_ms.unwrap_or(i64::MAX)
+            ])
+            .map_err(read_err)?;
+        let mut n = 0;
+        while let Some(r) = rows.next().map_err(read_err)? {
+            let int = |i: usize| r.get::<_, i64>(i).map_err(read_err);
+            let opt = |i: usize| r.get::<_, Option<i64>>(i).map_err(read_err);
+            let kind_code = int(2)?;
+            let kind =
+                Kind::from_code(kind_code).ok_or_else(|| corrupt(format!("kind {kind_code}")))?;
+            let capacity = match opt(8)? {
+                None => None,
+                Some(c) => {
+                    Some(Capacity::from_code(c).ok_or_else(|| corrupt(format!("capacity {c}")))?)
+                }
+            };
+            let outcome = match opt(18)? {
+                None => None,
+                Some(c) => {
+                    Some(Outcome::from_code(c).ok_or_else(|| corrupt(format!("outcome {c}")))?)
+                }
+            };
+            let row = Row {
+                ts_ms: int(0)?,
+                duration_ms: int(1)?,
+                kind,
+                workload: int(3)? as u32,
+                model: opt(4)?.map(|v| v as u32),
+                run: opt(5)?.map(|v| v as u32),
+                instance: opt(6)?.map(|v| v as u32),
+                region: opt(7)?.map(|v| v as u32),
+                capacity,
+                instances: int(9)? as u32,
+                requests: int(10)? as u64,
+                input_tokens: int(11)? as u64,
+                output_tokens: int(12)? as u64,
+                cached_tokens: int(13)? as u64,
+                utilization: r.get::<_, Option<f64>>(14).map_err(read_err)?,
+                cost: Money::from_nanos(int(15)?),
+                input_cost: opt(16)?.map(Money::from_nanos),
+                list_cost: opt(17)?.map(Money::from_nanos),
+                outcome,
+                lost_ms: int(19)?,
+            };
+            visit(&row);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// First and last event start in the window (from the time index, without a scan).
+    pub fn span(&self, window: Window) -> Result<Option<(Millis, Millis)>, LedgerError> {
+        let (first, last): (Option<i64>, Option<i64>) = self
+            .conn
+            .query_row(
+                "SELECT min(ts_ms), max(ts_ms) FROM events WHERE ts_ms >= ?1 AND ts_ms < ?2",
+                params![
+                    window.since_ms.unwrap_or(i64::MIN),
+                    window.until_ms.unwrap_or(i64::MAX)
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(|source| LedgerError::Read {
+                path: self.path.clone(),
+                source,
+            })?;
+        Ok(first.zip(last))
+    }
+
+    pub fn info(&self) -> Result<LedgerInfo, LedgerError> {
+        let read_err = |source| LedgerError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        let (events, first_ms, last_ms, total): (i64, Option<i64>, Option<i64>, Option<i64>) = self
+            .conn
+            .query_row(
+                "SELECT count(*), min(ts_ms), max(ts_ms), sum(cost) FROM events",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .map_err(read_err)?;
+        let imports: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM imports", [], |r| r.get(0))
+            .map_err(read_err)?;
+        let bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
+        Ok(LedgerInfo {
+            path: self.path.clone(),
+            schema_version: SCHEMA_VERSION,
+            events: events as u64,
+            imports: imports as u64,
+            first_ms,
+            last_ms,
+            total_cost: Money::from_nanos(total.unwrap_or(0)),
+            bytes,
+        })
+    }
+
+    /// SQLite's own check of the file, for tests and `frugal ledger info --check`.
+    pub fn integrity_check(&self) -> Result<String, LedgerError> {
+        self.conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .map_err(|source| LedgerError::Read {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Caps the file's size in pages, so tests can meet a full disk on demand.
+    #[doc(hidden)]
+    pub fn set_max_pages(&self, pages: u64) -> Result<(), LedgerError> {
+        self.conn
+            .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
+            .optional()
+            .map(|_| ())
+            .map_err(|source| LedgerError::Write {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+/// Receives the rows of one import; see `Ledger::import`.
+pub struct Sink<'a> {
+    tx: &'a rusqlite::Transaction<'a>,
+    path: &'a Path,
+    import_id: i64,
+    /// Ids already known in this import, one map per axis.
+    dims: [HashMap<String, i64>; 5],
+    rows: u64,
+}
+
+impl Sink<'_> {
+    fn write_err(&self, source: rusqlite::Error) -> LedgerError {
+        LedgerError::Write {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+
+    fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError> {
+        if let Some(&id) = self.dims[axis as usize].get(name) {
+            return Ok(id);
+        }
+        let id: i64 = self
+            .tx
+            .prepare_cached(
+                "INSERT INTO dims (axis, name) VALUES (?1, ?2)
+                 ON CONFLICT (axis, name) DO UPDATE SET name = excluded.name RETURNING id",
+            )
+            .and_then(|mut s| s.query_row(params![axis as i64, name], |r| r.get(0)))
+            .map_err(|e| self.write_err(e))?;
+        self.dims[axis as usize].insert(name.to_owned(), id);
+        Ok(id)
+    }
+
+    fn opt_dim(&mut self, axis: Axis, name: Option<&str>) -> Result<Option<i64>, LedgerError> {
+        name.map(|n| self.dim(axis, n)).transpose()
+    }
+
+    pub fn push(&mut self, e: &Event) -> Result<(), LedgerError> {
+        let workload = self.dim(Axis::Workload, &e.workload)?;
+        let model = self.opt_dim(Axis::Model, e.model.as_deref())?;
+        let run = self.opt_dim(Axis::Run, e.run_id.as_deref())?;
+        let instance = self.opt_dim(Axis::Instance, e.instance_type.as_deref())?;
+        let region = self.opt_dim(Axis::Region, e.region.as_deref())?;
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.tx
+            .prepare_cached(
+                "INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance,
+                    region, capacity, instances, requests, input_tokens, output_tokens,
+                    cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
+                    import)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                    ?17, ?18, ?19, ?20, ?21)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    e.ts_ms,
+                    e.duration_ms,
+                    e.kind.code(),
+                    workload,
+                    model,
+                    run,
+                    instance,
+                    region,
+                    e.capacity.map(Capacity::code),
+                    e.instances,
+                    clamp(e.requests),
+                    clamp(e.input_tokens),
+                    clamp(e.output_tokens),
+                    clamp(e.cached_input_tokens),
+                    e.utilization,
+                    e.cost.nanos(),
+                    e.input_cost.map(Money::nanos),
+                    e.list_cost.map(Money::nanos),
+                    e.outcome.map(Outcome::code),
+                    e.lost_ms,
+                    self.import_id,
+                ])
+            })
+            .map_err(|err| self.write_err(err))?;
+        self.rows += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(ts: i64, cents: i64) -> Event {
+        let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
+        e.model = Some("m".into());
+        e.requests = 1;
+        e
+    }
+
+    #[test]
+    fn append_then_scan_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sqlite");
+        let mut ledger = Ledger::open(&path).unwrap();
+        let mut e = event(10, 5);
+        e.capacity = Some(Capacity::Spot);
+        e.outcome = Some(Outcome::Preempted);
+        e.utilization = Some(0.5);
+        e.list_cost = Some(Money::from_cents(9));
+        assert_eq!(ledger.append("t", &[e.clone(), event(5, 1)]).unwrap(), 2);
+        drop(ledger);
+        let ledger = Ledger::open_existing(&path).unwrap();
+        let names = ledger.names().unwrap();
+        let mut seen = Vec::new();
+        ledger.scan(Window::default(), |r| seen.push(*r)).unwrap();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].ts_ms, 5, "scan is in time order");
+        let r = seen[1];
+        assert_eq!(names.get(r.workload), "chat");
+        assert_eq!(names.get(r.model.unwrap()), "m");
+        assert_eq!(r.capacity, Some(Capacity::Spot));
+        assert_eq!(r.outcome, Some(Outcome::Preempted));
+        assert_eq!(r.cost, Money::from_cents(5));
+        assert_eq!(r.waste(), Money::from_nanos(25_000_000));
+        let window = Window {
+            since_ms: Some(6),
+            until_ms: Some(11),
+        };
+        assert_eq!(ledger.scan(window, |_| {}).unwrap(), 1);
+        assert_eq!(ledger.info().unwrap().total_cost, Money::from_cents(6));
+    }
+
+    #[test]
+    fn a_failed_import_stores_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        ledger.append("ok", &[event(1, 1)]).unwrap();
+        let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "csv", |sink| {
+            sink.push(&event(2, 1))?;
+            Err(LedgerError::Missing("stand-in for a bad row".into()))
+        });
+        assert!(result.is_err());
+        let info = ledger.info().unwrap();
+        assert_eq!((info.events, info.imports), (1, 1));
+    }
+
+    #[test]
+    fn events_cannot_be_changed_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        ledger.append("ok", &[event(1, 1)]).unwrap();
+        for sql in ["UPDATE events SET cost = 0", "DELETE FROM events"] {
+            let err = ledger.conn.execute(sql, []).unwrap_err().to_string();
+            assert!(err.contains("append-only"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sqlite");
+        let mut ledger = Ledger::open(&path).unwrap();
+        ledger.append("ok", &[event(1, 1)]).unwrap();
+        ledger
+            .conn
+            .execute_batch("PRAGMA user_version = 7")
+            .unwrap();
+        drop(ledger);
+        let err = Ledger::open(&path).err().unwrap().to_string();
+        assert!(
+            err.contains("schema version 7, newer than this frugal understands (1)"),
+            "{err}"
+        );
+        let conn = Connection::open(&path).unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn other_files_are_not_ledgers() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("notes.txt");
+        std::fs::write(
+            &text,
+            "this is not a database, just some text that is long enough",
+        )
+        .unwrap();
+        let err = Ledger::open(&text).err().unwrap().to_string();
+        assert!(err.contains("is not a frugal ledger"), "{err}");
+        let other = dir.path().join("other.sqlite");
+        Connection::open(&other)
+            .unwrap()
+            .execute_batch("CREATE TABLE t (x)")
+            .unwrap();
+        let err = Ledger::open(&other).err().unwrap().to_string();
+        assert!(err.contains("is not a frugal ledger"), "{err}");
+        assert!(matches!(
+            Ledger::open_existing(&dir.path().join("none.sqlite")),
+            Err(LedgerError::Missing(_))
+        ));
+    }
+
+    #[test]
+    fn a_full_disk_is_a_clear_error_and_keeps_what_was_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        ledger.append("ok", &[event(1, 1)]).unwrap();
+        let pages: i64 = ledger
+            .conn
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap();
+        ledger.set_max_pages(pages as u64).unwrap();
+        let many: Vec<Event> = (0..50_000).map(|i| event(i, 1)).collect();
+        let err = ledger.append("big", &many).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("(the disk is full); nothing from this write was stored"),
+            "{text}"
+        );
+        assert_eq!(ledger.info().unwrap().events, 1);
+        assert_eq!(ledger.integrity_check().unwrap(), "ok");
+    }
+}

@@ -1,0 +1,31 @@
+//! frugal-cost: what a unit of ML work costs.
+//!
+//! Money and units (`money`), the price catalog (`catalog`), usage events (`event`), the
+//! append-only SQLite ledger (`ledger`), importers for CSV, JSONL and FOCUS billing
+//! exports (`import`), and the unit-cost report (`report`, rendered by `html`). It knows
+//! nothing of HTTP or models.
+
+pub mod catalog;
+pub mod event;
+pub mod html;
+pub mod import;
+pub mod ledger;
+pub mod money;
+pub mod report;
+
+pub use catalog::Catalog;
+pub use event::{Capacity, Event, Kind, Outcome};
+pub use ledger::{Ledger, Window};
+pub use money::Money;
+
+/// Progress of long work, in bytes or items; the binary draws it, libraries only report.
+pub trait Progress {
+    fn start(&self, _total: u64) {}
+    fn advance(&self, _delta: u64) {}
+    fn finish(&self) {}
+}
+
+/// Progress that nobody watches.
+pub struct NoProgress;
+
+impl Progress for NoProgress {}

@@ -1,0 +1,229 @@
+use super::*;
+use crate::catalog::PriceSource;
+use crate::event::Event;
+
+fn m(s: &str) -> Money {
+    s.parse().unwrap()
+}
+
+const T0: Millis = 1_793_000_000_000;
+
+fn ledger_with(events: &[Event]) -> (tempfile::TempDir, Ledger) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+    ledger.append("test", events).unwrap();
+    (dir, ledger)
+}
+
+fn inference(workload: &str, model: &str, requests: u64, cost: &str) -> Event {
+    let mut e = Event::new(T0, Kind::Inference, workload, m(cost));
+    e.model = Some(model.into());
+    e.requests = requests;
+    e
+}
+
+fn segment(run: &str, capacity: Capacity, hours: i64, cost: &str, list: &str) -> Event {
+    let mut e = Event::new(T0, Kind::Training, "pretrain", m(cost));
+    e.run_id = Some(run.into());
+    e.capacity = Some(capacity);
+    e.duration_ms = hours * HOUR_MS;
+    e.list_cost = Some(m(list));
+    e
+}
+
+/// The worked example of the report: every figure below is computed by hand.
+fn worked_example() -> Vec<Event> {
+    // chat/small, pay per token at $0.5 in / $1.5 out per million: 4 requests of 1,000 in
+    // and 200 out are 4 x ($0.0005 + $0.0003) = $0.0032.
+    let mut chat = inference("chat", "small", 4, "0.0032");
+    chat.input_tokens = 4000;
+    chat.output_tokens = 800;
+    chat.input_cost = Some(m("0.002"));
+    // api/llama on its own instance: 1,000 requests for $7, then $3 of the same replica idle.
+    let mut api = inference("api", "llama", 1000, "7");
+    api.instance_type = Some("g5.xlarge".into());
+    api.input_tokens = 500_000;
+    api.output_tokens = 200_000;
+    let mut idle = Event::new(T0 + HOUR_MS, Kind::Idle, "api", m("3"));
+    idle.instance_type = Some("g5.xlarge".into());
+    // Run r1 on spot: preempted after 2 h with 30 min since the last checkpoint, then
+    // completed in 2 h more at 50% GPU utilization. $2 + $2 against $6 + $6 on demand.
+    let mut s1 = segment("r1", Capacity::Spot, 2, "2", "6");
+    s1.outcome = Some(Outcome::Preempted);
+    s1.lost_ms = HOUR_MS / 2;
+    let mut s2 = segment("r1", Capacity::Spot, 2, "2", "6");
+    s2.ts_ms += 2 * HOUR_MS;
+    s2.outcome = Some(Outcome::Completed);
+    s2.utilization = Some(0.5);
+    // Run r2: one hour of p3.2xlarge on demand ($3.06), which spot would have done for less.
+    let mut r2 = segment("r2", Capacity::OnDemand, 1, "3.06", "3.06");
+    r2.instance_type = Some("p3.2xlarge".into());
+    r2.outcome = Some(Outcome::Completed);
+    vec![chat, api, idle, s1, s2, r2]
+}
+
+#[test]
+fn unit_costs_by_hand() {
+    let (_dir, ledger) = ledger_with(&worked_example());
+    let catalog = Catalog::builtin().unwrap();
+    let r = Report::build(&ledger, &catalog, Window::default()).unwrap();
+    assert_eq!(r.events, 6);
+    // 0.0032 + 7 + 3 + 2 + 2 + 3.06
+    assert_eq!(r.total, m("17.0632"));
+
+    let chat = r
+        .inference
+        .iter()
+        .find(|l| l.workload.as_deref() == Some("chat"))
+        .unwrap();
+    assert_eq!(chat.per_1k, Some(m("0.8")));
+    assert_eq!(chat.per_m_input, Some(m("0.5")));
+    assert_eq!(chat.per_m_output, Some(m("1.5")));
+    assert_eq!(chat.utilization, None, "pay-per-token has no utilization");
+
+    let api = r
+        .inference
+        .iter()
+        .find(|l| l.workload.as_deref() == Some("api"))
+        .unwrap();
+    assert_eq!(
+        api.idle_cost,
+        m("3"),
+        "the workload's idle time is charged to its requests"
+    );
+    // ($7 + $3) / 1,000 requests x 1,000; ($7 + $3) / 700,000 tokens x 1M = $14.285714286.
+    assert_eq!(api.per_1k, Some(m("10")));
+    assert_eq!(api.per_m_tokens, Some(m("14.285714286")));
+    assert_eq!(api.utilization, Some(0.7));
+    assert_eq!(
+        utilization_note(0.35).as_deref(),
+        Some("at 35% utilization you pay 2.9x per unit of work")
+    );
+
+    let r1 = r.training.iter().find(|l| l.run == "r1").unwrap();
+    assert_eq!((r1.segments, r1.preemptions, r1.completed), (2, 1, true));
+    assert_eq!(r1.cost, m("4"));
+    assert_eq!(r1.on_demand_cost, Some(m("12")));
+    assert_eq!(r1.saving, Some(m("8")));
+    // 30 of the first segment's 120 minutes were redone: a quarter of $2.
+    assert_eq!(r1.lost_cost, m("0.5"));
+    assert_eq!(r1.waste, m("1"));
+    assert_eq!(r1.utilization, Some(0.5));
+    assert_eq!(r1.spot_share, 1.0);
+
+    // Waste: $3 idle + $1 of r1's second segment.
+    assert_eq!(r.waste, m("4"));
+    let training = r.by_kind.iter().find(|k| k.kind == Kind::Training).unwrap();
+    assert_eq!(training.cost, m("7.06"));
+    assert_eq!(
+        r.by_kind[0].kind,
+        Kind::Training,
+        "training dominates: 7.06 > 7.0032"
+    );
+    let dominant = r.dominant.clone().unwrap();
+    assert!(
+        dominant.starts_with("training is 41% of the $17.06 spent"),
+        "{dominant}"
+    );
+    assert!(dominant.contains("inference `api` at $7.00"), "{dominant}");
+
+    // Levers, by dollars: idle serving $3, spot for r2 (3.06 - median spot), r1's waste $1.
+    let spot = catalog
+        .instance("p3.2xlarge", None)
+        .unwrap()
+        .spot
+        .unwrap()
+        .0;
+    let names: Vec<(&str, Money)> = r.levers.iter().map(|l| (l.lever, l.dollars)).collect();
+    assert_eq!(names[0], ("cut idle serving capacity", m("3")));
+    assert!(
+        names.contains(&("train on spot with checkpoints", m("3.06") - spot)),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&("keep training GPUs busy", m("1"))),
+        "{names:?}"
+    );
+    assert!(
+        r.levers.windows(2).all(|w| w[0].dollars >= w[1].dollars),
+        "ranked by dollars"
+    );
+}
+
+#[test]
+fn a_window_selects_events_by_start() {
+    let (_dir, ledger) = ledger_with(&worked_example());
+    let catalog = Catalog::builtin().unwrap();
+    let window = Window {
+        since_ms: Some(T0 + HOUR_MS),
+        until_ms: None,
+    };
+    let r = Report::build(&ledger, &catalog, window).unwrap();
+    // Only the idle hour and r1's second segment start at or after T0 + 1 h.
+    assert_eq!((r.events, r.total), (2, m("5")));
+}
+
+#[test]
+fn the_series_spreads_long_segments_over_hours() {
+    let (_dir, ledger) = ledger_with(&worked_example());
+    let r = Report::build(&ledger, &Catalog::builtin().unwrap(), Window::default()).unwrap();
+    assert_eq!(r.series.bucket_ms, HOUR_MS);
+    let pretrain = &r
+        .series
+        .lines
+        .iter()
+        .find(|(w, _)| w == "pretrain")
+        .unwrap()
+        .1;
+    let total: f64 = pretrain.iter().sum();
+    assert!((total - 7.06).abs() < 1e-9, "{total}");
+    let sum_all: f64 = r.series.lines.iter().flat_map(|(_, v)| v).sum();
+    assert!((sum_all - r.total.as_f64()).abs() < 1e-9);
+}
+
+#[test]
+fn a_steady_on_demand_baseline_is_priced_at_the_reserved_rate() {
+    let mut catalog = Catalog::builtin().unwrap();
+    let prices = "[[instance]]\nprovider='aws'\ninstance_type='p3.2xlarge'\nregion='us-east-1'\non_demand=3.06\nreserved_1y_discount=0.4\n";
+    catalog
+        .extend_from_toml(prices, PriceSource::Builtin)
+        .unwrap();
+    // Two replicas every hour for two days, a third in the busy hours only.
+    let mut events = Vec::new();
+    for h in 0..48 {
+        let mut e = Event::new(
+            T0 - T0.rem_euclid(HOUR_MS) + h * HOUR_MS,
+            Kind::Inference,
+            "api",
+            m("6.12"),
+        );
+        e.instance_type = Some("p3.2xlarge".into());
+        e.capacity = Some(Capacity::OnDemand);
+        e.instances = if h % 24 < 12 { 3 } else { 2 };
+        e.duration_ms = HOUR_MS;
+        e.requests = 100;
+        events.push(e);
+    }
+    let (_dir, ledger) = ledger_with(&events);
+    let r = Report::build(&ledger, &catalog, Window::default()).unwrap();
+    let lever = r
+        .levers
+        .iter()
+        .find(|l| l.lever == "reserve the steady baseline")
+        .unwrap();
+    // Whole inner hours: 46; floor 2 replicas; 3.06 - 1.836 = 1.224 saved per replica-hour.
+    assert_eq!(lever.dollars, m("112.608"), "{}", lever.basis);
+    assert!(
+        lever.basis.contains("2 x p3.2xlarge ran all 46 h"),
+        "{}",
+        lever.basis
+    );
+}
+
+#[test]
+fn an_empty_ledger_reports_nothing_without_failing() {
+    let (_dir, ledger) = ledger_with(&[]);
+    let r = Report::build(&ledger, &Catalog::builtin().unwrap(), Window::default()).unwrap();
+    assert_eq!((r.events, r.total), (0, Money::ZERO));
+    assert!(r.dominant.is_none() && r.levers.is_empty());
+}

@@ -1,0 +1,135 @@
+//! Command-line arguments, parsed into plain data.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// frugal measures what ML compute costs per unit of work, and shows which levers cut it.
+#[derive(Debug, Parser)]
+#[command(name = "frugal", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Config file [default: ./frugal.toml if present]
+    #[arg(long, global = true, env = "FRUGAL_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Usage ledger (SQLite) [default: from config, else ~/.local/share/frugal/ledger.sqlite]
+    #[arg(long, global = true, env = "FRUGAL_LEDGER", value_name = "PATH")]
+    pub ledger: Option<PathBuf>,
+
+    /// Price file layered over the built-in catalog (repeatable)
+    #[arg(long = "prices", global = true, value_name = "FILE")]
+    pub price_files: Vec<PathBuf>,
+
+    /// More logging (-v info, -vv debug); FRUGAL_LOG takes a tracing filter
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List instance and model prices from the catalog
+    Prices(PricesArgs),
+    /// Fill and inspect the usage ledger
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// Cost per training run, per 1,000 inferences and per million tokens; waste; levers
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PricesArgs {
+    /// Only this provider (aws, gcp, azure, or one from a price file)
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Accelerator name contains this (case-insensitive), e.g. A100, h100, T4
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Instance type contains this (case-insensitive)
+    #[arg(long)]
+    pub instance: Option<String>,
+    #[arg(long)]
+    pub region: Option<String>,
+    /// Only offers with a spot price at or below MAX_PRICE when --sort spot, else on-demand
+    #[arg(long, value_name = "USD_PER_HOUR")]
+    pub max_price: Option<f64>,
+    #[arg(long, value_enum, default_value_t = PriceSort::PerGpu)]
+    pub sort: PriceSort,
+    /// Rows to show (0: all)
+    #[arg(long, default_value_t = 30)]
+    pub limit: usize,
+    /// List per-token model prices instead of instances
+    #[arg(long)]
+    pub models: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PriceSort {
+    /// On-demand price per accelerator-hour
+    PerGpu,
+    /// On-demand price per instance-hour
+    OnDemand,
+    /// Spot price per instance-hour
+    Spot,
+    /// Largest spot saving first
+    Saving,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Import usage from CSV, JSONL or a FOCUS billing export; all rows or none
+    Import(ImportArgs),
+    /// What the ledger holds
+    Info(InfoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// Files to import, each in its own transaction
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Format [default: jsonl for .jsonl/.ndjson/.json, focus for a CSV with FOCUS columns, else csv]
+    #[arg(long, value_enum)]
+    pub format: Option<ImportFormat>,
+    /// Import the good rows of a file with bad ones, and list the bad ones
+    #[arg(long)]
+    pub skip_invalid: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ImportFormat {
+    Csv,
+    Jsonl,
+    Focus,
+}
+
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Also run SQLite's integrity check
+    #[arg(long)]
+    pub check: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Start of the window: RFC 3339, a date, or an age like 7d, 24h, 30m (before now)
+    #[arg(long)]
+    pub since: Option<String>,
+    /// End of the window (exclusive), same forms as --since
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Print the report as JSON
+    #[arg(long, conflicts_with = "html")]
+    pub json: bool,
+    /// Also write a self-contained HTML report with charts
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}

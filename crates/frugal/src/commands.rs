@@ -1,0 +1,525 @@
+//! One function per command: resolve inputs, call the libraries, print.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use frugal_cost::catalog::InstanceOffer;
+use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
+use frugal_cost::report::{Report, pct, utilization_note};
+use frugal_cost::{Catalog, Ledger, Money, Window};
+
+use crate::cli::{Cli, Command, ImportFormat, LedgerCommand, PriceSort, PricesArgs, ReportArgs};
+use crate::config::{self, Config, Sources};
+use crate::progress::Bar;
+use crate::table;
+
+pub fn run(cli: Cli) -> Result<()> {
+    let data_home = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")));
+    let config = config::resolve(Sources {
+        config_flag: cli.config.as_deref(),
+        config_env: None,
+        ledger_flag: cli.ledger.as_deref(),
+        ledger_env: None,
+        price_flags: &cli.price_files,
+        data_home,
+    })?;
+    let catalog = Catalog::load(&config.price_files).context("cannot load the price catalog")?;
+    match cli.command {
+        Command::Prices(args) => prices(&catalog, &args),
+        Command::Ledger(LedgerCommand::Import(args)) => {
+            let ledger = open_for_write(&config)?;
+            import(ledger, &catalog, &args)
+        }
+        Command::Ledger(LedgerCommand::Info(args)) => {
+            let ledger = Ledger::open_existing(&config.ledger)?;
+            let info = ledger.info()?;
+            let check = args.check.then(|| ledger.integrity_check()).transpose()?;
+            if args.json {
+                let mut value = serde_json::to_value(&info)?;
+                if let Some(check) = &check {
+                    value["integrity"] = serde_json::Value::String(check.clone());
+                }
+                return print_json(&value);
+            }
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "ledger    {}", info.path.display())?;
+            writeln!(out, "schema    v{}", info.schema_version)?;
+            writeln!(out, "events    {}", thousands(info.events))?;
+            writeln!(out, "imports   {}", info.imports)?;
+            if let (Some(first), Some(last)) = (info.first_ms, info.last_ms) {
+                writeln!(out, "span      {} .. {}", date(first), date(last))?;
+            }
+            writeln!(out, "cost      {}", usd(info.total_cost))?;
+            writeln!(out, "size      {:.1} MB", info.bytes as f64 / 1e6)?;
+            if let Some(check) = check {
+                writeln!(out, "integrity {check}")?;
+            }
+            Ok(())
+        }
+        Command::Report(args) => report(&config, &catalog, &args),
+    }
+}
+
+fn open_for_write(config: &Config) -> Result<Ledger> {
+    if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
+    }
+    Ok(Ledger::open(&config.ledger)?)
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) -> Result<()> {
+    let format = args.format.map(|f| match f {
+        ImportFormat::Csv => Format::Csv,
+        ImportFormat::Jsonl => Format::Jsonl,
+        ImportFormat::Focus => Format::Focus,
+    });
+    let options = ImportOptions {
+        format,
+        skip_invalid: args.skip_invalid,
+    };
+    let mut summaries = Vec::new();
+    for file in &args.files {
+        let bar = Bar::bytes(&file.display().to_string());
+        let started = std::time::Instant::now();
+        let summary = import_file(&mut ledger, catalog, file, options, &bar)?;
+        let secs = started.elapsed().as_secs_f64();
+        tracing::info!(file = %file.display(), rows = summary.imported, secs, "imported");
+        if !args.json {
+            let mut err = std::io::stderr().lock();
+            writeln!(
+                err,
+                "imported {} events ({}) from {} as {} in {:.2}s{}{}",
+                thousands(summary.imported),
+                usd(summary.cost),
+                file.display(),
+                summary.format.as_str(),
+                secs,
+                if summary.skipped > 0 {
+                    format!(
+                        "; skipped {} prepaid purchase rows (amortized into usage)",
+                        summary.skipped
+                    )
+                } else {
+                    String::new()
+                },
+                if summary.invalid_total > 0 {
+                    format!("; left out {} bad rows", summary.invalid_total)
+                } else {
+                    String::new()
+                },
+            )?;
+            for bad in &summary.invalid {
+                writeln!(err, "  line {}: {}", bad.line, bad.message)?;
+            }
+        }
+        summaries.push(summary);
+    }
+    if args.json {
+        print_json(&summaries)?;
+    }
+    Ok(())
+}
+
+fn prices(catalog: &Catalog, args: &PricesArgs) -> Result<()> {
+    if args.models {
+        let models: Vec<_> = catalog.models().collect();
+        if args.json {
+            return print_json(&models);
+        }
+        if models.is_empty() {
+            writeln!(
+                std::io::stdout(),
+                "no model prices: add [[model]] entries to a price file (--prices FILE)"
+            )?;
+            return Ok(());
+        }
+        let mut t = table::new(&[
+            "model",
+            "provider",
+            "$/1M input>",
+            "$/1M cached input>",
+            "$/1M output>",
+        ]);
+        for m in models {
+            t.add_row(vec![
+                m.name.clone(),
+                m.provider.clone().unwrap_or_default(),
+                m.input.0.to_string(),
+                m.cached_input.map(|c| c.0.to_string()).unwrap_or_default(),
+                m.output.0.to_string(),
+            ]);
+        }
+        writeln!(std::io::stdout(), "{t}")?;
+        return Ok(());
+    }
+    let contains = |hay: &str, needle: &Option<String>| {
+        needle
+            .as_ref()
+            .is_none_or(|n| hay.to_lowercase().contains(&n.to_lowercase()))
+    };
+    let mut offers: Vec<&InstanceOffer> = catalog
+        .instances()
+        .iter()
+        .filter(|o| {
+            args.provider
+                .as_ref()
+                .is_none_or(|p| o.provider.eq_ignore_ascii_case(p))
+        })
+        .filter(|o| contains(o.accelerator.as_deref().unwrap_or(""), &args.gpu))
+        .filter(|o| contains(&o.instance_type, &args.instance))
+        .filter(|o| {
+            args.region
+                .as_ref()
+                .is_none_or(|r| o.region.eq_ignore_ascii_case(r))
+        })
+        .filter(|o| {
+            args.max_price.is_none_or(|max| {
+                let price = if args.sort == PriceSort::Spot {
+                    o.spot
+                } else {
+                    Some(o.on_demand)
+                };
+                price.is_some_and(|p| p.0.as_f64() <= max)
+            })
+        })
+        .collect();
+    if offers.is_empty() {
+        bail!("no instance in the catalog matches these filters");
+    }
+    let key = |o: &InstanceOffer| -> f64 {
+        match args.sort {
+            PriceSort::PerGpu => o.per_accelerator_hour().unwrap_or(f64::MAX),
+            PriceSort::OnDemand => o.on_demand.0.as_f64(),
+            PriceSort::Spot => o.spot.map_or(f64::MAX, |s| s.0.as_f64()),
+            PriceSort::Saving => -o.spot_saving().unwrap_or(0.0),
+        }
+    };
+    offers.sort_by(|a, b| {
+        key(a)
+            .total_cmp(&key(b))
+            .then_with(|| a.instance_type.cmp(&b.instance_type))
+    });
+    let total = offers.len();
+    if args.limit > 0 {
+        offers.truncate(args.limit);
+    }
+    if args.json {
+        return print_json(&offers);
+    }
+    let mut t = table::new(&[
+        "provider",
+        "instance",
+        "region",
+        "accelerator",
+        "count>",
+        "on-demand $/h>",
+        "spot $/h>",
+        "spot saves>",
+        "$/accel-h>",
+        "note",
+    ]);
+    for o in &offers {
+        t.add_row(vec![
+            o.provider.clone(),
+            o.instance_type.clone(),
+            o.region.clone(),
+            o.accelerator.clone().unwrap_or_default(),
+            format!("{}", o.accelerator_count),
+            o.on_demand.0.to_string_places(4),
+            o.spot
+                .map(|s| s.0.to_string_places(4))
+                .unwrap_or_else(|| "-".into()),
+            o.spot_saving().map(pct).unwrap_or_else(|| "-".into()),
+            o.per_accelerator_hour()
+                .map(|p| format!("{p:.4}"))
+                .unwrap_or_else(|| "-".into()),
+            o.note.clone().unwrap_or_default(),
+        ]);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{t}")?;
+    if total > offers.len() {
+        writeln!(
+            out,
+            "{} of {} offers; --limit 0 shows all",
+            offers.len(),
+            total
+        )?;
+    }
+    Ok(())
+}
+
+/// `--since`/`--until`: a timestamp, or an age before now such as `7d`, `12h`, `30m`.
+fn parse_bound(text: &str, now_ms: i64) -> Result<i64> {
+    let t = text.trim();
+    let unit = match t.chars().last() {
+        Some('d') => Some(86_400_000),
+        Some('h') => Some(3_600_000),
+        Some('m') => Some(60_000),
+        _ => None,
+    };
+    let number = t
+        .get(..t.len().saturating_sub(1))
+        .and_then(|n| n.parse::<f64>().ok());
+    if let (Some(unit), Some(n)) = (unit, number) {
+        return Ok(now_ms - (n * unit as f64) as i64);
+    }
+    parse_ts(t).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
+    let ledger = Ledger::open_existing(&config.ledger)?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let window = Window {
+        since_ms: args
+            .since
+            .as_deref()
+            .map(|s| parse_bound(s, now))
+            .transpose()
+            .context("--since")?,
+        until_ms: args
+            .until
+            .as_deref()
+            .map(|s| parse_bound(s, now))
+            .transpose()
+            .context("--until")?,
+    };
+    let started = std::time::Instant::now();
+    let report = Report::build(&ledger, catalog, window)?;
+    tracing::info!(
+        events = report.events,
+        secs = started.elapsed().as_secs_f64(),
+        "report built"
+    );
+    if args.json {
+        return print_json(&report);
+    }
+    if let Some(path) = &args.html {
+        let html = frugal_cost::html::render(&report, &ledger.path().display().to_string());
+        std::fs::write(path, html).with_context(|| format!("cannot write {}", path.display()))?;
+        writeln!(std::io::stderr(), "wrote {}", path.display())?;
+    }
+    print_report(&report, &ledger)
+}
+
+fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    let span = match (r.first_ms, r.last_ms) {
+        (Some(a), Some(b)) => format!("{} .. {}", date(a), date(b)),
+        _ => "no events in the window".to_owned(),
+    };
+    writeln!(
+        out,
+        "frugal report: {} ({span}, {} events)",
+        ledger.path().display(),
+        thousands(r.events)
+    )?;
+    if r.events == 0 {
+        return Ok(());
+    }
+    writeln!(out)?;
+    let waste_share = if r.total.nanos() > 0 {
+        r.waste.as_f64() / r.total.as_f64()
+    } else {
+        0.0
+    };
+    writeln!(
+        out,
+        "spent {}   waste {} ({})",
+        usd(r.total),
+        usd(r.waste),
+        pct(waste_share)
+    )?;
+    if let Some(u) = r.utilization {
+        let note = utilization_note(u).unwrap_or_else(|| "capacity fully used".to_owned());
+        writeln!(out, "utilization of paid capacity {}: {note}", pct(u))?;
+    }
+    if let Some(d) = &r.dominant {
+        writeln!(out, "dominant: {d}")?;
+    }
+
+    let mut t = table::new(&["kind", "cost>", "share>", "waste>"]);
+    for k in &r.by_kind {
+        t.add_row(vec![
+            k.kind.to_string(),
+            usd(k.cost),
+            pct(k.share),
+            usd(k.waste),
+        ]);
+    }
+    writeln!(out, "\nSpend by kind\n{t}")?;
+
+    if !r.top_items.is_empty() {
+        let mut t = table::new(&["kind", "item", "cost>", "share>"]);
+        for i in &r.top_items {
+            t.add_row(vec![
+                i.kind.to_string(),
+                i.name.clone(),
+                usd(i.cost),
+                pct(i.share),
+            ]);
+        }
+        writeln!(out, "\nTop items\n{t}")?;
+    }
+
+    if !r.inference.is_empty() {
+        let mut t = table::new(&[
+            "workload",
+            "model",
+            "requests>",
+            "in tok>",
+            "out tok>",
+            "cost>",
+            "idle>",
+            "$/1k req>",
+            "$/1M in>",
+            "$/1M out>",
+            "$/1M tok>",
+            "util>",
+        ]);
+        let opt = |m: Option<Money>| m.map(unit).unwrap_or_else(|| "-".into());
+        for l in &r.inference {
+            t.add_row(vec![
+                l.workload.clone().unwrap_or_default(),
+                l.model.clone().unwrap_or_else(|| "-".into()),
+                thousands(l.requests),
+                thousands(l.input_tokens),
+                thousands(l.output_tokens),
+                usd(l.cost),
+                usd(l.idle_cost),
+                opt(l.per_1k),
+                opt(l.per_m_input),
+                opt(l.per_m_output),
+                opt(l.per_m_tokens),
+                l.utilization.map(pct).unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        writeln!(
+            out,
+            "\nInference: cost per unit (idle capacity charged to its workload)\n{t}"
+        )?;
+    }
+
+    if !r.training.is_empty() {
+        let mut t = table::new(&[
+            "run",
+            "workload",
+            "segments>",
+            "preempted>",
+            "hours>",
+            "lost min>",
+            "cost>",
+            "on demand>",
+            "saved>",
+            "util>",
+            "done",
+        ]);
+        for l in &r.training {
+            t.add_row(vec![
+                l.run.clone(),
+                l.workload.clone(),
+                l.segments.to_string(),
+                l.preemptions.to_string(),
+                format!("{:.1}", l.duration_ms as f64 / 3.6e6),
+                format!("{:.0}", l.lost_ms as f64 / 6e4),
+                usd(l.cost),
+                l.on_demand_cost.map(usd).unwrap_or_else(|| "-".into()),
+                l.saving.map(usd).unwrap_or_else(|| "-".into()),
+                l.utilization.map(pct).unwrap_or_else(|| "-".into()),
+                if l.completed { "yes" } else { "no" }.into(),
+            ]);
+        }
+        writeln!(out, "\nTraining runs: cost per run\n{t}")?;
+    }
+
+    if !r.levers.is_empty() {
+        let mut t = table::new(&["#>", "lever", "at stake>", "why", "what to do"]);
+        for (i, l) in r.levers.iter().enumerate() {
+            t.add_row(vec![
+                (i + 1).to_string(),
+                l.lever.to_owned(),
+                usd(l.dollars),
+                l.basis.clone(),
+                l.action.to_owned(),
+            ]);
+        }
+        writeln!(
+            out,
+            "\nLevers to try first, by dollars at stake in this window\n{t}"
+        )?;
+    }
+    Ok(())
+}
+
+/// Dollars with thousands separators and cents.
+pub fn usd(m: Money) -> String {
+    let text = m.to_string_places(2);
+    let (sign, body) = text
+        .strip_prefix('-')
+        .map_or(("", text.as_str()), |b| ("-", b));
+    let (whole, cents) = body.split_once('.').unwrap_or((body, "00"));
+    format!("{sign}${}.{cents}", group(whole))
+}
+
+/// A unit cost: cents when large, more places when small.
+fn unit(m: Money) -> String {
+    if m.nanos().abs() >= 10_000_000 {
+        usd(m)
+    } else {
+        format!("${}", m.to_string_places(6))
+    }
+}
+
+fn thousands(n: u64) -> String {
+    group(&n.to_string())
+}
+
+fn group(digits: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn date(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|d| d.format("%Y-%m-%d %H:%M UTC").to_string())
+        .unwrap_or_else(|| ms.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn money_and_counts_read_well() {
+        assert_eq!(usd("1234567.891".parse().unwrap()), "$1,234,567.89");
+        assert_eq!(usd("-12.5".parse().unwrap()), "-$12.50");
+        assert_eq!(unit("0.00009255".parse().unwrap()), "$0.000093");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(999), "999");
+    }
+
+    #[test]
+    fn bounds_take_ages_and_timestamps() {
+        let now = 10 * 86_400_000;
+        assert_eq!(parse_bound("7d", now).unwrap(), 3 * 86_400_000);
+        assert_eq!(parse_bound("1970-01-02", now).unwrap(), 86_400_000);
+        assert!(parse_bound("soon", now).is_err());
+    }
+}

@@ -1,0 +1,151 @@
+//! `frugal.toml`: parsed strictly (unknown keys are errors naming the dotted key), then
+//! resolved with the command line and environment: CLI > env > file > default.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub ledger: RawLedger,
+    #[serde(default)]
+    pub prices: RawPrices,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLedger {
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrices {
+    /// Price files layered over the built-in catalog, relative to the config file.
+    #[serde(default)]
+    pub files: Vec<PathBuf>,
+}
+
+/// What the commands run on, resolved once.
+#[derive(Debug)]
+pub struct Config {
+    pub ledger: PathBuf,
+    pub price_files: Vec<PathBuf>,
+}
+
+/// The sources a setting may come from, strongest first.
+pub struct Sources<'a> {
+    pub config_flag: Option<&'a Path>,
+    pub config_env: Option<PathBuf>,
+    pub ledger_flag: Option<&'a Path>,
+    pub ledger_env: Option<PathBuf>,
+    pub price_flags: &'a [PathBuf],
+    pub data_home: Option<PathBuf>,
+}
+
+pub fn parse(text: &str, path: &Path) -> Result<RawConfig> {
+    let de = toml::Deserializer::parse(text)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("invalid config {}", path.display()))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        let msg = e.inner().message().to_owned();
+        if key == "." {
+            anyhow::anyhow!("invalid config {}: {msg}", path.display())
+        } else {
+            anyhow::anyhow!("invalid config {}: `{key}`: {msg}", path.display())
+        }
+    })
+}
+
+pub fn resolve(sources: Sources<'_>) -> Result<Config> {
+    let explicit = sources
+        .config_flag
+        .map(Path::to_owned)
+        .or(sources.config_env);
+    let (raw, base) = match explicit {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read config {}", path.display()))?;
+            (parse(&text, &path)?, path.parent().map(Path::to_owned))
+        }
+        None => {
+            let local = PathBuf::from("frugal.toml");
+            match std::fs::read_to_string(&local) {
+                Ok(text) => (parse(&text, &local)?, Some(PathBuf::from("."))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (RawConfig::default(), None),
+                Err(e) => return Err(e).context("cannot read config frugal.toml"),
+            }
+        }
+    };
+    let relative = |p: PathBuf| match &base {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p,
+    };
+    let ledger = match (sources.ledger_flag, sources.ledger_env, raw.ledger.path) {
+        (Some(flag), _, _) => flag.to_owned(),
+        (None, Some(env), _) => env,
+        (None, None, Some(file)) => relative(file),
+        (None, None, None) => match sources.data_home {
+            Some(home) => home.join("frugal").join("ledger.sqlite"),
+            None => bail!("no ledger location: pass --ledger PATH or set FRUGAL_LEDGER"),
+        },
+    };
+    let mut price_files: Vec<PathBuf> = raw.prices.files.into_iter().map(relative).collect();
+    price_files.extend(sources.price_flags.iter().cloned());
+    Ok(Config {
+        ledger,
+        price_files,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_named_with_their_path() {
+        let err = parse("[ledger]\npth = 'x'\n", Path::new("frugal.toml")).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("`ledger.pth`") || text.contains("unknown field `pth`"),
+            "{text}"
+        );
+        let err = parse("[prices]\nfiles = 'a.toml'\n", Path::new("f.toml")).unwrap_err();
+        assert!(format!("{err:#}").contains("`prices.files`"), "{err:#}");
+        let err = parse("[ledger\n", Path::new("f.toml")).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("invalid config f.toml"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn cli_beats_env_beats_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("frugal.toml");
+        std::fs::write(
+            &cfg,
+            "[ledger]\npath = 'from-file.sqlite'\n[prices]\nfiles = ['p.toml']\n",
+        )
+        .unwrap();
+        let sources = |flag: Option<&'static str>, env: Option<&str>| Sources {
+            config_flag: Some(cfg.as_path()),
+            config_env: None,
+            ledger_flag: flag.map(Path::new),
+            ledger_env: env.map(PathBuf::from),
+            price_flags: &[],
+            data_home: None,
+        };
+        let c = resolve(sources(Some("flag.sqlite"), Some("env.sqlite"))).unwrap();
+        assert_eq!(c.ledger, PathBuf::from("flag.sqlite"));
+        let c = resolve(sources(None, Some("env.sqlite"))).unwrap();
+        assert_eq!(c.ledger, PathBuf::from("env.sqlite"));
+        let c = resolve(sources(None, None)).unwrap();
+        assert_eq!(c.ledger, dir.path().join("from-file.sqlite"));
+        assert_eq!(c.price_files, vec![dir.path().join("p.toml")]);
+    }
+}

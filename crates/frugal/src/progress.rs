@@ -1,0 +1,33 @@
+//! Progress bars on stderr for long work; hidden when stderr is not a terminal.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+pub struct Bar(ProgressBar);
+
+impl Bar {
+    pub fn bytes(label: &str) -> Bar {
+        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+        let style = ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_message(label.to_owned());
+        Bar(bar)
+    }
+}
+
+impl frugal_cost::Progress for Bar {
+    fn start(&self, total: u64) {
+        self.0.set_length(total);
+    }
+
+    fn advance(&self, delta: u64) {
+        self.0.inc(delta);
+    }
+
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}

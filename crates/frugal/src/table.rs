@@ -1,0 +1,19 @@
+//! Terminal tables.
+
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
+
+/// A table with a header; columns whose header ends in `>` are right-aligned.
+pub fn new(headers: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_style(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(headers.iter().map(|h| Cell::new(h.trim_end_matches('>'))));
+    for (i, h) in headers.iter().enumerate() {
+        if let Some(col) = table.column_mut(i).filter(|_| h.ends_with('>')) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    table
+}
