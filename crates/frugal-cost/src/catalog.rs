@@ -207,6 +207,14 @@ impl Catalog {
             .map_err(|e| invalid(format!("{}: {}", e.path(), e.inner().message())))?;
         let offers = file.instances(&source).map_err(invalid)?;
         let models = file.models(&source).map_err(invalid)?;
+        // A file-wide discount prices reserved capacity for every offer that has no
+        // reserved price of its own, built-in ones included.
+        for offer in &mut self.instances {
+            let od = offer.on_demand.0;
+            let at = |d: Option<f64>| d.map(|d| HourlyRate(od.scale(1.0 - d)));
+            offer.reserved_1y = offer.reserved_1y.or(at(file.reserved_1y_discount));
+            offer.reserved_3y = offer.reserved_3y.or(at(file.reserved_3y_discount));
+        }
         for offer in offers {
             self.upsert(offer);
         }
@@ -706,6 +714,9 @@ mod tests {
         let rack = c.instance("rack-a100", None).unwrap();
         assert_eq!(rack.price(Capacity::Reserved3y), Some(HourlyRate(m("6"))));
         assert_eq!(rack.per_accelerator_hour(), Some(1.5));
+        let g5 = c.instance("g5.xlarge", None).unwrap();
+        let discounted = g5.on_demand.0.scale(0.6);
+        assert_eq!(g5.price(Capacity::Reserved1y), Some(HourlyRate(discounted)), "file-wide discount");
         let mini = c.model("GPT-4o-mini").unwrap();
         // 1,000 input of which 400 cached, 200 output:
         // 600 * 0.15/1M + 400 * 0.075/1M = 0.00012; 200 * 0.6/1M = 0.00012.

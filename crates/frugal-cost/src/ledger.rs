@@ -75,6 +75,12 @@ pub enum LedgerError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("cannot write ledger {path}")]
+    Unwritable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("no ledger at {0}: fill one with `frugal ledger import FILE`")]
     Missing(PathBuf),
     #[error("{0} is not a frugal ledger")]
@@ -200,8 +206,25 @@ impl Ledger {
             conn,
             path: path.to_owned(),
         };
-        ledger.prepare()?;
-        Ok(ledger)
+        match ledger.prepare() {
+            // SQLite says only "unable to open database file"; the OS says why.
+            Err(LedgerError::Open { source, .. } | LedgerError::Write { source, .. })
+                if matches!(
+                    source.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly)
+                ) =>
+            {
+                let probe = std::fs::OpenOptions::new().append(true).open(path);
+                Err(match probe {
+                    Err(io) => LedgerError::Unwritable {
+                        path: path.to_owned(),
+                        source: io,
+                    },
+                    Ok(_) => open_err(source),
+                })
+            }
+            other => other.map(|()| ledger),
+        }
     }
 
     /// Opens an existing ledger; a missing file is an error rather than a new empty ledger.

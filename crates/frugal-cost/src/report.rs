@@ -75,6 +75,17 @@ pub struct KindTotal {
     pub waste: Money,
 }
 
+/// Training against inference: idle capacity counted with the work it stood by for.
+#[derive(Debug, Clone, Serialize)]
+pub struct Area {
+    /// "inference", "training", "idle" (idle of workloads that did neither) or "other".
+    pub area: &'static str,
+    pub cost: Money,
+    pub share: f64,
+    /// The idle part of `cost`.
+    pub idle: Money,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Item {
     pub kind: Kind,
@@ -113,6 +124,8 @@ pub struct Report {
     /// Busy share of all capacity with a known utilization (idle capacity counts as 0).
     pub utilization: Option<f64>,
     pub by_kind: Vec<KindTotal>,
+    /// Which cost dominates the bill, largest first.
+    pub areas: Vec<Area>,
     pub dominant: Option<String>,
     pub top_items: Vec<Item>,
     pub inference: Vec<InferenceLine>,
@@ -558,7 +571,8 @@ impl Builder<'_> {
         training.sort_by(|a, b| b.cost.cmp(&a.cost).then_with(|| a.run.cmp(&b.run)));
 
         let levers = self.levers(&inference, &training);
-        let dominant = dominant(&by_kind, &top_items, total);
+        let areas = self.areas(total);
+        let dominant = dominant(&areas, &top_items, total);
         let series = self.series();
         Report {
             window,
@@ -569,6 +583,7 @@ impl Builder<'_> {
             waste,
             utilization: ratio(self.busy_cost, self.capacity_cost),
             by_kind,
+            areas,
             dominant,
             top_items,
             inference,
@@ -577,6 +592,38 @@ impl Builder<'_> {
             levers,
             series,
         }
+    }
+
+    fn areas(&self, total: Money) -> Vec<Area> {
+        let kind = |k: Kind| self.kinds.get(&k).map_or(Money::ZERO, |c| c.0);
+        let serving: std::collections::HashSet<u32> = self.lines.keys().map(|(w, _)| *w).collect();
+        let training: std::collections::HashSet<u32> = self.runs.values().map(|r| r.workload).collect();
+        let (mut serving_idle, mut training_idle, mut other_idle) = (Money::ZERO, Money::ZERO, Money::ZERO);
+        for ((k, id), cost) in &self.items {
+            match k {
+                Kind::Idle if serving.contains(id) => serving_idle += *cost,
+                Kind::Idle if training.contains(id) => training_idle += *cost,
+                Kind::Idle => other_idle += *cost,
+                _ => {}
+            }
+        }
+        let mut areas: Vec<Area> = [
+            ("inference", kind(Kind::Inference) + serving_idle, serving_idle),
+            ("training", kind(Kind::Training) + training_idle, training_idle),
+            ("idle", other_idle, other_idle),
+            ("other", kind(Kind::Other), Money::ZERO),
+        ]
+        .into_iter()
+        .filter(|(_, cost, _)| *cost != Money::ZERO)
+        .map(|(area, cost, idle)| Area {
+            area,
+            cost,
+            share: ratio(cost, total).unwrap_or(0.0),
+            idle,
+        })
+        .collect();
+        areas.sort_by(|a, b| b.cost.cmp(&a.cost));
+        areas
     }
 
     fn levers(&self, inference: &[InferenceLine], training: &[RunLine]) -> Vec<Lever> {
@@ -834,14 +881,15 @@ fn cascade_lever(inference: &[InferenceLine]) -> Option<Lever> {
     })
 }
 
-fn dominant(by_kind: &[KindTotal], top: &[Item], total: Money) -> Option<String> {
-    let first = by_kind.first().filter(|k| k.cost > Money::ZERO)?;
-    let mut s = format!(
-        "{} is {} of the {} spent",
-        title(first.kind),
-        pct(first.share),
-        total
-    );
+fn dominant(areas: &[Area], top: &[Item], total: Money) -> Option<String> {
+    let first = areas.first().filter(|a| a.cost > Money::ZERO)?;
+    let mut s = format!("{} is {} of the {} spent", first.area, pct(first.share), total);
+    if first.idle > Money::ZERO {
+        s.push_str(&format!(" ({} of it idle capacity)", first.idle));
+    }
+    if let Some(next) = areas.get(1) {
+        s.push_str(&format!(", {} {}", next.area, pct(next.share)));
+    }
     if let Some(item) = top.first() {
         s.push_str(&format!(
             "; the largest item is {} `{}` at {} ({})",
@@ -852,15 +900,6 @@ fn dominant(by_kind: &[KindTotal], top: &[Item], total: Money) -> Option<String>
         ));
     }
     Some(s)
-}
-
-fn title(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Inference => "inference",
-        Kind::Training => "training",
-        Kind::Idle => "idle capacity",
-        Kind::Other => "other spend",
-    }
 }
 
 /// `0.354` -> `35%`.

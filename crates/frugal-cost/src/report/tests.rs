@@ -115,14 +115,15 @@ fn unit_costs_by_hand() {
     assert_eq!(r.waste, m("4"));
     let training = r.by_kind.iter().find(|k| k.kind == Kind::Training).unwrap();
     assert_eq!(training.cost, m("7.06"));
-    assert_eq!(
-        r.by_kind[0].kind,
-        Kind::Training,
-        "training dominates: 7.06 > 7.0032"
-    );
+    assert_eq!(r.by_kind[0].kind, Kind::Training, "by kind alone: 7.06 > 7.0032");
     let dominant = r.dominant.clone().unwrap();
+    // Inference with its idle replica: 0.0032 + 7 + 3 = 10.0032, 59%; training 7.06, 41%.
+    assert_eq!(r.areas[0].area, "inference");
+    assert_eq!((r.areas[0].cost, r.areas[0].idle), (m("10.0032"), m("3")));
     assert!(
-        dominant.starts_with("training is 41% of the $17.06 spent"),
+        dominant.starts_with(
+            "inference is 59% of the $17.06 spent ($3.00 of it idle capacity), training 41%"
+        ),
         "{dominant}"
     );
     assert!(dominant.contains("inference `api` at $7.00"), "{dominant}");

@@ -1,0 +1,260 @@
+//! End-to-end: the real `frugal` binary on real files, as a user runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Runs frugal in the temp folder with its ledger there, and no user config.
+    fn frugal(&self, args: &[&str]) -> Output {
+        self.frugal_with_ledger(&self.path("ledger.sqlite"), args)
+    }
+
+    fn frugal_with_ledger(&self, ledger: &Path, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .current_dir(self.dir.path())
+            .env_remove("FRUGAL_CONFIG")
+            .env("FRUGAL_LEDGER", ledger)
+            .env("HOME", self.dir.path())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: Output) -> Output {
+    assert!(o.status.success(), "failed: {}\n{}", stderr(&o), stdout(&o));
+    o
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+fn events(env: &Env) -> u64 {
+    json(&ok(env.frugal(&["ledger", "info", "--json"])))["events"].as_u64().unwrap()
+}
+
+#[test]
+fn help_lists_only_working_commands() {
+    let env = Env::new();
+    let help = stdout(&ok(env.frugal(&["--help"])));
+    insta::assert_snapshot!("help", help);
+    let report_help = stdout(&ok(env.frugal(&["report", "--help"])));
+    insta::assert_snapshot!("report_help", report_help);
+}
+
+#[test]
+fn prices_filter_and_sort() {
+    let env = Env::new();
+    let o = ok(env.frugal(&["prices", "--provider", "aws", "--gpu", "v100", "--sort", "on-demand", "--json", "--limit", "0"]));
+    let offers = json(&o);
+    let offers = offers.as_array().unwrap();
+    assert!(offers.len() >= 3, "p3.2xlarge, p3.8xlarge, p3.16xlarge, p3dn");
+    let prices: Vec<f64> = offers.iter().map(|o| o["on_demand"].as_f64().unwrap()).collect();
+    assert!(prices.windows(2).all(|w| w[0] <= w[1]), "{prices:?}");
+    assert!(offers.iter().all(|o| o["accelerator"].as_str().unwrap().starts_with("V100") && o["provider"] == "aws"));
+    let table = stdout(&ok(env.frugal(&["prices", "--gpu", "h100", "--limit", "3"])));
+    assert!(table.contains("H100") && table.contains("on-demand $/h"), "{table}");
+    let none = env.frugal(&["prices", "--gpu", "no-such-gpu"]);
+    assert!(!none.status.success());
+    assert!(stderr(&none).contains("no instance in the catalog matches"), "{}", stderr(&none));
+}
+
+#[test]
+fn a_bad_csv_imports_nothing_and_exits_non_zero() {
+    let env = Env::new();
+    let good = env.write("good.csv", "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n");
+    ok(env.frugal(&["ledger", "import", good.to_str().unwrap()]));
+    let bad = env.write(
+        "bad.csv",
+        "ts,kind,workload,instance_type,duration_s\n2026-11-01,training,t,p3.2xlarge,3600\n2026-11-01,training,t,p9.huge,3600\n",
+    );
+    let o = env.frugal(&["ledger", "import", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("1 bad row, nothing imported"), "{err}");
+    assert!(err.contains("line 3: instance_type: unknown instance type `p9.huge`"), "{err}");
+    assert_eq!(events(&env), 1, "nothing partial, nothing lost");
+    ok(env.frugal(&["ledger", "import", "--skip-invalid", bad.to_str().unwrap()]));
+    assert_eq!(events(&env), 2);
+}
+
+#[test]
+fn report_json_and_html_from_a_focus_export() {
+    let env = Env::new();
+    let focus = env.write(
+        "billing.csv",
+        "BilledCost,EffectiveCost,ListCost,ChargeCategory,ChargePeriodStart,ChargePeriodEnd,CommitmentDiscountStatus,PricingCategory,ResourceName,Tags\n\
+         9.18,9.18,9.18,Usage,2026-11-01T00:00:00Z,2026-11-01T03:00:00Z,,Standard,train-box,\"{\"\"frugal-kind\"\": \"\"training\"\", \"\"frugal-run\"\": \"\"r1\"\"}\"\n\
+         0,4.00,,Usage,2026-11-01T00:00:00Z,2026-11-02T00:00:00Z,Unused,Committed,serving,\n\
+         500,0,,Purchase,2026-11-01T00:00:00Z,2026-11-02T00:00:00Z,,Committed,sp,\n",
+    );
+    let o = ok(env.frugal(&["ledger", "import", focus.to_str().unwrap()]));
+    assert!(stderr(&o).contains("as focus"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("skipped 1 prepaid purchase rows"), "{}", stderr(&o));
+    let report = json(&ok(env.frugal(&["report", "--json"])));
+    assert_eq!(report["total"].as_i64(), Some(13_180_000_000), "9.18 + 4.00 in nano-dollars");
+    assert_eq!(report["waste"].as_i64(), Some(4_000_000_000));
+    assert_eq!(report["training"][0]["run"], "r1");
+    let html = env.path("r.html");
+    let o = ok(env.frugal(&["report", "--html", html.to_str().unwrap()]));
+    assert!(stdout(&o).contains("Training runs"), "{}", stdout(&o));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!doctype html>") && page.contains("<svg"), "{}", &page[..200.min(page.len())]);
+}
+
+#[test]
+fn missing_ledgers_and_bad_config_are_clear_errors() {
+    let env = Env::new();
+    let o = env.frugal(&["report"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no ledger at"), "{}", stderr(&o));
+    env.write("frugal.toml", "[ledger]\nfile = 'x.sqlite'\n");
+    let o = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .current_dir(env.dir.path())
+        .env_remove("FRUGAL_LEDGER")
+        .env_remove("FRUGAL_CONFIG")
+        .args(["report"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("`ledger.file`: unknown field `file`, expected `path`"), "{}", stderr(&o));
+    std::fs::remove_file(env.path("frugal.toml")).unwrap();
+    let prices = env.write("p.toml", "[[model]]\nname = 'm'\ninput = -1\noutput = 1\n");
+    let o = env.frugal(&["--prices", prices.to_str().unwrap(), "prices", "--models"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("model[0].input: a price cannot be negative"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_ledger_from_a_newer_frugal_is_refused() {
+    let env = Env::new();
+    let good = env.write("good.csv", "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n");
+    ok(env.frugal(&["ledger", "import", good.to_str().unwrap()]));
+    let conn = rusqlite::Connection::open(env.path("ledger.sqlite")).unwrap();
+    conn.execute_batch("PRAGMA user_version = 99").unwrap();
+    drop(conn);
+    let o = env.frugal(&["report"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("schema version 99, newer than this frugal understands"), "{}", stderr(&o));
+}
+
+/// A usage file of `rows` one-cent inference events.
+fn usage_file(env: &Env, name: &str, rows: usize) -> PathBuf {
+    let mut text = String::with_capacity(rows * 90);
+    for i in 0..rows {
+        text.push_str(&format!(
+            "{{\"ts\": {}, \"kind\": \"inference\", \"workload\": \"w{}\", \"cost_usd\": \"0.01\"}}\n",
+            1_790_000_000_000_i64 + i as i64,
+            i % 7
+        ));
+    }
+    env.write(name, &text)
+}
+
+/// Kill -9 in the middle of a large import: every import acknowledged before it is intact,
+/// none of the killed one is visible, the file passes SQLite's integrity check, and the
+/// ledger takes new writes.
+#[test]
+fn a_killed_import_loses_nothing_acknowledged() {
+    let env = Env::new();
+    let small = usage_file(&env, "small.jsonl", 100);
+    for _ in 0..5 {
+        ok(env.frugal(&["ledger", "import", small.to_str().unwrap()]));
+    }
+    let big = usage_file(&env, "big.jsonl", 1_500_000);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .current_dir(env.dir.path())
+        .env("FRUGAL_LEDGER", env.path("ledger.sqlite"))
+        .args(["ledger", "import", big.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the transaction is spilling pages into the WAL, then kill it.
+    let wal = env.path("ledger.sqlite-wal");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::metadata(&wal).map_or(0, |m| m.len()) < 4 << 20 {
+        assert!(child.try_wait().unwrap().is_none(), "the import ended before it could be killed");
+        assert!(std::time::Instant::now() < deadline, "the import never wrote");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    assert_eq!(events(&env), 500);
+    let info = json(&ok(env.frugal(&["ledger", "info", "--check", "--json"])));
+    assert_eq!(info["integrity"], "ok");
+    assert_eq!(info["imports"], 5, "the killed import left no trace");
+    ok(env.frugal(&["ledger", "import", small.to_str().unwrap()]));
+    assert_eq!(events(&env), 600);
+}
+
+/// A real full disk and a real read-only mount (tmpfs), where this machine lets root mount;
+/// CI machines do, so there a failed mount fails the test rather than skipping it.
+#[test]
+fn full_and_read_only_disks_are_clear_errors() {
+    let env = Env::new();
+    let mnt = env.path("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        assert!(std::env::var_os("CI").is_none(), "CI must be able to mount a tmpfs for this test");
+        eprintln!("skipped: cannot mount a tmpfs here (not root?)");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let ledger = mnt.join("ledger.sqlite");
+    let small = usage_file(&env, "small.jsonl", 50);
+    ok(env.frugal_with_ledger(&ledger, &["ledger", "import", small.to_str().unwrap()]));
+    let big = usage_file(&env, "big.jsonl", 50_000);
+    let o = env.frugal_with_ledger(&ledger, &["ledger", "import", big.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("the disk is full"), "{}", stderr(&o));
+    let info = json(&ok(env.frugal_with_ledger(&ledger, &["ledger", "info", "--check", "--json"])));
+    assert_eq!((info["events"].as_u64(), info["integrity"].as_str()), (Some(50), Some("ok")));
+
+    let remounted = Command::new("mount").args(["-o", "remount,ro"]).arg(&mnt).status().unwrap();
+    assert!(remounted.success());
+    let o = env.frugal_with_ledger(&ledger, &["ledger", "import", small.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("cannot write ledger") && err.contains("Read-only file system"), "{err}");
+}
