@@ -716,7 +716,11 @@ mod tests {
         assert_eq!(rack.per_accelerator_hour(), Some(1.5));
         let g5 = c.instance("g5.xlarge", None).unwrap();
         let discounted = g5.on_demand.0.scale(0.6);
-        assert_eq!(g5.price(Capacity::Reserved1y), Some(HourlyRate(discounted)), "file-wide discount");
+        assert_eq!(
+            g5.price(Capacity::Reserved1y),
+            Some(HourlyRate(discounted)),
+            "file-wide discount"
+        );
         let mini = c.model("GPT-4o-mini").unwrap();
         // 1,000 input of which 400 cached, 200 output:
         // 600 * 0.15/1M + 400 * 0.075/1M = 0.00012; 200 * 0.6/1M = 0.00012.

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::event::{Capacity, Event, Kind, Outcome, waste};
 use crate::money::{Millis, Money};
+use crate::rollup::{self, Ids, Key, Pending, Sums};
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -21,7 +22,8 @@ pub const SCHEMA_VERSION: i64 = 1;
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
 const APPLICATION_ID: i64 = 0x4652_5547;
 
-/// Migration `i` takes a ledger from version `i` to `i + 1`.
+/// Migration `i` takes a ledger from version `i` to `i + 1`; `{ROLLUP}` stands for the
+/// rollup table's schema.
 const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE dims (
     id   INTEGER PRIMARY KEY,
@@ -61,6 +63,7 @@ CREATE TABLE events (
     import        INTEGER NOT NULL REFERENCES imports (id)
 );
 CREATE INDEX events_ts ON events (ts_ms);
+{ROLLUP}
 CREATE TRIGGER events_no_update BEFORE UPDATE ON events
     BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER events_no_delete BEFORE DELETE ON events
@@ -282,7 +285,8 @@ impl Ledger {
         if version < SCHEMA_VERSION {
             let tx = self.conn.transaction().map_err(write_err)?;
             for migration in &MIGRATIONS[version as usize..] {
-                tx.execute_batch(migration).map_err(write_err)?;
+                tx.execute_batch(&migration.replace("{ROLLUP}", crate::rollup::SCHEMA))
+                    .map_err(write_err)?;
             }
             tx.execute_batch(&format!(
                 "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"
@@ -333,9 +337,11 @@ impl Ledger {
                 path: &path,
                 import_id,
                 dims: Default::default(),
+                pending: Pending::default(),
                 rows: 0,
             };
             let value = fill(&mut sink)?;
+            sink.pending.flush(&tx).map_err(write_err)?;
             (sink.rows, value)
         };
         tx.execute(
@@ -368,7 +374,7 @@ impl Ledger {
         Ok(Names(names))
     }
 
-    /// Calls `visit` for every event in the window, in time order.
+    /// Calls `visit` for every raw event that starts in the window.
     pub fn scan(&self, window: Window, mut visit: impl FnMut(&Row)) -> Result<u64, LedgerError> {
         let read_err = |source| LedgerError::Read {
             path: self.path.clone(),
@@ -384,7 +390,7 @@ impl Ledger {
                 "SELECT ts_ms, duration_ms, kind, workload, model, run, instance, region, capacity,
                         instances, requests, input_tokens, output_tokens, cached_tokens,
                         utilization, cost, input_cost, list_cost, outcome, lost_ms
-                 FROM events WHERE ts_ms >= ?1 AND ts_ms < ?2 ORDER BY ts_ms",
+                 FROM events WHERE ts_ms >= ?1 AND ts_ms < ?2",
             )
             .map_err(read_err)?;
         let mut rows = stmt
@@ -440,23 +446,28 @@ impl Ledger {
         Ok(n)
     }
 
-    /// First and last event start in the window (from the time index, without a scan).
-    pub fn span(&self, window: Window) -> Result<Option<(Millis, Millis)>, LedgerError> {
-        let (first, last): (Option<i64>, Option<i64>) = self
-            .conn
-            .query_row(
-                "SELECT min(ts_ms), max(ts_ms) FROM events WHERE ts_ms >= ?1 AND ts_ms < ?2",
-                params![
-                    window.since_ms.unwrap_or(i64::MIN),
-                    window.until_ms.unwrap_or(i64::MAX)
-                ],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(|source| LedgerError::Read {
+    /// Calls `visit` for the hourly rollups of the whole hours the window touches: `since`
+    /// rounds down to the hour, `until` up.
+    pub fn rollups(
+        &self,
+        window: Window,
+        visit: impl FnMut(&Key, &Sums),
+    ) -> Result<u64, LedgerError> {
+        let hour = rollup::HOUR_MS;
+        let since = window.since_ms.map_or(i64::MIN, |s| s - s.rem_euclid(hour));
+        let until = window.until_ms.map_or(i64::MAX, |u| {
+            u.saturating_add(hour - 1).div_euclid(hour) * hour
+        });
+        rollup::read(&self.conn, since, until, visit).map_err(|e| match e {
+            rollup::ReadError::Sql(source) => LedgerError::Read {
                 path: self.path.clone(),
                 source,
-            })?;
-        Ok(first.zip(last))
+            },
+            rollup::ReadError::Corrupt(what) => LedgerError::Corrupt {
+                path: self.path.clone(),
+                what,
+            },
+        })
     }
 
     pub fn info(&self) -> Result<LedgerInfo, LedgerError> {
@@ -520,6 +531,7 @@ pub struct Sink<'a> {
     import_id: i64,
     /// Ids already known in this import, one map per axis.
     dims: [HashMap<String, i64>; 5],
+    pending: Pending,
     rows: u64,
 }
 
@@ -593,6 +605,17 @@ impl Sink<'_> {
                 ])
             })
             .map_err(|err| self.write_err(err))?;
+        let id = |v: Option<i64>| v.map_or(0, |v| v as u32);
+        self.pending.add(
+            e,
+            Ids {
+                workload: workload as u32,
+                model: id(model),
+                run: id(run),
+                instance: id(instance),
+                region: id(region),
+            },
+        );
         self.rows += 1;
         Ok(())
     }
@@ -626,8 +649,7 @@ mod tests {
         let mut seen = Vec::new();
         ledger.scan(Window::default(), |r| seen.push(*r)).unwrap();
         assert_eq!(seen.len(), 2);
-        assert_eq!(seen[0].ts_ms, 5, "scan is in time order");
-        let r = seen[1];
+        let r = *seen.iter().find(|r| r.ts_ms == 10).unwrap();
         assert_eq!(names.get(r.workload), "chat");
         assert_eq!(names.get(r.model.unwrap()), "m");
         assert_eq!(r.capacity, Some(Capacity::Spot));

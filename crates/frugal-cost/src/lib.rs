@@ -12,6 +12,7 @@ pub mod import;
 pub mod ledger;
 pub mod money;
 pub mod report;
+pub mod rollup;
 
 pub use catalog::Catalog;
 pub use event::{Capacity, Event, Kind, Outcome};

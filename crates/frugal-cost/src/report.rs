@@ -11,8 +11,9 @@ use serde::Serialize;
 
 use crate::catalog::Catalog;
 use crate::event::{Capacity, Kind, Outcome};
-use crate::ledger::{Ledger, LedgerError, Names, Row, Window};
+use crate::ledger::{Ledger, LedgerError, Names, Window};
 use crate::money::{HourlyRate, Millis, Money};
+use crate::rollup::{Key, Sums};
 
 const HOUR_MS: Millis = 3_600_000;
 const DAY_MS: Millis = 24 * HOUR_MS;
@@ -154,23 +155,18 @@ struct UnitAcc {
 }
 
 impl UnitAcc {
-    fn add_request(&mut self, r: &Row) {
-        self.requests += r.requests;
-        self.input_tokens += r.input_tokens;
-        self.output_tokens += r.output_tokens;
-        self.cost += r.cost;
-        if let Some(input) = r.input_cost {
-            self.split_input_cost += input;
-            self.split_output_cost += r.cost - input;
-            self.split_input_tokens += r.input_tokens;
-            self.split_output_tokens += r.output_tokens;
-        }
-        if is_capacity(r) {
-            let waste = r.waste();
-            self.waste += waste;
-            self.capacity_cost += r.cost;
-            self.busy_cost += r.cost - waste;
-        }
+    fn add_requests(&mut self, s: &Sums) {
+        self.requests += s.requests as u64;
+        self.input_tokens += s.input_tokens as u64;
+        self.output_tokens += s.output_tokens as u64;
+        self.cost += s.cost;
+        self.split_input_cost += s.split_input_cost;
+        self.split_output_cost += s.split_cost - s.split_input_cost;
+        self.split_input_tokens += s.split_input_tokens as u64;
+        self.split_output_tokens += s.split_output_tokens as u64;
+        self.waste += s.waste;
+        self.capacity_cost += s.capacity_cost;
+        self.busy_cost += s.capacity_cost - s.waste;
     }
 
     fn add_idle(&mut self, cost: Money) {
@@ -218,12 +214,6 @@ impl UnitAcc {
     }
 }
 
-/// Paid by the hour (an instance, a measured utilization, or idle) rather than per token;
-/// busy in full unless a utilization says otherwise.
-fn is_capacity(r: &Row) -> bool {
-    r.instance.is_some() || r.utilization.is_some() || r.kind == Kind::Idle
-}
-
 fn ratio(part: Money, whole: Money) -> Option<f64> {
     (whole.nanos() > 0).then(|| part.as_f64() / whole.as_f64())
 }
@@ -231,24 +221,15 @@ fn ratio(part: Money, whole: Money) -> Option<f64> {
 #[derive(Default)]
 struct RunAcc {
     workload: u32,
-    segments: u32,
-    preemptions: u32,
-    failures: u32,
-    duration_ms: Millis,
-    lost_ms: Millis,
-    cost: Money,
-    list_cost: Money,
-    list_known: bool,
-    lost_cost: Money,
-    waste: Money,
-    util_cost: Money,
-    busy_cost: Money,
+    sums: Sums,
+    preemptions: i64,
+    failures: i64,
     spot_cost: Money,
     completed: bool,
 }
 
 /// Spot price per (instance type, region) id, looked up once per report.
-type SpotRates = HashMap<(u32, Option<u32>), Option<HourlyRate>>;
+type SpotRates = HashMap<(u32, u32), Option<HourlyRate>>;
 
 /// Savings the catalog prices: on-demand training that spot would have done.
 #[derive(Default)]
@@ -257,131 +238,96 @@ struct SpotAcc {
     at_spot: Money,
 }
 
-/// Per on-demand serving instance type: instance-milliseconds in each hour, for the
-/// steady baseline that reserved capacity would cover.
-#[derive(Default)]
-struct BaselineAcc {
-    hours: HashMap<Millis, i64>,
-}
-
 struct Builder<'a> {
     catalog: &'a Catalog,
     names: &'a Names,
-    events: u64,
-    first_ms: Option<Millis>,
-    last_ms: Millis,
-    total: Money,
+    all: Sums,
     kinds: HashMap<Kind, (Money, Money)>,
-    lines: HashMap<(u32, Option<u32>), UnitAcc>,
+    lines: HashMap<(u32, u32), UnitAcc>,
     /// Idle cost of a workload that names no model, spread over its lines at the end.
     idle_unassigned: HashMap<u32, Money>,
     runs: HashMap<u32, RunAcc>,
     items: HashMap<(Kind, u32), Money>,
     spot: SpotAcc,
-    baseline: HashMap<(u32, Option<u32>), BaselineAcc>,
-    origin_ms: Millis,
-    bucket_ms: Millis,
-    /// Dollars per bucket since `origin_ms`, per workload.
-    series: HashMap<u32, Vec<f64>>,
+    spot_rates: SpotRates,
+    /// On-demand serving per (instance, region): instance-milliseconds in each hour, for
+    /// the steady baseline that reserved capacity would cover.
+    baseline: HashMap<(u32, u32), HashMap<Millis, Millis>>,
+    /// Cost per (hour, workload), for the series.
+    hourly: HashMap<(Millis, u32), Money>,
     workload_cost: HashMap<u32, Money>,
-    capacity_cost: Money,
-    busy_cost: Money,
 }
 
 impl Report {
-    /// Builds the report over `window` in one scan of the ledger.
+    /// Builds the report over the whole hours `window` touches, from the ledger's hourly
+    /// rollups: a few thousand rows however many events there are.
     pub fn build(
         ledger: &Ledger,
         catalog: &Catalog,
         window: Window,
     ) -> Result<Report, LedgerError> {
         let names = ledger.names()?;
-        let (origin_ms, bucket_ms) = match ledger.span(window)? {
-            Some((first, last)) => {
-                let bucket = bucket_size(last - first);
-                (first - first.rem_euclid(bucket), bucket)
-            }
-            None => (0, HOUR_MS),
-        };
         let mut b = Builder {
             catalog,
             names: &names,
-            events: 0,
-            first_ms: None,
-            last_ms: 0,
-            total: Money::ZERO,
+            all: Sums::default(),
             kinds: HashMap::new(),
             lines: HashMap::new(),
             idle_unassigned: HashMap::new(),
             runs: HashMap::new(),
             items: HashMap::new(),
             spot: SpotAcc::default(),
+            spot_rates: SpotRates::new(),
             baseline: HashMap::new(),
-            origin_ms,
-            bucket_ms,
-            series: HashMap::new(),
+            hourly: HashMap::new(),
             workload_cost: HashMap::new(),
-            capacity_cost: Money::ZERO,
-            busy_cost: Money::ZERO,
         };
-        // A spot price lookup per (instance, region) would otherwise repeat per row.
-        let mut spot_rates = SpotRates::new();
-        ledger.scan(window, |r| b.add(r, &mut spot_rates))?;
+        ledger.rollups(window, |k, s| b.add(k, s))?;
         Ok(b.finish(window))
     }
 }
 
 impl Builder<'_> {
-    fn add(&mut self, r: &Row, spot_rates: &mut SpotRates) {
-        self.events += 1;
-        self.first_ms.get_or_insert(r.ts_ms);
-        self.last_ms = self.last_ms.max(r.ts_ms + r.duration_ms);
-        self.total += r.cost;
-        let waste = r.waste();
-        let kind = self.kinds.entry(r.kind).or_default();
-        kind.0 += r.cost;
-        kind.1 += waste;
-        *self
-            .items
-            .entry((
-                r.kind,
-                r.run
-                    .filter(|_| r.kind == Kind::Training)
-                    .unwrap_or(r.workload),
-            ))
-            .or_default() += r.cost;
-        *self.workload_cost.entry(r.workload).or_default() += r.cost;
-        self.add_series(r);
-        if is_capacity(r) {
-            self.capacity_cost += r.cost;
-            self.busy_cost += r.cost - waste;
-        }
-        match r.kind {
-            Kind::Inference => {
-                self.lines
-                    .entry((r.workload, r.model))
-                    .or_default()
-                    .add_request(r);
-                self.add_baseline(r);
-            }
-            Kind::Idle => {
-                match r.model {
-                    Some(_) => self
-                        .lines
-                        .entry((r.workload, r.model))
+    fn add(&mut self, k: &Key, s: &Sums) {
+        self.all.merge(s);
+        let kind = self.kinds.entry(k.kind).or_default();
+        kind.0 += s.cost;
+        kind.1 += s.waste;
+        let item = if k.kind == Kind::Training && k.run != 0 {
+            k.run
+        } else {
+            k.workload
+        };
+        *self.items.entry((k.kind, item)).or_default() += s.cost;
+        *self.workload_cost.entry(k.workload).or_default() += s.cost;
+        *self.hourly.entry((k.hour_ms, k.workload)).or_default() += s.cost;
+        let on_demand = matches!(k.capacity, None | Some(Capacity::OnDemand));
+        match k.kind {
+            Kind::Inference | Kind::Idle => {
+                if k.kind == Kind::Inference {
+                    self.lines
+                        .entry((k.workload, k.model))
                         .or_default()
-                        .add_idle(r.cost),
-                    None => *self.idle_unassigned.entry(r.workload).or_default() += r.cost,
+                        .add_requests(s);
+                } else if k.model != 0 {
+                    self.lines
+                        .entry((k.workload, k.model))
+                        .or_default()
+                        .add_idle(s.cost);
+                } else {
+                    *self.idle_unassigned.entry(k.workload).or_default() += s.cost;
                 }
-                self.add_baseline(r);
+                if on_demand && k.instance != 0 {
+                    let hours = self.baseline.entry((k.instance, k.region)).or_default();
+                    *hours.entry(k.hour_ms).or_default() += s.instance_ms;
+                }
             }
             Kind::Training => {
-                if let Some(run) = r.run {
-                    self.add_run(run, r, waste);
+                if k.run != 0 {
+                    self.add_run(k, s);
                 }
-                if let (None | Some(Capacity::OnDemand), Some(instance)) = (r.capacity, r.instance)
-                {
-                    self.add_spot_alternative(r, instance, spot_rates);
+                if on_demand && k.instance != 0 {
+                    self.add_spot_alternative(k, s);
                 }
             }
             Kind::Other => {}
@@ -389,76 +335,43 @@ impl Builder<'_> {
     }
 
     /// What on-demand training would have cost on spot, at the catalog's median spot price.
-    fn add_spot_alternative(&mut self, r: &Row, instance: u32, spot_rates: &mut SpotRates) {
-        let rate = *spot_rates.entry((instance, r.region)).or_insert_with(|| {
-            let region = r.region.map(|id| self.names.get(id));
-            self.catalog
-                .instance(self.names.get(instance), region)
-                .ok()
-                .and_then(|o| o.spot)
-        });
-        if let Some(at_spot) = rate.and_then(|s| s.cost(r.duration_ms, r.instances)) {
-            self.spot.on_demand += r.cost;
-            self.spot.at_spot += at_spot.min(r.cost);
+    fn add_spot_alternative(&mut self, k: &Key, s: &Sums) {
+        let (catalog, names) = (self.catalog, self.names);
+        let rate = *self
+            .spot_rates
+            .entry((k.instance, k.region))
+            .or_insert_with(|| {
+                let region = (k.region != 0).then(|| names.get(k.region));
+                catalog
+                    .instance(names.get(k.instance), region)
+                    .ok()
+                    .and_then(|o| o.spot)
+            });
+        if let Some(at_spot) = rate.and_then(|r| r.cost(s.instance_ms, 1)) {
+            self.spot.on_demand += s.cost;
+            self.spot.at_spot += at_spot.min(s.cost);
         }
     }
 
-    fn add_run(&mut self, run: u32, r: &Row, waste: Money) {
-        let acc = self.runs.entry(run).or_default();
-        acc.workload = r.workload;
-        acc.segments += 1;
-        acc.duration_ms += r.duration_ms;
-        acc.lost_ms += r.lost_ms;
-        acc.cost += r.cost;
-        acc.waste += waste;
-        match r.list_cost {
-            Some(list) => acc.list_cost += list,
-            None => acc.list_known = false,
+    fn add_run(&mut self, k: &Key, s: &Sums) {
+        let acc = self.runs.entry(k.run).or_default();
+        acc.workload = k.workload;
+        acc.sums.merge(s);
+        if k.capacity == Some(Capacity::Spot) {
+            acc.spot_cost += s.cost;
         }
-        if acc.segments == 1 {
-            acc.list_known = r.list_cost.is_some();
-        }
-        if r.duration_ms > 0 && r.lost_ms > 0 {
-            acc.lost_cost += r
-                .cost
-                .mul_div(
-                    i128::from(r.lost_ms.min(r.duration_ms)),
-                    i128::from(r.duration_ms),
-                )
-                .unwrap_or(Money::ZERO);
-        }
-        if r.utilization.is_some() {
-            acc.util_cost += r.cost;
-            acc.busy_cost += r.cost - waste;
-        }
-        if r.capacity == Some(Capacity::Spot) {
-            acc.spot_cost += r.cost;
-        }
-        match r.outcome {
-            Some(Outcome::Preempted) => acc.preemptions += 1,
-            Some(Outcome::Failed) => acc.failures += 1,
-            Some(Outcome::Completed) => acc.completed = true,
+        match k.outcome {
+            Some(Outcome::Preempted) => acc.preemptions += s.events,
+            Some(Outcome::Failed) => acc.failures += s.events,
+            Some(Outcome::Completed) => acc.completed |= s.events > 0,
             _ => {}
         }
-    }
-
-    /// Serving on on-demand instances, hour by hour, for the reserved-baseline lever.
-    fn add_baseline(&mut self, r: &Row) {
-        let (Some(instance), Some(Capacity::OnDemand) | None) = (r.instance, r.capacity) else {
-            return;
-        };
-        if r.duration_ms <= 0 {
-            return;
-        }
-        let acc = self.baseline.entry((instance, r.region)).or_default();
-        for_each_overlap(r.ts_ms, r.duration_ms, HOUR_MS, |hour, ms| {
-            *acc.hours.entry(hour).or_default() += ms * i64::from(r.instances);
-        });
     }
 
     fn finish(mut self, window: Window) -> Report {
         let names = self.names;
         let name = |id: u32| names.get(id).to_owned();
+        let opt_name = |id: u32| (id != 0).then(|| name(id));
         // Idle capacity that names no model is shared by the workload's models by their cost.
         for (workload, idle) in std::mem::take(&mut self.idle_unassigned) {
             let keys: Vec<_> = self
@@ -469,10 +382,7 @@ impl Builder<'_> {
                 .collect();
             let total: Money = keys.iter().map(|k| self.lines[k].cost).sum();
             if keys.is_empty() || total.nanos() <= 0 {
-                self.lines
-                    .entry((workload, None))
-                    .or_default()
-                    .add_idle(idle);
+                self.lines.entry((workload, 0)).or_default().add_idle(idle);
                 continue;
             }
             let mut left = idle;
@@ -492,7 +402,7 @@ impl Builder<'_> {
                 }
             }
         }
-        let total = self.total;
+        let total = self.all.cost;
         let share = |m: Money| ratio(m, total).unwrap_or(0.0);
         let mut by_kind: Vec<KindTotal> = self
             .kinds
@@ -523,20 +433,20 @@ impl Builder<'_> {
         let mut inference: Vec<InferenceLine> = self
             .lines
             .iter()
-            .map(|((w, m), acc)| acc.line(Some(name(*w)), m.map(name)))
+            .map(|((w, m), acc)| acc.line(Some(name(*w)), opt_name(*m)))
             .collect();
         inference.sort_by(|a, b| {
             (b.cost + b.idle_cost)
                 .cmp(&(a.cost + a.idle_cost))
                 .then_with(|| a.workload.cmp(&b.workload))
         });
-        let mut by_model: HashMap<Option<u32>, UnitAcc> = HashMap::new();
+        let mut by_model: HashMap<u32, UnitAcc> = HashMap::new();
         for ((_, model), acc) in &self.lines {
             by_model.entry(*model).or_default().merge(acc);
         }
         let mut models: Vec<InferenceLine> = by_model
             .iter()
-            .map(|(m, acc)| acc.line(None, m.map(name)))
+            .map(|(m, acc)| acc.line(None, opt_name(*m)))
             .collect();
         models.sort_by(|a, b| {
             (b.cost + b.idle_cost)
@@ -548,22 +458,23 @@ impl Builder<'_> {
             .runs
             .iter()
             .map(|(run, acc)| {
-                let on_demand = acc.list_known.then_some(acc.list_cost);
+                let s = &acc.sums;
+                let on_demand = (s.unlisted == 0).then_some(s.list_cost);
                 RunLine {
                     run: name(*run),
                     workload: name(acc.workload),
-                    segments: acc.segments,
-                    preemptions: acc.preemptions,
-                    failures: acc.failures,
-                    duration_ms: acc.duration_ms,
-                    lost_ms: acc.lost_ms,
-                    cost: acc.cost,
+                    segments: s.events as u32,
+                    preemptions: acc.preemptions as u32,
+                    failures: acc.failures as u32,
+                    duration_ms: s.duration_ms,
+                    lost_ms: s.lost_ms,
+                    cost: s.cost,
                     on_demand_cost: on_demand,
-                    saving: on_demand.map(|od| od - acc.cost),
-                    lost_cost: acc.lost_cost,
-                    waste: acc.waste,
-                    utilization: ratio(acc.busy_cost, acc.util_cost),
-                    spot_share: ratio(acc.spot_cost, acc.cost).unwrap_or(0.0),
+                    saving: on_demand.map(|od| od - s.cost),
+                    lost_cost: s.lost_cost,
+                    waste: s.waste,
+                    utilization: ratio(s.util_cost - s.waste, s.util_cost),
+                    spot_share: ratio(acc.spot_cost, s.cost).unwrap_or(0.0),
                     completed: acc.completed,
                 }
             })
@@ -576,12 +487,15 @@ impl Builder<'_> {
         let series = self.series();
         Report {
             window,
-            first_ms: self.first_ms,
-            last_ms: self.first_ms.map(|_| self.last_ms),
-            events: self.events,
+            first_ms: (self.all.events > 0).then_some(self.all.first_ms),
+            last_ms: (self.all.events > 0).then_some(self.all.last_ms),
+            events: self.all.events as u64,
             total,
             waste,
-            utilization: ratio(self.busy_cost, self.capacity_cost),
+            utilization: ratio(
+                self.all.capacity_cost - self.all.waste,
+                self.all.capacity_cost,
+            ),
             by_kind,
             areas,
             dominant,
@@ -597,8 +511,10 @@ impl Builder<'_> {
     fn areas(&self, total: Money) -> Vec<Area> {
         let kind = |k: Kind| self.kinds.get(&k).map_or(Money::ZERO, |c| c.0);
         let serving: std::collections::HashSet<u32> = self.lines.keys().map(|(w, _)| *w).collect();
-        let training: std::collections::HashSet<u32> = self.runs.values().map(|r| r.workload).collect();
-        let (mut serving_idle, mut training_idle, mut other_idle) = (Money::ZERO, Money::ZERO, Money::ZERO);
+        let training: std::collections::HashSet<u32> =
+            self.runs.values().map(|r| r.workload).collect();
+        let (mut serving_idle, mut training_idle, mut other_idle) =
+            (Money::ZERO, Money::ZERO, Money::ZERO);
         for ((k, id), cost) in &self.items {
             match k {
                 Kind::Idle if serving.contains(id) => serving_idle += *cost,
@@ -608,8 +524,16 @@ impl Builder<'_> {
             }
         }
         let mut areas: Vec<Area> = [
-            ("inference", kind(Kind::Inference) + serving_idle, serving_idle),
-            ("training", kind(Kind::Training) + training_idle, training_idle),
+            (
+                "inference",
+                kind(Kind::Inference) + serving_idle,
+                serving_idle,
+            ),
+            (
+                "training",
+                kind(Kind::Training) + training_idle,
+                training_idle,
+            ),
             ("idle", other_idle, other_idle),
             ("other", kind(Kind::Other), Money::ZERO),
         ]
@@ -622,7 +546,7 @@ impl Builder<'_> {
             idle,
         })
         .collect();
-        areas.sort_by(|a, b| b.cost.cmp(&a.cost));
+        areas.sort_by_key(|a| std::cmp::Reverse(a.cost));
         areas
     }
 
@@ -686,9 +610,8 @@ impl Builder<'_> {
         let mut dollars = Money::ZERO;
         let mut parts = Vec::new();
         let mut unpriced = Vec::new();
-        for ((instance, region), acc) in &self.baseline {
-            let (Some(&first), Some(&last)) = (acc.hours.keys().min(), acc.hours.keys().max())
-            else {
+        for ((instance, region), hours) in &self.baseline {
+            let (Some(&first), Some(&last)) = (hours.keys().min(), hours.keys().max()) else {
                 continue;
             };
             // Whole hours only: the first and last may be partly outside the window.
@@ -697,7 +620,7 @@ impl Builder<'_> {
                 continue;
             }
             let floor = (1..=span)
-                .map(|h| acc.hours.get(&(first + h * HOUR_MS)).copied().unwrap_or(0))
+                .map(|h| hours.get(&(first + h * HOUR_MS)).copied().unwrap_or(0))
                 .min()
                 .unwrap_or(0);
             let instances = floor / HOUR_MS;
@@ -705,7 +628,7 @@ impl Builder<'_> {
                 continue;
             }
             let name = self.names.get(*instance);
-            let region = region.map(|r| self.names.get(r));
+            let region = (*region != 0).then(|| self.names.get(*region));
             let Ok(offer) = self.catalog.instance(name, region) else {
                 continue;
             };
@@ -751,50 +674,46 @@ impl Builder<'_> {
         }
     }
 
-    /// Spreads the event's cost over the buckets its span touches.
-    fn add_series(&mut self, r: &Row) {
-        let (origin, size) = (self.origin_ms, self.bucket_ms);
-        let values = self.series.entry(r.workload).or_default();
-        let mut add = |bucket_start: Millis, dollars: f64| {
-            let i = ((bucket_start - origin).max(0) / size) as usize;
-            if values.len() <= i {
-                values.resize(i + 1, 0.0);
-            }
-            values[i] += dollars;
-        };
-        let dollars = r.cost.as_f64();
-        if r.duration_ms <= 0 {
-            add(r.ts_ms, dollars);
-        } else {
-            let d = r.duration_ms as f64;
-            for_each_overlap(r.ts_ms, r.duration_ms, size, |b, ms| {
-                add(b, dollars * ms as f64 / d)
-            });
-        }
-    }
-
     fn series(&self) -> Series {
-        let buckets = self.series.values().map(Vec::len).max().unwrap_or(0);
+        let (first, last) = (self.all.first_ms, self.all.last_ms.max(self.all.first_ms));
+        if self.all.events == 0 && self.hourly.is_empty() {
+            return Series {
+                start_ms: 0,
+                bucket_ms: HOUR_MS,
+                buckets: 0,
+                lines: Vec::new(),
+            };
+        }
+        let bucket_ms = bucket_size(last - first);
+        let first_hour = self.hourly.keys().map(|(h, _)| *h).min().unwrap_or(first);
+        let origin = first_hour - first_hour.rem_euclid(bucket_ms);
+        let last_hour = self.hourly.keys().map(|(h, _)| *h).max().unwrap_or(first);
+        let buckets = ((last_hour - origin) / bucket_ms + 1) as usize;
         let mut ranked: Vec<(u32, Money)> =
             self.workload_cost.iter().map(|(w, c)| (*w, *c)).collect();
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut lines: Vec<(String, Vec<f64>)> = Vec::new();
-        let mut other = vec![0.0; buckets];
-        for (i, (workload, _)) in ranked.iter().enumerate() {
-            let mut values = self.series.get(workload).cloned().unwrap_or_default();
-            values.resize(buckets, 0.0);
-            if i < SERIES_WORKLOADS {
-                lines.push((self.names.get(*workload).to_owned(), values));
-            } else {
-                other.iter_mut().zip(values).for_each(|(o, v)| *o += v);
+        let slot: HashMap<u32, usize> = ranked
+            .iter()
+            .enumerate()
+            .map(|(i, (w, _))| (*w, i.min(SERIES_WORKLOADS)))
+            .collect();
+        let mut lines: Vec<(String, Vec<f64>)> = ranked
+            .iter()
+            .take(SERIES_WORKLOADS)
+            .map(|(w, _)| (self.names.get(*w).to_owned(), vec![0.0; buckets]))
+            .collect();
+        if ranked.len() > SERIES_WORKLOADS {
+            lines.push(("other".to_owned(), vec![0.0; buckets]));
+        }
+        for ((hour, workload), cost) in &self.hourly {
+            let i = ((hour - origin) / bucket_ms) as usize;
+            if let Some(line) = slot.get(workload).and_then(|&s| lines.get_mut(s)) {
+                line.1[i.min(buckets - 1)] += cost.as_f64();
             }
         }
-        if ranked.len() > SERIES_WORKLOADS {
-            lines.push(("other".to_owned(), other));
-        }
         Series {
-            start_ms: self.origin_ms,
-            bucket_ms: self.bucket_ms,
+            start_ms: origin,
+            bucket_ms,
             buckets,
             lines,
         }
@@ -809,19 +728,6 @@ fn bucket_size(span_ms: Millis) -> Millis {
         DAY_MS
     } else {
         7 * DAY_MS
-    }
-}
-
-/// Calls `f(bucket_start, overlap_ms)` for each bucket of `size` that `[ts, ts + duration)` touches.
-fn for_each_overlap(ts: Millis, duration: Millis, size: Millis, mut f: impl FnMut(Millis, Millis)) {
-    let end = ts + duration;
-    let mut b = ts - ts.rem_euclid(size);
-    while b < end {
-        let overlap = end.min(b + size) - ts.max(b);
-        if overlap > 0 {
-            f(b, overlap);
-        }
-        b += size;
     }
 }
 
@@ -883,7 +789,12 @@ fn cascade_lever(inference: &[InferenceLine]) -> Option<Lever> {
 
 fn dominant(areas: &[Area], top: &[Item], total: Money) -> Option<String> {
     let first = areas.first().filter(|a| a.cost > Money::ZERO)?;
-    let mut s = format!("{} is {} of the {} spent", first.area, pct(first.share), total);
+    let mut s = format!(
+        "{} is {} of the {} spent",
+        first.area,
+        pct(first.share),
+        total
+    );
     if first.idle > Money::ZERO {
         s.push_str(&format!(" ({} of it idle capacity)", first.idle));
     }

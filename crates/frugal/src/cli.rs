@@ -9,11 +9,23 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[command(name = "frugal", version, about, long_about = None, propagate_version = true)]
 pub struct Cli {
     /// Config file [default: ./frugal.toml if present]
-    #[arg(long, global = true, env = "FRUGAL_CONFIG", hide_env_values = true, value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "FRUGAL_CONFIG",
+        hide_env_values = true,
+        value_name = "FILE"
+    )]
     pub config: Option<PathBuf>,
 
     /// Usage ledger (SQLite) [default: from config, else ~/.local/share/frugal/ledger.sqlite]
-    #[arg(long, global = true, env = "FRUGAL_LEDGER", hide_env_values = true, value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "FRUGAL_LEDGER",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
     pub ledger: Option<PathBuf>,
 
     /// Price file layered over the built-in catalog (repeatable)

@@ -59,7 +59,9 @@ fn json(o: &Output) -> serde_json::Value {
 }
 
 fn events(env: &Env) -> u64 {
-    json(&ok(env.frugal(&["ledger", "info", "--json"])))["events"].as_u64().unwrap()
+    json(&ok(env.frugal(&["ledger", "info", "--json"])))["events"]
+        .as_u64()
+        .unwrap()
 }
 
 #[test]
@@ -74,24 +76,56 @@ fn help_lists_only_working_commands() {
 #[test]
 fn prices_filter_and_sort() {
     let env = Env::new();
-    let o = ok(env.frugal(&["prices", "--provider", "aws", "--gpu", "v100", "--sort", "on-demand", "--json", "--limit", "0"]));
+    let o = ok(env.frugal(&[
+        "prices",
+        "--provider",
+        "aws",
+        "--gpu",
+        "v100",
+        "--sort",
+        "on-demand",
+        "--json",
+        "--limit",
+        "0",
+    ]));
     let offers = json(&o);
     let offers = offers.as_array().unwrap();
-    assert!(offers.len() >= 3, "p3.2xlarge, p3.8xlarge, p3.16xlarge, p3dn");
-    let prices: Vec<f64> = offers.iter().map(|o| o["on_demand"].as_f64().unwrap()).collect();
+    assert!(
+        offers.len() >= 3,
+        "p3.2xlarge, p3.8xlarge, p3.16xlarge, p3dn"
+    );
+    let prices: Vec<f64> = offers
+        .iter()
+        .map(|o| o["on_demand"].as_f64().unwrap())
+        .collect();
     assert!(prices.windows(2).all(|w| w[0] <= w[1]), "{prices:?}");
-    assert!(offers.iter().all(|o| o["accelerator"].as_str().unwrap().starts_with("V100") && o["provider"] == "aws"));
+    assert!(
+        offers
+            .iter()
+            .all(|o| o["accelerator"].as_str().unwrap().starts_with("V100")
+                && o["provider"] == "aws")
+    );
     let table = stdout(&ok(env.frugal(&["prices", "--gpu", "h100", "--limit", "3"])));
-    assert!(table.contains("H100") && table.contains("on-demand $/h"), "{table}");
+    assert!(
+        table.contains("H100") && table.contains("on-demand $/h"),
+        "{table}"
+    );
     let none = env.frugal(&["prices", "--gpu", "no-such-gpu"]);
     assert!(!none.status.success());
-    assert!(stderr(&none).contains("no instance in the catalog matches"), "{}", stderr(&none));
+    assert!(
+        stderr(&none).contains("no instance in the catalog matches"),
+        "{}",
+        stderr(&none)
+    );
 }
 
 #[test]
 fn a_bad_csv_imports_nothing_and_exits_non_zero() {
     let env = Env::new();
-    let good = env.write("good.csv", "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n");
+    let good = env.write(
+        "good.csv",
+        "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n",
+    );
     ok(env.frugal(&["ledger", "import", good.to_str().unwrap()]));
     let bad = env.write(
         "bad.csv",
@@ -101,7 +135,10 @@ fn a_bad_csv_imports_nothing_and_exits_non_zero() {
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
     assert!(err.contains("1 bad row, nothing imported"), "{err}");
-    assert!(err.contains("line 3: instance_type: unknown instance type `p9.huge`"), "{err}");
+    assert!(
+        err.contains("line 3: instance_type: unknown instance type `p9.huge`"),
+        "{err}"
+    );
     assert_eq!(events(&env), 1, "nothing partial, nothing lost");
     ok(env.frugal(&["ledger", "import", "--skip-invalid", bad.to_str().unwrap()]));
     assert_eq!(events(&env), 2);
@@ -119,16 +156,28 @@ fn report_json_and_html_from_a_focus_export() {
     );
     let o = ok(env.frugal(&["ledger", "import", focus.to_str().unwrap()]));
     assert!(stderr(&o).contains("as focus"), "{}", stderr(&o));
-    assert!(stderr(&o).contains("skipped 1 prepaid purchase rows"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("skipped 1 prepaid purchase rows"),
+        "{}",
+        stderr(&o)
+    );
     let report = json(&ok(env.frugal(&["report", "--json"])));
-    assert_eq!(report["total"].as_i64(), Some(13_180_000_000), "9.18 + 4.00 in nano-dollars");
+    assert_eq!(
+        report["total"].as_i64(),
+        Some(13_180_000_000),
+        "9.18 + 4.00 in nano-dollars"
+    );
     assert_eq!(report["waste"].as_i64(), Some(4_000_000_000));
     assert_eq!(report["training"][0]["run"], "r1");
     let html = env.path("r.html");
     let o = ok(env.frugal(&["report", "--html", html.to_str().unwrap()]));
     assert!(stdout(&o).contains("Training runs"), "{}", stdout(&o));
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(page.starts_with("<!doctype html>") && page.contains("<svg"), "{}", &page[..200.min(page.len())]);
+    assert!(
+        page.starts_with("<!doctype html>") && page.contains("<svg"),
+        "{}",
+        &page[..200.min(page.len())]
+    );
 }
 
 #[test]
@@ -146,25 +195,40 @@ fn missing_ledgers_and_bad_config_are_clear_errors() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("`ledger.file`: unknown field `file`, expected `path`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`ledger.file`: unknown field `file`, expected `path`"),
+        "{}",
+        stderr(&o)
+    );
     std::fs::remove_file(env.path("frugal.toml")).unwrap();
     let prices = env.write("p.toml", "[[model]]\nname = 'm'\ninput = -1\noutput = 1\n");
     let o = env.frugal(&["--prices", prices.to_str().unwrap(), "prices", "--models"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("model[0].input: a price cannot be negative"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("model[0].input: a price cannot be negative"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn a_ledger_from_a_newer_frugal_is_refused() {
     let env = Env::new();
-    let good = env.write("good.csv", "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n");
+    let good = env.write(
+        "good.csv",
+        "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n",
+    );
     ok(env.frugal(&["ledger", "import", good.to_str().unwrap()]));
     let conn = rusqlite::Connection::open(env.path("ledger.sqlite")).unwrap();
     conn.execute_batch("PRAGMA user_version = 99").unwrap();
     drop(conn);
     let o = env.frugal(&["report"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("schema version 99, newer than this frugal understands"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("schema version 99, newer than this frugal understands"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A usage file of `rows` one-cent inference events.
@@ -202,8 +266,14 @@ fn a_killed_import_loses_nothing_acknowledged() {
     let wal = env.path("ledger.sqlite-wal");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while std::fs::metadata(&wal).map_or(0, |m| m.len()) < 4 << 20 {
-        assert!(child.try_wait().unwrap().is_none(), "the import ended before it could be killed");
-        assert!(std::time::Instant::now() < deadline, "the import never wrote");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the import ended before it could be killed"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the import never wrote"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     child.kill().unwrap();
@@ -230,7 +300,10 @@ fn full_and_read_only_disks_are_clear_errors() {
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
-        assert!(std::env::var_os("CI").is_none(), "CI must be able to mount a tmpfs for this test");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must be able to mount a tmpfs for this test"
+        );
         eprintln!("skipped: cannot mount a tmpfs here (not root?)");
         return;
     }
@@ -248,13 +321,25 @@ fn full_and_read_only_disks_are_clear_errors() {
     let o = env.frugal_with_ledger(&ledger, &["ledger", "import", big.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("the disk is full"), "{}", stderr(&o));
-    let info = json(&ok(env.frugal_with_ledger(&ledger, &["ledger", "info", "--check", "--json"])));
-    assert_eq!((info["events"].as_u64(), info["integrity"].as_str()), (Some(50), Some("ok")));
+    let info = json(&ok(
+        env.frugal_with_ledger(&ledger, &["ledger", "info", "--check", "--json"])
+    ));
+    assert_eq!(
+        (info["events"].as_u64(), info["integrity"].as_str()),
+        (Some(50), Some("ok"))
+    );
 
-    let remounted = Command::new("mount").args(["-o", "remount,ro"]).arg(&mnt).status().unwrap();
+    let remounted = Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
     assert!(remounted.success());
     let o = env.frugal_with_ledger(&ledger, &["ledger", "import", small.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
-    assert!(err.contains("cannot write ledger") && err.contains("Read-only file system"), "{err}");
+    assert!(
+        err.contains("cannot write ledger") && err.contains("Read-only file system"),
+        "{err}"
+    );
 }

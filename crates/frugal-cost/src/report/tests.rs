@@ -6,7 +6,8 @@ fn m(s: &str) -> Money {
     s.parse().unwrap()
 }
 
-const T0: Millis = 1_793_000_000_000;
+/// On an hour: rollups and windows are hourly.
+const T0: Millis = 1_792_998_000_000;
 
 fn ledger_with(events: &[Event]) -> (tempfile::TempDir, Ledger) {
     let dir = tempfile::tempdir().unwrap();
@@ -115,7 +116,11 @@ fn unit_costs_by_hand() {
     assert_eq!(r.waste, m("4"));
     let training = r.by_kind.iter().find(|k| k.kind == Kind::Training).unwrap();
     assert_eq!(training.cost, m("7.06"));
-    assert_eq!(r.by_kind[0].kind, Kind::Training, "by kind alone: 7.06 > 7.0032");
+    assert_eq!(
+        r.by_kind[0].kind,
+        Kind::Training,
+        "by kind alone: 7.06 > 7.0032"
+    );
     let dominant = r.dominant.clone().unwrap();
     // Inference with its idle replica: 0.0032 + 7 + 3 = 10.0032, 59%; training 7.06, 41%.
     assert_eq!(r.areas[0].area, "inference");
@@ -152,16 +157,32 @@ fn unit_costs_by_hand() {
 }
 
 #[test]
-fn a_window_selects_events_by_start() {
+fn a_window_counts_the_cost_incurred_inside_it() {
     let (_dir, ledger) = ledger_with(&worked_example());
     let catalog = Catalog::builtin().unwrap();
     let window = Window {
         since_ms: Some(T0 + HOUR_MS),
-        until_ms: None,
+        until_ms: Some(T0 + 3 * HOUR_MS),
     };
     let r = Report::build(&ledger, &catalog, window).unwrap();
-    // Only the idle hour and r1's second segment start at or after T0 + 1 h.
-    assert_eq!((r.events, r.total), (2, m("5")));
+    // Hours 1 and 2: the idle hour ($3), the second half of r1's first segment ($1) and
+    // the first half of its second ($1). Counts go with the hour an event starts in.
+    assert_eq!(r.total, m("5"));
+    assert_eq!(
+        r.events, 2,
+        "the idle event and the second segment start inside"
+    );
+    let r1 = r.training.iter().find(|l| l.run == "r1").unwrap();
+    assert_eq!(r1.cost, m("2"));
+    // A window that is not on the hour takes the whole hours it touches.
+    let ragged = Window {
+        since_ms: Some(T0 + HOUR_MS + 1),
+        until_ms: Some(T0 + 2 * HOUR_MS + 1),
+    };
+    assert_eq!(
+        Report::build(&ledger, &catalog, ragged).unwrap().total,
+        m("5")
+    );
 }
 
 #[test]
@@ -227,4 +248,54 @@ fn an_empty_ledger_reports_nothing_without_failing() {
     let r = Report::build(&ledger, &Catalog::builtin().unwrap(), Window::default()).unwrap();
     assert_eq!((r.events, r.total), (0, Money::ZERO));
     assert!(r.dominant.is_none() && r.levers.is_empty());
+}
+
+/// The rollups agree with the raw events to the nano-dollar, however events cross hours.
+#[test]
+fn rollups_match_the_raw_events_exactly() {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let kinds = [Kind::Inference, Kind::Training, Kind::Idle, Kind::Other];
+    let events: Vec<Event> = (0..2000)
+        .map(|_| {
+            let kind = kinds[next(4) as usize];
+            let mut e = Event::new(
+                T0 + next(30 * HOUR_MS as u64) as i64,
+                kind,
+                "w",
+                Money::from_nanos(next(50_000_000_000) as i64 + 1),
+            );
+            e.duration_ms = next(5 * HOUR_MS as u64) as i64;
+            e.requests = next(100);
+            e.utilization = (next(2) == 0).then(|| next(101) as f64 / 100.0);
+            e.run_id = (kind == Kind::Training).then(|| format!("r{}", next(3)));
+            e
+        })
+        .collect();
+    let (_dir, ledger) = ledger_with(&events);
+    let r = Report::build(&ledger, &Catalog::builtin().unwrap(), Window::default()).unwrap();
+    let raw_cost: Money = events.iter().map(|e| e.cost).sum();
+    let raw_waste: Money = events.iter().map(Event::waste).sum();
+    assert_eq!((r.events, r.total, r.waste), (2000, raw_cost, raw_waste));
+    let run_cost: Money = r.training.iter().map(|l| l.cost).sum();
+    let raw_run: Money = events
+        .iter()
+        .filter(|e| e.kind == Kind::Training)
+        .map(|e| e.cost)
+        .sum();
+    assert_eq!(run_cost, raw_run);
+    let requests: u64 = r.inference.iter().map(|l| l.requests).sum();
+    let raw_requests: u64 = events
+        .iter()
+        .filter(|e| e.kind == Kind::Inference)
+        .map(|e| e.requests)
+        .sum();
+    assert_eq!(requests, raw_requests);
+    let series: f64 = r.series.lines.iter().flat_map(|(_, v)| v).sum();
+    assert!((series - raw_cost.as_f64()).abs() < 1e-6 * raw_cost.as_f64());
 }

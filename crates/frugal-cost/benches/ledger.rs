@@ -1,0 +1,149 @@
+//! Ledger throughput at scale: import rate of a 10-million-event CSV (parse, price from
+//! the catalog, insert) and the time of a full report over it.
+//!
+//! `cargo bench -p frugal-cost --bench ledger [-- EVENTS]`; the files go to a temp folder
+//! (or `$FRUGAL_BENCH_DIR`) and are removed afterwards. Figures go to BENCHMARKS.md.
+
+use std::io::{BufWriter, Write};
+use std::time::Instant;
+
+use frugal_cost::catalog::PriceSource;
+use frugal_cost::import::{ImportOptions, import_file};
+use frugal_cost::report::Report;
+use frugal_cost::{Catalog, Ledger, NoProgress, Window};
+
+const WORKLOADS: &[&str] = &["chat", "code-assist", "search", "summarize", "agents"];
+const MODELS: &[&str] = &["small", "medium", "large"];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let events: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(10_000_000);
+    let dir = match std::env::var_os("FRUGAL_BENCH_DIR") {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let csv = dir.path().join("usage.csv");
+    let started = Instant::now();
+    write_usage(&csv, events)?;
+    let csv_bytes = std::fs::metadata(&csv)?.len();
+    println!(
+        "generated {events} events ({:.0} MB CSV) in {:.1}s",
+        csv_bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut catalog = Catalog::builtin()?;
+    catalog.extend_from_toml(
+        "[[model]]\nname='small'\ninput=0.1\noutput=0.4\n\
+         [[model]]\nname='medium'\ninput=0.5\noutput=1.5\ncached_input=0.25\n\
+         [[model]]\nname='large'\ninput=2.5\noutput=10\ncached_input=1.25\n",
+        PriceSource::Builtin,
+    )?;
+    let path = dir.path().join("ledger.sqlite");
+    let mut ledger = Ledger::open(&path)?;
+    let options = ImportOptions {
+        format: None,
+        skip_invalid: false,
+    };
+    let started = Instant::now();
+    let summary = import_file(&mut ledger, &catalog, &csv, options, &NoProgress)?;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "import: {} events in {secs:.2}s = {:.0} events/s ({:.0} MB/s of CSV); ledger {:.0} MB",
+        summary.imported,
+        summary.imported as f64 / secs,
+        csv_bytes as f64 / 1e6 / secs,
+        std::fs::metadata(&path)?.len() as f64 / 1e6
+    );
+    drop(ledger);
+
+    let ledger = Ledger::open_existing(&path)?;
+    for run in 1..=3 {
+        let started = Instant::now();
+        let report = Report::build(&ledger, &catalog, Window::default())?;
+        println!(
+            "report {run}: {} events in {:.3}s ({} total, {} inference lines)",
+            report.events,
+            started.elapsed().as_secs_f64(),
+            report.total,
+            report.inference.len()
+        );
+    }
+    // What a report that reads every raw event would pay just to read them.
+    let started = Instant::now();
+    let rows = ledger.scan(Window::default(), |_| {})?;
+    println!(
+        "raw event scan: {rows} rows in {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
+    peer_sqlite3(dir.path(), &csv);
+    Ok(())
+}
+
+/// The same CSV through the sqlite3 shell, when it is installed: `.import` into a plain
+/// table (no parsing of times, no pricing, no rollups) and one GROUP BY over it.
+fn peer_sqlite3(dir: &std::path::Path, csv: &std::path::Path) {
+    let db = dir.join("peer.sqlite");
+    let run = |sql: &str| {
+        let started = Instant::now();
+        let status = std::process::Command::new("sqlite3")
+            .arg(&db)
+            .arg(sql)
+            .stdout(std::process::Stdio::null())
+            .status();
+        status
+            .ok()
+            .filter(|s| s.success())
+            .map(|_| started.elapsed().as_secs_f64())
+    };
+    let import = format!(".import --csv {} raw", csv.display());
+    let Some(import_secs) = run(&import) else {
+        println!("peer: sqlite3 shell not found; skipped");
+        return;
+    };
+    println!("peer sqlite3 .import: {import_secs:.2}s");
+    let query = "SELECT workload, model, count(*), sum(input_tokens), sum(output_tokens) FROM raw GROUP BY 1, 2";
+    if let Some(secs) = run(query) {
+        println!("peer sqlite3 GROUP BY workload, model over raw rows: {secs:.2}s");
+    }
+}
+
+/// A week of inference events over five workloads and three models, with a tenth of the
+/// rows on a self-hosted instance, in frugal's CSV columns.
+fn write_usage(path: &std::path::Path, events: usize) -> std::io::Result<()> {
+    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    writeln!(
+        out,
+        "ts,kind,workload,model,instance_type,duration_s,input_tokens,output_tokens,cached_input_tokens,cost_usd"
+    )?;
+    let start_ms: i64 = 1_795_392_000_000; // 2026-11-23T00:00:00Z
+    let step = 7 * 86_400_000 / events.max(1) as i64;
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for i in 0..events {
+        // xorshift: cheap, deterministic token counts.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let ts = start_ms + i as i64 * step.max(1);
+        let workload = WORKLOADS[(x % 5) as usize];
+        let input = 50 + (x >> 8) % 4000;
+        let output = 5 + (x >> 24) % 500;
+        if i % 10 == 0 {
+            let busy = (input as f64 / 8000.0 + output as f64 / 400.0) as f32;
+            writeln!(
+                out,
+                "{ts},inference,{workload},self-hosted,g5.2xlarge,{busy:.3},{input},{output},,"
+            )?;
+        } else {
+            let model = MODELS[((x >> 40) % 3) as usize];
+            let cached = input / 4;
+            writeln!(
+                out,
+                "{ts},inference,{workload},{model},,,{input},{output},{cached},"
+            )?;
+        }
+    }
+    out.flush()
+}

@@ -1,0 +1,509 @@
+//! Hourly rollups: the sums a report needs, kept beside the raw events.
+//!
+//! Every write folds its events into one row per (hour, kind, workload, model, run,
+//! instance, region, capacity, outcome) in the same transaction, so a report reads a few
+//! thousand rollup rows instead of millions of events: reading every column of ten million
+//! events through SQLite takes longer than the whole report may. An event that spans hours
+//! has its money and time spread over them by overlap (remainders to the last hour, so the
+//! parts add up to the event exactly); counts (events, requests, tokens) stay in the hour
+//! it started.
+
+use std::collections::HashMap;
+
+use rusqlite::params;
+
+use crate::event::{Capacity, Event, Kind, Outcome};
+use crate::money::{Millis, Money};
+
+pub const HOUR_MS: Millis = 3_600_000;
+
+/// A rollup row's key. Names are dims ids; `0` means none (ids start at 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub hour_ms: Millis,
+    pub kind: Kind,
+    pub workload: u32,
+    pub model: u32,
+    pub run: u32,
+    pub instance: u32,
+    pub region: u32,
+    pub capacity: Option<Capacity>,
+    pub outcome: Option<Outcome>,
+}
+
+/// Sums over the events of one key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sums {
+    pub events: i64,
+    pub requests: i64,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cached_tokens: i64,
+    pub cost: Money,
+    /// Cost that bought nothing: idle, or the unused share under a utilization.
+    pub waste: Money,
+    /// Cost paid by the hour (an instance, a utilization, or idle), not per token.
+    pub capacity_cost: Money,
+    /// Cost of events that report a utilization.
+    pub util_cost: Money,
+    /// Cost, input part and tokens of events whose price splits input from output.
+    pub split_cost: Money,
+    pub split_input_cost: Money,
+    pub split_input_tokens: i64,
+    pub split_output_tokens: i64,
+    pub list_cost: Money,
+    /// Events without a list (on-demand) cost.
+    pub unlisted: i64,
+    pub duration_ms: Millis,
+    /// Duration times instances: capacity held.
+    pub instance_ms: Millis,
+    pub lost_ms: Millis,
+    /// Cost of the work lost (the lost share of the event's cost).
+    pub lost_cost: Money,
+    pub first_ms: Millis,
+    pub last_ms: Millis,
+}
+
+impl Default for Sums {
+    /// Nothing yet: zero sums, and a time span that any merge replaces.
+    fn default() -> Sums {
+        Sums {
+            events: 0,
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cached_tokens: 0,
+            cost: Money::ZERO,
+            waste: Money::ZERO,
+            capacity_cost: Money::ZERO,
+            util_cost: Money::ZERO,
+            split_cost: Money::ZERO,
+            split_input_cost: Money::ZERO,
+            split_input_tokens: 0,
+            split_output_tokens: 0,
+            list_cost: Money::ZERO,
+            unlisted: 0,
+            duration_ms: 0,
+            instance_ms: 0,
+            lost_ms: 0,
+            lost_cost: Money::ZERO,
+            first_ms: Millis::MAX,
+            last_ms: Millis::MIN,
+        }
+    }
+}
+
+impl Sums {
+    pub fn merge(&mut self, o: &Sums) {
+        self.first_ms = self.first_ms.min(o.first_ms);
+        self.last_ms = self.last_ms.max(o.last_ms);
+        self.events += o.events;
+        self.requests += o.requests;
+        self.input_tokens += o.input_tokens;
+        self.output_tokens += o.output_tokens;
+        self.cached_tokens += o.cached_tokens;
+        self.cost += o.cost;
+        self.waste += o.waste;
+        self.capacity_cost += o.capacity_cost;
+        self.util_cost += o.util_cost;
+        self.split_cost += o.split_cost;
+        self.split_input_cost += o.split_input_cost;
+        self.split_input_tokens += o.split_input_tokens;
+        self.split_output_tokens += o.split_output_tokens;
+        self.list_cost += o.list_cost;
+        self.unlisted += o.unlisted;
+        self.duration_ms += o.duration_ms;
+        self.instance_ms += o.instance_ms;
+        self.lost_ms += o.lost_ms;
+        self.lost_cost += o.lost_cost;
+    }
+}
+
+/// Ids of an event's names, as the ledger stored them.
+#[derive(Debug, Clone, Copy)]
+pub struct Ids {
+    pub workload: u32,
+    pub model: u32,
+    pub run: u32,
+    pub instance: u32,
+    pub region: u32,
+}
+
+/// The rollup rows of one write, folded in memory until its transaction commits.
+#[derive(Default)]
+pub struct Pending(HashMap<Key, Sums>);
+
+impl Pending {
+    pub fn add(&mut self, e: &Event, ids: Ids) {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let is_capacity =
+            e.instance_type.is_some() || e.utilization.is_some() || e.kind == Kind::Idle;
+        let duration = e.duration_ms.max(0);
+        let whole = Sums {
+            events: 1,
+            requests: clamp(e.requests),
+            input_tokens: clamp(e.input_tokens),
+            output_tokens: clamp(e.output_tokens),
+            cached_tokens: clamp(e.cached_input_tokens),
+            cost: e.cost,
+            waste: e.waste(),
+            capacity_cost: if is_capacity { e.cost } else { Money::ZERO },
+            util_cost: if e.utilization.is_some() {
+                e.cost
+            } else {
+                Money::ZERO
+            },
+            split_cost: if e.input_cost.is_some() {
+                e.cost
+            } else {
+                Money::ZERO
+            },
+            split_input_cost: e.input_cost.unwrap_or(Money::ZERO),
+            split_input_tokens: if e.input_cost.is_some() {
+                clamp(e.input_tokens)
+            } else {
+                0
+            },
+            split_output_tokens: if e.input_cost.is_some() {
+                clamp(e.output_tokens)
+            } else {
+                0
+            },
+            list_cost: e.list_cost.unwrap_or(Money::ZERO),
+            unlisted: i64::from(e.list_cost.is_none()),
+            duration_ms: duration,
+            instance_ms: duration.saturating_mul(i64::from(e.instances)),
+            lost_ms: e.lost_ms,
+            lost_cost: if duration > 0 && e.lost_ms > 0 {
+                e.cost
+                    .mul_div(i128::from(e.lost_ms.min(duration)), i128::from(duration))
+                    .unwrap_or(Money::ZERO)
+            } else {
+                Money::ZERO
+            },
+            first_ms: e.ts_ms,
+            last_ms: e.ts_ms + duration,
+        };
+        let key = |hour_ms| Key {
+            hour_ms,
+            kind: e.kind,
+            workload: ids.workload,
+            model: ids.model,
+            run: ids.run,
+            instance: ids.instance,
+            region: ids.region,
+            capacity: e.capacity,
+            outcome: e.outcome,
+        };
+        for (hour, part) in spread(e.ts_ms, duration, &whole) {
+            self.0.entry(key(hour)).or_default().merge(&part);
+        }
+    }
+
+    /// Adds the folded rows to the rollup table inside the caller's transaction.
+    pub fn flush(self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+        let mut stmt = tx.prepare_cached(UPSERT)?;
+        for (k, s) in self.0 {
+            stmt.execute(params![
+                k.hour_ms,
+                k.kind.code(),
+                k.workload,
+                k.model,
+                k.run,
+                k.instance,
+                k.region,
+                k.capacity.map_or(0, |c| c.code() + 1),
+                k.outcome.map_or(0, |o| o.code() + 1),
+                s.events,
+                s.requests,
+                s.input_tokens,
+                s.output_tokens,
+                s.cached_tokens,
+                s.cost.nanos(),
+                s.waste.nanos(),
+                s.capacity_cost.nanos(),
+                s.util_cost.nanos(),
+                s.split_cost.nanos(),
+                s.split_input_cost.nanos(),
+                s.split_input_tokens,
+                s.split_output_tokens,
+                s.list_cost.nanos(),
+                s.unlisted,
+                s.duration_ms,
+                s.instance_ms,
+                s.lost_ms,
+                s.lost_cost.nanos(),
+                s.first_ms,
+                s.last_ms,
+            ])?;
+        }
+        Ok(())
+    }
+}
+
+/// Splits `whole` over the hours `[ts, ts + duration)` touches. Money and time go by overlap,
+/// the last hour taking what rounding left; counts go to the first hour.
+fn spread(ts: Millis, duration: Millis, whole: &Sums) -> Vec<(Millis, Sums)> {
+    let first_hour = ts - ts.rem_euclid(HOUR_MS);
+    if duration <= 0 || ts + duration <= first_hour + HOUR_MS {
+        return vec![(first_hour, *whole)];
+    }
+    let mut parts = Vec::new();
+    let mut given = Sums::default();
+    let end = ts + duration;
+    let mut hour = first_hour;
+    while hour < end {
+        let (from, to) = (ts.max(hour), end.min(hour + HOUR_MS));
+        let last = to == end;
+        let share = |total: Money, given: Money| {
+            if last {
+                total - given
+            } else {
+                total
+                    .mul_div(i128::from(to - from), i128::from(duration))
+                    .unwrap_or(Money::ZERO)
+            }
+        };
+        let time = |total: Millis, given: Millis| {
+            if last {
+                total - given
+            } else {
+                (i128::from(total) * i128::from(to - from) / i128::from(duration)) as Millis
+            }
+        };
+        let mut part = Sums {
+            cost: share(whole.cost, given.cost),
+            waste: share(whole.waste, given.waste),
+            capacity_cost: share(whole.capacity_cost, given.capacity_cost),
+            util_cost: share(whole.util_cost, given.util_cost),
+            split_cost: share(whole.split_cost, given.split_cost),
+            split_input_cost: share(whole.split_input_cost, given.split_input_cost),
+            list_cost: share(whole.list_cost, given.list_cost),
+            lost_cost: share(whole.lost_cost, given.lost_cost),
+            duration_ms: time(whole.duration_ms, given.duration_ms),
+            instance_ms: time(whole.instance_ms, given.instance_ms),
+            first_ms: from,
+            last_ms: to,
+            ..Sums::default()
+        };
+        if hour == first_hour {
+            part.events = whole.events;
+            part.requests = whole.requests;
+            part.input_tokens = whole.input_tokens;
+            part.output_tokens = whole.output_tokens;
+            part.cached_tokens = whole.cached_tokens;
+            part.split_input_tokens = whole.split_input_tokens;
+            part.split_output_tokens = whole.split_output_tokens;
+            part.unlisted = whole.unlisted;
+            part.lost_ms = whole.lost_ms;
+        }
+        given.merge(&part);
+        parts.push((hour, part));
+        hour += HOUR_MS;
+    }
+    parts
+}
+
+pub const SCHEMA: &str = r#"
+CREATE TABLE rollup (
+    hour_ms             INTEGER NOT NULL,
+    kind                INTEGER NOT NULL,
+    workload            INTEGER NOT NULL,
+    model               INTEGER NOT NULL,
+    run                 INTEGER NOT NULL,
+    instance            INTEGER NOT NULL,
+    region              INTEGER NOT NULL,
+    capacity            INTEGER NOT NULL,
+    outcome             INTEGER NOT NULL,
+    events              INTEGER NOT NULL,
+    requests            INTEGER NOT NULL,
+    input_tokens        INTEGER NOT NULL,
+    output_tokens       INTEGER NOT NULL,
+    cached_tokens       INTEGER NOT NULL,
+    cost                INTEGER NOT NULL,
+    waste               INTEGER NOT NULL,
+    capacity_cost       INTEGER NOT NULL,
+    util_cost           INTEGER NOT NULL,
+    split_cost          INTEGER NOT NULL,
+    split_input_cost    INTEGER NOT NULL,
+    split_input_tokens  INTEGER NOT NULL,
+    split_output_tokens INTEGER NOT NULL,
+    list_cost           INTEGER NOT NULL,
+    unlisted            INTEGER NOT NULL,
+    duration_ms         INTEGER NOT NULL,
+    instance_ms         INTEGER NOT NULL,
+    lost_ms             INTEGER NOT NULL,
+    lost_cost           INTEGER NOT NULL,
+    first_ms            INTEGER NOT NULL,
+    last_ms             INTEGER NOT NULL,
+    PRIMARY KEY (hour_ms, kind, workload, model, run, instance, region, capacity, outcome)
+) WITHOUT ROWID;
+"#;
+
+const UPSERT: &str = "
+INSERT INTO rollup VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
+    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)
+ON CONFLICT DO UPDATE SET
+    events = events + excluded.events,
+    requests = requests + excluded.requests,
+    input_tokens = input_tokens + excluded.input_tokens,
+    output_tokens = output_tokens + excluded.output_tokens,
+    cached_tokens = cached_tokens + excluded.cached_tokens,
+    cost = cost + excluded.cost,
+    waste = waste + excluded.waste,
+    capacity_cost = capacity_cost + excluded.capacity_cost,
+    util_cost = util_cost + excluded.util_cost,
+    split_cost = split_cost + excluded.split_cost,
+    split_input_cost = split_input_cost + excluded.split_input_cost,
+    split_input_tokens = split_input_tokens + excluded.split_input_tokens,
+    split_output_tokens = split_output_tokens + excluded.split_output_tokens,
+    list_cost = list_cost + excluded.list_cost,
+    unlisted = unlisted + excluded.unlisted,
+    duration_ms = duration_ms + excluded.duration_ms,
+    instance_ms = instance_ms + excluded.instance_ms,
+    lost_ms = lost_ms + excluded.lost_ms,
+    lost_cost = lost_cost + excluded.lost_cost,
+    first_ms = min(first_ms, excluded.first_ms),
+    last_ms = max(last_ms, excluded.last_ms)";
+
+/// Why a rollup row could not be read.
+pub enum ReadError {
+    Sql(rusqlite::Error),
+    Corrupt(String),
+}
+
+impl From<rusqlite::Error> for ReadError {
+    fn from(e: rusqlite::Error) -> ReadError {
+        ReadError::Sql(e)
+    }
+}
+
+fn code<T>(
+    value: i64,
+    what: &str,
+    decode: impl Fn(i64) -> Option<T>,
+) -> Result<Option<T>, ReadError> {
+    match value {
+        0 => Ok(None),
+        v => decode(v - 1)
+            .map(Some)
+            .ok_or_else(|| ReadError::Corrupt(format!("{what} {}", v - 1))),
+    }
+}
+
+/// Calls `visit` for the rollup rows of the hours in `[since, until)`.
+pub fn read(
+    conn: &rusqlite::Connection,
+    since_ms: Millis,
+    until_ms: Millis,
+    mut visit: impl FnMut(&Key, &Sums),
+) -> Result<u64, ReadError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT * FROM rollup WHERE hour_ms >= ?1 AND hour_ms < ?2")?;
+    let mut rows = stmt.query(params![since_ms, until_ms])?;
+    let mut n = 0;
+    while let Some(r) = rows.next()? {
+        let int = |i: usize| r.get::<_, i64>(i);
+        let money = |i: usize| r.get::<_, i64>(i).map(Money::from_nanos);
+        let id = |i: usize| r.get::<_, u32>(i);
+        let kind = int(1)?;
+        let key = Key {
+            hour_ms: int(0)?,
+            kind: Kind::from_code(kind)
+                .ok_or_else(|| ReadError::Corrupt(format!("kind {kind}")))?,
+            workload: id(2)?,
+            model: id(3)?,
+            run: id(4)?,
+            instance: id(5)?,
+            region: id(6)?,
+            capacity: code(int(7)?, "capacity", Capacity::from_code)?,
+            outcome: code(int(8)?, "outcome", Outcome::from_code)?,
+        };
+        let sums = Sums {
+            events: int(9)?,
+            requests: int(10)?,
+            input_tokens: int(11)?,
+            output_tokens: int(12)?,
+            cached_tokens: int(13)?,
+            cost: money(14)?,
+            waste: money(15)?,
+            capacity_cost: money(16)?,
+            util_cost: money(17)?,
+            split_cost: money(18)?,
+            split_input_cost: money(19)?,
+            split_input_tokens: int(20)?,
+            split_output_tokens: int(21)?,
+            list_cost: money(22)?,
+            unlisted: int(23)?,
+            duration_ms: int(24)?,
+            instance_ms: int(25)?,
+            lost_ms: int(26)?,
+            lost_cost: money(27)?,
+            first_ms: int(28)?,
+            last_ms: int(29)?,
+        };
+        visit(&key, &sums);
+        n += 1;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spreading_keeps_every_nano_dollar_and_millisecond() {
+        // $10 over 2.5 hours starting at 00:30: 0.5 h, 1 h, 1 h = $2, $4, $4.
+        let mut whole = Sums {
+            events: 1,
+            requests: 3,
+            cost: Money::from_cents(1000),
+            waste: Money::from_nanos(1),
+            duration_ms: 9_000_000,
+            instance_ms: 18_000_000,
+            ..Sums::default()
+        };
+        whole.first_ms = HOUR_MS / 2;
+        let parts = spread(HOUR_MS / 2, 9_000_000, &whole);
+        let hours: Vec<Millis> = parts.iter().map(|(h, _)| *h).collect();
+        assert_eq!(hours, vec![0, HOUR_MS, 2 * HOUR_MS]);
+        let costs: Vec<Money> = parts.iter().map(|(_, p)| p.cost).collect();
+        assert_eq!(
+            costs,
+            vec![
+                Money::from_cents(200),
+                Money::from_cents(400),
+                Money::from_cents(400)
+            ]
+        );
+        let waste: Money = parts.iter().map(|(_, p)| p.waste).sum();
+        assert_eq!(
+            waste,
+            Money::from_nanos(1),
+            "a nano-dollar is never lost to rounding"
+        );
+        let ms: Millis = parts.iter().map(|(_, p)| p.instance_ms).sum();
+        assert_eq!(ms, 18_000_000);
+        assert_eq!(parts[0].1.requests, 3);
+        assert_eq!(
+            parts[1].1.requests + parts[2].1.requests,
+            0,
+            "counts stay at the start"
+        );
+        assert_eq!(
+            (parts[2].1.first_ms, parts[2].1.last_ms),
+            (2 * HOUR_MS, 3 * HOUR_MS)
+        );
+    }
+
+    #[test]
+    fn an_event_inside_one_hour_is_one_part() {
+        let whole = Sums {
+            cost: Money::from_cents(5),
+            ..Sums::default()
+        };
+        assert_eq!(spread(10, HOUR_MS - 10, &whole).len(), 1);
+        assert_eq!(spread(10, 0, &whole)[0].0, 0);
+    }
+}
