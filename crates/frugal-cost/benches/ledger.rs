@@ -4,6 +4,9 @@
 //! `cargo bench -p frugal-cost --bench ledger [-- EVENTS]`; the files go to a temp folder
 //! (or `$FRUGAL_BENCH_DIR`) and are removed afterwards. Figures go to BENCHMARKS.md.
 
+// A benchmark reports on stdout.
+#![allow(clippy::print_stdout)]
+
 use std::io::{BufWriter, Write};
 use std::time::Instant;
 

@@ -1,4 +1,5 @@
 //! End-to-end: the real `frugal` binary on real files, as a user runs it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
