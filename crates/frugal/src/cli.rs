@@ -132,10 +132,11 @@ pub struct InfoArgs {
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// Start of the window: RFC 3339, a date, or an age like 7d, 24h, 30m (before now)
+    /// Start of the window: RFC 3339, a date, or an age like 7d, 24h, 30m (before now);
+    /// windows take whole UTC hours, so this rounds down to the hour
     #[arg(long)]
     pub since: Option<String>,
-    /// End of the window (exclusive), same forms as --since
+    /// End of the window (exclusive), same forms as --since; rounds up to the hour
     #[arg(long)]
     pub until: Option<String>,
     /// Print the report as JSON
