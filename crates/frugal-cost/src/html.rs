@@ -1,10 +1,698 @@
-//! The HTML report: one self-contained file (inline CSS and SVG, no scripts, no network).
+//! The HTML report: one self-contained file (inline CSS and SVG, no scripts, no network),
+//! so it opens offline and can be attached to a ticket or an e-mail as it is.
+//!
+//! This module owns the page: its layout, its charts and how numbers read on it. Every
+//! figure comes from `Report` as built; nothing here adds money up. Chart values are
+//! floats clamped at zero, so a credit cannot draw a bar backwards or an empty axis divide.
 
-use crate::report::Report;
+use chrono::DateTime;
 
+use crate::event::Kind;
+use crate::money::{Millis, Money};
+use crate::report::{InferenceLine, Item, Lever, Report, RunLine, Series, pct, utilization_note};
+
+/// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
+const PALETTE: [&str; 8] = [
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f",
+];
+/// For the figure a bar is compared against (the on-demand list price).
+const MUTED: &str = "#bab0ac";
+/// Charts are drawn in this width and scaled to the page by their viewBox.
+const WIDTH: f64 = 960.0;
+/// Rough advance of one label character, to size label columns without measuring a font.
+const CHAR_W: f64 = 6.8;
+const BAR_H: f64 = 18.0;
+const BAR_GAP: f64 = 4.0;
+const DAY_MS: Millis = 86_400_000;
+const END: &str = " text-anchor=\"end\"";
+const MIDDLE: &str = " text-anchor=\"middle\"";
+const LABEL: &str = " class=\"lbl\" text-anchor=\"end\"";
+const SUB: &str = " class=\"sub\" text-anchor=\"end\"";
+const INSIDE: &str = " class=\"in\" text-anchor=\"middle\"";
+const NONE: &str = "–";
+
+const STYLE: &str = "
+:root{--ink:#1f2933;--soft:#5f6b7a;--line:#e4e7eb} *{box-sizing:border-box}
+body{margin:0;background:#f5f7fa;color:var(--ink);font:14px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,'Helvetica Neue',Arial,sans-serif}
+main{max-width:1080px;margin:0 auto;padding:32px 24px 48px} h1{margin:0;font-size:26px;letter-spacing:-.01em}
+h2{font-size:17px;margin:0 0 4px} .meta,.note,footer{color:var(--soft)} .meta{margin:4px 0 0} .note{margin:0 0 10px;font-size:13px}
+code{font:.92em ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#eef1f4;padding:1px 5px;border-radius:4px}
+.tiles{display:grid;grid-template-columns:repeat(auto-fit,minmax(220px,1fr));gap:14px;margin:24px 0 0}
+.tile,.dominant,section,.empty{background:#fff;border:1px solid var(--line);border-radius:10px} .tile{padding:14px 18px}
+.tile .s{color:var(--soft);font-size:13px} .tile .k{color:var(--soft);font-size:12px;text-transform:uppercase;letter-spacing:.06em}
+.tile .v{font-size:28px;font-weight:650;margin:2px 0;font-variant-numeric:tabular-nums}
+.dominant{border-left:4px solid #4e79a7;padding:12px 18px;margin:14px 0 0} section{padding:18px 22px;margin:18px 0}
+.empty{padding:28px;margin:24px 0;font-size:16px} svg{display:block;width:100%;height:auto} svg text{font-size:12px;fill:#3e4c59}
+svg .lbl{font-size:13px;fill:var(--ink)} svg .sub{font-size:11px;fill:var(--soft)} svg .in{fill:#fff;font-weight:600}
+svg .grid{stroke:var(--line)} svg .axis{stroke:#9aa5b1} .legend{display:flex;flex-wrap:wrap;gap:6px 18px;margin:8px 0 0;font-size:13px}
+.legend i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:6px;vertical-align:-1px} .scroll{overflow-x:auto}
+table{border-collapse:collapse;width:100%;margin-top:14px;font-size:13px}
+th,td{padding:6px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+th{color:var(--soft);font-weight:600;font-size:12px;white-space:nowrap;border-bottom-color:#cbd2d9}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap} tr:last-child td{border-bottom:0} td:first-child{white-space:nowrap}
+footer{font-size:12px;margin-top:24px}
+";
+
+/// Renders the whole report; `source` names the ledger it was read from.
 pub fn render(report: &Report, source: &str) -> String {
-    format!(
-        "<!doctype html><title>frugal report</title><p>{source}: {}</p>",
-        report.total
-    )
+    let mut out = String::with_capacity(64 * 1024);
+    out.push_str("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    out.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
+    out.push_str("<title>frugal report</title>\n<style>");
+    out.push_str(STYLE);
+    out.push_str("</style>\n</head>\n<body>\n<main>\n");
+    out.push_str(&header(report, source));
+    if report.events == 0 {
+        out.push_str("<p class=\"empty\">No events in this window: nothing to chart.</p>\n");
+    } else {
+        out.push_str(&tiles(report));
+        let sections = [
+            cost_over_time(&report.series),
+            per_1k_chart(report),
+            money_goes(report),
+            training_chart(report),
+            levers_section(report),
+            inference_table(report),
+            training_table(report),
+        ];
+        sections.iter().flatten().for_each(|s| out.push_str(s));
+    }
+    out.push_str("<footer>Written by frugal. Money is summed exactly; charts are drawn from ");
+    out.push_str("rounded dollars.</footer>\n</main>\n</body>\n</html>\n");
+    out
+}
+
+fn header(r: &Report, source: &str) -> String {
+    let minute = "%Y-%m-%d %H:%M";
+    let span = match (r.first_ms, r.last_ms) {
+        (Some(a), Some(b)) => format!("{} – {} UTC", utc(a, minute), utc(b, minute)),
+        _ => "no events in this window".to_owned(),
+    };
+    let (source, events) = (esc(source), count(r.events));
+    let meta = format!("Ledger <code>{source}</code> · {span} · {events} events");
+    format!("<header>\n<h1>frugal report</h1>\n<p class=\"meta\">{meta}</p>\n</header>\n")
+}
+
+fn tiles(r: &Report) -> String {
+    let waste_share = match r.total > Money::ZERO {
+        true => pct(r.waste.as_f64() / r.total.as_f64()),
+        false => NONE.to_owned(),
+    };
+    let utilization = r.utilization.filter(|u| u.is_finite());
+    let note = match utilization {
+        Some(u) => utilization_note(u).unwrap_or("capacity fully used".to_owned()),
+        None => "no capacity with a known utilization".to_owned(),
+    };
+    let (events, util) = (count(r.events), utilization.map_or(NONE.to_owned(), pct));
+    let tiles = [
+        ("Total spent", usd(r.total), format!("{events} events")),
+        ("Waste", usd(r.waste), format!("{waste_share} of spend")),
+        ("Utilization", util, note),
+    ];
+    let mut out = String::from("<div class=\"tiles\">\n");
+    for (k, v, s) in tiles {
+        let inner = div("k", k) + &div("v", &v) + &div("s", &esc(&s));
+        out.push_str(&(div("tile", &inner) + "\n"));
+    }
+    out.push_str("</div>\n");
+    if let Some(d) = r.dominant.as_deref().map(quoted_as_code) {
+        out.push_str(&format!("<p class=\"dominant\">{d}</p>\n"));
+    }
+    out
+}
+
+fn div(class: &str, html: &str) -> String {
+    format!("<div class=\"{class}\">{html}</div>")
+}
+
+/// The report's sentences quote names in backticks; they read better as code.
+fn quoted_as_code(text: &str) -> String {
+    let parts = esc(text);
+    let wrap = |(i, part): (usize, &str)| match i % 2 {
+        1 => format!("<code>{part}</code>"),
+        _ => part.to_owned(),
+    };
+    parts.split('`').enumerate().map(wrap).collect()
+}
+
+fn section(title: &str, note: &str, body: &str) -> String {
+    let note = match note {
+        "" => String::new(),
+        _ => format!("<p class=\"note\">{}</p>\n", esc(note)),
+    };
+    let title = esc(title);
+    format!("<section>\n<h2>{title}</h2>\n{note}{body}</section>\n")
+}
+
+/// One swatch per `(label, colour)`.
+fn legend(items: &[(impl AsRef<str>, &str)]) -> String {
+    let mut out = String::from("<div class=\"legend\">");
+    for (label, colour) in items {
+        let swatch = format!("<i style=\"background:{colour}\"></i>");
+        out.push_str(&format!("<span>{swatch}{}</span>", esc(label.as_ref())));
+    }
+    out.push_str("</div>\n");
+    out
+}
+
+/// An SVG `<text>`; `content` is escaped here.
+fn text(x: f64, y: f64, attrs: &str, content: &str) -> String {
+    let content = esc(content);
+    format!("<text x=\"{x:.1}\" y=\"{y:.1}\"{attrs}>{content}</text>\n")
+}
+
+/// An SVG `<rect>` that names itself on hover.
+fn rect(x: f64, y: f64, w: f64, h: f64, fill: &str, title: &str) -> String {
+    let title = esc(title);
+    let at = format!("x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\"");
+    format!("<rect {at} fill=\"{fill}\"><title>{title}</title></rect>\n")
+}
+
+fn line(class: &str, (x1, y1): (f64, f64), (x2, y2): (f64, f64)) -> String {
+    let at = format!("x1=\"{x1:.1}\" y1=\"{y1:.1}\" x2=\"{x2:.1}\" y2=\"{y2:.1}\"");
+    format!("<line class=\"{class}\" {at}/>\n")
+}
+
+fn svg_open(height: f64, label: &str) -> String {
+    format!("<svg viewBox=\"0 0 {WIDTH} {height:.0}\" role=\"img\" aria-label=\"{label}\">\n")
+}
+
+fn cost_over_time(s: &Series) -> Option<String> {
+    let n = s.buckets;
+    let value = |v: &[f64], i: usize| pos(v.get(i).copied());
+    let stacked = |i: usize| s.lines.iter().map(|(_, v)| value(v, i)).sum::<f64>();
+    let max = (0..n).map(stacked).fold(0.0, f64::max);
+    if max <= 0.0 {
+        return None;
+    }
+    let (left, top, plot_w, plot_h) = (76.0, 10.0, WIDTH - 88.0, 250.0);
+    let bottom = top + plot_h;
+    let (axis_top, step) = nice_axis(max);
+    let y = |v: f64| bottom - v / axis_top * plot_h;
+    let mut svg = svg_open(bottom + 30.0, "cost over time by workload");
+    for k in 0..=(axis_top / step).round() as usize {
+        let v = k as f64 * step;
+        svg.push_str(&line("grid", (left, y(v)), (left + plot_w, y(v))));
+        svg.push_str(&text(left - 8.0, y(v) + 4.0, END, &axis_label(v, step)));
+    }
+    let slot = plot_w / n as f64;
+    let bar_w = (slot * 0.72).max(1.0);
+    let (bucket, fmt) = match s.bucket_ms {
+        b if b >= 7 * DAY_MS => ("week", "%b %d"),
+        b if b >= DAY_MS => ("day", "%a %b %d"),
+        _ => ("hour", "%b %d %H:%M"),
+    };
+    // At most 8 tick labels, on round hours of the UTC day (or whole days) so they read.
+    let steps = [1, 2, 3, 6, 12, 24, 48, 96, 168];
+    let every = steps
+        .into_iter()
+        .find(|k| k * 8 >= n)
+        .unwrap_or(n.div_ceil(8));
+    let first = s
+        .start_ms
+        .div_euclid(s.bucket_ms.max(1))
+        .rem_euclid(every as i64) as usize;
+    for i in 0..n {
+        let x = left + i as f64 * slot + (slot - bar_w) / 2.0;
+        let when = utc(s.start_ms + i as Millis * s.bucket_ms, fmt);
+        let mut acc = 0.0;
+        for (j, (name, values)) in s.lines.iter().enumerate() {
+            let v = value(values, i);
+            if v > 0.0 {
+                let title = format!("{name}, {when}: {}", dollars(v));
+                let (y1, h) = (y(acc + v), v / axis_top * plot_h);
+                svg.push_str(&rect(x, y1, bar_w, h, colour(j), &title));
+            }
+            acc += v;
+        }
+        if (first + i).is_multiple_of(every) {
+            // Kept clear of the edges: a label is about 80 wide.
+            let tx = (x + bar_w / 2.0).clamp(left + 20.0, WIDTH - 40.0);
+            svg.push_str(&text(tx, bottom + 20.0, MIDDLE, &when));
+        }
+    }
+    svg.push_str(&line("axis", (left, bottom), (left + plot_w, bottom)));
+    svg.push_str("</svg>\n");
+    let key = |(j, (name, _)): (usize, &(String, Vec<f64>))| (name.clone(), colour(j));
+    let names: Vec<(String, &str)> = s.lines.iter().enumerate().map(key).collect();
+    let note = format!("Dollars per {bucket} (UTC), stacked by workload.");
+    let title = "Cost over time by workload";
+    Some(section(title, &note, &(svg + &legend(&names))))
+}
+
+/// A bar of a horizontal bar chart, with `text` drawn past its end.
+struct Bar {
+    value: f64,
+    fill: &'static str,
+    text: String,
+}
+
+fn bar(value: Money, fill: &'static str, text: String) -> Bar {
+    let value = value.as_f64();
+    Bar { value, fill, text }
+}
+
+/// A labelled group of one or more bars; `sub` is a second, smaller label line.
+struct BarRow {
+    label: String,
+    sub: String,
+    bars: Vec<Bar>,
+}
+
+/// Horizontal bars on one shared scale: every chart of named rows draws with this.
+fn hbars(rows: &[BarRow], label: &str) -> String {
+    let chars = |r: &BarRow| r.label.chars().count().max(r.sub.chars().count());
+    let longest = rows.iter().map(chars).max().unwrap_or(0);
+    let label_w = (longest as f64 * CHAR_W + 24.0).clamp(120.0, 380.0);
+    let max_chars = ((label_w - 24.0) / CHAR_W).round() as usize;
+    let bars = rows.iter().flat_map(|r| &r.bars);
+    let max = bars.map(|b| pos(Some(b.value))).fold(0.0, f64::max);
+    // Room past the longest bar for its value text; a floor of a nano-dollar keeps an
+    // all-zero chart finite (0 x scale, never 0 / 0).
+    let scale = (WIDTH - label_w - 200.0) / max.max(1e-9);
+    let mut body = String::new();
+    let mut y0 = 4.0;
+    for row in rows {
+        let n = row.bars.len() as f64;
+        let bars_h = n * BAR_H + (n - 1.0).max(0.0) * BAR_GAP;
+        let h = bars_h.max(if row.sub.is_empty() { BAR_H } else { 34.0 });
+        let label_y = y0 + h / 2.0 + if row.sub.is_empty() { 4.5 } else { -3.0 };
+        let x = label_w - 12.0;
+        let (label, sub) = (clip(&row.label, max_chars), clip(&row.sub, max_chars));
+        body.push_str(&text(x, label_y, LABEL, &label));
+        if !sub.is_empty() {
+            body.push_str(&text(x, label_y + 15.0, SUB, &sub));
+        }
+        let mut by = y0 + (h - bars_h) / 2.0;
+        for b in &row.bars {
+            let w = pos(Some(b.value)) * scale;
+            let title = format!("{}: {}", row.label, b.text);
+            body.push_str(&rect(label_w, by, w, BAR_H, b.fill, &title));
+            body.push_str(&text(label_w + w + 6.0, by + 13.0, "", &b.text));
+            by += BAR_H + BAR_GAP;
+        }
+        y0 += h + 14.0;
+    }
+    let axis = line("axis", (label_w, 0.0), (label_w, y0 - 10.0));
+    format!("{}{axis}{body}</svg>\n", svg_open(y0 - 6.0, label))
+}
+
+fn per_1k_chart(r: &Report) -> Option<String> {
+    let row = |m: &InferenceLine| {
+        let per_1k = m.per_1k?;
+        let label = m.model.clone().unwrap_or(NONE.to_owned());
+        let sub = format!("{} requests", count(m.requests));
+        let bars = vec![bar(per_1k, PALETTE[0], usd(per_1k))];
+        Some(BarRow { label, sub, bars })
+    };
+    let mut rows = some(r.models.iter().filter_map(row).collect())?;
+    // Dearest first: the chart is read for which model to move traffic off.
+    rows.sort_by(|a, b| b.bars[0].value.total_cmp(&a.bars[0].value));
+    let note = "Request cost plus the idle capacity paid for them, per 1,000 requests.";
+    let title = "Cost per 1,000 inferences by model";
+    Some(section(title, note, &hbars(&rows, title)))
+}
+
+/// Training against inference, idle capacity counted with the work it stood by for and
+/// drawn apart in red, as the `dominant` sentence reads it.
+fn money_goes(r: &Report) -> Option<String> {
+    let sum: f64 = r.areas.iter().map(|a| pos(Some(a.cost.as_f64()))).sum();
+    if sum <= 0.0 {
+        return None;
+    }
+    let mut svg = svg_open(40.0, "spend by area");
+    let (mut x, mut names) = (0.0, Vec::new());
+    for a in &r.areas {
+        let colour = area_colour(a.area);
+        let idle_label = format!("{} idle capacity {}", a.area, usd(a.idle));
+        let label = format!("{} {} · {}", a.area, usd(a.cost), pct(a.share));
+        let parts = [
+            (a.cost - a.idle, colour, &label),
+            (a.idle, kind_colour(Kind::Idle), &idle_label),
+        ];
+        let start = x;
+        for (value, fill, title) in parts {
+            let w = pos(Some(value.as_f64())) / sum * WIDTH;
+            svg.push_str(&rect(x, 4.0, w, 32.0, fill, title));
+            x += w;
+        }
+        if x - start >= 44.0 {
+            svg.push_str(&text((start + x) / 2.0, 25.0, INSIDE, &pct(a.share)));
+        }
+        let idle = match a.idle > Money::ZERO {
+            true => format!(" · {} of it idle", usd(a.idle)),
+            false => String::new(),
+        };
+        names.push((format!("{label}{idle}"), colour));
+    }
+    if r.areas.iter().any(|a| a.idle > Money::ZERO) {
+        names.push(("idle capacity (waste)".to_owned(), kind_colour(Kind::Idle)));
+    }
+    svg.push_str("</svg>\n");
+    let mut body = svg + &legend(&names);
+    let item = |i: &Item| vec![i.kind.to_string(), esc(&i.name), usd(i.cost), pct(i.share)];
+    let items: Vec<Vec<String>> = r.top_items.iter().map(item).collect();
+    if !items.is_empty() {
+        body.push_str(&table("kind|largest items|cost>|share>", &items));
+    }
+    let note = "Inference against training; idle capacity counts with the work it stood by for.";
+    Some(section("Where the money goes", note, &body))
+}
+
+fn area_colour(area: &str) -> &'static str {
+    match area {
+        "inference" => kind_colour(Kind::Inference),
+        "training" => kind_colour(Kind::Training),
+        "idle" => kind_colour(Kind::Idle),
+        _ => kind_colour(Kind::Other),
+    }
+}
+
+fn training_chart(r: &Report) -> Option<String> {
+    let row = |t: &RunLine| {
+        let saving = match t.saving {
+            Some(s) => format!("saved {}", usd(s)),
+            None => "no on-demand price".to_owned(),
+        };
+        let preempted = match t.preemptions {
+            0 => "no preemptions".to_owned(),
+            1 => "1 preemption".to_owned(),
+            n => format!("{n} preemptions"),
+        };
+        let mut bars = vec![bar(t.cost, PALETTE[0], usd(t.cost))];
+        if let Some(od) = t.on_demand_cost {
+            bars.push(bar(od, MUTED, format!("{} on demand", usd(od))));
+        }
+        let (label, sub) = (t.run.clone(), format!("{saving} · {preempted}"));
+        BarRow { label, sub, bars }
+    };
+    let rows = some(r.training.iter().map(row).collect())?;
+    let keys = [("actual", PALETTE[0]), ("on demand", MUTED)];
+    let title = "Training runs: actual vs on-demand";
+    let note = "What each run cost against the same capacity at the on-demand list price.";
+    let body = hbars(&rows, title) + &legend(&keys);
+    Some(section(title, note, &body))
+}
+
+fn levers_section(r: &Report) -> Option<String> {
+    let row = |l: &Lever| BarRow {
+        label: l.lever.to_owned(),
+        sub: String::new(),
+        bars: vec![bar(l.dollars, PALETTE[2], usd(l.dollars))],
+    };
+    let rows = some(r.levers.iter().map(row).collect())?;
+    let cell = |(i, l): (usize, &Lever)| {
+        let (n, lever, basis) = ((i + 1).to_string(), esc(l.lever), esc(&l.basis));
+        vec![n, lever, usd(l.dollars), basis, esc(l.action)]
+    };
+    let cells: Vec<Vec<String>> = r.levers.iter().enumerate().map(cell).collect();
+    let title = "Levers by dollars at stake";
+    let body = hbars(&rows, title) + &table("#>|lever|at stake>|basis|action", &cells);
+    let note = "Dollars each lever puts at stake in this window; they overlap, so do not add them.";
+    Some(section(title, note, &body))
+}
+
+fn inference_table(r: &Report) -> Option<String> {
+    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd);
+    let row = |l: &InferenceLine| {
+        let names = [&l.workload, &l.model].map(|n| esc(n.as_deref().unwrap_or(NONE)));
+        let counts = [l.requests, l.input_tokens, l.output_tokens].map(count);
+        let costs = [l.cost, l.idle_cost].map(usd);
+        let units = [l.per_1k, l.per_m_input, l.per_m_output, l.per_m_tokens].map(opt);
+        let util = l.utilization.map_or(NONE.to_owned(), pct);
+        [&names[..], &counts, &costs, &units, &[util]].concat()
+    };
+    let rows = some(r.inference.iter().map(row).collect())?;
+    let head = "workload|model|requests>|in tokens>|out tokens>|cost>|idle>|$/1k req>|$/1M in>|\
+                $/1M out>|$/1M tok>|util>";
+    let note = "Idle capacity is charged to the workload (and model) it stood by for.";
+    let title = "Inference by workload and model";
+    Some(section(title, note, &table(head, &rows)))
+}
+
+fn training_table(r: &Report) -> Option<String> {
+    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd);
+    let row = |l: &RunLine| {
+        let names = [&l.run, &l.workload].map(|n| esc(n));
+        let counts = [l.segments, l.preemptions, l.failures].map(|n| n.to_string());
+        let hours = format!("{:.1}", l.duration_ms as f64 / 3.6e6);
+        let lost = format!("{:.0}", l.lost_ms as f64 / 6e4);
+        let (cost, lost_cost, waste) = (Some(l.cost), Some(l.lost_cost), Some(l.waste));
+        let costs = [cost, l.on_demand_cost, l.saving, lost_cost, waste];
+        let util = l.utilization.map_or(NONE.to_owned(), pct);
+        let done = if l.completed { "yes" } else { "no" }.to_owned();
+        let rest = [util, done];
+        [&names[..], &counts, &[hours, lost], &costs.map(opt), &rest].concat()
+    };
+    let rows = some(r.training.iter().map(row).collect())?;
+    let head = "run|workload|segs>|preempts>|fails>|hours>|lost min>|cost>|on demand>|saved>|\
+                redone>|waste>|util>|done";
+    let note = "Redone: the cost of work repeated after preemptions and failures.";
+    Some(section("Training runs", note, &table(head, &rows)))
+}
+
+/// A table of pre-escaped cells under `|`-separated headings; a heading ending in `>`
+/// marks a right-aligned number column.
+fn table(head: &str, rows: &[Vec<String>]) -> String {
+    let numeric: Vec<bool> = head.split('|').map(|h| h.ends_with('>')).collect();
+    let class = |i: usize| match numeric.get(i) {
+        Some(true) => " class=\"n\"",
+        _ => "",
+    };
+    let mut out = String::from("<div class=\"scroll\"><table>\n<thead><tr>");
+    for (i, h) in head.split('|').enumerate() {
+        let h = esc(h.trim_end_matches('>'));
+        out.push_str(&format!("<th{}>{h}</th>", class(i)));
+    }
+    out.push_str("</tr></thead>\n<tbody>\n");
+    for row in rows {
+        out.push_str("<tr>");
+        for (i, cell) in row.iter().enumerate() {
+            out.push_str(&format!("<td{}>{cell}</td>", class(i)));
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</tbody>\n</table></div>\n");
+    out
+}
+
+/// A top for the y axis at or above `max` (> 0), and a round step giving it 3 to 5 gridlines.
+fn nice_axis(max: f64) -> (f64, f64) {
+    let raw = max / 5.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let steps = [1.0, 2.0, 2.5, 5.0, 10.0].map(|m| m * magnitude);
+    let step = steps.into_iter().find(|s| *s >= raw);
+    let step = step.unwrap_or(10.0 * magnitude);
+    ((max / step).ceil() * step, step)
+}
+
+/// A gridline's dollars, with only the decimals its step needs.
+fn axis_label(v: f64, step: f64) -> String {
+    let places = match step {
+        s if s >= 1.0 => 0,
+        s if s >= 0.01 => 2,
+        _ => 6,
+    };
+    let text = Money::from_f64_dollars(v).map(|m| m.to_string_places(places));
+    grouped(&text.unwrap_or_else(|| format!("{v:.0}")))
+}
+
+/// Float dollars (a chart value) as money.
+fn dollars(v: f64) -> String {
+    Money::from_f64_dollars(v).map_or_else(|| format!("${v:.2}"), usd)
+}
+
+/// `$1,234.57`; amounts under a cent keep 6 decimals so unit costs stay readable.
+fn usd(m: Money) -> String {
+    let small = m.nanos() != 0 && m.nanos().unsigned_abs() < 10_000_000;
+    grouped(&m.to_string_places(if small { 6 } else { 2 }))
+}
+
+/// `-1234.5` -> `-$1,234.5`.
+fn grouped(number: &str) -> String {
+    let (sign, body) = number.strip_prefix('-').map_or(("", number), |b| ("-", b));
+    let (whole, frac) = body.split_once('.').map_or((body, ""), |(w, f)| (w, f));
+    let dot = if frac.is_empty() { "" } else { "." };
+    format!("{sign}${}{dot}{frac}", digits(whole))
+}
+
+fn count(n: u64) -> String {
+    digits(&n.to_string())
+}
+
+/// Thousands separators in a run of ASCII digits.
+fn digits(run: &str) -> String {
+    let len = run.len();
+    let mut out = String::with_capacity(len + len / 3);
+    for (i, c) in run.chars().enumerate() {
+        if i > 0 && (len - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn utc(ms: Millis, fmt: &str) -> String {
+    let when = DateTime::from_timestamp_millis(ms);
+    when.map_or_else(|| ms.to_string(), |d| d.format(fmt).to_string())
+}
+
+/// Charts and tables with no rows are left out.
+fn some<T>(rows: Vec<T>) -> Option<Vec<T>> {
+    (!rows.is_empty()).then_some(rows)
+}
+
+/// A chart value as drawn: negatives (credits) and non-numbers draw no bar at all.
+fn pos(v: Option<f64>) -> f64 {
+    v.filter(|v| v.is_finite() && *v > 0.0).unwrap_or(0.0)
+}
+
+/// Idle in red: it is all waste, and should stand out as such.
+fn kind_colour(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Inference => PALETTE[0],
+        Kind::Training => PALETTE[1],
+        Kind::Idle => PALETTE[3],
+        Kind::Other => PALETTE[4],
+    }
+}
+
+fn colour(i: usize) -> &'static str {
+    PALETTE[i % PALETTE.len()]
+}
+
+fn clip(text: &str, max_chars: usize) -> String {
+    if text.chars().count() <= max_chars {
+        return text.to_owned();
+    }
+    let kept: String = text.chars().take(max_chars.saturating_sub(1)).collect();
+    format!("{kept}…")
+}
+
+/// Text safe in HTML content and in quoted attribute values alike.
+fn esc(text: &str) -> String {
+    let amp = text.replace('&', "&amp;");
+    let tags = amp.replace('<', "&lt;").replace('>', "&gt;");
+    tags.replace('"', "&quot;").replace('\'', "&#39;")
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::Catalog;
+    use crate::event::{Capacity, Event, Outcome};
+    use crate::ledger::{Ledger, Window};
+
+    const T0: Millis = 1_793_000_000_000;
+    const HOUR_MS: Millis = 3_600_000;
+
+    fn m(s: &str) -> Money {
+        s.parse().unwrap()
+    }
+
+    fn render_events(events: &[Event]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        ledger.append("t", events).unwrap();
+        let catalog = Catalog::builtin().unwrap();
+        let report = Report::build(&ledger, &catalog, Window::default()).unwrap();
+        render(&report, "/tmp/<ledger>.sqlite")
+    }
+
+    fn event(kind: Kind, workload: &str, model: Option<&str>, requests: u64, cost: &str) -> Event {
+        let mut e = Event::new(T0, kind, workload, m(cost));
+        (e.model, e.requests) = (model.map(Into::into), requests);
+        e
+    }
+
+    /// A workload whose name needs escaping, idle capacity, a preempted spot run, a credit.
+    fn events() -> Vec<Event> {
+        let mut llama = event(Kind::Inference, "<b>&co", Some("llama"), 1000, "7");
+        llama.instance_type = Some("g5.xlarge".into());
+        let mut idle = event(Kind::Idle, "<b>&co", None, 0, "3");
+        (idle.ts_ms, idle.instance_type) = (T0 + HOUR_MS, Some("g5.xlarge".into()));
+        let small = event(Kind::Inference, "<b>&co", Some("small"), 4, "0.0032");
+        let mut run = event(Kind::Training, "pretrain", None, 0, "2");
+        (run.run_id, run.capacity) = (Some("r1".into()), Some(Capacity::Spot));
+        (run.duration_ms, run.list_cost) = (2 * HOUR_MS, Some(m("6")));
+        (run.outcome, run.utilization) = (Some(Outcome::Preempted), Some(0.5));
+        let credit = event(Kind::Other, "credits", None, 0, "-1.5");
+        vec![llama, idle, small, run, credit]
+    }
+
+    /// Rust's float text for infinity, as opposed to "inf" inside a word like "inference".
+    fn has_bare_inf(html: &str) -> bool {
+        let letter = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphabetic);
+        let bytes = html.as_bytes();
+        let bare = |i: usize| !letter(i.checked_sub(1).and_then(|j| bytes.get(j)));
+        let after = |i: usize| !letter(bytes.get(i + 3));
+        html.match_indices("inf").any(|(i, _)| bare(i) && after(i))
+    }
+
+    #[test]
+    fn renders_a_self_contained_page_with_every_section() {
+        let html = render_events(&events());
+        assert!(html.starts_with("<!doctype html>") && html.ends_with("</html>\n"));
+        assert!(html.contains("<svg") && !html.contains("<script"));
+        assert!(!html.contains("http://") && !html.contains("https://") && !html.contains("url("));
+        assert!(html.contains("&lt;b&gt;&amp;co") && !html.contains("<b>&co"));
+        assert!(html.contains("/tmp/&lt;ledger&gt;.sqlite"));
+        let titles = [
+            "frugal report",
+            "Cost over time by workload",
+            "Cost per 1,000 inferences by model",
+            "Where the money goes",
+            "Training runs: actual vs on-demand",
+            "Levers by dollars at stake",
+            "Inference by workload and model",
+            "<h2>Training runs</h2>",
+        ];
+        titles.iter().for_each(|t| assert!(html.contains(t), "{t}"));
+        assert!(!html.contains("NaN") && !has_bare_inf(&html));
+        assert!(!html.contains("width=\"-"), "no bar drawn backwards");
+        assert!(html.contains("saved $4.00 · 1 preemption"));
+        // llama per 1,000 requests: ($7 + $3 idle) / 1,000 x 1,000.
+        assert!(html.contains(">$10.00<"));
+    }
+
+    #[test]
+    fn an_empty_ledger_says_so() {
+        let html = render_events(&[]);
+        assert!(html.starts_with("<!doctype html>"));
+        assert!(html.contains("No events in this window"));
+        assert!(!html.contains("NaN") && !has_bare_inf(&html) && !html.contains("<svg"));
+    }
+
+    #[test]
+    fn credits_alone_draw_no_chart() {
+        let html = render_events(&[event(Kind::Other, "credits", None, 0, "-4")]);
+        assert!(html.contains("-$4.00") && !html.contains("<svg"));
+        assert!(!html.contains("NaN") && !has_bare_inf(&html));
+    }
+
+    #[test]
+    fn zero_and_negative_bars_are_flat() {
+        let bars = vec![
+            bar(Money::ZERO, MUTED, "a".into()),
+            bar(m("-2"), MUTED, "b".into()),
+        ];
+        let (label, sub) = ("zero".to_owned(), String::new());
+        let svg = hbars(&[BarRow { label, sub, bars }], "t");
+        assert_eq!(svg.matches("width=\"0.0\"").count(), 2, "{svg}");
+        assert!(!svg.contains("NaN") && !has_bare_inf(&svg));
+    }
+
+    #[test]
+    fn numbers_read_well() {
+        assert_eq!(usd(m("1234.567")), "$1,234.57");
+        assert_eq!(usd(m("-1234567.891")), "-$1,234,567.89");
+        assert_eq!(usd(m("0.00009255")), "$0.000093");
+        assert_eq!(usd(Money::ZERO), "$0.00");
+        assert_eq!((count(1_000), count(999)), ("1,000".into(), "999".into()));
+        assert_eq!(esc("<a b='x'>&\""), "&lt;a b=&#39;x&#39;&gt;&amp;&quot;");
+        assert_eq!(nice_axis(315.0), (400.0, 100.0));
+        assert_eq!(nice_axis(101.0), (125.0, 25.0));
+        assert_eq!(axis_label(1200.0, 100.0), "$1,200");
+        assert_eq!(axis_label(0.5, 0.25), "$0.50");
+    }
 }

@@ -250,8 +250,9 @@ struct Builder<'a> {
     items: HashMap<(Kind, u32), Money>,
     spot: SpotAcc,
     spot_rates: SpotRates,
-    /// On-demand serving per (instance, region): instance-milliseconds in each hour, for
-    /// the steady baseline that reserved capacity would cover.
+    /// On-demand serving per (instance, region): busy instance-milliseconds in each hour,
+    /// for the steady baseline that reserved capacity would cover. Idle time is left out:
+    /// the idle lever removes it, and reserving it would pay for it three years running.
     baseline: HashMap<(u32, u32), HashMap<Millis, Millis>>,
     /// Cost per (hour, workload), for the series.
     hourly: HashMap<(Millis, u32), Money>,
@@ -317,7 +318,7 @@ impl Builder<'_> {
                 } else {
                     *self.idle_unassigned.entry(k.workload).or_default() += s.cost;
                 }
-                if on_demand && k.instance != 0 {
+                if k.kind == Kind::Inference && on_demand && k.instance != 0 {
                     let hours = self.baseline.entry((k.instance, k.region)).or_default();
                     *hours.entry(k.hour_ms).or_default() += s.instance_ms;
                 }
@@ -623,10 +624,14 @@ impl Builder<'_> {
                 .map(|h| hours.get(&(first + h * HOUR_MS)).copied().unwrap_or(0))
                 .min()
                 .unwrap_or(0);
-            let instances = floor / HOUR_MS;
-            if instances == 0 {
+            if floor == 0 {
                 continue;
             }
+            // Replicas are whole: traffic in every hour needs at least one. A hundredth of
+            // an hour of slack absorbs requests that straddle hour boundaries.
+            let instances = ((floor - HOUR_MS / 100).max(0) as u64)
+                .div_ceil(HOUR_MS as u64)
+                .max(1);
             let name = self.names.get(*instance);
             let region = (*region != 0).then(|| self.names.get(*region));
             let Ok(offer) = self.catalog.instance(name, region) else {
@@ -645,7 +650,9 @@ impl Builder<'_> {
                 .cost(hours_ms, instances as u32)
                 .unwrap_or(Money::ZERO);
             dollars += od - rs;
-            parts.push(format!("{instances} x {name} ran all {span} h"));
+            parts.push(format!(
+                "traffic kept {instances} x {name} busy in every one of {span} h"
+            ));
         }
         if dollars > Money::ZERO {
             Some(Lever {

@@ -236,7 +236,9 @@ fn a_steady_on_demand_baseline_is_priced_at_the_reserved_rate() {
     // Whole inner hours: 46; floor 2 replicas; 3.06 - 1.836 = 1.224 saved per replica-hour.
     assert_eq!(lever.dollars, m("112.608"), "{}", lever.basis);
     assert!(
-        lever.basis.contains("2 x p3.2xlarge ran all 46 h"),
+        lever
+            .basis
+            .contains("traffic kept 2 x p3.2xlarge busy in every one of 46 h"),
         "{}",
         lever.basis
     );
