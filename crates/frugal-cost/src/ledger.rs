@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 use serde::Serialize;
 
 use crate::event::{Capacity, Event, Kind, Outcome, waste};
@@ -511,16 +511,10 @@ impl Ledger {
     }
 
     /// Caps the file's size in pages, so tests can meet a full disk on demand.
-    #[doc(hidden)]
-    pub fn set_max_pages(&self, pages: u64) -> Result<(), LedgerError> {
+    #[cfg(test)]
+    fn set_max_pages(&self, pages: i64) -> rusqlite::Result<()> {
         self.conn
             .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
-            .optional()
-            .map(|_| ())
-            .map_err(|source| LedgerError::Write {
-                path: self.path.clone(),
-                source,
-            })
     }
 }
 
@@ -745,7 +739,7 @@ mod tests {
             .conn
             .query_row("PRAGMA page_count", [], |r| r.get(0))
             .unwrap();
-        ledger.set_max_pages(pages as u64).unwrap();
+        ledger.set_max_pages(pages).unwrap();
         let many: Vec<Event> = (0..50_000).map(|i| event(i, 1)).collect();
         let err = ledger.append("big", &many).unwrap_err();
         let text = err.to_string();

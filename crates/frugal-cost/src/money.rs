@@ -235,17 +235,6 @@ impl TokenRate {
 /// Milliseconds of wall time, the unit every duration in the ledger is kept in.
 pub type Millis = i64;
 
-/// Accelerator time: milliseconds times the number of accelerators busy for them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct GpuMillis(pub i64);
-
-impl GpuMillis {
-    pub fn hours(self) -> f64 {
-        self.0 as f64 / 3_600_000.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
