@@ -3,11 +3,22 @@ CARGO ?= cargo
 JOBS ?= 2
 OUT ?= out
 
-.PHONY: run test lint fmt models bench sample
+.PHONY: run demo test lint fmt models bench sample
 
-# Builds frugal, fills a ledger from the bundled sample week and prints the report,
-# with the HTML report in $(OUT)/report.html.
-run: sample
+MODEL ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# The main job: fetch the default model if missing, build, and serve it on
+# http://127.0.0.1:8080/v1 (OpenAI-compatible), metering every request into the ledger.
+run: $(MODEL)
+	$(CARGO) build --release -j $(JOBS) -p frugal
+	./target/release/frugal serve --model $(MODEL) $(ARGS)
+
+$(MODEL):
+	bash scripts/fetch-models.sh
+
+# Fills a ledger from the bundled sample week and prints the cost report, with the HTML
+# report in $(OUT)/report.html.
+demo: sample
 	$(CARGO) build --release -j $(JOBS) -p frugal
 	rm -f $(OUT)/sample-ledger.sqlite*
 	./target/release/frugal --ledger $(OUT)/sample-ledger.sqlite --prices examples/prices.toml ledger import $(OUT)/sample-usage.jsonl
@@ -17,9 +28,10 @@ sample:
 	mkdir -p $(OUT)
 	python3 scripts/sample_usage.py --out $(OUT)/sample-usage.jsonl
 
-# The whole test suite, with the lints CI enforces.
-test: lint
-	$(CARGO) test --workspace -j $(JOBS)
+# The whole test suite, with the lints CI enforces (the engine's tests use the default
+# model, fetched if missing).
+test: lint $(MODEL)
+	$(CARGO) test --workspace --release -j $(JOBS)
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -42,6 +42,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Serve a GGUF model over an OpenAI-compatible API, metered into the ledger
+    Serve(ServeArgs),
     /// List instance and model prices from the catalog
     Prices(PricesArgs),
     /// Fill and inspect the usage ledger
@@ -145,4 +147,50 @@ pub struct ReportArgs {
     /// Also write a self-contained HTML report with charts
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// GGUF model file (llama or qwen2 family)
+    #[arg(long, default_value = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// Name clients use for the model [default: the file name without .gguf]
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Re-quantize the weights at load time to run on the fast kernels
+    #[arg(long, value_enum)]
+    pub quant: Option<QuantArg>,
+    /// Kernel threads [default: one per core]
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Sequences decoded together at most
+    #[arg(long, default_value_t = 16)]
+    pub max_batch: usize,
+    /// Requests waiting beyond the batch before new ones get 429
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Price of this machine per hour, for the ledger and x-frugal-cost-usd
+    #[arg(long, value_name = "USD", conflicts_with = "instance")]
+    pub price_per_hour: Option<String>,
+    /// Price this machine as a catalog instance type (e.g. g5.xlarge)
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// Workload name in the ledger
+    #[arg(long, default_value = "serve")]
+    pub workload: String,
+    /// Do not write usage to the ledger
+    #[arg(long)]
+    pub no_meter: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum QuantArg {
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
 }

@@ -60,6 +60,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Report(args) => report(&config, &catalog, &args),
+        Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
     }
 }
 

@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod config;
 mod progress;
+mod serve;
 mod table;
 
 use std::io::Write;

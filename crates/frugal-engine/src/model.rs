@@ -1,0 +1,568 @@
+//! The llama-family transformer: weights loaded from GGUF and one batched forward pass.
+//!
+//! A forward step takes tokens from many sequences at once — prefill chunks and single
+//! decode tokens mixed — so every weight matrix is streamed once per step for all of them.
+//! Each sequence brings its own KV cache and positions; attention reads only that cache.
+//! Q, K and V are one fused matrix, and so are the FFN's gate and up projections: fewer,
+//! larger matmuls cost less dispatch than many small ones on a small model.
+
+use std::path::Path;
+
+use crate::gguf::{Gguf, GgufError};
+use crate::quant::{self, QMatrix, QuantError, WeightType};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("tensor {name}: {source}")]
+    Weights {
+        name: String,
+        #[source]
+        source: QuantError,
+    },
+    #[error("unsupported architecture `{0}` (supported: llama, qwen2)")]
+    Architecture(String),
+    #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
+    Shape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("model metadata: {0}")]
+    Config(String),
+    #[error("cannot start the engine's threads: {0}")]
+    Threads(String),
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    Token { id: u32, vocab: usize },
+    #[error("sequence would reach {need} positions; the context holds {ctx}")]
+    Context { need: usize, ctx: usize },
+}
+
+/// Hyper-parameters from the GGUF metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub arch: String,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub vocab: usize,
+    pub ctx_len: usize,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+}
+
+impl Config {
+    pub fn from_gguf(g: &Gguf) -> Result<Config, ModelError> {
+        let arch = g.str("general.architecture")?.to_owned();
+        if !matches!(arch.as_str(), "llama" | "qwen2") {
+            return Err(ModelError::Architecture(arch));
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let n_embd = g.u32(&key("embedding_length"))? as usize;
+        let n_head = g.u32(&key("attention.head_count"))? as usize;
+        let n_head_kv = g
+            .opt_u32(&key("attention.head_count_kv"))?
+            .map_or(n_head, |v| v as usize);
+        if n_head == 0
+            || n_head_kv == 0
+            || !n_embd.is_multiple_of(n_head)
+            || !n_head.is_multiple_of(n_head_kv)
+        {
+            return Err(ModelError::Config(format!(
+                "{n_head} heads, {n_head_kv} KV heads and width {n_embd} do not divide"
+            )));
+        }
+        let vocab = match g.opt_u32(&key("vocab_size"))? {
+            Some(v) => v as usize,
+            None => g.str_array("tokenizer.ggml.tokens")?.len(),
+        };
+        Ok(Config {
+            n_layer: g.u32(&key("block_count"))? as usize,
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim: n_embd / n_head,
+            n_ff: g.u32(&key("feed_forward_length"))? as usize,
+            vocab,
+            ctx_len: g.u32(&key("context_length"))? as usize,
+            rope_base: g.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+            rms_eps: g.f32(&key("attention.layer_norm_rms_epsilon"))?,
+            arch,
+        })
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    /// Q, K and V rows stacked; qwen2 adds biases.
+    wqkv: QMatrix,
+    bqkv: Option<Vec<f32>>,
+    wo: QMatrix,
+    ffn_norm: Vec<f32>,
+    /// Gate rows then up rows.
+    w_gate_up: QMatrix,
+    w_down: QMatrix,
+}
+
+pub struct Model {
+    pub config: Config,
+    embedding: QMatrix,
+    layers: Vec<Layer>,
+    out_norm: Vec<f32>,
+    /// `None` when the output projection is tied to the embedding.
+    output: Option<QMatrix>,
+    pool: rayon::ThreadPool,
+}
+
+/// One sequence's keys and values for every layer, position-major.
+pub struct KvCache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new(config: &Config) -> KvCache {
+        KvCache {
+            k: vec![Vec::new(); config.n_layer],
+            v: vec![Vec::new(); config.n_layer],
+            len: 0,
+        }
+    }
+
+    /// Positions stored.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held, for the scheduler's memory bound.
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|l| l.capacity() * 4).sum()
+    }
+}
+
+/// One sequence's part of a forward step: its new tokens, appended after its cache.
+pub struct Chunk<'a> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut KvCache,
+    /// Whether the last token's logits are wanted (not for the middle of a prefill).
+    pub logits: bool,
+}
+
+/// How to load the weights.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Re-quantize every matrix to this type (Q8_0 or Q4_0) so a file shipped in a slow
+    /// format runs on the fast kernels.
+    pub requantize: Option<WeightType>,
+    /// Threads for the kernels; `None`: one per core.
+    pub threads: Option<usize>,
+}
+
+impl Model {
+    pub fn load(path: &Path, options: LoadOptions) -> Result<Model, ModelError> {
+        let gguf = Gguf::open(path)?;
+        Model::from_gguf(&gguf, options)
+    }
+
+    pub fn from_gguf(g: &Gguf, options: LoadOptions) -> Result<Model, ModelError> {
+        let config = Config::from_gguf(g)?;
+        let c = &config;
+        let (d, kvd, ff) = (c.n_embd as u64, c.kv_dim() as u64, c.n_ff as u64);
+        let matrix = |names: &[&str], rows: &[u64], cols: u64| -> Result<QMatrix, ModelError> {
+            let mut bytes = Vec::new();
+            let mut dtype = None;
+            for (name, &r) in names.iter().zip(rows) {
+                let t = g.tensor(name)?;
+                if *t.dims != [cols, r] {
+                    return Err(ModelError::Shape {
+                        name: (*name).to_owned(),
+                        found: t.dims.to_vec(),
+                        expected: vec![cols, r],
+                    });
+                }
+                let wt = WeightType::from_ggml_id(t.dtype.id()).map_err(|source| {
+                    ModelError::Weights {
+                        name: (*name).to_owned(),
+                        source,
+                    }
+                })?;
+                if dtype.is_some_and(|d| d != wt) {
+                    // Fused matrices need one type; fall back to dequantizing to f32 rows.
+                    return Err(ModelError::Config(format!(
+                        "{name}: mixed weight types in a fused matrix"
+                    )));
+                }
+                dtype = Some(wt);
+                bytes.extend_from_slice(t.data);
+            }
+            let name = names.join("+");
+            let weights = |source| ModelError::Weights {
+                name: name.clone(),
+                source,
+            };
+            let wt = dtype.unwrap_or(WeightType::F32);
+            let m =
+                QMatrix::from_bytes(wt, rows.iter().sum::<u64>() as usize, cols as usize, &bytes)
+                    .map_err(weights)?;
+            match options.requantize {
+                Some(to) if to != wt => m.requantize(to).map_err(weights),
+                _ => Ok(m),
+            }
+        };
+        let vector = |name: &str, len: u64| -> Result<Vec<f32>, ModelError> {
+            let t = g.tensor(name)?;
+            if *t.dims != [len] {
+                return Err(ModelError::Shape {
+                    name: name.to_owned(),
+                    found: t.dims.to_vec(),
+                    expected: vec![len],
+                });
+            }
+            let wt =
+                WeightType::from_ggml_id(t.dtype.id()).map_err(|source| ModelError::Weights {
+                    name: name.to_owned(),
+                    source,
+                })?;
+            let mut out = vec![0.0; len as usize];
+            quant::dequantize_row(wt, t.data, &mut out).map_err(|source| ModelError::Weights {
+                name: name.to_owned(),
+                source,
+            })?;
+            Ok(out)
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for i in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let (q, k, v) = (n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight"));
+            let bqkv = if g.tensor_info(&n("attn_q.bias")).is_some() {
+                let mut b = vector(&n("attn_q.bias"), d)?;
+                b.extend(vector(&n("attn_k.bias"), kvd)?);
+                b.extend(vector(&n("attn_v.bias"), kvd)?);
+                Some(b)
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: vector(&n("attn_norm.weight"), d)?,
+                wqkv: matrix(&[&q, &k, &v], &[d, kvd, kvd], d)?,
+                bqkv,
+                wo: matrix(&[&n("attn_output.weight")], &[d], d)?,
+                ffn_norm: vector(&n("ffn_norm.weight"), d)?,
+                w_gate_up: matrix(&[&n("ffn_gate.weight"), &n("ffn_up.weight")], &[ff, ff], d)?,
+                w_down: matrix(&[&n("ffn_down.weight")], &[d], ff)?,
+            });
+        }
+        let vocab = c.vocab as u64;
+        // The embedding is only read a row at a time; it keeps its type unless it also
+        // serves as the (tied) output projection.
+        let embedding_options = if g.tensor_info("output.weight").is_some() {
+            LoadOptions {
+                requantize: None,
+                ..options
+            }
+        } else {
+            options
+        };
+        let embedding = {
+            let t = g.tensor("token_embd.weight")?;
+            let wt =
+                WeightType::from_ggml_id(t.dtype.id()).map_err(|source| ModelError::Weights {
+                    name: "token_embd.weight".into(),
+                    source,
+                })?;
+            if *t.dims != [d, vocab] {
+                return Err(ModelError::Shape {
+                    name: "token_embd.weight".into(),
+                    found: t.dims.to_vec(),
+                    expected: vec![d, vocab],
+                });
+            }
+            let m = QMatrix::from_bytes(wt, c.vocab, c.n_embd, t.data).map_err(|source| {
+                ModelError::Weights {
+                    name: "token_embd.weight".into(),
+                    source,
+                }
+            })?;
+            match embedding_options.requantize {
+                Some(to) if to != wt => m.requantize(to).map_err(|source| ModelError::Weights {
+                    name: "token_embd.weight".into(),
+                    source,
+                })?,
+                _ => m,
+            }
+        };
+        let output = if g.tensor_info("output.weight").is_some() {
+            Some(matrix(&["output.weight"], &[vocab], d)?)
+        } else {
+            None
+        };
+        let threads = options
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("frugal-engine-{i}"))
+            .build()
+            .map_err(|e| ModelError::Threads(e.to_string()))?;
+        Ok(Model {
+            out_norm: vector("output_norm.weight", d)?,
+            config,
+            embedding,
+            layers,
+            output,
+            pool,
+        })
+    }
+
+    /// Bytes of weights held.
+    pub fn weight_bytes(&self) -> usize {
+        let layer =
+            |l: &Layer| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes();
+        self.layers.iter().map(layer).sum::<usize>()
+            + self.embedding.bytes()
+            + self.output.as_ref().map_or(0, QMatrix::bytes)
+    }
+
+    /// Runs one step over every chunk; returns the logits of the chunks that asked for
+    /// them, in order, each `vocab` long.
+    pub fn forward(&self, chunks: &mut [Chunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        // Inside the pool every matmul starts on a pool thread and the other steals half;
+        // from outside, each call would hand work over and sleep (3x slower per step).
+        self.pool.install(|| self.step(chunks))
+    }
+
+    fn step(&self, chunks: &mut [Chunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let (d, kvd, hd) = (c.n_embd, c.kv_dim(), c.head_dim);
+        let total: usize = chunks.iter().map(|ch| ch.tokens.len()).sum();
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        // Positions of every token of the step, and the checks that make the rest safe.
+        let mut positions = Vec::with_capacity(total);
+        for ch in chunks.iter() {
+            let need = ch.cache.len + ch.tokens.len();
+            if need > c.ctx_len {
+                return Err(ModelError::Context {
+                    need,
+                    ctx: c.ctx_len,
+                });
+            }
+            positions.extend(ch.cache.len..need);
+            if let Some(&id) = ch.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+                return Err(ModelError::Token { id, vocab: c.vocab });
+            }
+        }
+        let mut x = vec![0.0f32; total * d];
+        let tokens = chunks.iter().flat_map(|ch| ch.tokens.iter().copied());
+        for (row, id) in x.chunks_exact_mut(d).zip(tokens) {
+            self.embedding
+                .dequantize_row(id as usize, row)
+                .map_err(|source| ModelError::Weights {
+                    name: "token_embd.weight".into(),
+                    source,
+                })?;
+        }
+        let qkv_w = d + 2 * kvd;
+        let mut h = vec![0.0f32; total * d];
+        let mut qkv = vec![0.0f32; total * qkv_w];
+        let mut attn = vec![0.0f32; total * d];
+        let mut proj = vec![0.0f32; total * d];
+        let mut gate_up = vec![0.0f32; total * 2 * c.n_ff];
+        let mut act = vec![0.0f32; total * c.n_ff];
+        let rope = Rope::new(hd, c.rope_base);
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
+            self.matmul(&layer.wqkv, &h, total, &mut qkv)?;
+            if let Some(b) = &layer.bqkv {
+                qkv.chunks_exact_mut(qkv_w)
+                    .for_each(|r| r.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+            }
+            for (row, &pos) in qkv.chunks_exact_mut(qkv_w).zip(&positions) {
+                let (q, kv) = row.split_at_mut(d);
+                rope.apply(q, pos);
+                rope.apply(&mut kv[..kvd], pos);
+            }
+            // Append this step's K and V to each sequence's cache, then attend.
+            let mut start = 0;
+            for ch in chunks.iter_mut() {
+                let n = ch.tokens.len();
+                for row in qkv[start * qkv_w..(start + n) * qkv_w].chunks_exact(qkv_w) {
+                    ch.cache.k[li].extend_from_slice(&row[d..d + kvd]);
+                    ch.cache.v[li].extend_from_slice(&row[d + kvd..]);
+                }
+                start += n;
+            }
+            self.attention(chunks, li, &qkv, &mut attn);
+            self.matmul(&layer.wo, &attn, total, &mut proj)?;
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+            rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut h);
+            self.matmul(&layer.w_gate_up, &h, total, &mut gate_up)?;
+            for (a, gu) in act
+                .chunks_exact_mut(c.n_ff)
+                .zip(gate_up.chunks_exact(2 * c.n_ff))
+            {
+                let (g, u) = gu.split_at(c.n_ff);
+                a.iter_mut()
+                    .zip(g.iter().zip(u))
+                    .for_each(|(a, (g, u))| *a = silu(*g) * u);
+            }
+            self.matmul(&layer.w_down, &act, total, &mut proj)?;
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+        }
+        for ch in chunks.iter_mut() {
+            ch.cache.len += ch.tokens.len();
+        }
+        // Logits only for the last token of the chunks that want them: the output
+        // projection is a fifth of the weights, and prefill positions need none.
+        let mut wanted = Vec::new();
+        let mut end = 0;
+        for ch in chunks.iter() {
+            end += ch.tokens.len();
+            if ch.logits {
+                wanted.extend_from_slice(&x[(end - 1) * d..end * d]);
+            }
+        }
+        let n = wanted.len() / d;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut normed = vec![0.0f32; n * d];
+        rms_norm(&wanted, &self.out_norm, c.rms_eps, &mut normed);
+        let mut logits = vec![0.0f32; n * c.vocab];
+        let output = self.output.as_ref().unwrap_or(&self.embedding);
+        self.matmul(output, &normed, n, &mut logits)?;
+        Ok(logits.chunks_exact(c.vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    fn matmul(
+        &self,
+        w: &QMatrix,
+        x: &[f32],
+        batch: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        quant::matmul(w, x, batch, out, &self.pool).map_err(|source| ModelError::Weights {
+            name: "matmul".into(),
+            source,
+        })
+    }
+
+    /// Causal attention of every new token against its own sequence's cache, with grouped
+    /// KV heads; sequences and heads run in parallel.
+    fn attention(&self, chunks: &[Chunk<'_>], layer: usize, qkv: &[f32], out: &mut [f32]) {
+        let c = &self.config;
+        let (d, kvd, hd) = (c.n_embd, c.kv_dim(), c.head_dim);
+        let qkv_w = d + 2 * kvd;
+        let group = c.n_head / c.n_head_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        // (output rows, the chunk's cache, position of its first new token)
+        let mut jobs = Vec::with_capacity(chunks.len());
+        let mut rest = out;
+        let mut start = 0;
+        for ch in chunks {
+            let n = ch.tokens.len();
+            let (mine, tail) = rest.split_at_mut(n * d);
+            rest = tail;
+            jobs.push((mine, &*ch.cache, start, ch.cache.len));
+            start += n;
+        }
+        self.pool.install(|| {
+            use rayon::prelude::*;
+            jobs.into_par_iter().for_each(|(out, cache, start, past)| {
+                let (keys, values) = (&cache.k[layer], &cache.v[layer]);
+                let mut scores = Vec::new();
+                for (t, out_row) in out.chunks_exact_mut(d).enumerate() {
+                    let q_row = &qkv[(start + t) * qkv_w..(start + t) * qkv_w + d];
+                    let visible = past + t + 1;
+                    for head in 0..c.n_head {
+                        let kv_head = head / group;
+                        let q = &q_row[head * hd..(head + 1) * hd];
+                        scores.clear();
+                        scores.extend((0..visible).map(|p| {
+                            let k = &keys[p * kvd + kv_head * hd..p * kvd + (kv_head + 1) * hd];
+                            dot(q, k) * scale
+                        }));
+                        softmax(&mut scores);
+                        let o = &mut out_row[head * hd..(head + 1) * hd];
+                        o.fill(0.0);
+                        for (p, &w) in scores.iter().enumerate() {
+                            let v = &values[p * kvd + kv_head * hd..p * kvd + (kv_head + 1) * hd];
+                            o.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+                        }
+                    }
+                }
+            });
+        });
+    }
+}
+
+/// Rotary position embedding on adjacent pairs, as GGUF's llama tensors expect (the
+/// converter permutes Q and K rows for it).
+struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    fn new(head_dim: usize, base: f32) -> Rope {
+        Rope {
+            inv_freq: (0..head_dim / 2)
+                .map(|i| base.powf(-2.0 * i as f32 / head_dim as f32))
+                .collect(),
+        }
+    }
+
+    fn apply(&self, x: &mut [f32], pos: usize) {
+        let hd = self.inv_freq.len() * 2;
+        for head in x.chunks_exact_mut(hd) {
+            for (pair, &f) in head.chunks_exact_mut(2).zip(&self.inv_freq) {
+                let (sin, cos) = (pos as f32 * f).sin_cos();
+                let (a, b) = (pair[0], pair[1]);
+                pair[0] = a * cos - b * sin;
+                pair[1] = a * sin + b * cos;
+            }
+        }
+    }
+}
+
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let mean = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let inv = 1.0 / (mean + eps).sqrt();
+        o.iter_mut()
+            .zip(row.iter().zip(weight))
+            .for_each(|(o, (v, w))| *o = v * inv * w);
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(a, b)| a * b).sum()
+}
+
+pub(crate) fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    x.iter_mut().for_each(|v| {
+        *v = (*v - max).exp();
+        sum += *v;
+    });
+    x.iter_mut().for_each(|v| *v /= sum);
+}

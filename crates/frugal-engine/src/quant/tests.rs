@@ -1,0 +1,633 @@
+//! Tests of the quant module: hand-built blocks, the reference codecs, repacking, and every
+//! matmul kernel against an f64 reference.
+//!
+//! Tolerance of `matmul` against the f64 reference: the integer dot of each block is exact, so
+//! the only error is f32 rounding of the per-block scale products and of the accumulation.
+//! We allow `1e-5 * S` where `S = sum_i (|w_i| + 2 |m_i|) |x_i|` (the sum of the absolute
+//! terms, `m_i` the Q4_1 block min of weight i, else 0). The activations the reference uses
+//! are the dequantized Q8 activations for the integer paths and the f32 inputs for the
+//! F32/F16/K path.
+
+use super::blocks::{self, QK, QK_K};
+use super::packed::{self, ActRef, MAX_NB, PackKind, TILE, TileGeom};
+use super::*;
+
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+
+    /// Roughly normal (sum of four uniforms), unit-ish spread.
+    fn normal(&mut self) -> f32 {
+        (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.87
+    }
+}
+
+fn pool() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap()
+}
+
+fn random_values(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    let mut v = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        // Per-row offset and spread so Q4_1's min and the scales vary.
+        let bias = 0.3 * rng.uniform();
+        let scale = 0.05 + 0.5 * (r % 7) as f32 / 7.0;
+        for _ in 0..cols {
+            v.push(bias + scale * rng.normal());
+        }
+    }
+    v
+}
+
+/// A random matrix of type `t` and its GGUF bytes.
+fn random_matrix(t: WeightType, rows: usize, cols: usize, seed: u64) -> (QMatrix, Vec<u8>) {
+    let vals = random_values(rows, cols, seed);
+    let rb = t.row_bytes(cols).unwrap();
+    let mut bytes = vec![0u8; rb * rows];
+    for (x, o) in vals.chunks_exact(cols).zip(bytes.chunks_exact_mut(rb)) {
+        match t {
+            WeightType::Q4_K => blocks::quant_q4_k_simple(x, o),
+            WeightType::Q6_K => blocks::quant_q6_k_simple(x, o),
+            _ => quantize_row(t, x, o).unwrap(),
+        }
+    }
+    (QMatrix::from_bytes(t, rows, cols, &bytes).unwrap(), bytes)
+}
+
+fn random_input(batch: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed ^ 0xABCD);
+    (0..batch * cols)
+        .map(|i| rng.normal() * (1.0 + (i % 5) as f32 * 0.3))
+        .collect()
+}
+
+/// The activations as the integer kernels see them: dequantized Q8 blocks.
+fn dequantized_activations(x: &[f32]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    let mut q = [0i8; QK];
+    for xb in x.chunks_exact(QK) {
+        let (d, _) = packed::quantize_act_block(xb, &mut q);
+        out.extend(q.iter().map(|&v| f64::from(d) * f64::from(v)));
+    }
+    out
+}
+
+/// f64 reference and the error scale `S` of the module docs, per output.
+fn reference(w: &QMatrix, gguf: &[u8], x: &[f32], batch: usize) -> (Vec<f64>, Vec<f64>) {
+    let (rows, cols) = (w.rows(), w.cols());
+    let t = w.weight_type();
+    let xs: Vec<f64> = if t.pack_kind().is_some() {
+        dequantized_activations(x)
+    } else {
+        x.iter().map(|&v| f64::from(v)).collect()
+    };
+    let rb = t.row_bytes(cols).unwrap();
+    let mut refv = vec![0f64; batch * rows];
+    let mut scale = vec![0f64; batch * rows];
+    let mut wr = vec![0f32; cols];
+    for r in 0..rows {
+        w.dequantize_row(r, &mut wr).unwrap();
+        let mins: Vec<f64> = (0..cols)
+            .map(|i| {
+                if t == WeightType::Q4_1 {
+                    let blk = &gguf[r * rb + (i / QK) * t.block_bytes()..];
+                    f64::from(blocks::f16_bits_to_f32(blocks::read_u16(blk, 2))).abs()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        for b in 0..batch {
+            let xb = &xs[b * cols..(b + 1) * cols];
+            let mut acc = 0f64;
+            let mut s = 0f64;
+            for i in 0..cols {
+                acc += f64::from(wr[i]) * xb[i];
+                s += (f64::from(wr[i]).abs() + 2.0 * mins[i]) * xb[i].abs();
+            }
+            refv[b * rows + r] = acc;
+            scale[b * rows + r] = s;
+        }
+    }
+    (refv, scale)
+}
+
+fn available_kernels() -> Vec<Kernel> {
+    [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512Vnni]
+        .into_iter()
+        .filter(|k| k.is_available())
+        .collect()
+}
+
+fn check_against_reference(t: WeightType, rows: usize, cols: usize, batches: &[usize]) {
+    let pool = pool();
+    let (w, gguf) = random_matrix(t, rows, cols, (rows * 31 + cols) as u64);
+    for &batch in batches {
+        let x = random_input(batch, cols, (batch * 7 + cols) as u64);
+        let (refv, scale) = reference(&w, &gguf, &x, batch);
+        let mut scratch = Scratch::new();
+        let input = scratch.quantize(&x, batch, cols).unwrap();
+        for kernel in available_kernels() {
+            let mut out = vec![f32::NAN; batch * rows];
+            matmul_input_with_kernel(&w, &input, &mut out, &pool, kernel).unwrap();
+            for (i, (&o, (&r, &s))) in out.iter().zip(refv.iter().zip(&scale)).enumerate() {
+                let err = (f64::from(o) - r).abs();
+                assert!(
+                    err <= 1e-5 * s + 1e-30,
+                    "{t} {rows}x{cols} batch {batch} {kernel:?} out[{i}] = {o}, ref {r}, \
+                     err {err:e}, scale {s:e}"
+                );
+            }
+        }
+        // The convenience entry point (thread-local scratch, best kernel) agrees.
+        let mut out = vec![0f32; batch * rows];
+        matmul(&w, &x, batch, &mut out, &pool).unwrap();
+        for (&o, (&r, &s)) in out.iter().zip(refv.iter().zip(&scale)) {
+            assert!((f64::from(o) - r).abs() <= 1e-5 * s + 1e-30);
+        }
+    }
+}
+
+#[test]
+fn weight_type_ids_and_sizes() {
+    for t in WeightType::ALL {
+        assert_eq!(WeightType::from_ggml_id(t.ggml_id()).unwrap(), t);
+    }
+    let sizes: Vec<(usize, usize)> = WeightType::ALL
+        .iter()
+        .map(|t| (t.block_size(), t.block_bytes()))
+        .collect();
+    assert_eq!(
+        sizes,
+        [
+            (1, 4),
+            (1, 2),
+            (32, 18),
+            (32, 20),
+            (32, 34),
+            (256, 144),
+            (256, 210)
+        ]
+    );
+    assert_eq!(WeightType::Q4_1.row_bytes(576).unwrap(), 18 * 20);
+    assert_eq!(
+        WeightType::from_ggml_id(6),
+        Err(QuantError::UnsupportedGgmlType(6))
+    );
+    assert_eq!(
+        WeightType::from_ggml_id(99),
+        Err(QuantError::UnsupportedGgmlType(99))
+    );
+}
+
+#[test]
+fn dequant_f32_f16_hand_values() {
+    let mut bytes = Vec::new();
+    for v in [1.0f32, -2.5, 0.0] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut out = [0f32; 3];
+    dequantize_row(WeightType::F32, &bytes, &mut out).unwrap();
+    assert_eq!(out, [1.0, -2.5, 0.0]);
+    // f16 1.0 = 0x3C00, -2.0 = 0xC000, 0.5 = 0x3800
+    dequantize_row(
+        WeightType::F16,
+        &[0x00, 0x3C, 0x00, 0xC0, 0x00, 0x38],
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, [1.0, -2.0, 0.5]);
+}
+
+#[test]
+fn dequant_q4_0_hand_block() {
+    // d = 0.5; byte i = i (low nibble) | (15 - i) << 4 (high nibble).
+    let mut blk = vec![0x00, 0x38];
+    blk.extend((0..16u8).map(|i| i | ((15 - i) << 4)));
+    let mut out = [0f32; 32];
+    dequantize_row(WeightType::Q4_0, &blk, &mut out).unwrap();
+    assert_eq!(out[0], -4.0); // (0 - 8) * 0.5
+    assert_eq!(out[9], 0.5); // (9 - 8) * 0.5
+    assert_eq!(out[15], 3.5);
+    assert_eq!(out[16], 3.5); // high nibble of byte 0 = 15
+    assert_eq!(out[31], -4.0); // high nibble of byte 15 = 0
+    for i in 0..16 {
+        assert_eq!(out[i], (i as f32 - 8.0) * 0.5);
+        assert_eq!(out[16 + i], (7.0 - i as f32) * 0.5);
+    }
+}
+
+#[test]
+fn dequant_q4_1_hand_block() {
+    // d = 0.25, m = -1.0; every byte 0x5A: low nibble 10, high nibble 5.
+    let mut blk = vec![0x00, 0x34, 0x00, 0xBC];
+    blk.extend([0x5Au8; 16]);
+    let mut out = [0f32; 32];
+    dequantize_row(WeightType::Q4_1, &blk, &mut out).unwrap();
+    assert!(out[..16].iter().all(|&v| v == 1.5)); // 10 * 0.25 - 1
+    assert!(out[16..].iter().all(|&v| v == 0.25)); // 5 * 0.25 - 1
+}
+
+#[test]
+fn dequant_q8_0_hand_block() {
+    // d = 2.0, quants -16..16.
+    let mut blk = vec![0x00, 0x40];
+    blk.extend((-16i8..16).map(|q| q as u8));
+    let mut out = [0f32; 32];
+    dequantize_row(WeightType::Q8_0, &blk, &mut out).unwrap();
+    assert_eq!(out[0], -32.0);
+    assert_eq!(out[16], 0.0);
+    assert_eq!(out[31], 30.0);
+}
+
+#[test]
+fn dequant_q4_k_hand_block() {
+    // d = 1.0, dmin = 0.5; sub-block scales 1..8, mins [0, 1, 2, 3, 16, 17, 18, 19] packed as
+    // ggml's get_scale_min_k4 reads them; every quant byte 0x3A (low 10, high 3).
+    let mut blk = vec![0x00, 0x3C, 0x00, 0x38];
+    blk.extend([1, 2, 3, 4, 64, 65, 66, 67, 5, 22, 39, 56]);
+    blk.extend([0x3Au8; 128]);
+    let mut out = [0f32; 256];
+    dequantize_row(WeightType::Q4_K, &blk, &mut out).unwrap();
+    // Sub-block j covers weights 32j..32j+32; even j use low nibbles (10), odd j high (3).
+    // value = sc * q - 0.5 * m
+    let expect = [10.0, 5.5, 29.0, 10.5, 42.0, 9.5, 61.0, 14.5];
+    for (i, &v) in out.iter().enumerate() {
+        assert_eq!(v, expect[i / 32], "weight {i}");
+    }
+}
+
+#[test]
+fn dequant_q6_k_hand_block() {
+    // ql bytes 0x21 (low 1, high 2), qh bytes 0xE4 (2-bit fields 0, 1, 2, 3), scales
+    // 1, -1, 2, -2, ..., d = 0.5. In each 128 half, the four 32-weight groups get
+    // q = 1|0<<4, 1|1<<4, 2|2<<4, 2|3<<4 minus 32 = -31, -15, 2, 18.
+    let mut blk = vec![0x21u8; 128];
+    blk.extend([0xE4u8; 64]);
+    let scales: Vec<i8> = (0..16)
+        .map(|i| if i % 2 == 0 { i / 2 + 1 } else { -(i / 2 + 1) })
+        .collect();
+    blk.extend(scales.iter().map(|&s| s as u8));
+    blk.extend([0x00, 0x38]);
+    let mut out = [0f32; 256];
+    dequantize_row(WeightType::Q6_K, &blk, &mut out).unwrap();
+    let q = [-31.0f32, -15.0, 2.0, 18.0];
+    for (i, &v) in out.iter().enumerate() {
+        let want = 0.5 * f32::from(scales[i / 16]) * q[(i % 128) / 32];
+        assert_eq!(v, want, "weight {i}");
+    }
+    assert_eq!(out[0], -15.5); // 0.5 * 1 * -31
+    assert_eq!(out[40], -15.0); // 0.5 * scales[2] (= 2) * -15
+    assert_eq!(out[200], 7.0); // 0.5 * scales[12] (= 7) * 2 (group 2 of the second half)
+}
+
+#[test]
+fn quantizers_round_trip_within_bounds() {
+    let x = random_values(4, 256, 5);
+    for t in [
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::F16,
+    ] {
+        let mut bytes = vec![0u8; t.row_bytes(x.len()).unwrap()];
+        quantize_row(t, &x, &mut bytes).unwrap();
+        let mut y = vec![0f32; x.len()];
+        dequantize_row(t, &bytes, &mut y).unwrap();
+        for (xb, yb) in x.chunks(QK).zip(y.chunks(QK)) {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let range = xb.iter().fold(f32::MIN, |a, &v| a.max(v))
+                - xb.iter().fold(f32::MAX, |a, &v| a.min(v));
+            // Half a step of each format, plus the f16 rounding of the scale (2^-11 relative,
+            // times up to 127 steps for Q8_0); Q4_0 can clip the positive end by a whole step.
+            let bound = match t {
+                WeightType::Q8_0 => amax / 127.0 * 0.57,
+                WeightType::Q4_0 => amax / 8.0 * 1.01,
+                WeightType::Q4_1 => range / 15.0 * 0.51 + amax * 1e-3,
+                _ => amax * 1e-3,
+            };
+            for (a, b) in xb.iter().zip(yb) {
+                assert!(
+                    (a - b).abs() <= bound + 1e-7,
+                    "{t}: {a} vs {b}, bound {bound}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_rows_dequantize_like_gguf() {
+    for t in [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1] {
+        // 37 rows: the last tile is partly padding.
+        let (w, gguf) = random_matrix(t, 37, 96, 11);
+        let rb = t.row_bytes(96).unwrap();
+        let (mut a, mut b) = (vec![0f32; 96], vec![0f32; 96]);
+        for r in 0..37 {
+            w.dequantize_row(r, &mut a).unwrap();
+            dequantize_row(t, &gguf[r * rb..(r + 1) * rb], &mut b).unwrap();
+            assert_eq!(a, b, "{t} row {r}");
+        }
+        assert!(w.bytes() >= gguf.len());
+    }
+}
+
+#[test]
+fn bad_lengths_are_errors() {
+    let mut out = [0f32; 32];
+    assert!(matches!(
+        dequantize_row(WeightType::Q4_0, &[0u8; 17], &mut out),
+        Err(QuantError::Length { .. })
+    ));
+    assert!(matches!(
+        dequantize_row(WeightType::Q4_0, &[0u8; 18], &mut out[..31]),
+        Err(QuantError::NotBlockMultiple { .. })
+    ));
+    assert!(matches!(
+        QMatrix::from_bytes(WeightType::Q8_0, 2, 32, &[0u8; 67]),
+        Err(QuantError::Length {
+            expected: 68,
+            got: 67,
+            ..
+        })
+    ));
+    assert!(matches!(
+        QMatrix::from_bytes(WeightType::Q4_K, 1, 128, &[0u8; 72]),
+        Err(QuantError::NotBlockMultiple { .. })
+    ));
+    assert_eq!(
+        QMatrix::from_bytes(WeightType::F32, 1, 0, &[]).err(),
+        Some(QuantError::NoColumns)
+    );
+    let w = QMatrix::from_bytes(WeightType::Q8_0, 2, 32, &[0u8; 68]).unwrap();
+    assert!(matches!(
+        w.dequantize_row(2, &mut out),
+        Err(QuantError::RowOutOfRange { .. })
+    ));
+    assert!(matches!(
+        w.dequantize_row(0, &mut out[..16]),
+        Err(QuantError::Length { .. })
+    ));
+    assert_eq!(
+        w.requantize(WeightType::Q6_K).err(),
+        Some(QuantError::UnsupportedTarget(WeightType::Q6_K))
+    );
+    let pool = pool();
+    let x = [0f32; 64];
+    let mut o = [0f32; 4];
+    assert!(matches!(
+        matmul(&w, &x[..63], 2, &mut o, &pool),
+        Err(QuantError::Length { .. })
+    ));
+    assert!(matches!(
+        matmul(&w, &x, 2, &mut o[..3], &pool),
+        Err(QuantError::Length { .. })
+    ));
+    let mut scratch = Scratch::new();
+    let input = scratch.quantize(&x, 2, 32).unwrap();
+    assert!(matches!(
+        matmul_rows(&w, &input, 1..3, &mut o),
+        Err(QuantError::RowRange { .. })
+    ));
+    let mut q = [0u8; 18];
+    assert!(matches!(
+        quantize_row(WeightType::Q4_K, &[0f32; 256], &mut q),
+        Err(QuantError::Length { .. })
+    ));
+}
+
+#[test]
+fn matmul_q8_0_matches_reference() {
+    check_against_reference(WeightType::Q8_0, 64, 256, &[1, 3, 16]);
+    check_against_reference(WeightType::Q8_0, 40, 608, &[1, 3, 16]);
+    check_against_reference(WeightType::Q8_0, 576, 1536, &[1, 3, 16]);
+}
+
+#[test]
+fn matmul_q4_0_matches_reference() {
+    check_against_reference(WeightType::Q4_0, 64, 256, &[1, 3, 16]);
+    check_against_reference(WeightType::Q4_0, 40, 608, &[1, 3, 16]);
+    check_against_reference(WeightType::Q4_0, 576, 1536, &[1, 3, 16]);
+}
+
+#[test]
+fn matmul_q4_1_matches_reference() {
+    check_against_reference(WeightType::Q4_1, 64, 256, &[1, 3, 16]);
+    check_against_reference(WeightType::Q4_1, 40, 608, &[1, 3, 16]);
+    check_against_reference(WeightType::Q4_1, 576, 1536, &[1, 3, 16]);
+}
+
+#[test]
+fn matmul_k_quants_match_reference() {
+    check_against_reference(WeightType::Q4_K, 64, 256, &[1, 3, 16]);
+    check_against_reference(WeightType::Q6_K, 64, 256, &[1, 3, 16]);
+    check_against_reference(WeightType::Q4_K, 48, 1536, &[1, 3]);
+    check_against_reference(WeightType::Q6_K, 48, 1536, &[1, 3]);
+}
+
+#[test]
+fn matmul_f32_f16_match_reference() {
+    check_against_reference(WeightType::F32, 64, 256, &[1, 3, 16]);
+    check_against_reference(WeightType::F16, 64, 256, &[1, 3, 16]);
+    // Columns that are no multiple of 32 or 256.
+    check_against_reference(WeightType::F32, 19, 100, &[1, 3]);
+    check_against_reference(WeightType::F16, 19, 300, &[1, 3]);
+}
+
+/// The SIMD tile kernels against the scalar one, tile by tile: identical integers, so the
+/// outputs agree to float rounding of the scale products (1e-5 of the absolute-term sum).
+#[test]
+fn simd_tiles_match_scalar() {
+    for t in [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1] {
+        let (w, _) = random_matrix(t, 32, 160, 9);
+        let Repr::Packed(p) = &w.repr else {
+            panic!("not packed")
+        };
+        let x = random_input(11, 160, 10);
+        let mut scratch = Scratch::new();
+        let input = scratch.quantize(&x, 11, 160).unwrap();
+        let act = input.act.unwrap();
+        for kernel in available_kernels() {
+            let isa = kernel.isa().unwrap();
+            for tile in 0..2 {
+                for (b0, nbat) in [(0, 1), (1, 2), (0, 8), (3, 8), (5, 6)] {
+                    let mut want = [0f32; TILE * MAX_NB];
+                    packed::tile_scalar(p.kind, p.tile(tile), p.geom(), &act, b0, nbat, &mut want);
+                    let mut got = [0f32; TILE * MAX_NB];
+                    tile_packed(p, tile, &act, b0, nbat, isa, &mut got);
+                    for i in 0..nbat * TILE {
+                        let tol = 1e-5 * want[i].abs().max(1.0);
+                        assert!((got[i] - want[i]).abs() <= tol, "{t} {kernel:?} {i}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_activation_quantization_is_bit_exact() {
+    let x: Vec<f32> = random_input(3, 96, 21).iter().map(|v| v * 3.0).collect();
+    let mut x = x;
+    x[40..72].fill(0.0); // an all-zero block
+    let mut scratch = Scratch::new();
+    let input = scratch.quantize(&x, 3, 96).unwrap();
+    let act = input.act.unwrap();
+    let mut q = [0i8; QK];
+    for (k, xb) in x.chunks_exact(QK).enumerate() {
+        let (d, s) = packed::quantize_act_block(xb, &mut q);
+        assert_eq!(&act.q[k * QK..(k + 1) * QK], &q[..], "block {k}");
+        assert_eq!(act.d[k].to_bits(), d.to_bits());
+        assert_eq!(act.sum[k], s);
+        assert_eq!(act.sd[k].to_bits(), (d * s as f32).to_bits());
+    }
+}
+
+#[test]
+fn requantize_q4_1_to_q8_0_and_q4_0_within_bounds() {
+    let (w41, _) = random_matrix(WeightType::Q4_1, 20, 256, 17);
+    let w8 = w41.requantize(WeightType::Q8_0).unwrap();
+    let w40 = w41.requantize(WeightType::Q4_0).unwrap();
+    assert_eq!(w8.weight_type(), WeightType::Q8_0);
+    assert_eq!((w8.rows(), w8.cols()), (20, 256));
+    let (mut a, mut b, mut c) = (vec![0f32; 256], vec![0f32; 256], vec![0f32; 256]);
+    for r in 0..20 {
+        w41.dequantize_row(r, &mut a).unwrap();
+        w8.dequantize_row(r, &mut b).unwrap();
+        w40.dequantize_row(r, &mut c).unwrap();
+        for k in 0..256 / QK {
+            let blk = &a[k * QK..(k + 1) * QK];
+            let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for i in k * QK..(k + 1) * QK {
+                // Q8_0: half a step of amax / 127, plus f16 rounding of the scale (2^-11 rel).
+                assert!(
+                    (a[i] - b[i]).abs() <= amax / 127.0 * 0.5 + amax * 6e-4,
+                    "q8 {r} {i}"
+                );
+                // Q4_0: a step of amax / 8 at most (the clipped end), plus scale rounding.
+                assert!((a[i] - c[i]).abs() <= amax / 8.0 * 1.001, "q4_0 {r} {i}");
+            }
+        }
+    }
+    // K formats requantize too (so Q4_K_M models can use the integer kernels).
+    let (wk, _) = random_matrix(WeightType::Q4_K, 4, 256, 2);
+    let wk8 = wk.requantize(WeightType::Q8_0).unwrap();
+    wk.dequantize_row(1, &mut a).unwrap();
+    wk8.dequantize_row(1, &mut b).unwrap();
+    let amax = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= amax / 127.0));
+}
+
+#[test]
+fn matmul_rows_and_shared_input() {
+    let pool = pool();
+    let (wq, _) = random_matrix(WeightType::Q4_0, 50, 128, 1);
+    let (wk, _) = random_matrix(WeightType::Q8_0, 24, 128, 2);
+    let x = random_input(5, 128, 3);
+    let mut scratch = Scratch::new();
+    let input = scratch.quantize(&x, 5, 128).unwrap();
+    let mut full = vec![0f32; 5 * 50];
+    matmul_input(&wq, &input, &mut full, &pool).unwrap();
+    let mut part = vec![0f32; 5 * 27];
+    matmul_rows(&wq, &input, 7..34, &mut part).unwrap();
+    for b in 0..5 {
+        assert_eq!(&part[b * 27..(b + 1) * 27], &full[b * 50 + 7..b * 50 + 34]);
+    }
+    // The same quantized input feeds a second matrix; equal to a fresh matmul.
+    let mut k1 = vec![0f32; 5 * 24];
+    matmul_input(&wk, &input, &mut k1, &pool).unwrap();
+    let mut k2 = vec![0f32; 5 * 24];
+    matmul(&wk, &x, 5, &mut k2, &pool).unwrap();
+    assert_eq!(k1, k2);
+    // batch 0 is a no-op.
+    matmul(&wk, &[], 0, &mut [], &pool).unwrap();
+}
+
+#[test]
+fn geometry_is_consistent() {
+    let g = TileGeom::new(PackKind::Q4_1, 18);
+    assert_eq!(g.d_off, 18 * 256);
+    assert_eq!(g.m_off, 18 * 256 + 18 * 32);
+    assert_eq!(g.used, 18 * 320);
+    let a = ActRef {
+        q: &[],
+        d: &[],
+        sum: &[],
+        sd: &[],
+        neg8: &[],
+        neg128: &[],
+        nb: 1,
+        batch: 1,
+    };
+    assert!(!a.is_consistent());
+    let _ = QK_K;
+}
+
+/// With unit scales (weights d = 1, m = 1; activations integers with a 127 in every block, so
+/// their scale is exactly 1) every output is an exact integer well below 2^24: each kernel
+/// must reproduce the i64 reference bit for bit, which pins down the integer part of all
+/// paths, offsets included.
+#[test]
+fn simd_integer_dots_are_exact() {
+    let pool = pool();
+    let (rows, cols, batch) = (35, 608, 11);
+    let mut rng = Rng::new(77);
+    let x: Vec<f32> = (0..batch * cols)
+        .map(|i| {
+            if i % 32 == 5 {
+                127.0
+            } else {
+                (rng.next_u64() % 255) as f32 - 127.0
+            }
+        })
+        .collect();
+    for t in [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1] {
+        let rb = t.row_bytes(cols).unwrap();
+        let mut bytes: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
+        for blk in bytes.chunks_exact_mut(t.block_bytes()) {
+            blk[..2].copy_from_slice(&[0x00, 0x3C]); // d = 1.0
+            if t == WeightType::Q4_1 {
+                blk[2..4].copy_from_slice(&[0x00, 0x3C]); // m = 1.0
+            }
+        }
+        let w = QMatrix::from_bytes(t, rows, cols, &bytes).unwrap();
+        let mut want = vec![0f32; batch * rows];
+        let mut wr = vec![0f32; cols];
+        for r in 0..rows {
+            w.dequantize_row(r, &mut wr).unwrap();
+            for b in 0..batch {
+                let dot: i64 = (0..cols)
+                    .map(|i| wr[i] as i64 * x[b * cols + i] as i64)
+                    .sum();
+                want[b * rows + r] = dot as f32;
+            }
+        }
+        let mut scratch = Scratch::new();
+        let input = scratch.quantize(&x, batch, cols).unwrap();
+        for kernel in available_kernels() {
+            let mut got = vec![0f32; batch * rows];
+            matmul_input_with_kernel(&w, &input, &mut got, &pool, kernel).unwrap();
+            assert_eq!(got, want, "{t} {kernel:?}");
+        }
+    }
+}

@@ -1,0 +1,534 @@
+//! x86-64 SIMD kernels: AVX-512 VNNI (`vpdpbusd` on 16 rows per register) and an AVX2 fallback
+//! (`vpmaddubsw` + `vpmaddwd` on 8 rows per register), plus the activation quantizers.
+//!
+//! Soundness rests on two things. The `#[target_feature]` functions are reached only through
+//! the token types [`Avx512Vnni`] and [`Avx2`], which can only be made by runtime detection.
+//! And the safe wrappers check every slice length the raw-pointer loops rely on before they
+//! enter them, returning `false` instead of computing when a precondition fails.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::blocks::QK;
+use super::packed::{ActRef, MAX_NB, PackKind, TILE, TileGeom};
+
+/// Software prefetch distance, in blocks of the tile being streamed. A decode step streams
+/// each weight once, and on this VM the hardware prefetchers alone got the kernel to 7-11 GB/s
+/// on cold weights; prefetching 32 blocks (8 KiB of Q4, 16 KiB of Q8) ahead reached ~30 GB/s
+/// (distances of 1-16 KiB and 16-64 blocks were tried; 32 blocks was at or near the best
+/// for both Q4 and Q8, which at 143 MB per step is DRAM-bound at ~24 GB/s either way).
+const PREFETCH_BLOCKS: usize = 32;
+
+const K_Q8_0: u8 = 0;
+const K_Q4_0: u8 = 1;
+const K_Q4_1: u8 = 2;
+
+const fn kind_id(kind: PackKind) -> u8 {
+    match kind {
+        PackKind::Q8_0 => K_Q8_0,
+        PackKind::Q4_0 => K_Q4_0,
+        PackKind::Q4_1 => K_Q4_1,
+    }
+}
+
+/// Everything a kernel call reads, with lengths checked once by [`check`].
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    tile: &'a [u8],
+    geom: TileGeom,
+    act: ActRef<'a>,
+    b0: usize,
+}
+
+/// The preconditions of the raw loops: the geometry is the one `kind` and `nb` define (the
+/// wrappers rebuild it rather than trust the caller's offsets), the tile holds `geom.used`
+/// bytes, the activation arrays hold `act.batch * nb` blocks, and rows `b0 .. b0 + nbat` exist.
+fn check(kind: PackKind, a: &Args<'_>, nbat: usize) -> bool {
+    let g = a.geom;
+    let want = TileGeom::new(kind, g.nb);
+    (g.d_off, g.m_off, g.used) == (want.d_off, want.m_off, want.used)
+        && a.tile.len() >= g.used
+        && a.act.nb == g.nb
+        && a.act.is_consistent()
+        && (1..=MAX_NB).contains(&nbat)
+        && a.b0 + nbat <= a.act.batch
+}
+
+/// Activation rows per AVX2 kernel call.
+const AVX2_NB: usize = 8;
+
+/// Proof that the CPU runs AVX-512 F/BW/VL/VNNI; only [`Avx512Vnni::detect`] makes one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx512Vnni(());
+
+/// Proof that the CPU runs AVX2, FMA and F16C; only [`Avx2::detect`] makes one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2(());
+
+impl Avx512Vnni {
+    pub(crate) fn detect() -> Option<Avx512Vnni> {
+        (is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni"))
+        .then_some(Avx512Vnni(()))
+    }
+
+    /// One tile against activation rows `b0 .. b0 + nbat`; `out[b * TILE + r]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn tile(
+        self,
+        kind: PackKind,
+        tile: &[u8],
+        geom: TileGeom,
+        act: &ActRef<'_>,
+        b0: usize,
+        nbat: usize,
+        out: &mut [f32; TILE * MAX_NB],
+    ) -> bool {
+        let geom = TileGeom::new(kind, geom.nb);
+        let a = Args {
+            tile,
+            geom,
+            act: *act,
+            b0,
+        };
+        if !check(kind, &a, nbat) {
+            return false;
+        }
+        macro_rules! go {
+            ($($n:literal)*) => {
+                match (kind_id(kind), nbat) {
+                    $(
+                        (K_Q8_0, $n) => vnni_tile::<$n, K_Q8_0>(&a, out),
+                        (K_Q4_0, $n) => vnni_tile::<$n, K_Q4_0>(&a, out),
+                        (K_Q4_1, $n) => vnni_tile::<$n, K_Q4_1>(&a, out),
+                    )*
+                    _ => return false,
+                }
+            };
+        }
+        // SAFETY: `self` proves the CPU has the features `vnni_tile` is compiled for, and
+        // `check` established the lengths its pointer arithmetic relies on.
+        unsafe {
+            go!(1 2 3 4 5 6 7 8);
+        }
+        true
+    }
+
+    /// Quantize whole rows of activations (`x.len()` a multiple of 32) into `q`, `d`, `sum`,
+    /// `sd` (`d * sum`). Returns false, writing nothing, if the lengths disagree.
+    pub(crate) fn quantize(
+        self,
+        x: &[f32],
+        q: &mut [i8],
+        d: &mut [f32],
+        sum: &mut [i32],
+        sd: &mut [f32],
+    ) -> bool {
+        let n = x.len() / QK;
+        if !x.len().is_multiple_of(QK)
+            || q.len() != x.len()
+            || d.len() != n
+            || sum.len() != n
+            || sd.len() != n
+        {
+            return false;
+        }
+        // SAFETY: features proven by `self`; all five slices hold exactly `n` blocks.
+        unsafe { quantize_avx512(x.as_ptr(), n, q.as_mut_ptr(), d, sum, sd) };
+        true
+    }
+}
+
+impl Avx2 {
+    pub(crate) fn detect() -> Option<Avx2> {
+        (is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        .then_some(Avx2(()))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn tile(
+        self,
+        kind: PackKind,
+        tile: &[u8],
+        geom: TileGeom,
+        act: &ActRef<'_>,
+        b0: usize,
+        nbat: usize,
+        out: &mut [f32; TILE * MAX_NB],
+    ) -> bool {
+        let geom = TileGeom::new(kind, geom.nb);
+        if !check(
+            kind,
+            &Args {
+                tile,
+                geom,
+                act: *act,
+                b0,
+            },
+            nbat,
+        ) {
+            return false;
+        }
+        // 16 ymm registers hold at most 8 accumulators: do wider batches 8 rows at a time.
+        let mut done = 0;
+        while done < nbat {
+            let n = AVX2_NB.min(nbat - done);
+            let a = Args {
+                tile,
+                geom,
+                act: *act,
+                b0: b0 + done,
+            };
+            let o = &mut out[done * TILE..];
+            macro_rules! go {
+                ($($n:literal)*) => {
+                    match (kind_id(kind), n) {
+                        $(
+                            (K_Q8_0, $n) => avx2_tile::<$n, K_Q8_0>(&a, o),
+                            (K_Q4_0, $n) => avx2_tile::<$n, K_Q4_0>(&a, o),
+                            (K_Q4_1, $n) => avx2_tile::<$n, K_Q4_1>(&a, o),
+                        )*
+                        _ => return false,
+                    }
+                };
+            }
+            // SAFETY: `self` proves AVX2/FMA/F16C; `check` established the tile and activation
+            // lengths for rows b0 .. b0 + nbat, and `o` holds (nbat - done) * TILE >= n * TILE
+            // floats.
+            unsafe {
+                go!(1 2 3 4 5 6 7 8);
+            }
+            done += n;
+        }
+        true
+    }
+
+    pub(crate) fn quantize(
+        self,
+        x: &[f32],
+        q: &mut [i8],
+        d: &mut [f32],
+        sum: &mut [i32],
+        sd: &mut [f32],
+    ) -> bool {
+        let n = x.len() / QK;
+        if !x.len().is_multiple_of(QK)
+            || q.len() != x.len()
+            || d.len() != n
+            || sum.len() != n
+            || sd.len() != n
+        {
+            return false;
+        }
+        // SAFETY: features proven by `self`; all five slices hold exactly `n` blocks.
+        unsafe { quantize_avx2(x.as_ptr(), n, q.as_mut_ptr(), d, sum, sd) };
+        true
+    }
+}
+
+/// AVX-512 tile kernel. Per block: eight weight vectors (loaded, or unpacked from four nibble
+/// vectors), then per activation row eight `vpdpbusd` against 4-byte broadcasts, one convert
+/// and one FMA with the per-row scales. The integer offset of Q8_0 (+128) and Q4_0 (+8) is
+/// removed by starting the accumulator at `-offset * sum(x)`, so the integer dot is exact.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI must be available and `check(kind, a, NB)` must hold.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f32; TILE * MAX_NB]) {
+    let nb = a.geom.nb;
+    let qb = if KIND == K_Q8_0 { 512 } else { 256 };
+    let tile = a.tile.as_ptr();
+    // SAFETY (whole body): `check` guarantees tile has `geom.used` bytes, i.e. `nb * qb` quant
+    // bytes then `nb * 32` (or `2 * nb * 32`) scale bytes, and the activation arrays hold
+    // blocks `b0 * nb .. (b0 + NB) * nb`; every offset below stays inside those ranges.
+    unsafe {
+        let xq = a.act.q.as_ptr().add(a.b0 * nb * QK);
+        let xd = a.act.d.as_ptr().add(a.b0 * nb);
+        let xn8 = a.act.neg8.as_ptr().add(a.b0 * nb);
+        let xn128 = a.act.neg128.as_ptr().add(a.b0 * nb);
+        let xsd = a.act.sd.as_ptr().add(a.b0 * nb);
+        let mask = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); NB];
+        for k in 0..nb {
+            let wq = tile.add(k * qb);
+            prefetch_block(tile, a.geom, k, qb);
+            // Macros, not closures: a closure would not be compiled with this function's
+            // target features and the intrinsics inside it would stop inlining.
+            macro_rules! ld {
+                ($i:expr) => {
+                    _mm512_loadu_si512(wq.add(64 * $i).cast())
+                };
+            }
+            macro_rules! hi {
+                ($v:expr) => {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>($v), mask)
+                };
+            }
+            let w: [__m512i; 8] = if KIND == K_Q8_0 {
+                [
+                    ld!(0),
+                    ld!(1),
+                    ld!(2),
+                    ld!(3),
+                    ld!(4),
+                    ld!(5),
+                    ld!(6),
+                    ld!(7),
+                ]
+            } else {
+                let (v0, v1, v2, v3) = (ld!(0), ld!(1), ld!(2), ld!(3));
+                [
+                    _mm512_and_si512(v0, mask),
+                    _mm512_and_si512(v1, mask),
+                    _mm512_and_si512(v2, mask),
+                    _mm512_and_si512(v3, mask),
+                    hi!(v0),
+                    hi!(v1),
+                    hi!(v2),
+                    hi!(v3),
+                ]
+            };
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(a.geom.d_off + k * 32).cast()));
+            let mw = if KIND == K_Q4_1 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(a.geom.m_off + k * 32).cast()))
+            } else {
+                _mm512_setzero_ps()
+            };
+            for (b, accb) in acc.iter_mut().enumerate() {
+                let e = b * nb + k;
+                let xp = xq.add(e * QK).cast::<i32>();
+                macro_rules! x {
+                    ($i:expr) => {
+                        _mm512_set1_epi32(xp.add($i).read_unaligned())
+                    };
+                }
+                let init = match KIND {
+                    K_Q8_0 => _mm512_set1_epi32(*xn128.add(e)),
+                    K_Q4_0 => _mm512_set1_epi32(*xn8.add(e)),
+                    _ => _mm512_setzero_si512(),
+                };
+                let dot = if NB <= 2 {
+                    // Few rows leave few independent chains; split this one in two so the
+                    // 5-cycle vpdpbusd latency does not serialize the block.
+                    let mut p = init;
+                    let mut q = _mm512_setzero_si512();
+                    p = _mm512_dpbusd_epi32(p, w[0], x!(0));
+                    q = _mm512_dpbusd_epi32(q, w[1], x!(1));
+                    p = _mm512_dpbusd_epi32(p, w[2], x!(2));
+                    q = _mm512_dpbusd_epi32(q, w[3], x!(3));
+                    p = _mm512_dpbusd_epi32(p, w[4], x!(4));
+                    q = _mm512_dpbusd_epi32(q, w[5], x!(5));
+                    p = _mm512_dpbusd_epi32(p, w[6], x!(6));
+                    q = _mm512_dpbusd_epi32(q, w[7], x!(7));
+                    _mm512_add_epi32(p, q)
+                } else {
+                    let mut p = init;
+                    for (i, wi) in w.iter().enumerate() {
+                        p = _mm512_dpbusd_epi32(p, *wi, x!(i));
+                    }
+                    p
+                };
+                let s = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(e)));
+                *accb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, *accb);
+                if KIND == K_Q4_1 {
+                    *accb = _mm512_fmadd_ps(mw, _mm512_set1_ps(*xsd.add(e)), *accb);
+                }
+            }
+        }
+        for (b, accb) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(b * TILE), *accb);
+        }
+    }
+}
+
+/// AVX2 tile kernel: the tile as two halves of 8 rows (one ymm each). `vpmaddubsw` saturates
+/// its i16 pair sums, which the formats never reach: Q4 gives at most 2 * 15 * 127, and Q8_0
+/// uses the sign trick (|w| times x with w's sign) for at most 2 * 128 * 127 < 32767. So the
+/// integers equal those of the VNNI and scalar kernels.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available and `check(kind, a, NB)` must hold.
+/// `out` must hold at least `NB * TILE` floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f32]) {
+    let nb = a.geom.nb;
+    let qb = if KIND == K_Q8_0 { 512 } else { 256 };
+    let tile = a.tile.as_ptr();
+    // SAFETY (whole body): as in `vnni_tile`; the half offset `32 * h` stays within each
+    // 64-byte vector and `16 * h` within each 32-byte scale group.
+    unsafe {
+        let xq = a.act.q.as_ptr().add(a.b0 * nb * QK);
+        let xd = a.act.d.as_ptr().add(a.b0 * nb);
+        let xn8 = a.act.neg8.as_ptr().add(a.b0 * nb);
+        let xsd = a.act.sd.as_ptr().add(a.b0 * nb);
+        let mask = _mm256_set1_epi8(0x0F);
+        let flip = _mm256_set1_epi8(-128);
+        let ones = _mm256_set1_epi16(1);
+        for h in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); NB];
+            for k in 0..nb {
+                let wq = tile.add(k * qb + 32 * h);
+                if h == 0 {
+                    prefetch_block(tile, a.geom, k, qb);
+                }
+                let sc = a.geom.d_off + k * 32 + 16 * h;
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(sc).cast()));
+                let mw = if KIND == K_Q4_1 {
+                    let mc = a.geom.m_off + k * 32 + 16 * h;
+                    _mm256_cvtph_ps(_mm_loadu_si128(tile.add(mc).cast()))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                for (b, accb) in acc.iter_mut().enumerate() {
+                    let e = b * nb + k;
+                    let xp = xq.add(e * QK).cast::<i32>();
+                    let mut dot = if KIND == K_Q4_0 {
+                        _mm256_set1_epi32(*xn8.add(e))
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    for i in 0..8 {
+                        let xb = _mm256_set1_epi32(xp.add(i).read_unaligned());
+                        let p = if KIND == K_Q8_0 {
+                            let ws =
+                                _mm256_xor_si256(_mm256_loadu_si256(wq.add(64 * i).cast()), flip);
+                            _mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(xb, ws))
+                        } else {
+                            let raw = _mm256_loadu_si256(wq.add(64 * (i % 4)).cast());
+                            let wv = if i < 4 {
+                                _mm256_and_si256(raw, mask)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask)
+                            };
+                            _mm256_maddubs_epi16(wv, xb)
+                        };
+                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, ones));
+                    }
+                    let s = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(e)));
+                    *accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, *accb);
+                    if KIND == K_Q4_1 {
+                        *accb = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xsd.add(e)), *accb);
+                    }
+                }
+            }
+            for (b, accb) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(b * TILE + 8 * h), *accb);
+            }
+        }
+    }
+}
+
+/// Prefetch the quants `PREFETCH_BLOCKS` blocks after block `k`, and the matching scales.
+/// Past the tile's quants this touches its scales and then the next tile, which are the next
+/// bytes streamed anyway; `wrapping_add` because the address may lie past the allocation
+/// (prefetches never fault, but `add` out of bounds would be UB).
+#[inline(always)]
+fn prefetch_block(tile: *const u8, geom: TileGeom, k: usize, qb: usize) {
+    let ahead = tile.wrapping_add((k + PREFETCH_BLOCKS) * qb);
+    let scales = tile.wrapping_add(geom.d_off + (k + PREFETCH_BLOCKS) * 2 * TILE);
+    // SAFETY: `prefetcht0` needs only SSE, part of the x86-64 baseline, and is a hint that
+    // never faults and reads no memory architecturally, whatever the address.
+    unsafe {
+        let mut l = 0;
+        while l < qb {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
+            l += 64;
+        }
+        _mm_prefetch::<_MM_HINT_T0>(scales.cast());
+    }
+}
+
+/// Block scale from the block's absolute maximum, as `packed::quantize_act_block` computes it.
+#[inline(always)]
+fn act_scales(amax: f32) -> (f32, f32) {
+    (amax / 127.0, if amax != 0.0 { 127.0 / amax } else { 0.0 })
+}
+
+/// # Safety
+/// AVX-512 F/BW/VL must be available; `x` and `q` hold `n * 32` elements, the slices `n`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_avx512(
+    x: *const f32,
+    n: usize,
+    q: *mut i8,
+    d: &mut [f32],
+    sum: &mut [i32],
+    sd: &mut [f32],
+) {
+    for k in 0..n.min(d.len()).min(sum.len()).min(sd.len()) {
+        // SAFETY: k < n, so the 32 floats at x + 32k and the 32 bytes at q + 32k are in range.
+        unsafe {
+            let v0 = _mm512_loadu_ps(x.add(k * QK));
+            let v1 = _mm512_loadu_ps(x.add(k * QK + 16));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            let (dd, id) = act_scales(amax);
+            let vid = _mm512_set1_ps(id);
+            let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+            let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+            _mm_storeu_si128(q.add(k * QK).cast(), _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128(q.add(k * QK + 16).cast(), _mm512_cvtsepi32_epi8(q1));
+            let s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            d[k] = dd;
+            sum[k] = s;
+            sd[k] = dd * s as f32;
+        }
+    }
+}
+
+/// # Safety
+/// AVX2 must be available; `x` and `q` hold `n * 32` elements, the slices `n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_avx2(
+    x: *const f32,
+    n: usize,
+    q: *mut i8,
+    d: &mut [f32],
+    sum: &mut [i32],
+    sd: &mut [f32],
+) {
+    let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    for k in 0..n.min(d.len()).min(sum.len()).min(sd.len()) {
+        // SAFETY: k < n, so the 32 floats at x + 32k and the 32 bytes at q + 32k are in range.
+        unsafe {
+            let p = x.add(k * QK);
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)),
+            );
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2));
+            let (dd, id) = act_scales(_mm_cvtss_f32(m1));
+            let vid = _mm256_set1_ps(id);
+            let i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], vid));
+            let i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], vid));
+            let i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], vid));
+            let i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], vid));
+            // packs work within 128-bit lanes: (i0,i1) -> [i0.lo i1.lo i0.hi i1.hi] as i16,
+            // then to i8 the lanes interleave again; a final dword permute restores order.
+            let w01 = _mm256_packs_epi32(i0, i1);
+            let w23 = _mm256_packs_epi32(i2, i3);
+            let b = _mm256_packs_epi16(w01, w23);
+            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.add(k * QK).cast(), b);
+            let s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+            let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2));
+            let st = _mm_cvtsi128_si32(s1);
+            d[k] = dd;
+            sum[k] = st;
+            sd[k] = dd * st as f32;
+        }
+    }
+}

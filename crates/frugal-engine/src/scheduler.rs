@@ -1,0 +1,434 @@
+//! Continuous (in-flight) batching: one engine thread owns the model and every running
+//! sequence, and runs the loop `admit -> next_batch -> forward -> sample -> filter`.
+//!
+//! A waiting request joins the running batch at the next step when there is room; prefill
+//! is cut into chunks under a per-step token budget so it never stalls the decoding
+//! streams for long; a sequence whose client has gone (its receiver dropped) is removed
+//! before the next step. Memory is bounded up front: a request is admitted only when its
+//! worst case (prompt + max_tokens positions of KV cache) fits the budget, and the queue
+//! behind it is bounded, so overload is an immediate "overloaded" error, never an OOM.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc as events;
+
+use crate::model::{Chunk, KvCache, Model, ModelError};
+use crate::sampling::{Sampled, Sampler, SamplingParams};
+
+/// Limits of the scheduler.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerConfig {
+    /// Sequences decoded together at most.
+    pub max_batch: usize,
+    /// Tokens in one forward step (decode tokens plus prefill chunks).
+    pub step_tokens: usize,
+    /// KV-cache positions reserved by running sequences at most.
+    pub kv_positions: usize,
+    /// Requests waiting for admission at most; beyond, `submit` says overloaded.
+    pub max_queue: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> SchedulerConfig {
+        SchedulerConfig {
+            max_batch: 16,
+            step_tokens: 256,
+            kv_positions: 64 * 1024,
+            max_queue: 256,
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Tokens that end the generation (end of turn, end of text).
+    pub stop_tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token.
+    Stop,
+    /// max_tokens, or the context's end.
+    Length,
+}
+
+/// What a request receives, in order: tokens, then `Done` or `Failed`.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A token, with the engine time this request has used so far.
+    Token(Sampled, Duration),
+    Done {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        /// Time in the queue, time to first token, and engine time this request shared.
+        queued: Duration,
+        first_token: Duration,
+        engine: Duration,
+    },
+    Failed(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the engine is overloaded ({0} requests waiting); retry shortly")]
+    Overloaded(usize),
+    #[error("prompt of {prompt} tokens plus max_tokens {max} exceeds the context of {ctx} tokens")]
+    TooLong {
+        prompt: usize,
+        max: usize,
+        ctx: usize,
+    },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Gauges and counters the server exports.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    pub last_batch: AtomicUsize,
+    pub steps: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub kv_reserved: AtomicUsize,
+}
+
+struct Job {
+    request: Request,
+    events: events::UnboundedSender<Event>,
+    arrived: Instant,
+}
+
+/// A cheap, cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct Engine {
+    tx: mpsc::SyncSender<Job>,
+    stats: Arc<Stats>,
+    config: SchedulerConfig,
+    ctx_len: usize,
+}
+
+impl Engine {
+    /// Starts the engine thread that owns `model`.
+    pub fn start(model: Model, config: SchedulerConfig) -> Result<Engine, ModelError> {
+        let (tx, rx) = mpsc::sync_channel(config.max_queue);
+        let stats = Arc::new(Stats::default());
+        let ctx_len = model.config.ctx_len.min(config.kv_positions);
+        let worker = Worker {
+            model,
+            config,
+            rx,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: stats.clone(),
+            reserved: 0,
+        };
+        std::thread::Builder::new()
+            .name("frugal-scheduler".into())
+            .spawn(move || worker.run())
+            .map_err(|e| ModelError::Threads(e.to_string()))?;
+        Ok(Engine {
+            tx,
+            stats,
+            config,
+            ctx_len,
+        })
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn context_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    /// Queues a request; its events arrive on the returned receiver. Dropping the receiver
+    /// cancels the request.
+    pub fn submit(
+        &self,
+        request: Request,
+    ) -> Result<events::UnboundedReceiver<Event>, SubmitError> {
+        if request.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if request.prompt.len() + request.max_tokens > self.ctx_len {
+            return Err(SubmitError::TooLong {
+                prompt: request.prompt.len(),
+                max: request.max_tokens,
+                ctx: self.ctx_len,
+            });
+        }
+        let waiting = self.stats.waiting.load(Ordering::Relaxed);
+        if waiting >= self.config.max_queue {
+            return Err(SubmitError::Overloaded(waiting));
+        }
+        let (events, rx) = events::unbounded_channel();
+        let job = Job {
+            request,
+            events,
+            arrived: Instant::now(),
+        };
+        self.tx.try_send(job).map_err(|e| match e {
+            mpsc::TrySendError::Full(_) => SubmitError::Overloaded(self.config.max_queue),
+            mpsc::TrySendError::Disconnected(_) => SubmitError::Stopped,
+        })?;
+        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        Ok(rx)
+    }
+}
+
+struct Sequence {
+    job: Job,
+    cache: KvCache,
+    sampler: Sampler,
+    /// Prompt tokens already in the cache.
+    prefilled: usize,
+    /// The last sampled token, fed at the next step.
+    next: Option<u32>,
+    generated: usize,
+    first_token: Option<Duration>,
+    admitted: Instant,
+    engine: Duration,
+}
+
+impl Sequence {
+    fn reserve(&self) -> usize {
+        self.job.request.prompt.len() + self.job.request.max_tokens
+    }
+}
+
+struct Worker {
+    model: Model,
+    config: SchedulerConfig,
+    rx: mpsc::Receiver<Job>,
+    waiting: VecDeque<Job>,
+    running: Vec<Sequence>,
+    stats: Arc<Stats>,
+    /// KV positions reserved by running sequences.
+    reserved: usize,
+}
+
+impl Worker {
+    fn run(mut self) {
+        loop {
+            if !self.receive() {
+                return;
+            }
+            self.admit();
+            self.filter_gone();
+            if self.running.is_empty() {
+                continue;
+            }
+            self.step();
+        }
+    }
+
+    /// Takes new jobs; blocks while there is nothing to do. False when every handle is gone.
+    fn receive(&mut self) -> bool {
+        if self.running.is_empty() && self.waiting.is_empty() {
+            match self.rx.recv() {
+                Ok(job) => self.waiting.push_back(job),
+                Err(_) => return false,
+            }
+        }
+        while let Ok(job) = self.rx.try_recv() {
+            self.waiting.push_back(job);
+        }
+        true
+    }
+
+    /// Moves waiting jobs into the batch while their worst case fits.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.max_batch {
+            let Some(job) = self.waiting.front() else {
+                break;
+            };
+            if job.events.is_closed() {
+                self.waiting.pop_front();
+                self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            let need = job.request.prompt.len() + job.request.max_tokens;
+            if self.reserved + need > self.config.kv_positions && !self.running.is_empty() {
+                break;
+            }
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.reserved += need;
+            self.running.push(Sequence {
+                cache: KvCache::new(&self.model.config),
+                sampler: Sampler::new(job.request.sampling),
+                prefilled: 0,
+                next: None,
+                generated: 0,
+                first_token: None,
+                admitted: Instant::now(),
+                engine: Duration::ZERO,
+                job,
+            });
+        }
+        self.publish();
+    }
+
+    /// Drops sequences whose client has gone, before any work is spent on them.
+    fn filter_gone(&mut self) {
+        let mut freed = 0;
+        self.running.retain(|s| {
+            let gone = s.job.events.is_closed();
+            if gone {
+                freed += s.reserve();
+            }
+            !gone
+        });
+        self.reserved -= freed;
+        self.publish();
+    }
+
+    fn publish(&self) {
+        self.stats
+            .running
+            .store(self.running.len(), Ordering::Relaxed);
+        self.stats
+            .kv_reserved
+            .store(self.reserved, Ordering::Relaxed);
+    }
+
+    /// One forward step: every decoding sequence's next token, then prefill chunks, oldest
+    /// first, in what is left of the token budget.
+    fn step(&mut self) {
+        let mut budget = self.config.step_tokens.max(self.running.len());
+        let mut plan: Vec<(usize, Vec<u32>, bool)> = Vec::with_capacity(self.running.len());
+        for (i, s) in self.running.iter().enumerate() {
+            if let Some(t) = s.next {
+                plan.push((i, vec![t], true));
+                budget -= 1;
+            }
+        }
+        for (i, s) in self.running.iter().enumerate() {
+            let prompt = &s.job.request.prompt;
+            if s.next.is_none() && s.prefilled < prompt.len() && budget > 0 {
+                let n = (prompt.len() - s.prefilled).min(budget);
+                let done = s.prefilled + n == prompt.len();
+                plan.push((i, prompt[s.prefilled..s.prefilled + n].to_vec(), done));
+                budget -= n;
+            }
+        }
+        plan.sort_by_key(|(i, _, _)| *i);
+        let started = Instant::now();
+        let result = {
+            let mut chunks: Vec<Chunk<'_>> = Vec::with_capacity(plan.len());
+            let mut seqs = self.running.iter_mut().enumerate();
+            for (i, tokens, logits) in &plan {
+                let Some((_, s)) = seqs.find(|(j, _)| j == i) else {
+                    continue;
+                };
+                chunks.push(Chunk {
+                    tokens,
+                    cache: &mut s.cache,
+                    logits: *logits,
+                });
+            }
+            self.model.forward(&mut chunks)
+        };
+        let elapsed = started.elapsed();
+        let tokens_in_step: usize = plan.iter().map(|(_, t, _)| t.len()).sum();
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        self.stats.last_batch.store(plan.len(), Ordering::Relaxed);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // A failed step fails the sequences in it; the engine goes on.
+                for (i, _, _) in &plan {
+                    let _ = self.running[*i]
+                        .job
+                        .events
+                        .send(Event::Failed(e.to_string()));
+                }
+                let failed: Vec<usize> = plan.iter().map(|(i, _, _)| *i).collect();
+                self.remove(&failed);
+                return;
+            }
+        };
+        let mut logits = logits.into_iter();
+        let mut finished = Vec::new();
+        for (i, tokens, wants) in &plan {
+            let s = &mut self.running[*i];
+            // Engine time is shared by the tokens of the step.
+            s.engine += elapsed.mul_f64(tokens.len() as f64 / tokens_in_step.max(1) as f64);
+            if s.next.is_none() {
+                s.prefilled += tokens.len();
+                self.stats
+                    .prompt_tokens
+                    .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+            }
+            if !wants {
+                continue;
+            }
+            let Some(row) = logits.next() else { continue };
+            let sampled = s.sampler.sample(&row);
+            let token = sampled.token;
+            s.first_token.get_or_insert_with(|| s.job.arrived.elapsed());
+            let stop = s.job.request.stop_tokens.contains(&token);
+            if !stop {
+                s.generated += 1;
+                self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                if s.job.events.send(Event::Token(sampled, s.engine)).is_err() {
+                    finished.push(*i);
+                    continue;
+                }
+            }
+            let full = s.generated >= s.job.request.max_tokens
+                || s.cache.len() + 1 > self.model.config.ctx_len;
+            if stop || full {
+                let reason = if stop {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                };
+                let _ = s.job.events.send(Event::Done {
+                    reason,
+                    prompt_tokens: s.job.request.prompt.len(),
+                    completion_tokens: s.generated,
+                    queued: s.admitted.duration_since(s.job.arrived),
+                    first_token: s.first_token.unwrap_or_default(),
+                    engine: s.engine,
+                });
+                finished.push(*i);
+            } else {
+                s.next = Some(token);
+            }
+        }
+        self.remove(&finished);
+    }
+
+    fn remove(&mut self, indices: &[usize]) {
+        let mut freed = 0;
+        let mut i = 0;
+        self.running.retain(|s| {
+            let drop = indices.contains(&i);
+            if drop {
+                freed += s.reserve();
+            }
+            i += 1;
+            !drop
+        });
+        self.reserved -= freed;
+        self.publish();
+    }
+}

@@ -1,0 +1,92 @@
+//! The API's one error type, in OpenAI's error shape.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{message}")]
+    InvalidParam {
+        param: &'static str,
+        message: String,
+    },
+    #[error("the model `{0}` does not exist")]
+    UnknownModel(String),
+    #[error("{0}")]
+    ContextLength(String),
+    #[error("{0}")]
+    Overloaded(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn parts(
+        &self,
+    ) -> (
+        StatusCode,
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+    ) {
+        match self {
+            ApiError::BadRequest(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", None, None)
+            }
+            ApiError::InvalidParam { param, .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some(param),
+                None,
+            ),
+            ApiError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
+            ApiError::ContextLength(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("messages"),
+                Some("context_length_exceeded"),
+            ),
+            ApiError::Overloaded(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "overloaded_error",
+                None,
+                Some("overloaded"),
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                None,
+            ),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, kind, param, code) = self.parts();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        } else {
+            tracing::debug!(error = %self, "request refused");
+        }
+        let body = serde_json::json!({
+            "error": { "message": self.to_string(), "type": kind, "param": param, "code": code }
+        });
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

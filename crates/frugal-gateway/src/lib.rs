@@ -1,0 +1,638 @@
+//! frugal-gateway: the OpenAI-compatible HTTP API over frugal's engine.
+//!
+//! `POST /v1/chat/completions` and `POST /v1/completions` (both with SSE streaming and the
+//! final usage chunk), `GET /v1/models`, `/health` and Prometheus `/metrics`. Every
+//! request's tokens and engine time go to the ledger through the meter, and every response
+//! says what it cost in `x-frugal-cost-usd`.
+
+pub mod api;
+pub mod error;
+pub mod meter;
+pub mod metrics;
+mod text;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{Value, json};
+
+use frugal_engine::sampling::SamplingParams;
+use frugal_engine::scheduler::{Engine, Event, FinishReason, Request, SubmitError};
+use frugal_engine::template::{ChatTemplate, Message};
+use frugal_engine::tokenizer::Tokenizer;
+
+use crate::api::{ChatRequest, Common, CompletionRequest, Usage};
+use crate::error::ApiError;
+use crate::meter::Meter;
+use crate::metrics::{Gauges, Metrics};
+use crate::text::{Piece, TextStream};
+
+/// Largest `max_tokens` a request gets when it names none.
+const DEFAULT_MAX_TOKENS: usize = 512;
+/// `top_logprobs` at most, as OpenAI allows.
+const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    tokenizer: Arc<Tokenizer>,
+    template: ChatTemplate,
+    model: String,
+    stop_tokens: Vec<u32>,
+    meter: Option<Meter>,
+    metrics: Metrics,
+    started: i64,
+}
+
+impl AppState {
+    pub fn new(
+        engine: Engine,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        model: String,
+        meter: Option<Meter>,
+    ) -> AppState {
+        // End of text and end of turn both end a generation.
+        let mut stop_tokens: Vec<u32> = tokenizer.eos().into_iter().collect();
+        for t in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>"] {
+            if let Some(id) = tokenizer.id_of(t).filter(|id| !stop_tokens.contains(id)) {
+                stop_tokens.push(id);
+            }
+        }
+        AppState {
+            inner: Arc::new(Inner {
+                engine,
+                tokenizer: Arc::new(tokenizer),
+                template,
+                model,
+                stop_tokens,
+                meter,
+                metrics: Metrics::default(),
+                started: now_s(),
+            }),
+        }
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves, then lets requests in flight finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+fn now_s() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+async fn models(State(s): State<AppState>) -> Json<Value> {
+    let model = api::Model {
+        id: s.inner.model.clone(),
+        object: "model",
+        created: s.inner.started,
+        owned_by: "frugal",
+    };
+    Json(json!({ "object": "list", "data": [model] }))
+}
+
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    let st = s.inner.engine.stats();
+    let gauges = Gauges {
+        waiting: st.waiting.load(Ordering::Relaxed),
+        running: st.running.load(Ordering::Relaxed),
+        batch: st.last_batch.load(Ordering::Relaxed),
+        kv_reserved: st.kv_reserved.load(Ordering::Relaxed),
+        prompt_tokens: st.prompt_tokens.load(Ordering::Relaxed),
+        generated_tokens: st.generated_tokens.load(Ordering::Relaxed),
+        steps: st.steps.load(Ordering::Relaxed),
+    };
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.inner.metrics.render(&gauges),
+    )
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
+}
+
+async fn chat(State(s): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let req: ChatRequest = parse(&body)?;
+        if req.messages.is_empty() {
+            return Err(ApiError::InvalidParam {
+                param: "messages",
+                message: "messages must not be empty".into(),
+            });
+        }
+        let messages = req
+            .messages
+            .iter()
+            .map(|m| {
+                Ok(Message {
+                    role: m.role.clone(),
+                    content: m.text()?,
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        let prompt =
+            s.inner.template.render(&messages, true).map_err(|e| {
+                ApiError::BadRequest(format!("cannot apply the chat template: {e}"))
+            })?;
+        let top = match (req.logprobs, req.top_logprobs) {
+            (false, Some(_)) => {
+                return Err(ApiError::InvalidParam {
+                    param: "top_logprobs",
+                    message: "top_logprobs needs logprobs: true".into(),
+                });
+            }
+            (false, None) => None,
+            (true, n) => Some(check_top(n.unwrap_or(0), "top_logprobs")?),
+        };
+        Ok((prompt, top, req.common))
+    })();
+    match result {
+        Ok((prompt, top, common)) => s.generate(Kind::Chat, &prompt, top, common).await,
+        Err(e) => s.reject(e),
+    }
+}
+
+async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let req: CompletionRequest = parse(&body)?;
+        let mut prompts = req.prompt.into_vec();
+        if prompts.len() != 1 {
+            return Err(ApiError::InvalidParam {
+                param: "prompt",
+                message: "give one prompt per request".into(),
+            });
+        }
+        let top = req.logprobs.map(|n| check_top(n, "logprobs")).transpose()?;
+        Ok((prompts.remove(0), top, req.common))
+    })();
+    match result {
+        Ok((prompt, top, common)) => s.generate(Kind::Text, &prompt, top, common).await,
+        Err(e) => s.reject(e),
+    }
+}
+
+fn check_top(n: i64, param: &'static str) -> Result<usize, ApiError> {
+    if (0..=MAX_TOP_LOGPROBS).contains(&n) {
+        Ok(n as usize)
+    } else {
+        Err(ApiError::InvalidParam {
+            param,
+            message: format!("{param} must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+        })
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+impl Kind {
+    fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Text, _) => "text_completion",
+        }
+    }
+}
+
+impl AppState {
+    fn reject(&self, e: ApiError) -> Response {
+        self.inner
+            .metrics
+            .requests_rejected
+            .fetch_add(1, Ordering::Relaxed);
+        e.into_response()
+    }
+
+    /// Validates the common fields into an engine request.
+    fn request(
+        &self,
+        prompt: &str,
+        top: Option<usize>,
+        c: &Common,
+    ) -> Result<(Request, Vec<String>), ApiError> {
+        if let Some(m) = c
+            .model
+            .as_ref()
+            .filter(|m| **m != self.inner.model && *m != "default")
+        {
+            return Err(ApiError::UnknownModel(m.clone()));
+        }
+        if c.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::InvalidParam {
+                param: "n",
+                message: "only n = 1 is supported".into(),
+            });
+        }
+        for (name, v) in [
+            ("presence_penalty", c.presence_penalty),
+            ("frequency_penalty", c.frequency_penalty),
+        ] {
+            if v.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::InvalidParam {
+                    param: if name == "presence_penalty" {
+                        "presence_penalty"
+                    } else {
+                        "frequency_penalty"
+                    },
+                    message: format!("{name} is not supported; leave it at 0"),
+                });
+            }
+        }
+        let tok = &self.inner.tokenizer;
+        let mut tokens = tok
+            .encode(prompt)
+            .map_err(|e| ApiError::BadRequest(format!("cannot tokenize the prompt: {e}")))?;
+        if let Some(bos) = tok.bos().filter(|_| tok.add_bos_token()) {
+            tokens.insert(0, bos);
+        }
+        let ctx = self.inner.engine.context_len();
+        if tokens.len() >= ctx {
+            return Err(ApiError::ContextLength(format!(
+                "the prompt is {} tokens; this model's context holds {ctx} tokens",
+                tokens.len()
+            )));
+        }
+        let room = ctx - tokens.len();
+        let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
+            None => room.min(DEFAULT_MAX_TOKENS),
+            Some(n) if n < 1 => {
+                return Err(ApiError::InvalidParam {
+                    param: "max_tokens",
+                    message: format!("max_tokens must be at least 1, got {n}"),
+                });
+            }
+            Some(n) if n as u64 > room as u64 => {
+                return Err(ApiError::ContextLength(format!(
+                    "max_tokens {n} plus the prompt's {} tokens exceeds the context of {ctx} tokens (at most {room} for this prompt)",
+                    tokens.len()
+                )));
+            }
+            Some(n) => n as usize,
+        };
+        let temperature = c.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::InvalidParam {
+                param: "temperature",
+                message: format!("temperature must be between 0 and 2, got {temperature}"),
+            });
+        }
+        let top_p = c.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::InvalidParam {
+                param: "top_p",
+                message: format!("top_p must be in (0, 1], got {top_p}"),
+            });
+        }
+        let top_k = match c.top_k {
+            Some(k) if k < 0 => {
+                return Err(ApiError::InvalidParam {
+                    param: "top_k",
+                    message: format!("top_k must be >= 0, got {k}"),
+                });
+            }
+            k => k.unwrap_or(0) as usize,
+        };
+        let stops = c
+            .stop
+            .clone()
+            .map(api::OneOrMany::into_vec)
+            .unwrap_or_default();
+        if stops.len() > 4 || stops.iter().any(String::is_empty) {
+            return Err(ApiError::InvalidParam {
+                param: "stop",
+                message: "stop takes up to 4 non-empty sequences".into(),
+            });
+        }
+        let request = Request {
+            prompt: tokens,
+            max_tokens,
+            sampling: SamplingParams {
+                temperature,
+                top_p,
+                top_k,
+                seed: c.seed.map(|s| s as u64),
+                top_logprobs: top.unwrap_or(0),
+            },
+            stop_tokens: self.inner.stop_tokens.clone(),
+        };
+        Ok((request, stops))
+    }
+
+    async fn generate(&self, kind: Kind, prompt: &str, top: Option<usize>, c: Common) -> Response {
+        let started = (Instant::now(), SystemTime::now());
+        let (request, stops) = match self.request(prompt, top, &c) {
+            Ok(r) => r,
+            Err(e) => return self.reject(e),
+        };
+        let prompt_tokens = request.prompt.len();
+        let rx = match self.inner.engine.submit(request) {
+            Ok(rx) => rx,
+            Err(e @ SubmitError::Overloaded(_)) => {
+                return self.reject(ApiError::Overloaded(e.to_string()));
+            }
+            Err(e @ SubmitError::TooLong { .. }) => {
+                return self.reject(ApiError::ContextLength(e.to_string()));
+            }
+            Err(e) => return self.reject(ApiError::BadRequest(e.to_string())),
+        };
+        let text = TextStream::new(
+            rx,
+            self.inner.tokenizer.clone(),
+            stops,
+            top.is_some(),
+            prompt_tokens,
+        );
+        let id = format!(
+            "{}-{:x}",
+            if kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            started.0.elapsed().as_nanos()
+                ^ started
+                    .1
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+        );
+        let ctx = Ctx {
+            state: self.clone(),
+            kind,
+            id,
+            started,
+        };
+        if c.stream {
+            let usage = c.stream_options.is_some_and(|o| o.include_usage);
+            ctx.stream(text, usage).into_response()
+        } else {
+            ctx.complete(text).await
+        }
+    }
+}
+
+/// One request's identity while it is answered.
+struct Ctx {
+    state: AppState,
+    kind: Kind,
+    id: String,
+    started: (Instant, SystemTime),
+}
+
+impl Ctx {
+    fn finish(
+        &self,
+        usage: Usage,
+        engine: std::time::Duration,
+        first: Option<std::time::Duration>,
+    ) -> Option<frugal_cost::Money> {
+        let s = &self.state.inner;
+        s.metrics.requests_ok.fetch_add(1, Ordering::Relaxed);
+        let total = self.started.0.elapsed();
+        s.metrics.latency.observe(total.as_secs_f64());
+        if let Some(first) = first {
+            s.metrics.ttft.observe(first.as_secs_f64());
+            if usage.completion_tokens > 1 {
+                let rest = total.saturating_sub(first).as_secs_f64();
+                s.metrics
+                    .tpot
+                    .observe(rest / (usage.completion_tokens - 1) as f64);
+            }
+        }
+        let meter = s.meter.as_ref()?;
+        meter.record(meter::Usage {
+            started: self.started.1,
+            prompt_tokens: usage.prompt_tokens as u64,
+            completion_tokens: usage.completion_tokens as u64,
+            engine,
+        });
+        Some(meter.cost(engine))
+    }
+
+    fn choice(
+        &self,
+        text: &str,
+        logprobs: Option<Value>,
+        finish: Option<&str>,
+        chunk: bool,
+    ) -> Value {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => json!({
+                "index": 0,
+                "message": { "role": "assistant", "content": text },
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }),
+            (Kind::Chat, true) => json!({
+                "index": 0,
+                "delta": if finish.is_some() && text.is_empty() { json!({}) } else { json!({ "role": "assistant", "content": text }) },
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }),
+            (Kind::Text, _) => json!({
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }),
+        }
+    }
+
+    fn body(&self, choices: Vec<Value>, usage: Option<Usage>, chunk: bool) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": self.kind.object(chunk),
+            "created": self.started.1.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            "model": self.state.inner.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = json!(u);
+        }
+        v
+    }
+
+    fn logprobs(&self, entries: Vec<api::TokenLogprob>) -> Option<Value> {
+        match self.kind {
+            Kind::Chat => Some(json!({ "content": entries })),
+            Kind::Text => Some(json!({
+                "tokens": entries.iter().map(|e| e.token.clone()).collect::<Vec<_>>(),
+                "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+                "top_logprobs": entries
+                    .iter()
+                    .map(|e| {
+                        e.top_logprobs
+                            .iter()
+                            .map(|t| (t.token.clone(), json!(t.logprob)))
+                            .collect::<serde_json::Map<_, _>>()
+                    })
+                    .collect::<Vec<_>>(),
+            })),
+        }
+    }
+
+    async fn complete(self, mut text: TextStream) -> Response {
+        let mut out = String::new();
+        let mut entries = Vec::new();
+        let (reason, usage, engine, first) = loop {
+            match text.next().await {
+                Piece::Text { text: t, logprobs } => {
+                    out.push_str(&t);
+                    entries.extend(logprobs);
+                }
+                Piece::Done {
+                    reason,
+                    usage,
+                    engine,
+                    first_token,
+                } => break (reason, usage, engine, first_token),
+                Piece::Failed(e) => {
+                    self.state
+                        .inner
+                        .metrics
+                        .requests_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    return ApiError::Internal(e).into_response();
+                }
+            }
+        };
+        let cost = self.finish(usage, engine, first);
+        let logprobs = text
+            .wants_logprobs()
+            .then(|| self.logprobs(entries))
+            .flatten();
+        let choice = self.choice(&out, logprobs, Some(finish_name(reason)), false);
+        let mut response = Json(self.body(vec![choice], Some(usage), false)).into_response();
+        add_headers(&mut response, cost);
+        response
+    }
+
+    fn stream(
+        self,
+        text: TextStream,
+        include_usage: bool,
+    ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+        // States: streaming text, then the finish chunk, then usage, then [DONE].
+        let events = stream::unfold(
+            (self, text, false),
+            move |(ctx, mut text, done)| async move {
+                if done {
+                    return None;
+                }
+                let events: Vec<SseEvent> = match text.next().await {
+                    Piece::Text { text: t, logprobs } => {
+                        let lp = (!logprobs.is_empty())
+                            .then(|| ctx.logprobs(logprobs))
+                            .flatten();
+                        let chunk = ctx.body(vec![ctx.choice(&t, lp, None, true)], None, true);
+                        return Some((
+                            vec![SseEvent::default().data(chunk.to_string())],
+                            (ctx, text, false),
+                        ));
+                    }
+                    Piece::Done {
+                        reason,
+                        usage,
+                        engine,
+                        first_token,
+                    } => {
+                        ctx.finish(usage, engine, first_token);
+                        let mut out = vec![
+                            SseEvent::default().data(
+                                ctx.body(
+                                    vec![ctx.choice("", None, Some(finish_name(reason)), true)],
+                                    None,
+                                    true,
+                                )
+                                .to_string(),
+                            ),
+                        ];
+                        if include_usage {
+                            out.push(
+                                SseEvent::default()
+                                    .data(ctx.body(Vec::new(), Some(usage), true).to_string()),
+                            );
+                        }
+                        out.push(SseEvent::default().data("[DONE]"));
+                        out
+                    }
+                    Piece::Failed(e) => {
+                        ctx.state
+                            .inner
+                            .metrics
+                            .requests_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                        let body = json!({ "error": { "message": e, "type": "server_error" } });
+                        vec![
+                            SseEvent::default().data(body.to_string()),
+                            SseEvent::default().data("[DONE]"),
+                        ]
+                    }
+                };
+                Some((events, (ctx, text, true)))
+            },
+        )
+        .flat_map(|events| stream::iter(events.into_iter().map(Ok)));
+        Sse::new(events).keep_alive(KeepAlive::default())
+    }
+}
+
+fn finish_name(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+fn add_headers(response: &mut Response, cost: Option<frugal_cost::Money>) {
+    if let Some(v) = cost.and_then(|c| HeaderValue::from_str(&c.to_string_places(9)).ok()) {
+        response.headers_mut().insert("x-frugal-cost-usd", v);
+    }
+}
+
+/// Engine events, for the text layer.
+pub(crate) type Events = tokio::sync::mpsc::UnboundedReceiver<Event>;

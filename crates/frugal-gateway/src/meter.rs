@@ -1,0 +1,166 @@
+//! Metering: every finished request, and the engine's idle time, into the usage ledger.
+//!
+//! A writer thread owns the ledger and appends in batches (one transaction each), so a
+//! request never waits on the disk. Each request is charged its share of engine time at
+//! the machine's hourly price; once a minute the machine time no request used is written
+//! as idle capacity, so the report's cost per 1,000 inferences includes it.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use frugal_cost::money::HourlyRate;
+use frugal_cost::{Capacity, Event, Kind, Ledger, Money};
+
+const FLUSH_EVERY: Duration = Duration::from_millis(250);
+const IDLE_EVERY: Duration = Duration::from_secs(60);
+
+/// What the meter needs to price a request.
+#[derive(Debug, Clone)]
+pub struct MeterConfig {
+    pub ledger: PathBuf,
+    pub workload: String,
+    pub model: String,
+    pub rate: HourlyRate,
+    pub instance_type: Option<String>,
+    pub capacity: Option<Capacity>,
+}
+
+/// One finished request.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    pub started: SystemTime,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub engine: Duration,
+}
+
+#[derive(Clone)]
+pub struct Meter {
+    tx: mpsc::Sender<Usage>,
+    rate: HourlyRate,
+}
+
+impl Meter {
+    /// Opens the ledger (an error here stops the server before it listens) and starts the
+    /// writer thread.
+    pub fn start(config: MeterConfig) -> Result<Meter, frugal_cost::ledger::LedgerError> {
+        let ledger = Ledger::open(&config.ledger)?;
+        let (tx, rx) = mpsc::channel();
+        let rate = config.rate;
+        std::thread::Builder::new()
+            .name("frugal-meter".into())
+            .spawn(move || Writer::new(ledger, config).run(rx))
+            .map_err(|e| frugal_cost::ledger::LedgerError::Unwritable {
+                path: PathBuf::new(),
+                source: e,
+            })?;
+        Ok(Meter { tx, rate })
+    }
+
+    /// The cost of `engine` time at the machine's rate.
+    pub fn cost(&self, engine: Duration) -> Money {
+        self.rate
+            .cost(engine.as_millis() as i64, 1)
+            .unwrap_or(Money::ZERO)
+    }
+
+    pub fn record(&self, usage: Usage) {
+        if self.tx.send(usage).is_err() {
+            tracing::warn!("the ledger writer has stopped; usage not recorded");
+        }
+    }
+}
+
+fn epoch_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+struct Writer {
+    ledger: Ledger,
+    config: MeterConfig,
+    pending: Vec<Event>,
+    /// Engine time used since the last idle record, and when that was.
+    busy: Duration,
+    since: (Instant, SystemTime),
+}
+
+impl Writer {
+    fn new(ledger: Ledger, config: MeterConfig) -> Writer {
+        Writer {
+            ledger,
+            config,
+            pending: Vec::new(),
+            busy: Duration::ZERO,
+            since: (Instant::now(), SystemTime::now()),
+        }
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Usage>) {
+        loop {
+            match rx.recv_timeout(FLUSH_EVERY) {
+                Ok(usage) => self.add(usage),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.idle();
+                    self.flush();
+                    return;
+                }
+            }
+            if self.since.0.elapsed() >= IDLE_EVERY {
+                self.idle();
+            }
+            self.flush();
+        }
+    }
+
+    fn event(&self, kind: Kind, ts_ms: i64, duration: Duration) -> Event {
+        let duration_ms = duration.as_millis() as i64;
+        let cost = self.config.rate.cost(duration_ms, 1).unwrap_or(Money::ZERO);
+        let mut e = Event::new(ts_ms, kind, self.config.workload.clone(), cost);
+        e.duration_ms = duration_ms;
+        e.model = Some(self.config.model.clone());
+        e.instance_type = self.config.instance_type.clone();
+        e.capacity = self.config.capacity;
+        e
+    }
+
+    fn add(&mut self, u: Usage) {
+        self.busy += u.engine;
+        let mut e = self.event(Kind::Inference, epoch_ms(u.started), u.engine);
+        e.requests = 1;
+        e.input_tokens = u.prompt_tokens;
+        e.output_tokens = u.completion_tokens;
+        self.pending.push(e);
+    }
+
+    /// The machine time since the last record that no request used.
+    fn idle(&mut self) {
+        let elapsed = self.since.0.elapsed();
+        let idle = elapsed.saturating_sub(self.busy);
+        if idle > Duration::ZERO {
+            let e = self.event(Kind::Idle, epoch_ms(self.since.1), idle);
+            self.pending.push(e);
+        }
+        self.busy = Duration::ZERO;
+        self.since = (Instant::now(), SystemTime::now());
+    }
+
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        match self.ledger.append("frugal serve", &self.pending) {
+            Ok(_) => self.pending.clear(),
+            // Kept for the next round: a full disk may clear up; bounded so it cannot grow
+            // without end.
+            Err(e) => {
+                tracing::error!(error = %e, kept = self.pending.len(), "cannot write usage to the ledger");
+                if self.pending.len() > 100_000 {
+                    self.pending.drain(..50_000);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Prometheus metrics: counters, and histograms of time to first token and time per
+//! output token. A handful of atomics; a metrics library would add more than it saves.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bucket upper bounds in seconds.
+const BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    /// Sum in microseconds.
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, seconds: f64) {
+        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (b, c) in BUCKETS.iter().zip(&self.counts) {
+            cumulative += c.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub requests_ok: AtomicU64,
+    pub requests_failed: AtomicU64,
+    pub requests_rejected: AtomicU64,
+    pub ttft: Histogram,
+    pub tpot: Histogram,
+    pub latency: Histogram,
+}
+
+/// Engine gauges read at scrape time.
+pub struct Gauges {
+    pub waiting: usize,
+    pub running: usize,
+    pub batch: usize,
+    pub kv_reserved: usize,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub steps: u64,
+}
+
+impl Metrics {
+    pub fn render(&self, g: &Gauges) -> String {
+        let mut out = String::new();
+        let gauge = |out: &mut String, name: &str, help: &str, kind: &str, v: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        };
+        gauge(
+            &mut out,
+            "frugal_queue_depth",
+            "Requests waiting for admission.",
+            "gauge",
+            g.waiting as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_running_sequences",
+            "Sequences in the running batch.",
+            "gauge",
+            g.running as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_batch_size",
+            "Sequences in the last forward step.",
+            "gauge",
+            g.batch as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_kv_reserved_positions",
+            "KV-cache positions reserved.",
+            "gauge",
+            g.kv_reserved as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_prompt_tokens_total",
+            "Prompt tokens prefilled.",
+            "counter",
+            g.prompt_tokens as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_generated_tokens_total",
+            "Tokens generated.",
+            "counter",
+            g.generated_tokens as f64,
+        );
+        gauge(
+            &mut out,
+            "frugal_engine_steps_total",
+            "Forward steps run.",
+            "counter",
+            g.steps as f64,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP frugal_requests_total Requests by outcome.\n# TYPE frugal_requests_total counter"
+        );
+        for (status, c) in [
+            ("ok", &self.requests_ok),
+            ("failed", &self.requests_failed),
+            ("rejected", &self.requests_rejected),
+        ] {
+            let _ = writeln!(
+                out,
+                "frugal_requests_total{{status=\"{status}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        self.ttft.render(
+            "frugal_time_to_first_token_seconds",
+            "Time to first token.",
+            &mut out,
+        );
+        self.tpot.render(
+            "frugal_time_per_output_token_seconds",
+            "Time per output token after the first.",
+            &mut out,
+        );
+        self.latency.render(
+            "frugal_request_duration_seconds",
+            "Whole request time.",
+            &mut out,
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative() {
+        let h = Histogram::default();
+        for s in [0.004, 0.02, 0.02, 40.0] {
+            h.observe(s);
+        }
+        let mut out = String::new();
+        h.render("t", "help", &mut out);
+        assert!(out.contains("t_bucket{le=\"0.005\"} 1\n"), "{out}");
+        assert!(out.contains("t_bucket{le=\"0.025\"} 3\n"), "{out}");
+        assert!(out.contains("t_bucket{le=\"30\"} 3\n"), "{out}");
+        assert!(out.contains("t_bucket{le=\"+Inf\"} 4\n"), "{out}");
+        assert!(out.contains("t_count 4\n"), "{out}");
+    }
+}

@@ -1,0 +1,201 @@
+//! From engine tokens to response text: UTF-8-safe incremental decoding, stop sequences
+//! (text that could still become a stop sequence is held back until it cannot), and
+//! per-token logprobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use frugal_engine::scheduler::{Event, FinishReason};
+use frugal_engine::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::Events;
+use crate::api::{TokenLogprob, TopLogprob, Usage};
+
+pub enum Piece {
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        reason: FinishReason,
+        usage: Usage,
+        engine: Duration,
+        first_token: Option<Duration>,
+    },
+    Failed(String),
+}
+
+pub struct TextStream {
+    /// `None` once a stop sequence matched: dropping the receiver cancels the sequence.
+    rx: Option<Events>,
+    tokenizer: Arc<Tokenizer>,
+    decoder: StreamDecoder,
+    stops: Vec<String>,
+    /// Decoded text not yet sent: it might be the start of a stop sequence.
+    held: String,
+    logprobs: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    started: std::time::Instant,
+    first_token: Option<Duration>,
+    /// Engine time used so far, as the last token reported it.
+    engine: Duration,
+    finished: Option<Piece>,
+}
+
+impl TextStream {
+    pub fn new(
+        rx: Events,
+        tokenizer: Arc<Tokenizer>,
+        stops: Vec<String>,
+        logprobs: bool,
+        prompt_tokens: usize,
+    ) -> TextStream {
+        TextStream {
+            rx: Some(rx),
+            tokenizer,
+            decoder: StreamDecoder::new(),
+            stops,
+            held: String::new(),
+            logprobs,
+            prompt_tokens,
+            completion_tokens: 0,
+            started: std::time::Instant::now(),
+            first_token: None,
+            engine: Duration::ZERO,
+            finished: None,
+        }
+    }
+
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            total_tokens: self.prompt_tokens + self.completion_tokens,
+        }
+    }
+
+    /// The next piece; after `Done` or `Failed` it keeps returning the same end.
+    pub async fn next(&mut self) -> Piece {
+        loop {
+            if let Some(end) = self.finished.take() {
+                return end;
+            }
+            let Some(rx) = self.rx.as_mut() else {
+                return Piece::Failed("the generation has ended".into());
+            };
+            let event = rx.recv().await;
+            match event {
+                Some(Event::Token(sampled, engine)) => {
+                    self.completion_tokens += 1;
+                    self.engine = engine;
+                    self.first_token
+                        .get_or_insert_with(|| self.started.elapsed());
+                    let logprobs = if self.logprobs {
+                        vec![self.logprob(&sampled)]
+                    } else {
+                        Vec::new()
+                    };
+                    let new = self
+                        .decoder
+                        .push(&self.tokenizer, sampled.token)
+                        .unwrap_or_default();
+                    self.held.push_str(&new);
+                    if let Some(at) = self
+                        .stops
+                        .iter()
+                        .filter_map(|s| self.held.find(s.as_str()))
+                        .min()
+                    {
+                        self.held.truncate(at);
+                        let text = std::mem::take(&mut self.held);
+                        self.rx = None;
+                        self.finished = Some(Piece::Done {
+                            reason: FinishReason::Stop,
+                            usage: self.usage(),
+                            engine: self.engine,
+                            first_token: self.first_token,
+                        });
+                        return Piece::Text { text, logprobs };
+                    }
+                    let keep = self.holdback();
+                    let text: String = self.held.drain(..self.held.len() - keep).collect();
+                    if text.is_empty() && logprobs.is_empty() {
+                        continue;
+                    }
+                    return Piece::Text { text, logprobs };
+                }
+                Some(Event::Done {
+                    reason,
+                    completion_tokens,
+                    engine,
+                    first_token,
+                    ..
+                }) => {
+                    self.completion_tokens = completion_tokens;
+                    let text = std::mem::take(&mut self.held);
+                    self.rx = None;
+                    self.finished = Some(Piece::Done {
+                        reason,
+                        usage: self.usage(),
+                        engine,
+                        first_token: Some(first_token),
+                    });
+                    if !text.is_empty() {
+                        return Piece::Text {
+                            text,
+                            logprobs: Vec::new(),
+                        };
+                    }
+                }
+                Some(Event::Failed(e)) => {
+                    self.rx = None;
+                    return Piece::Failed(e);
+                }
+                None => {
+                    self.rx = None;
+                    return Piece::Failed("the engine stopped".into());
+                }
+            }
+        }
+    }
+
+    /// Bytes at the end of `held` that are a proper prefix of some stop sequence.
+    fn holdback(&self) -> usize {
+        let mut keep = 0;
+        for stop in &self.stops {
+            for (i, _) in stop.char_indices().skip(1) {
+                if self.held.ends_with(&stop[..i]) {
+                    keep = keep.max(i);
+                }
+            }
+        }
+        keep
+    }
+
+    fn logprob(&self, s: &frugal_engine::sampling::Sampled) -> TokenLogprob {
+        let text = |id: u32| self.tokenizer.decode(&[id]).unwrap_or_default();
+        let token = text(s.token);
+        TokenLogprob {
+            bytes: token.as_bytes().to_vec(),
+            token,
+            logprob: s.logprob,
+            top_logprobs: s
+                .top
+                .iter()
+                .map(|&(id, logprob)| {
+                    let token = text(id);
+                    TopLogprob {
+                        bytes: token.as_bytes().to_vec(),
+                        token,
+                        logprob,
+                    }
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! `frugal serve`: load the model, start the engine and the meter, listen until Ctrl-C or
+//! SIGTERM, then drain.
+
+use std::io::Write;
+
+use anyhow::{Context, Result, bail};
+use frugal_cost::money::HourlyRate;
+use frugal_cost::{Capacity, Catalog, Money};
+use frugal_engine::gguf::Gguf;
+use frugal_engine::model::{LoadOptions, Model};
+use frugal_engine::quant::WeightType;
+use frugal_engine::scheduler::{Engine, SchedulerConfig};
+use frugal_engine::template::ChatTemplate;
+use frugal_engine::tokenizer::Tokenizer;
+use frugal_gateway::AppState;
+use frugal_gateway::meter::{Meter, MeterConfig};
+
+use crate::cli::{QuantArg, ServeArgs};
+use crate::config::Config;
+
+pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
+    if !args.model.exists() {
+        bail!(
+            "no model at {}: run `make models` (or scripts/fetch-models.sh) for the default, or pass --model FILE.gguf",
+            args.model.display()
+        );
+    }
+    let started = std::time::Instant::now();
+    let gguf =
+        Gguf::open(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot build the tokenizer")?;
+    let template = ChatTemplate::from_gguf(&gguf).context("cannot read the chat template")?;
+    let options = LoadOptions {
+        requantize: args.quant.map(|q| match q {
+            QuantArg::Q8_0 => WeightType::Q8_0,
+            QuantArg::Q4_0 => WeightType::Q4_0,
+        }),
+        threads: args.threads,
+    };
+    let model = Model::from_gguf(&gguf, options)
+        .with_context(|| format!("cannot load {}", args.model.display()))?;
+    drop(gguf);
+    let name = args.name.clone().unwrap_or_else(|| {
+        args.model
+            .file_stem()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    tracing::info!(
+        model = %name,
+        weights_mb = model.weight_bytes() / 1_000_000,
+        secs = started.elapsed().as_secs_f64(),
+        "model loaded"
+    );
+    let ctx = model.config.ctx_len;
+    let engine = Engine::start(
+        model,
+        SchedulerConfig {
+            max_batch: args.max_batch,
+            max_queue: args.max_queue,
+            kv_positions: ctx.max(4096) * 4,
+            ..SchedulerConfig::default()
+        },
+    )?;
+    let (rate, instance_type) = rate(catalog, args)?;
+    let meter = if args.no_meter {
+        None
+    } else {
+        if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        Some(Meter::start(MeterConfig {
+            ledger: config.ledger.clone(),
+            workload: args.workload.clone(),
+            model: name.clone(),
+            rate,
+            instance_type,
+            capacity: Some(Capacity::OnDemand),
+        })?)
+    };
+    let state = AppState::new(engine, tokenizer, template, name.clone(), meter);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        writeln!(
+            std::io::stderr(),
+            "frugal serve: {name} on http://{local}/v1 (machine at {}/h); Ctrl-C to stop",
+            rate.0
+        )?;
+        frugal_gateway::serve(listener, state, shutdown_signal()).await?;
+        Ok::<_, anyhow::Error>(())
+    })
+}
+
+/// The machine's hourly price: given, from the catalog, or nothing (costs then read $0).
+fn rate(catalog: &Catalog, args: &ServeArgs) -> Result<(HourlyRate, Option<String>)> {
+    if let Some(text) = &args.price_per_hour {
+        let price: Money = text
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))?;
+        if price.is_negative() {
+            bail!("--price-per-hour: a price cannot be negative");
+        }
+        return Ok((HourlyRate(price), None));
+    }
+    if let Some(instance) = &args.instance {
+        let offer = catalog.instance(instance, None)?;
+        return Ok((offer.on_demand, Some(offer.instance_type.clone())));
+    }
+    Ok((HourlyRate(Money::ZERO), None))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}

@@ -1,0 +1,328 @@
+//! End-to-end: `frugal serve` on the default model, over real HTTP on loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn model() -> PathBuf {
+    let path = std::env::var_os("FRUGAL_TEST_MODEL").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        },
+        PathBuf::from,
+    );
+    assert!(
+        path.exists(),
+        "no test model at {}: run `make models`",
+        path.display()
+    );
+    path
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+    /// Taken by `stop`, so the ledger outlives the server.
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .arg("--ledger")
+            .arg(dir.path().join("ledger.sqlite"))
+            .args(["serve", "--port", "0", "--price-per-hour", "3.6", "--model"])
+            .arg(model())
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("http://").nth(1) {
+                    let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the server did not start");
+        Server {
+            child,
+            addr,
+            dir: Some(dir),
+        }
+    }
+
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (status, head.to_owned(), body.to_owned())
+    }
+
+    fn json(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+        let (status, _, body) = self.request("POST", path, body);
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")),
+        )
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, _, body) = self.request("GET", "/metrics", "");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(f64::NAN)
+    }
+
+    /// SIGTERM, then wait for a clean exit; hands back the folder with the ledger.
+    fn stop(mut self) -> (std::process::ExitStatus, tempfile::TempDir) {
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status, self.dir.take().unwrap());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+#[test]
+fn the_official_openai_client_works() {
+    let server = Server::start(&[]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}/v1", server.addr))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every request went to the ledger, priced at $3.60/h: a millisecond is a micro-dollar.
+    let (status, dir) = server.stop();
+    let ledger = dir.path().join("ledger.sqlite");
+    assert!(status.success(), "{status:?}");
+    let report = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--ledger")
+        .arg(&ledger)
+        .args(["report", "--json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let line = &report["inference"][0];
+    assert_eq!(line["requests"], 4, "{report}");
+    assert!(line["cost"].as_i64().unwrap() > 0, "{report}");
+}
+
+#[test]
+fn greedy_output_is_coherent_and_repeatable_and_costed() {
+    let server = Server::start(&[]);
+    let body = r#"{"messages":[{"role":"user","content":"What is 2 plus 2?"}],"max_tokens":32,"temperature":0}"#;
+    let (status, head, text) = server.request("POST", "/v1/chat/completions", body);
+    assert_eq!(status, 200, "{text}");
+    assert!(head.to_lowercase().contains("x-frugal-cost-usd:"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(answer.contains('4'), "{answer}");
+    let (_, again) = server.json("/v1/chat/completions", body);
+    assert_eq!(
+        again["choices"][0]["message"]["content"],
+        answer.as_str(),
+        "greedy is deterministic"
+    );
+    let seeded = r#"{"prompt":"Once upon a time","max_tokens":16,"temperature":0.9,"seed":7}"#;
+    let (_, a) = server.json("/v1/completions", seeded);
+    let (_, b) = server.json("/v1/completions", seeded);
+    assert_eq!(
+        a["choices"][0]["text"], b["choices"][0]["text"],
+        "same seed, same text"
+    );
+    let stop = r#"{"prompt":"1, 2, 3, 4, 5,","max_tokens":20,"temperature":0,"stop":[" 8"]}"#;
+    let (_, s) = server.json("/v1/completions", stop);
+    assert_eq!(s["choices"][0]["finish_reason"], "stop", "{s}");
+    assert!(
+        !s["choices"][0]["text"].as_str().unwrap().contains('8'),
+        "{s}"
+    );
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let server = Server::start(&[]);
+    let (status, v) = server.json("/v1/chat/completions", "{not json");
+    assert_eq!(status, 400);
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid request body"),
+        "{v}"
+    );
+    let (status, v) = server.json(
+        "/v1/chat/completions",
+        r#"{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (404, Some("model_not_found")),
+        "{v}"
+    );
+    let long = "word ".repeat(9000);
+    let body = serde_json::json!({"messages":[{"role":"user","content":long}]}).to_string();
+    let (status, v) = server.json("/v1/chat/completions", &body);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("8192 tokens"),
+        "{v}"
+    );
+    let (status, v) = server.json(
+        "/v1/completions",
+        r#"{"prompt":"hi","max_tokens":100000000}"#,
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exceeds the context of 8192"),
+        "{v}"
+    );
+    let (status, v) = server.json("/v1/completions", r#"{"prompt":"hi","temperature":7}"#);
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("temperature")),
+        "{v}"
+    );
+    let (status, _) = server.json("/v1/chat/completions", r#"{"messages":[]}"#);
+    assert_eq!(status, 400);
+}
+
+#[test]
+fn a_client_that_disconnects_frees_its_sequence() {
+    let server = Server::start(&[]);
+    let body = r#"{"prompt":"Write a long story about a dragon.","max_tokens":2000,"temperature":0.8,"stream":true}"#;
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 512];
+    let n = s.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).contains("200 OK"));
+    assert_eq!(server.metric("frugal_running_sequences"), 1.0);
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.metric("frugal_running_sequences") != 0.0 {
+        assert!(Instant::now() < deadline, "the sequence was not freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.metric("frugal_generated_tokens_total") < 2000.0);
+}
+
+#[test]
+fn overload_is_a_429_with_retry_after() {
+    let server = Server::start(&["--max-batch", "1", "--max-queue", "1"]);
+    let body = r#"{"prompt":"Count to one hundred:","max_tokens":300,"temperature":0}"#;
+    let addr = server.addr.clone();
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(&addr).unwrap();
+                write!(
+                    s,
+                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+                let mut out = String::new();
+                s.read_to_string(&mut out).unwrap();
+                out
+            })
+        })
+        .collect();
+    let answers: Vec<String> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let rejected: Vec<&String> = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 429"))
+        .collect();
+    assert!(!rejected.is_empty(), "{answers:?}");
+    assert!(
+        rejected[0].to_lowercase().contains("retry-after: 1"),
+        "{}",
+        rejected[0]
+    );
+    assert!(rejected[0].contains("overloaded"), "{}", rejected[0]);
+    assert!(answers.iter().any(|a| a.starts_with("HTTP/1.1 200")));
+}
+
+#[test]
+fn a_corrupt_model_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(model()).unwrap();
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"this is not a model").unwrap();
+    for (file, want) in [(&cut, "truncated"), (&junk, "not a GGUF file")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .args(["serve", "--no-meter", "--port", "0", "--model"])
+            .arg(file)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
