@@ -51,6 +51,8 @@ pub struct Request {
     pub sampling: SamplingParams,
     /// Tokens that end the generation (end of turn, end of text).
     pub stop_tokens: Vec<u32>,
+    /// Generate exactly `max_tokens`, through stop tokens (load tests need set lengths).
+    pub ignore_eos: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -384,7 +386,7 @@ impl Worker {
             let sampled = s.sampler.sample(&row);
             let token = sampled.token;
             s.first_token.get_or_insert_with(|| s.job.arrived.elapsed());
-            let stop = s.job.request.stop_tokens.contains(&token);
+            let stop = !s.job.request.ignore_eos && s.job.request.stop_tokens.contains(&token);
             if !stop {
                 s.generated += 1;
                 self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);

@@ -68,6 +68,9 @@ pub struct Common {
     pub n: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// vLLM's and llama.cpp's extension: generate max_tokens whatever the model says.
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

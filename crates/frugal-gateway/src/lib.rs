@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod error;
+pub mod loadgen;
 pub mod meter;
 pub mod metrics;
 mod text;
@@ -359,6 +360,7 @@ impl AppState {
                 top_logprobs: top.unwrap_or(0),
             },
             stop_tokens: self.inner.stop_tokens.clone(),
+            ignore_eos: c.ignore_eos,
         };
         Ok((request, stops))
     }

@@ -44,6 +44,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve a GGUF model over an OpenAI-compatible API, metered into the ledger
     Serve(ServeArgs),
+    /// Load-test an OpenAI-compatible endpoint: throughput, TTFT/TPOT/latency, cost per unit
+    Bench(BenchArgs),
     /// List instance and model prices from the catalog
     Prices(PricesArgs),
     /// Fill and inspect the usage ledger
@@ -193,4 +195,50 @@ pub enum QuantArg {
     Q8_0,
     #[value(name = "q4_0")]
     Q4_0,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Base URL of the API
+    #[arg(long, default_value = "http://127.0.0.1:8080/v1")]
+    pub url: String,
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Concurrent clients sending back to back (ignored with --trace)
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Requests in all (with --trace: trace rows used at most)
+    #[arg(long, default_value_t = 64)]
+    pub requests: usize,
+    /// Prompt length in tokens (about one per word), without --trace
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Tokens generated per request, without --trace
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Replay a trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), e.g.
+    /// data/azure-llm-trace/AzureLLMInferenceTrace_conv.csv
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Replay the trace this many times faster
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Scale the trace's token counts to the model (0.1: a tenth)
+    #[arg(long, default_value_t = 0.1)]
+    pub scale: f64,
+    #[arg(long, default_value_t = 512)]
+    pub max_prompt: usize,
+    #[arg(long, default_value_t = 256)]
+    pub max_output: usize,
+    /// Price of the machine under test per hour
+    #[arg(long, value_name = "USD", conflicts_with = "instance")]
+    pub price_per_hour: Option<String>,
+    /// Price the machine under test as a catalog instance type
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// Seconds one request may take
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    #[arg(long)]
+    pub json: bool,
 }

@@ -61,6 +61,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Report(args) => report(&config, &catalog, &args),
         Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
+        Command::Bench(args) => crate::bench::run(&catalog, &args),
     }
 }
 

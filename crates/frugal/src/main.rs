@@ -1,6 +1,7 @@
 //! The `frugal` binary: parses the command line, resolves configuration once, and runs
 //! one command. Business logic lives in the library crates.
 
+mod bench;
 mod cli;
 mod commands;
 mod config;

@@ -61,7 +61,11 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             ..SchedulerConfig::default()
         },
     )?;
-    let (rate, instance_type) = rate(catalog, args)?;
+    let (rate, instance_type) = machine_rate(
+        catalog,
+        args.price_per_hour.as_deref(),
+        args.instance.as_deref(),
+    )?;
     let meter = if args.no_meter {
         None
     } else {
@@ -101,8 +105,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
 }
 
 /// The machine's hourly price: given, from the catalog, or nothing (costs then read $0).
-fn rate(catalog: &Catalog, args: &ServeArgs) -> Result<(HourlyRate, Option<String>)> {
-    if let Some(text) = &args.price_per_hour {
+pub fn machine_rate(
+    catalog: &Catalog,
+    price_per_hour: Option<&str>,
+    instance: Option<&str>,
+) -> Result<(HourlyRate, Option<String>)> {
+    if let Some(text) = price_per_hour {
         let price: Money = text
             .parse()
             .map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))?;
@@ -111,7 +119,7 @@ fn rate(catalog: &Catalog, args: &ServeArgs) -> Result<(HourlyRate, Option<Strin
         }
         return Ok((HourlyRate(price), None));
     }
-    if let Some(instance) = &args.instance {
+    if let Some(instance) = instance {
         let offer = catalog.instance(instance, None)?;
         return Ok((offer.on_demand, Some(offer.instance_type.clone())));
     }

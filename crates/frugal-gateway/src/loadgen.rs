@@ -1,0 +1,400 @@
+//! `frugal bench`: a load generator for any OpenAI-compatible endpoint.
+//!
+//! Two shapes of load: a fixed number of concurrent clients each sending requests back to
+//! back, or a replay of a trace (arrival times, prompt and output lengths, e.g. the Azure
+//! LLM inference traces) scaled to the model. Requests stream (`/v1/completions`,
+//! `ignore_eos` so outputs have the trace's lengths), and each records time to first token,
+//! time per output token and latency. The summary prices the run at the machine's hourly
+//! rate: cost per 1,000 requests and per million tokens.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde::Serialize;
+
+use frugal_cost::Money;
+use frugal_cost::money::HourlyRate;
+
+/// One request of the load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shot {
+    /// Seconds after the start it is sent (trace replay); 0 for closed-loop clients.
+    pub at: f64,
+    pub prompt_words: usize,
+    pub max_tokens: usize,
+}
+
+#[derive(Debug, Clone)]
+pub enum Load {
+    /// `clients` concurrent clients sharing `shots` in order.
+    Closed { clients: usize, shots: Vec<Shot> },
+    /// Each shot sent at its time, however many are in flight.
+    Open { shots: Vec<Shot> },
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Base URL ending in `/v1`.
+    pub url: String,
+    pub model: Option<String>,
+    pub rate: HourlyRate,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub mean: f64,
+}
+
+impl Percentiles {
+    fn of(mut v: Vec<f64>) -> Percentiles {
+        if v.is_empty() {
+            return Percentiles::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        Percentiles {
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub requests: usize,
+    pub errors: usize,
+    /// The first few error messages.
+    pub error_samples: Vec<String>,
+    pub wall_s: f64,
+    pub prompt_tokens: u64,
+    pub output_tokens: u64,
+    pub requests_per_s: f64,
+    pub output_tokens_per_s: f64,
+    /// Seconds.
+    pub ttft: Percentiles,
+    pub tpot: Percentiles,
+    pub latency: Percentiles,
+    pub cost: Money,
+    pub cost_per_1k_requests: Option<Money>,
+    pub cost_per_1m_tokens: Option<Money>,
+}
+
+#[derive(Debug, Default)]
+struct Outcome {
+    ttft: Option<f64>,
+    latency: f64,
+    prompt_tokens: u64,
+    output_tokens: u64,
+    error: Option<String>,
+}
+
+/// Counts finished requests for a progress bar.
+#[derive(Debug, Default)]
+pub struct Counter(pub AtomicU64);
+
+/// A prompt of about `words` tokens: common words, each about one token.
+pub fn prompt(words: usize, salt: usize) -> String {
+    const WORDS: &[&str] = &[
+        "the", "cost", "of", "compute", "is", "measured", "per", "unit", "and", "every", "model",
+        "answer", "has", "a", "price", "that", "we", "can", "lower", "with", "care",
+    ];
+    (0..words.max(1))
+        .map(|i| WORDS[(i * 7 + salt) % WORDS.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Shots from a trace CSV with `TIMESTAMP,ContextTokens,GeneratedTokens` (the Azure LLM
+/// inference trace's columns): arrival times relative to the first row, divided by
+/// `speedup`; lengths scaled by `scale` and capped; at most `limit` rows.
+pub fn trace_shots(
+    path: &Path,
+    speedup: f64,
+    scale: f64,
+    max_prompt: usize,
+    max_output: usize,
+    limit: usize,
+) -> Result<Vec<Shot>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut shots = Vec::new();
+    let mut first = None;
+    for (i, line) in text.lines().enumerate().skip(1).take(limit) {
+        let bad = |what: &str| format!("{} line {}: {what}", path.display(), i + 1);
+        let mut cols = line.split(',');
+        let (Some(ts), Some(ctx), Some(generated)) = (cols.next(), cols.next(), cols.next()) else {
+            return Err(bad("expected TIMESTAMP,ContextTokens,GeneratedTokens"));
+        };
+        let t = frugal_cost::import::parse_ts(ts).map_err(|e| bad(&e))? as f64 / 1000.0;
+        let start = *first.get_or_insert(t);
+        let num = |s: &str| {
+            s.trim()
+                .parse::<f64>()
+                .map_err(|_| bad(&format!("`{s}` is not a number")))
+        };
+        shots.push(Shot {
+            at: (t - start) / speedup.max(1e-9),
+            prompt_words: ((num(ctx)? * scale).round() as usize).clamp(1, max_prompt),
+            max_tokens: ((num(generated)? * scale).round() as usize).clamp(1, max_output),
+        });
+    }
+    Ok(shots)
+}
+
+/// Runs the load and summarizes it.
+pub async fn run(config: &BenchConfig, load: Load, done: Arc<Counter>) -> Result<Summary, String> {
+    let client = reqwest::Client::builder()
+        .timeout(config.timeout)
+        .pool_max_idle_per_host(1024)
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let config = Arc::new(config.clone());
+    let started = Instant::now();
+    let outcomes: Vec<Outcome> = match load {
+        Load::Closed { clients, shots } => {
+            let shots = Arc::new(shots);
+            let next = Arc::new(AtomicU64::new(0));
+            let tasks: Vec<_> = (0..clients.max(1))
+                .map(|_| {
+                    let (client, config, shots, next, done) = (
+                        client.clone(),
+                        config.clone(),
+                        shots.clone(),
+                        next.clone(),
+                        done.clone(),
+                    );
+                    tokio::spawn(async move {
+                        let mut out = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                            let Some(shot) = shots.get(i) else { break };
+                            out.push(one(&client, &config, shot, i).await);
+                            done.0.fetch_add(1, Ordering::Relaxed);
+                        }
+                        out
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.map_err(|e| format!("a client task failed: {e}"))?);
+            }
+            all
+        }
+        Load::Open { shots } => {
+            let tasks: Vec<_> = shots
+                .into_iter()
+                .enumerate()
+                .map(|(i, shot)| {
+                    let (client, config, done) = (client.clone(), config.clone(), done.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(tokio::time::Instant::from_std(
+                            started + Duration::from_secs_f64(shot.at),
+                        ))
+                        .await;
+                        let o = one(&client, &config, &shot, i).await;
+                        done.0.fetch_add(1, Ordering::Relaxed);
+                        o
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for t in tasks {
+                all.push(t.await.map_err(|e| format!("a request task failed: {e}"))?);
+            }
+            all
+        }
+    };
+    Ok(summarize(
+        &outcomes,
+        started.elapsed().as_secs_f64(),
+        config.rate,
+    ))
+}
+
+fn summarize(outcomes: &[Outcome], wall_s: f64, rate: HourlyRate) -> Summary {
+    let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.error.is_none()).collect();
+    let prompt_tokens: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
+    let output_tokens: u64 = ok.iter().map(|o| o.output_tokens).sum();
+    let tpot = ok
+        .iter()
+        .filter_map(|o| {
+            let first = o.ttft?;
+            (o.output_tokens > 1).then(|| (o.latency - first) / (o.output_tokens - 1) as f64)
+        })
+        .collect();
+    let cost = rate
+        .cost((wall_s * 1000.0) as i64, 1)
+        .unwrap_or(Money::ZERO);
+    let per = |n: u64, unit: i128| (n > 0).then(|| cost.mul_div(unit, i128::from(n))).flatten();
+    Summary {
+        requests: outcomes.len(),
+        errors: outcomes.len() - ok.len(),
+        error_samples: outcomes
+            .iter()
+            .filter_map(|o| o.error.clone())
+            .take(3)
+            .collect(),
+        wall_s,
+        prompt_tokens,
+        output_tokens,
+        requests_per_s: ok.len() as f64 / wall_s.max(1e-9),
+        output_tokens_per_s: output_tokens as f64 / wall_s.max(1e-9),
+        ttft: Percentiles::of(ok.iter().filter_map(|o| o.ttft).collect()),
+        tpot: Percentiles::of(tpot),
+        latency: Percentiles::of(ok.iter().map(|o| o.latency).collect()),
+        cost,
+        cost_per_1k_requests: per(ok.len() as u64, 1000),
+        cost_per_1m_tokens: per(prompt_tokens + output_tokens, 1_000_000),
+    }
+}
+
+/// One streamed completion.
+async fn one(client: &reqwest::Client, config: &BenchConfig, shot: &Shot, i: usize) -> Outcome {
+    let started = Instant::now();
+    let mut body = serde_json::json!({
+        "prompt": prompt(shot.prompt_words, i),
+        "max_tokens": shot.max_tokens,
+        "temperature": 0,
+        "stream": true,
+        "stream_options": { "include_usage": true },
+        "ignore_eos": true,
+    });
+    if let Some(m) = &config.model {
+        body["model"] = serde_json::Value::String(m.clone());
+    }
+    let url = format!("{}/completions", config.url.trim_end_matches('/'));
+    let mut out = Outcome::default();
+    let response = match client.post(&url).json(&body).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            out.error = Some(format!("request failed: {e}"));
+            return out;
+        }
+    };
+    if !response.status().is_success() {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        out.error = Some(format!(
+            "{status}: {}",
+            text.chars().take(200).collect::<String>()
+        ));
+        return out;
+    }
+    let mut stream = response.bytes_stream();
+    let mut buf = String::new();
+    let mut chunks = 0u64;
+    while let Some(piece) = stream.next().await {
+        let piece = match piece {
+            Ok(p) => p,
+            Err(e) => {
+                out.error = Some(format!("stream broke: {e}"));
+                return out;
+            }
+        };
+        buf.push_str(&String::from_utf8_lossy(&piece));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let Some(data) = event
+                .lines()
+                .find_map(|l| l.strip_prefix("data:"))
+                .map(str::trim)
+            else {
+                continue;
+            };
+            if data == "[DONE]" {
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
+                continue;
+            };
+            if let Some(e) = v.get("error") {
+                out.error = Some(e.to_string());
+                return out;
+            }
+            let text = v["choices"][0]["text"].as_str().unwrap_or("");
+            if !text.is_empty() {
+                chunks += 1;
+                out.ttft
+                    .get_or_insert_with(|| started.elapsed().as_secs_f64());
+            }
+            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                out.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+                out.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    if out.output_tokens == 0 {
+        out.output_tokens = chunks;
+    }
+    out.latency = started.elapsed().as_secs_f64();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_hand() {
+        let p = Percentiles::of((1..=100).map(f64::from).collect());
+        assert_eq!((p.p50, p.p90, p.p99), (51.0, 90.0, 99.0));
+        assert_eq!(p.mean, 50.5);
+    }
+
+    #[test]
+    fn costs_come_from_wall_time() {
+        let outcomes: Vec<Outcome> = (0..4)
+            .map(|_| Outcome {
+                ttft: Some(0.1),
+                latency: 1.1,
+                prompt_tokens: 100,
+                output_tokens: 11,
+                error: None,
+            })
+            .collect();
+        // $3.60/h for 10 s is $0.01: per 1,000 of 4 requests $2.50; per 1M of 444 tokens.
+        let s = summarize(&outcomes, 10.0, HourlyRate("3.6".parse().unwrap()));
+        assert_eq!(s.cost, "0.01".parse().unwrap());
+        assert_eq!(s.cost_per_1k_requests, Some("2.5".parse().unwrap()));
+        assert_eq!(s.cost_per_1m_tokens, Some("22.522522523".parse().unwrap()));
+        assert!((s.tpot.p50 - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn trace_rows_become_scaled_shots() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv");
+        std::fs::write(
+            &path,
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:48.0,4000,2000\n",
+        )
+        .unwrap();
+        let shots = trace_shots(&path, 2.0, 0.25, 512, 128, 10).unwrap();
+        assert_eq!(
+            shots[0],
+            Shot {
+                at: 0.0,
+                prompt_words: 94,
+                max_tokens: 11
+            }
+        );
+        assert_eq!(
+            shots[1],
+            Shot {
+                at: 1.0,
+                prompt_words: 512,
+                max_tokens: 128
+            }
+        );
+    }
+}

@@ -1,0 +1,134 @@
+//! `frugal bench`: drive an endpoint with the load generator, with a progress bar, and
+//! print the summary.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use frugal_cost::Catalog;
+use frugal_gateway::loadgen::{self, BenchConfig, Counter, Load, Percentiles, Shot};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cli::BenchArgs;
+use crate::commands::usd;
+use crate::serve::machine_rate;
+use crate::table;
+
+pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
+    let (rate, _) = machine_rate(
+        catalog,
+        args.price_per_hour.as_deref(),
+        args.instance.as_deref(),
+    )?;
+    let load = match &args.trace {
+        Some(path) => Load::Open {
+            shots: loadgen::trace_shots(
+                path,
+                args.speedup,
+                args.scale,
+                args.max_prompt,
+                args.max_output,
+                args.requests,
+            )
+            .map_err(|e| anyhow!(e))?,
+        },
+        None => Load::Closed {
+            clients: args.concurrency,
+            shots: vec![
+                Shot {
+                    at: 0.0,
+                    prompt_words: args.prompt_tokens,
+                    max_tokens: args.max_tokens,
+                };
+                args.requests
+            ],
+        },
+    };
+    let total = match &load {
+        Load::Closed { shots, .. } | Load::Open { shots } => shots.len(),
+    };
+    let config = BenchConfig {
+        url: args.url.clone(),
+        model: args.model.clone(),
+        rate,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let done = Arc::new(Counter::default());
+    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("bench [{bar:30}] {pos}/{len} requests {elapsed} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let summary = runtime.block_on(async {
+        let watcher = {
+            let (bar, done) = (bar.clone(), done.clone());
+            tokio::spawn(async move {
+                loop {
+                    bar.set_position(done.0.load(Ordering::Relaxed));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        };
+        let summary = loadgen::run(&config, load, done).await;
+        watcher.abort();
+        summary
+    });
+    bar.finish_and_clear();
+    let s = summary.map_err(|e| anyhow!(e))?;
+    if args.json {
+        serde_json::to_writer_pretty(std::io::stdout().lock(), &s)?;
+        writeln!(std::io::stdout())?;
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{} requests ({} errors) in {:.1}s: {:.2} req/s, {:.1} output tok/s; {} prompt + {} output tokens",
+        s.requests,
+        s.errors,
+        s.wall_s,
+        s.requests_per_s,
+        s.output_tokens_per_s,
+        s.prompt_tokens,
+        s.output_tokens
+    )?;
+    let mut t = table::new(&["seconds", "p50>", "p90>", "p99>", "mean>"]);
+    let row = |name: &str, p: &Percentiles| {
+        vec![
+            name.to_owned(),
+            format!("{:.3}", p.p50),
+            format!("{:.3}", p.p90),
+            format!("{:.3}", p.p99),
+            format!("{:.3}", p.mean),
+        ]
+    };
+    t.add_row(row("time to first token", &s.ttft));
+    t.add_row(row("time per output token", &s.tpot));
+    t.add_row(row("latency", &s.latency));
+    writeln!(out, "{t}")?;
+    if rate.0 > frugal_cost::Money::ZERO {
+        let unit = |m: Option<frugal_cost::Money>| {
+            m.map_or("-".into(), |m| format!("${}", m.to_string_places(4)))
+        };
+        writeln!(
+            out,
+            "at {}/h: {} for the run, {} per 1,000 requests, {} per 1M tokens",
+            rate.0,
+            usd(s.cost),
+            unit(s.cost_per_1k_requests),
+            unit(s.cost_per_1m_tokens)
+        )?;
+    }
+    for e in &s.error_samples {
+        writeln!(out, "error: {e}")?;
+    }
+    Ok(())
+}
