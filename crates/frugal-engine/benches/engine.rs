@@ -1,0 +1,106 @@
+//! Whole-model throughput, as llama-bench measures it: prefill of 128 tokens (pp128) and
+//! 128 decode steps of one sequence (tg128), plus batched decode at 4, 8 and 16 sequences.
+//!
+//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant q8_0|q4_0]`
+//! (default: the default model). Figures go to BENCHMARKS.md beside llama.cpp's.
+
+// A benchmark reports on stdout.
+#![allow(clippy::print_stdout)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use frugal_engine::gguf::Gguf;
+use frugal_engine::model::{Chunk, KvCache, LoadOptions, Model};
+use frugal_engine::quant::WeightType;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let path = args.iter().find(|a| a.ends_with(".gguf")).map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        },
+        PathBuf::from,
+    );
+    let requantize = match args
+        .iter()
+        .position(|a| a == "--quant")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+    {
+        Some("q8_0") => Some(WeightType::Q8_0),
+        Some("q4_0") => Some(WeightType::Q4_0),
+        _ => None,
+    };
+    let g = Gguf::open(&path)?;
+    let model = Model::from_gguf(
+        &g,
+        LoadOptions {
+            requantize,
+            threads: None,
+        },
+    )?;
+    println!(
+        "{} ({:.0} MB of weights{})",
+        path.display(),
+        model.weight_bytes() as f64 / 1e6,
+        requantize.map_or(String::new(), |q| format!(", requantized to {q}"))
+    );
+    let prompt: Vec<u32> = (0..128).map(|i| 1000 + (i * 37) % 20000).collect();
+    let best =
+        |runs: usize, f: &mut dyn FnMut() -> f64| (0..runs).map(|_| f()).fold(f64::MAX, f64::min);
+
+    let pp = best(5, &mut || {
+        let mut cache = KvCache::new(&model.config);
+        let t = Instant::now();
+        let _ = model.forward(&mut [Chunk {
+            tokens: &prompt,
+            cache: &mut cache,
+            logits: true,
+        }]);
+        t.elapsed().as_secs_f64()
+    });
+    println!("pp128: {:.0} tok/s", 128.0 / pp);
+
+    for batch in [1usize, 4, 8, 16] {
+        let secs = best(3, &mut || {
+            let mut caches: Vec<KvCache> =
+                (0..batch).map(|_| KvCache::new(&model.config)).collect();
+            // A short prompt each, then 128 steps of one token per sequence.
+            for c in caches.iter_mut() {
+                let _ = model.forward(&mut [Chunk {
+                    tokens: &prompt[..8],
+                    cache: c,
+                    logits: false,
+                }]);
+            }
+            let t = Instant::now();
+            for step in 0..128u32 {
+                let tokens: Vec<[u32; 1]> =
+                    (0..batch as u32).map(|b| [1000 + step * 7 + b]).collect();
+                let mut chunks: Vec<Chunk<'_>> = tokens
+                    .iter()
+                    .zip(caches.iter_mut())
+                    .map(|(t, c)| Chunk {
+                        tokens: t,
+                        cache: c,
+                        logits: true,
+                    })
+                    .collect();
+                let _ = model.forward(&mut chunks);
+            }
+            t.elapsed().as_secs_f64()
+        });
+        let label = if batch == 1 {
+            "tg128".to_owned()
+        } else {
+            format!("decode B={batch}")
+        };
+        println!("{label}: {:.0} tok/s", 128.0 * batch as f64 / secs);
+    }
+    Ok(())
+}
