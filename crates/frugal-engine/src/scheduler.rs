@@ -19,9 +19,21 @@ use tokio::sync::mpsc as events;
 use crate::model::{Chunk, KvCache, Model, ModelError};
 use crate::sampling::{Sampled, Sampler, SamplingParams};
 
+/// When waiting requests may join the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Batching {
+    /// At every step, as soon as there is room.
+    #[default]
+    Continuous,
+    /// Only once the whole running batch has finished: the static batching that
+    /// continuous batching replaces, kept to measure the difference.
+    Static,
+}
+
 /// Limits of the scheduler.
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
+    pub batching: Batching,
     /// Sequences decoded together at most.
     pub max_batch: usize,
     /// Tokens in one forward step (decode tokens plus prefill chunks).
@@ -35,6 +47,7 @@ pub struct SchedulerConfig {
 impl Default for SchedulerConfig {
     fn default() -> SchedulerConfig {
         SchedulerConfig {
+            batching: Batching::Continuous,
             max_batch: 16,
             step_tokens: 256,
             kv_positions: 64 * 1024,
@@ -255,6 +268,9 @@ impl Worker {
 
     /// Moves waiting jobs into the batch while their worst case fits.
     fn admit(&mut self) {
+        if self.config.batching == Batching::Static && !self.running.is_empty() {
+            return;
+        }
         while self.running.len() < self.config.max_batch {
             let Some(job) = self.waiting.front() else {
                 break;

@@ -153,37 +153,43 @@ pub struct ReportArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// GGUF model file (llama or qwen2 family)
-    #[arg(long, default_value = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    pub model: PathBuf,
+    /// GGUF model file (llama or qwen2 family) [default: [serve] model in frugal.toml, else
+    /// models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]
+    #[arg(long)]
+    pub model: Option<PathBuf>,
     /// Name clients use for the model [default: the file name without .gguf]
     #[arg(long)]
     pub name: Option<String>,
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    #[arg(long, default_value_t = 8080)]
-    pub port: u16,
+    /// Address to listen on [default: 127.0.0.1]
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port [default: 8080; 0 picks a free one]
+    #[arg(long)]
+    pub port: Option<u16>,
     /// Re-quantize the weights at load time to run on the fast kernels
     #[arg(long, value_enum)]
     pub quant: Option<QuantArg>,
     /// Kernel threads [default: one per core]
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Sequences decoded together at most
-    #[arg(long, default_value_t = 16)]
-    pub max_batch: usize,
-    /// Requests waiting beyond the batch before new ones get 429
-    #[arg(long, default_value_t = 256)]
-    pub max_queue: usize,
+    /// Sequences decoded together at most [default: 16]
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// Requests waiting beyond the batch before new ones get 429 [default: 256]
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// `static` admits new requests only when the batch has drained (for comparison)
+    #[arg(long, value_enum, default_value_t = BatchingArg::Continuous)]
+    pub batching: BatchingArg,
     /// Price of this machine per hour, for the ledger and x-frugal-cost-usd
     #[arg(long, value_name = "USD", conflicts_with = "instance")]
     pub price_per_hour: Option<String>,
     /// Price this machine as a catalog instance type (e.g. g5.xlarge)
     #[arg(long)]
     pub instance: Option<String>,
-    /// Workload name in the ledger
-    #[arg(long, default_value = "serve")]
-    pub workload: String,
+    /// Workload name in the ledger [default: serve]
+    #[arg(long)]
+    pub workload: Option<String>,
     /// Do not write usage to the ledger
     #[arg(long)]
     pub no_meter: bool,
@@ -241,4 +247,10 @@ pub struct BenchArgs {
     pub timeout: u64,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BatchingArg {
+    Continuous,
+    Static,
 }

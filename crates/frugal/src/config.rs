@@ -13,6 +13,24 @@ pub struct RawConfig {
     pub ledger: RawLedger,
     #[serde(default)]
     pub prices: RawPrices,
+    #[serde(default)]
+    pub serve: RawServe,
+}
+
+/// `[serve]`: defaults for `frugal serve`, each overridden by its flag.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServe {
+    /// Relative to the config file.
+    pub model: Option<PathBuf>,
+    pub name: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub price_per_hour: Option<String>,
+    pub instance: Option<String>,
+    pub max_batch: Option<usize>,
+    pub max_queue: Option<usize>,
+    pub workload: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -34,6 +52,7 @@ pub struct RawPrices {
 pub struct Config {
     pub ledger: PathBuf,
     pub price_files: Vec<PathBuf>,
+    pub serve: RawServe,
 }
 
 /// The sources a setting may come from, strongest first.
@@ -96,9 +115,12 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
     };
     let mut price_files: Vec<PathBuf> = raw.prices.files.into_iter().map(relative).collect();
     price_files.extend(sources.price_flags.iter().cloned());
+    let mut serve = raw.serve;
+    serve.model = serve.model.map(relative);
     Ok(Config {
         ledger,
         price_files,
+        serve,
     })
 }
 
@@ -129,7 +151,7 @@ mod tests {
         let cfg = dir.path().join("frugal.toml");
         std::fs::write(
             &cfg,
-            "[ledger]\npath = 'from-file.sqlite'\n[prices]\nfiles = ['p.toml']\n",
+            "[ledger]\npath = 'from-file.sqlite'\n[prices]\nfiles = ['p.toml']\n[serve]\nmodel = 'm.gguf'\nport = 9000\n",
         )
         .unwrap();
         let sources = |flag: Option<&'static str>, env: Option<&str>| Sources {
@@ -147,5 +169,7 @@ mod tests {
         let c = resolve(sources(None, None)).unwrap();
         assert_eq!(c.ledger, dir.path().join("from-file.sqlite"));
         assert_eq!(c.price_files, vec![dir.path().join("p.toml")]);
+        assert_eq!(c.serve.model, Some(dir.path().join("m.gguf")));
+        assert_eq!(c.serve.port, Some(9000));
     }
 }

@@ -9,25 +9,51 @@ use frugal_cost::{Capacity, Catalog, Money};
 use frugal_engine::gguf::Gguf;
 use frugal_engine::model::{LoadOptions, Model};
 use frugal_engine::quant::WeightType;
-use frugal_engine::scheduler::{Engine, SchedulerConfig};
+use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::AppState;
 use frugal_gateway::meter::{Meter, MeterConfig};
 
-use crate::cli::{QuantArg, ServeArgs};
+use crate::cli::{BatchingArg, QuantArg, ServeArgs};
 use crate::config::Config;
 
+/// The default model, fetched by `scripts/fetch-models.sh`.
+const DEFAULT_MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
-    if !args.model.exists() {
+    // Flags beat `[serve]` in frugal.toml, which beats the defaults.
+    let file = &config.serve;
+    let model_path = args
+        .model
+        .clone()
+        .or_else(|| file.model.clone())
+        .unwrap_or_else(|| DEFAULT_MODEL.into());
+    if !model_path.exists() {
         bail!(
             "no model at {}: run `make models` (or scripts/fetch-models.sh) for the default, or pass --model FILE.gguf",
-            args.model.display()
+            model_path.display()
         );
     }
+    let price_per_hour = args
+        .price_per_hour
+        .as_deref()
+        .or(file.price_per_hour.as_deref());
+    let instance = args.instance.as_deref().or(file.instance.as_deref());
+    let host = args
+        .host
+        .as_deref()
+        .or(file.host.as_deref())
+        .unwrap_or("127.0.0.1");
+    let port = args.port.or(file.port).unwrap_or(8080);
+    let workload = args
+        .workload
+        .clone()
+        .or_else(|| file.workload.clone())
+        .unwrap_or_else(|| "serve".into());
     let started = std::time::Instant::now();
     let gguf =
-        Gguf::open(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
+        Gguf::open(&model_path).with_context(|| format!("cannot load {}", model_path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot build the tokenizer")?;
     let template = ChatTemplate::from_gguf(&gguf).context("cannot read the chat template")?;
     let options = LoadOptions {
@@ -38,13 +64,17 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         threads: args.threads,
     };
     let model = Model::from_gguf(&gguf, options)
-        .with_context(|| format!("cannot load {}", args.model.display()))?;
+        .with_context(|| format!("cannot load {}", model_path.display()))?;
     drop(gguf);
-    let name = args.name.clone().unwrap_or_else(|| {
-        args.model
-            .file_stem()
-            .map_or("model".into(), |s| s.to_string_lossy().into_owned())
-    });
+    let name = args
+        .name
+        .clone()
+        .or_else(|| file.name.clone())
+        .unwrap_or_else(|| {
+            model_path
+                .file_stem()
+                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+        });
     tracing::info!(
         model = %name,
         weights_mb = model.weight_bytes() / 1_000_000,
@@ -55,17 +85,17 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     let engine = Engine::start(
         model,
         SchedulerConfig {
-            max_batch: args.max_batch,
-            max_queue: args.max_queue,
+            batching: match args.batching {
+                BatchingArg::Continuous => Batching::Continuous,
+                BatchingArg::Static => Batching::Static,
+            },
+            max_batch: args.max_batch.or(file.max_batch).unwrap_or(16),
+            max_queue: args.max_queue.or(file.max_queue).unwrap_or(256),
             kv_positions: ctx.max(4096) * 4,
             ..SchedulerConfig::default()
         },
     )?;
-    let (rate, instance_type) = machine_rate(
-        catalog,
-        args.price_per_hour.as_deref(),
-        args.instance.as_deref(),
-    )?;
+    let (rate, instance_type) = machine_rate(catalog, price_per_hour, instance)?;
     let meter = if args.no_meter {
         None
     } else {
@@ -75,7 +105,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         }
         Some(Meter::start(MeterConfig {
             ledger: config.ledger.clone(),
-            workload: args.workload.clone(),
+            workload,
             model: name.clone(),
             rate,
             instance_type,
@@ -89,7 +119,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let addr = format!("{}:{}", args.host, args.port);
+        let addr = format!("{host}:{port}");
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
