@@ -383,7 +383,7 @@ impl Model {
         let mut proj = vec![0.0f32; total * d];
         let mut gate_up = vec![0.0f32; total * 2 * c.n_ff];
         let mut act = vec![0.0f32; total * c.n_ff];
-        let rope = Rope::new(hd, c.rope_base);
+        let rope = Rope::new(hd, c.rope_base, &c.arch);
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
             self.matmul(&layer.wqkv, &h, total, &mut qkv)?;
@@ -510,29 +510,32 @@ impl Model {
     }
 }
 
-/// Rotary position embedding on adjacent pairs, as GGUF's llama tensors expect (the
-/// converter permutes Q and K rows for it).
+/// Rotary position embedding. llama GGUFs rotate adjacent pairs (the converter permutes
+/// Q and K rows for it); qwen2 GGUFs keep the halves layout, pairing `i` with `i + d/2`.
 struct Rope {
     inv_freq: Vec<f32>,
+    halves: bool,
 }
 
 impl Rope {
-    fn new(head_dim: usize, base: f32) -> Rope {
+    fn new(head_dim: usize, base: f32, arch: &str) -> Rope {
         Rope {
             inv_freq: (0..head_dim / 2)
                 .map(|i| base.powf(-2.0 * i as f32 / head_dim as f32))
                 .collect(),
+            halves: arch == "qwen2",
         }
     }
 
     fn apply(&self, x: &mut [f32], pos: usize) {
-        let hd = self.inv_freq.len() * 2;
-        for head in x.chunks_exact_mut(hd) {
-            for (pair, &f) in head.chunks_exact_mut(2).zip(&self.inv_freq) {
+        let half = self.inv_freq.len();
+        for head in x.chunks_exact_mut(half * 2) {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
                 let (sin, cos) = (pos as f32 * f).sin_cos();
-                let (a, b) = (pair[0], pair[1]);
-                pair[0] = a * cos - b * sin;
-                pair[1] = a * sin + b * cos;
+                let (ia, ib) = if self.halves { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (a, b) = (head[ia], head[ib]);
+                head[ia] = a * cos - b * sin;
+                head[ib] = a * sin + b * cos;
             }
         }
     }
@@ -598,4 +601,28 @@ pub(crate) fn softmax(x: &mut [f32]) {
         sum += *v;
     });
     x.iter_mut().for_each(|v| *v /= sum);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_rotates_the_right_pairs() {
+        // One head of 4: frequencies 1 and 1/100 for base 10,000; position 1.
+        let x = [1.0, 2.0, 3.0, 4.0];
+        let (s1, c1) = 1.0f32.sin_cos();
+        let (s2, c2) = 0.01f32.sin_cos();
+        let mut adjacent = x;
+        Rope::new(4, 10_000.0, "llama").apply(&mut adjacent, 1);
+        let want = [c1 - 2.0 * s1, s1 + 2.0 * c1, 3.0 * c2 - 4.0 * s2, 3.0 * s2 + 4.0 * c2];
+        adjacent.iter().zip(want).for_each(|(a, b)| assert!((a - b).abs() < 1e-6));
+        let mut halves = x;
+        Rope::new(4, 10_000.0, "qwen2").apply(&mut halves, 1);
+        let want = [c1 - 3.0 * s1, 2.0 * c2 - 4.0 * s2, s1 + 3.0 * c1, 2.0 * s2 + 4.0 * c2];
+        halves.iter().zip(want).for_each(|(a, b)| assert!((a - b).abs() < 1e-6));
+        let mut zero = x;
+        Rope::new(4, 10_000.0, "llama").apply(&mut zero, 0);
+        assert_eq!(zero, x, "position 0 is the identity");
+    }
 }

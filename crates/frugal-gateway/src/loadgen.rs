@@ -154,7 +154,9 @@ pub fn trace_shots(
 pub async fn run(config: &BenchConfig, load: Load, done: Arc<Counter>) -> Result<Summary, String> {
     let client = reqwest::Client::builder()
         .timeout(config.timeout)
-        .pool_max_idle_per_host(1024)
+        // A fresh connection per request: servers differ in how long they keep idle
+        // connections, and reusing one the server has just closed fails the request.
+        .pool_max_idle_per_host(0)
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
     let config = Arc::new(config.clone());
