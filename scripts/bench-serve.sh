@@ -16,19 +16,22 @@ cargo build --release -q -p frugal
 wait_up() { for _ in $(seq 200); do curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return; sleep 0.1; done; echo "server on $1 did not start" >&2; exit 1; }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
-echo "== continuous vs static batching, trace replay (Azure conv trace, first ${ROWS:=300} rows, tokens x0.1)"
+if [ -z "${PEER_ONLY:-}" ]; then
+echo "== continuous vs static batching, trace replay (Azure conv trace, first ${ROWS:=300} rows at ${SPEEDUP:=1}x, prompts x0.1, outputs x${OSCALE:=1} capped at 256)"
 for mode in continuous static; do
   $frugal serve --no-meter --port 8301 --model "$model" --batching $mode --max-batch 16 2>/dev/null & pid=$!
   wait_up 8301
   $frugal bench --url http://127.0.0.1:8301/v1 --trace data/azure-llm-trace/AzureLLMInferenceTrace_conv.csv \
-    --requests "$ROWS" --speedup "${SPEEDUP:-1}" --scale 0.1 --max-prompt 512 --max-output 128 --json > "$out/trace-$mode.json"
+    --requests "$ROWS" --speedup "$SPEEDUP" --scale 0.1 --output-scale "$OSCALE" --max-prompt 512 --max-output 256 --json > "$out/trace-$mode.json"
   stop $pid
   python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(f\"{sys.argv[2]:>10}: {s['requests_per_s']:.2f} req/s, {s['output_tokens_per_s']:.1f} out tok/s, TTFT p50 {s['ttft']['p50']:.3f}s p99 {s['ttft']['p99']:.3f}s, errors {s['errors']}\")" "$out/trace-$mode.json" $mode
 done
 
+fi
+[ -n "${TRACE_ONLY:-}" ] && exit 0
 [ -n "$llama_server" ] || { echo "(no llama-server given: skipping the peer comparison)"; exit 0; }
 echo "== frugal serve vs llama-server, 128-token prompts, 128 tokens out, 2 threads"
-for c in 1 4 8 16; do
+for c in ${LEVELS:-1 4 8 16}; do
   n=$((c * 4 > 16 ? c * 4 : 16))
   $frugal serve --no-meter --port 8302 --model "$model" --threads 2 --max-batch 16 2>/dev/null & pid=$!
   wait_up 8302

@@ -532,7 +532,11 @@ impl Rope {
         for head in x.chunks_exact_mut(half * 2) {
             for (i, &f) in self.inv_freq.iter().enumerate() {
                 let (sin, cos) = (pos as f32 * f).sin_cos();
-                let (ia, ib) = if self.halves { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (ia, ib) = if self.halves {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let (a, b) = (head[ia], head[ib]);
                 head[ia] = a * cos - b * sin;
                 head[ib] = a * sin + b * cos;
@@ -615,12 +619,28 @@ mod tests {
         let (s2, c2) = 0.01f32.sin_cos();
         let mut adjacent = x;
         Rope::new(4, 10_000.0, "llama").apply(&mut adjacent, 1);
-        let want = [c1 - 2.0 * s1, s1 + 2.0 * c1, 3.0 * c2 - 4.0 * s2, 3.0 * s2 + 4.0 * c2];
-        adjacent.iter().zip(want).for_each(|(a, b)| assert!((a - b).abs() < 1e-6));
+        let want = [
+            c1 - 2.0 * s1,
+            s1 + 2.0 * c1,
+            3.0 * c2 - 4.0 * s2,
+            3.0 * s2 + 4.0 * c2,
+        ];
+        adjacent
+            .iter()
+            .zip(want)
+            .for_each(|(a, b)| assert!((a - b).abs() < 1e-6));
         let mut halves = x;
         Rope::new(4, 10_000.0, "qwen2").apply(&mut halves, 1);
-        let want = [c1 - 3.0 * s1, 2.0 * c2 - 4.0 * s2, s1 + 3.0 * c1, 2.0 * s2 + 4.0 * c2];
-        halves.iter().zip(want).for_each(|(a, b)| assert!((a - b).abs() < 1e-6));
+        let want = [
+            c1 - 3.0 * s1,
+            2.0 * c2 - 4.0 * s2,
+            s1 + 3.0 * c1,
+            2.0 * s2 + 4.0 * c2,
+        ];
+        halves
+            .iter()
+            .zip(want)
+            .for_each(|(a, b)| assert!((a - b).abs() < 1e-6));
         let mut zero = x;
         Rope::new(4, 10_000.0, "llama").apply(&mut zero, 0);
         assert_eq!(zero, x, "position 0 is the identity");

@@ -197,11 +197,16 @@ impl Engine {
             events,
             arrived: Instant::now(),
         };
-        self.tx.try_send(job).map_err(|e| match e {
-            mpsc::TrySendError::Full(_) => SubmitError::Overloaded(self.config.max_queue),
-            mpsc::TrySendError::Disconnected(_) => SubmitError::Stopped,
-        })?;
+        // Counted before the send: the engine thread may take the job and count it out
+        // before this thread would get to count it in.
         self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        self.tx.try_send(job).map_err(|e| {
+            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                mpsc::TrySendError::Full(_) => SubmitError::Overloaded(self.config.max_queue),
+                mpsc::TrySendError::Disconnected(_) => SubmitError::Stopped,
+            }
+        })?;
         Ok(rx)
     }
 }

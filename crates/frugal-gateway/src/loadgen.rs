@@ -115,11 +115,14 @@ pub fn prompt(words: usize, salt: usize) -> String {
 
 /// Shots from a trace CSV with `TIMESTAMP,ContextTokens,GeneratedTokens` (the Azure LLM
 /// inference trace's columns): arrival times relative to the first row, divided by
-/// `speedup`; lengths scaled by `scale` and capped; at most `limit` rows.
+/// `speedup`; prompt and output lengths scaled by `scale` and `output_scale` and capped; at
+/// most `limit` rows.
+#[allow(clippy::too_many_arguments)]
 pub fn trace_shots(
     path: &Path,
     speedup: f64,
     scale: f64,
+    output_scale: f64,
     max_prompt: usize,
     max_output: usize,
     limit: usize,
@@ -144,7 +147,7 @@ pub fn trace_shots(
         shots.push(Shot {
             at: (t - start) / speedup.max(1e-9),
             prompt_words: ((num(ctx)? * scale).round() as usize).clamp(1, max_prompt),
-            max_tokens: ((num(generated)? * scale).round() as usize).clamp(1, max_output),
+            max_tokens: ((num(generated)? * output_scale).round() as usize).clamp(1, max_output),
         });
     }
     Ok(shots)
@@ -381,7 +384,7 @@ mod tests {
             "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,374,44\n2023-11-16 18:15:48.0,4000,2000\n",
         )
         .unwrap();
-        let shots = trace_shots(&path, 2.0, 0.25, 512, 128, 10).unwrap();
+        let shots = trace_shots(&path, 2.0, 0.25, 0.25, 512, 128, 10).unwrap();
         assert_eq!(
             shots[0],
             Shot {

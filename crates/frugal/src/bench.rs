@@ -28,6 +28,7 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
                 path,
                 args.speedup,
                 args.scale,
+                args.output_scale.unwrap_or(args.scale),
                 args.max_prompt,
                 args.max_output,
                 args.requests,

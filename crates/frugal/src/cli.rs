@@ -229,9 +229,12 @@ pub struct BenchArgs {
     /// Replay the trace this many times faster
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
-    /// Scale the trace's token counts to the model (0.1: a tenth)
+    /// Scale the trace's prompt lengths to the model (0.1: a tenth)
     #[arg(long, default_value_t = 0.1)]
     pub scale: f64,
+    /// Scale the trace's output lengths [default: as --scale]
+    #[arg(long)]
+    pub output_scale: Option<f64>,
     #[arg(long, default_value_t = 512)]
     pub max_prompt: usize,
     #[arg(long, default_value_t = 256)]
