@@ -146,11 +146,6 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-
-    /// Bytes held, for the scheduler's memory bound.
-    pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|l| l.capacity() * 4).sum()
-    }
 }
 
 /// One sequence's part of a forward step: its new tokens, appended after its cache.

@@ -136,10 +136,6 @@ pub struct TokenLogprob {
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Logprobs {
-    pub content: Vec<TokenLogprob>,
-}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Model {
