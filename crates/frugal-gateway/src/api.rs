@@ -136,7 +136,6 @@ pub struct TokenLogprob {
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-
 #[derive(Debug, Clone, Serialize)]
 pub struct Model {
     pub id: String,
