@@ -426,6 +426,14 @@ struct Ctx {
 }
 
 impl Ctx {
+    fn count_failure(&self) {
+        self.state
+            .inner
+            .metrics
+            .requests_failed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     fn finish(
         &self,
         usage: Usage,
@@ -533,11 +541,7 @@ impl Ctx {
                     first_token,
                 } => break (reason, usage, engine, first_token),
                 Piece::Failed(e) => {
-                    self.state
-                        .inner
-                        .metrics
-                        .requests_failed
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.count_failure();
                     return ApiError::Internal(e).into_response();
                 }
             }
@@ -603,11 +607,7 @@ impl Ctx {
                         out
                     }
                     Piece::Failed(e) => {
-                        ctx.state
-                            .inner
-                            .metrics
-                            .requests_failed
-                            .fetch_add(1, Ordering::Relaxed);
+                        ctx.count_failure();
                         let body = json!({ "error": { "message": e, "type": "server_error" } });
                         vec![
                             SseEvent::default().data(body.to_string()),
