@@ -22,7 +22,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = args.iter().find(|a| a.ends_with(".gguf")).map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+                .join("../..")
+                .join(frugal_engine::DEFAULT_MODEL)
         },
         PathBuf::from,
     );

@@ -1110,7 +1110,8 @@ pub(crate) mod testutil {
         match std::env::var_os("FRUGAL_TEST_MODEL") {
             Some(p) => PathBuf::from(p),
             None => Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                .join("../..")
+                .join(crate::DEFAULT_MODEL),
         }
     }
 

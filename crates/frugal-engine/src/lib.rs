@@ -4,6 +4,9 @@
 //! `quant` holds the quantized weight formats and their matrix kernels, `model` runs the
 //! batched forward pass. It knows nothing of HTTP or money.
 
+/// The default model, relative to the repository root; `scripts/fetch-models.sh` fetches it.
+pub const DEFAULT_MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+
 pub mod gguf;
 pub mod model;
 pub mod quant;

@@ -13,7 +13,8 @@ fn model_path() -> PathBuf {
     let path = std::env::var_os("FRUGAL_TEST_MODEL").map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+                .join("../..")
+                .join(frugal_engine::DEFAULT_MODEL)
         },
         PathBuf::from,
     );

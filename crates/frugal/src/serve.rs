@@ -18,9 +18,6 @@ use frugal_gateway::meter::{Meter, MeterConfig};
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
 use crate::config::Config;
 
-/// The default model, fetched by `scripts/fetch-models.sh`.
-const DEFAULT_MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
     let file = &config.serve;
@@ -28,7 +25,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .model
         .clone()
         .or_else(|| file.model.clone())
-        .unwrap_or_else(|| DEFAULT_MODEL.into());
+        .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
     if !model_path.exists() {
         bail!(
             "no model at {}: run `make models` (or scripts/fetch-models.sh) for the default, or pass --model FILE.gguf",
