@@ -17,12 +17,12 @@ wait_up() { for _ in $(seq 200); do curl -sf "http://127.0.0.1:$1/health" >/dev/
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 if [ -z "${PEER_ONLY:-}" ]; then
-echo "== continuous vs static batching, trace replay (Azure conv trace, first ${ROWS:=300} rows at ${SPEEDUP:=1}x, prompts x0.1, outputs x${OSCALE:=1} capped at 256)"
+echo "== continuous vs static batching, trace replay (Azure conv trace, first ${ROWS:=300} rows at ${SPEEDUP:=1}x, prompts x0.1, outputs x${OSCALE:=1} capped at ${MAXOUT:=256})"
 for mode in continuous static; do
   $frugal serve --no-meter --port 8301 --model "$model" --batching $mode --max-batch 16 2>/dev/null & pid=$!
   wait_up 8301
   $frugal bench --url http://127.0.0.1:8301/v1 --trace data/azure-llm-trace/AzureLLMInferenceTrace_conv.csv \
-    --requests "$ROWS" --speedup "$SPEEDUP" --scale 0.1 --output-scale "$OSCALE" --max-prompt 512 --max-output 256 --json > "$out/trace-$mode.json"
+    --requests "$ROWS" --speedup "$SPEEDUP" --scale 0.1 --output-scale "$OSCALE" --max-prompt 512 --max-output "$MAXOUT" --json > "$out/trace-$mode.json"
   stop $pid
   python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(f\"{sys.argv[2]:>10}: {s['requests_per_s']:.2f} req/s, {s['output_tokens_per_s']:.1f} out tok/s, TTFT p50 {s['ttft']['p50']:.3f}s p99 {s['ttft']['p99']:.3f}s, errors {s['errors']}\")" "$out/trace-$mode.json" $mode
 done

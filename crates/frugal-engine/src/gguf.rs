@@ -1119,15 +1119,28 @@ pub(crate) mod testutil {
     /// CI fetches the models before testing.
     pub(crate) fn test_model() -> &'static Gguf {
         static MODEL: OnceLock<Gguf> = OnceLock::new();
+        MODEL.get_or_init(|| open_test_model(&test_model_path()))
+    }
+
+    /// The qwen2 model of the larger tier, opened once, as [`test_model`].
+    pub(crate) fn large_test_model() -> &'static Gguf {
+        static MODEL: OnceLock<Gguf> = OnceLock::new();
         MODEL.get_or_init(|| {
-            let path = test_model_path();
-            assert!(
-                path.exists(),
-                "test model {} is missing: run `make models` (or set FRUGAL_TEST_MODEL)",
-                path.display()
-            );
-            Gguf::open(&path).unwrap_or_else(|e| panic!("opening test model: {e}"))
+            open_test_model(
+                &Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../..")
+                    .join(crate::LARGE_MODEL),
+            )
         })
+    }
+
+    fn open_test_model(path: &Path) -> Gguf {
+        assert!(
+            path.exists(),
+            "test model {} is missing: run `make models`",
+            path.display()
+        );
+        Gguf::open(path).unwrap_or_else(|e| panic!("opening test model: {e}"))
     }
 
     /// Builds small GGUF files in memory.

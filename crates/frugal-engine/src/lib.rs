@@ -7,6 +7,9 @@
 /// The default model, relative to the repository root; `scripts/fetch-models.sh` fetches it.
 pub const DEFAULT_MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// The larger tier (qwen2 architecture, mixed Q4_K_M types), fetched by the same script.
+pub const LARGE_MODEL: &str = "models/qwen2.5/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
+
 pub mod gguf;
 pub mod model;
 pub mod quant;

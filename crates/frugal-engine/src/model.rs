@@ -156,11 +156,22 @@ pub struct Chunk<'a> {
     pub logits: bool,
 }
 
+/// The type matrices without a fast kernel of their own (F16, Q5, K-quants) run as: Q8_0
+/// keeps their values to within half a 1/127 step, and its kernel is the fastest per byte.
+const FALLBACK_TYPE: WeightType = WeightType::Q8_0;
+
+/// What a matrix stored as `t` is re-quantized to by default: nothing when a fast kernel
+/// reads it as it is (and for F32, which asks for exact values).
+fn fallback(t: WeightType) -> Option<WeightType> {
+    (!t.has_fast_kernel() && t != WeightType::F32).then_some(FALLBACK_TYPE)
+}
+
 /// How to load the weights.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
     /// Re-quantize every matrix to this type (Q8_0 or Q4_0) so a file shipped in a slow
-    /// format runs on the fast kernels.
+    /// format runs on the fast kernels. Without it, only matrices in types that have no fast
+    /// kernel are re-quantized, to Q8_0.
     pub requantize: Option<WeightType>,
     /// Threads for the kernels; `None`: one per core.
     pub threads: Option<usize>,
@@ -177,8 +188,12 @@ impl Model {
         let c = &config;
         let (d, kvd, ff) = (c.n_embd as u64, c.kv_dim() as u64, c.n_ff as u64);
         let matrix = |names: &[&str], rows: &[u64], cols: u64| -> Result<QMatrix, ModelError> {
-            let mut bytes = Vec::new();
-            let mut dtype = None;
+            let name = names.join("+");
+            let weights = |source| ModelError::Weights {
+                name: name.clone(),
+                source,
+            };
+            let mut parts = Vec::with_capacity(names.len());
             for (name, &r) in names.iter().zip(rows) {
                 let t = g.tensor(name)?;
                 if *t.dims != [cols, r] {
@@ -194,26 +209,34 @@ impl Model {
                         source,
                     }
                 })?;
-                if dtype.is_some_and(|d| d != wt) {
-                    // Fused matrices need one type; fall back to dequantizing to f32 rows.
-                    return Err(ModelError::Config(format!(
-                        "{name}: mixed weight types in a fused matrix"
-                    )));
-                }
-                dtype = Some(wt);
-                bytes.extend_from_slice(t.data);
+                parts.push((wt, r as usize, t.data));
             }
-            let name = names.join("+");
-            let weights = |source| ModelError::Weights {
-                name: name.clone(),
-                source,
+            let total_rows = rows.iter().sum::<u64>() as usize;
+            let cols = cols as usize;
+            let first = parts.first().map_or(WeightType::F32, |p| p.0);
+            let m = if parts.iter().all(|p| p.0 == first) {
+                let bytes = parts
+                    .iter()
+                    .flat_map(|p| p.2.iter().copied())
+                    .collect::<Vec<_>>();
+                QMatrix::from_bytes(first, total_rows, cols, &bytes).map_err(weights)?
+            } else {
+                // Mixed files (Q4_K_M and friends) give Q, K and V different types; a fused
+                // matrix has one, so the parts meet in f32 and take the fast-kernel type.
+                let mut values = Vec::with_capacity(total_rows * cols);
+                for &(wt, r, data) in &parts {
+                    let part = QMatrix::from_bytes(wt, r, cols, data).map_err(weights)?;
+                    let mut row = vec![0f32; cols];
+                    for i in 0..r {
+                        part.dequantize_row(i, &mut row).map_err(weights)?;
+                        values.extend_from_slice(&row);
+                    }
+                }
+                let to = options.requantize.unwrap_or(FALLBACK_TYPE);
+                return QMatrix::from_f32(to, total_rows, cols, &values).map_err(weights);
             };
-            let wt = dtype.unwrap_or(WeightType::F32);
-            let m =
-                QMatrix::from_bytes(wt, rows.iter().sum::<u64>() as usize, cols as usize, &bytes)
-                    .map_err(weights)?;
-            match options.requantize {
-                Some(to) if to != wt => m.requantize(to).map_err(weights),
+            match options.requantize.or_else(|| fallback(first)) {
+                Some(to) if to != first => m.requantize(to).map_err(weights),
                 _ => Ok(m),
             }
         };

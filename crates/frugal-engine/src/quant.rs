@@ -47,6 +47,8 @@ pub enum WeightType {
     F16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     Q4_K,
     Q6_K,
@@ -54,11 +56,13 @@ pub enum WeightType {
 
 impl WeightType {
     /// Every supported type, in GGML id order.
-    pub const ALL: [WeightType; 7] = [
+    pub const ALL: [WeightType; 9] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::Q4_0,
         WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
         WeightType::Q8_0,
         WeightType::Q4_K,
         WeightType::Q6_K,
@@ -71,6 +75,8 @@ impl WeightType {
             1 => WeightType::F16,
             2 => WeightType::Q4_0,
             3 => WeightType::Q4_1,
+            6 => WeightType::Q5_0,
+            7 => WeightType::Q5_1,
             8 => WeightType::Q8_0,
             12 => WeightType::Q4_K,
             14 => WeightType::Q6_K,
@@ -84,6 +90,8 @@ impl WeightType {
             WeightType::F16 => 1,
             WeightType::Q4_0 => 2,
             WeightType::Q4_1 => 3,
+            WeightType::Q5_0 => 6,
+            WeightType::Q5_1 => 7,
             WeightType::Q8_0 => 8,
             WeightType::Q4_K => 12,
             WeightType::Q6_K => 14,
@@ -94,7 +102,11 @@ impl WeightType {
     pub fn block_size(self) -> usize {
         match self {
             WeightType::F32 | WeightType::F16 => 1,
-            WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0 => QK,
+            WeightType::Q4_0
+            | WeightType::Q4_1
+            | WeightType::Q5_0
+            | WeightType::Q5_1
+            | WeightType::Q8_0 => QK,
             WeightType::Q4_K | WeightType::Q6_K => QK_K,
         }
     }
@@ -106,6 +118,8 @@ impl WeightType {
             WeightType::F16 => 2,
             WeightType::Q4_0 => blocks::Q4_0_BYTES,
             WeightType::Q4_1 => blocks::Q4_1_BYTES,
+            WeightType::Q5_0 => blocks::Q5_0_BYTES,
+            WeightType::Q5_1 => blocks::Q5_1_BYTES,
             WeightType::Q8_0 => blocks::Q8_0_BYTES,
             WeightType::Q4_K => blocks::Q4_K_BYTES,
             WeightType::Q6_K => blocks::Q6_K_BYTES,
@@ -133,10 +147,17 @@ impl WeightType {
             WeightType::F16 => "F16",
             WeightType::Q4_0 => "Q4_0",
             WeightType::Q4_1 => "Q4_1",
+            WeightType::Q5_0 => "Q5_0",
+            WeightType::Q5_1 => "Q5_1",
             WeightType::Q8_0 => "Q8_0",
             WeightType::Q4_K => "Q4_K",
             WeightType::Q6_K => "Q6_K",
         }
+    }
+
+    /// Whether the integer kernels read this type as stored (else it is dequantized per use).
+    pub fn has_fast_kernel(self) -> bool {
+        self.pack_kind().is_some()
     }
 
     fn pack_kind(self) -> Option<PackKind> {
@@ -209,6 +230,8 @@ pub fn dequantize_row(t: WeightType, bytes: &[u8], out: &mut [f32]) -> Result<()
         WeightType::F16 => blocks::dequant_f16(bytes, out),
         WeightType::Q4_0 => blocks::dequant_q4_0(bytes, out),
         WeightType::Q4_1 => blocks::dequant_q4_1(bytes, out),
+        WeightType::Q5_0 => blocks::dequant_q5_0(bytes, out),
+        WeightType::Q5_1 => blocks::dequant_q5_1(bytes, out),
         WeightType::Q8_0 => blocks::dequant_q8_0(bytes, out),
         WeightType::Q4_K => blocks::dequant_q4_k(bytes, out),
         WeightType::Q6_K => blocks::dequant_q6_k(bytes, out),
@@ -217,7 +240,7 @@ pub fn dequantize_row(t: WeightType, bytes: &[u8], out: &mut [f32]) -> Result<()
 }
 
 /// Quantize `x` into `out` (exactly its GGUF encoding) with ggml's reference quantizers.
-/// Supported targets: F32, F16, Q4_0, Q4_1, Q8_0.
+/// Supported targets: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
 pub fn quantize_row(t: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
     expect_len("quantize_row bytes", t.row_bytes(x.len())?, out.len())?;
     match t {
@@ -225,6 +248,8 @@ pub fn quantize_row(t: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), Quan
         WeightType::F16 => blocks::quant_f16(x, out),
         WeightType::Q4_0 => blocks::quant_q4_0(x, out),
         WeightType::Q4_1 => blocks::quant_q4_1(x, out),
+        WeightType::Q5_0 => blocks::quant_q5_0(x, out),
+        WeightType::Q5_1 => blocks::quant_q5_1(x, out),
         WeightType::Q8_0 => blocks::quant_q8_0(x, out),
         WeightType::Q4_K | WeightType::Q6_K => return Err(QuantError::UnsupportedTarget(t)),
     }

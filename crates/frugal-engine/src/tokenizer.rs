@@ -16,7 +16,8 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::{AddedToken, DecoderWrapper};
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, DecoderWrapper, SplitDelimiterBehavior};
 
 use crate::gguf::{Gguf, GgufError};
 
@@ -27,6 +28,46 @@ mod token_type {
     pub const USER_DEFINED: i32 = 4;
 }
 
+/// Token texts that end a generation, as llama.cpp's `special_eog_ids` (llama-vocab.cpp):
+/// it also treats them as control tokens whatever their stored type, so "</s>" in a Qwen
+/// prompt is one token there and here.
+const END_OF_GENERATION: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+    // Fill-in-the-middle pad, repository and file separators end it too.
+    "<|fim_pad|>",
+    "<fim-pad>",
+    "<fim_pad>",
+    "<PAD>",
+    "[PAD]",
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+    "<|file_sep|>",
+];
+
 #[derive(Debug, Error)]
 pub enum TokenizerError {
     #[error(transparent)]
@@ -36,7 +77,7 @@ pub enum TokenizerError {
     )]
     UnsupportedModel(String),
     #[error(
-        "unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre): supported are \"gpt2\", \"smollm\" and the llama.cpp types sharing smollm's regexes (starcoder, refact, command-r, codeshell, exaone, minerva)"
+        "unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre): supported are \"gpt2\", \"smollm\", \"qwen2\" and the llama.cpp types sharing their regexes (starcoder, refact, command-r, codeshell, exaone, minerva, hunyuan, solar-open)"
     )]
     UnsupportedPreTokenizer(String),
     #[error("tokenizer.ggml.token_type has {types} entries but tokenizer.ggml.tokens has {tokens}")]
@@ -68,7 +109,12 @@ enum PreTokenizer {
     Gpt2,
     /// `\p{N}` isolated first (every digit is its own word), then GPT-2's regex.
     DigitsThenGpt2,
+    /// Qwen2's single regex (Llama 3's with one digit per word).
+    Qwen2,
 }
+
+/// llama.cpp's QWEN2 regex (case-insensitive contractions spelled out, as it does).
+const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 impl PreTokenizer {
     fn from_gguf_name(name: &str) -> Option<PreTokenizer> {
@@ -78,23 +124,39 @@ impl PreTokenizer {
             "gpt2" | "mpt" | "olmo" | "jais" | "trillion" => Some(PreTokenizer::Gpt2),
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
             | "minerva" => Some(PreTokenizer::DigitsThenGpt2),
+            "qwen2" | "hunyuan" | "solar-open" => Some(PreTokenizer::Qwen2),
             _ => None,
         }
     }
 
-    fn build(self) -> PreTokenizerWrapper {
+    fn build(self) -> Result<PreTokenizerWrapper, TokenizerError> {
         // ByteLevel(add_prefix_space = false, trim_offsets, use_regex = true) applies GPT-2's
         // regex `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`,
         // the same split llama.cpp's hand-written `unicode_regex_split_custom_gpt2` does.
         let byte_level = ByteLevel::new(false, true, true);
-        match self {
+        Ok(match self {
             PreTokenizer::Gpt2 => byte_level.into(),
             // Digits(individual_digits) isolates each \p{N} character, like llama.cpp running
             // "\p{N}" before the GPT-2 regex; the regex then runs within each piece.
             PreTokenizer::DigitsThenGpt2 => {
                 Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
             }
-        }
+            // As Qwen2's own tokenizer.json: the regex isolates words, then ByteLevel only
+            // maps bytes (no regex of its own).
+            PreTokenizer::Qwen2 => {
+                let split = Split::new(
+                    SplitPattern::Regex(QWEN2_REGEX.into()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(TokenizerError::Build)?;
+                Sequence::new(vec![
+                    split.into(),
+                    ByteLevel::new(false, true, false).into(),
+                ])
+                .into()
+            }
+        })
     }
 }
 
@@ -107,6 +169,7 @@ pub struct Tokenizer {
     token_types: Vec<i32>,
     bos: Option<u32>,
     eos: Option<u32>,
+    end_of_generation: Vec<u32>,
     add_bos: bool,
 }
 
@@ -143,7 +206,7 @@ impl Tokenizer {
         if u32::try_from(n).is_err() {
             return Err(TokenizerError::VocabTooLarge(n));
         }
-        let token_types = match gguf.opt_i32_array("tokenizer.ggml.token_type")? {
+        let mut token_types = match gguf.opt_i32_array("tokenizer.ggml.token_type")? {
             Some(t) if t.len() != n => {
                 return Err(TokenizerError::TokenTypeCount {
                     tokens: n,
@@ -176,12 +239,19 @@ impl Tokenizer {
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
+        let mut end_of_generation: Vec<u32> = END_OF_GENERATION
+            .iter()
+            .filter_map(|t| vocab.get(*t).copied())
+            .collect();
+        for &id in &end_of_generation {
+            token_types[id as usize] = token_type::CONTROL;
+        }
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .build()
             .map_err(TokenizerError::Build)?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre.build()));
+        inner.with_pre_tokenizer(Some(pre.build()?));
         inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
 
         // llama.cpp recognises control, unknown-type and user-defined tokens inside text
@@ -224,6 +294,15 @@ impl Tokenizer {
         };
         let bos = special_id("tokenizer.ggml.bos_token_id")?;
         let eos = special_id("tokenizer.ggml.eos_token_id")?;
+        for id in [eos, special_id("tokenizer.ggml.eot_token_id")?]
+            .into_iter()
+            .flatten()
+        {
+            if !end_of_generation.contains(&id) {
+                end_of_generation.push(id);
+            }
+        }
+        end_of_generation.sort_unstable();
         // llama.cpp's default for BPE vocabularies is to add no BOS unless the file says so.
         let add_bos = gguf
             .opt_bool("tokenizer.ggml.add_bos_token")?
@@ -237,6 +316,7 @@ impl Tokenizer {
             token_types,
             bos,
             eos,
+            end_of_generation,
             add_bos,
         })
     }
@@ -296,6 +376,12 @@ impl Tokenizer {
     /// `tokenizer.ggml.eos_token_id`, if the file has one.
     pub fn eos(&self) -> Option<u32> {
         self.eos
+    }
+
+    /// Tokens that end a generation (end of text, end of turn, ...), sorted: EOS, the file's
+    /// EOT, and the vocabulary entries llama.cpp counts as end of generation.
+    pub fn end_of_generation(&self) -> &[u32] {
+        &self.end_of_generation
     }
 
     /// Whether prompts should start with BOS (`tokenizer.ggml.add_bos_token`, default false).
@@ -445,7 +531,8 @@ impl StreamDecoder {
 mod tests {
     use super::*;
     use crate::gguf::Value;
-    use crate::gguf::testutil::{GgufBuilder, test_model};
+    use crate::gguf::testutil::{GgufBuilder, large_test_model, test_model};
+    use std::path::Path;
     use std::sync::OnceLock;
 
     fn token_type_histogram(tok: &Tokenizer) -> HashMap<i32, usize> {
@@ -508,11 +595,40 @@ mod tests {
     /// their llama.cpp ids, generated with the same llama-cpp-python call as `REFERENCE`.
     #[test]
     fn matches_llama_cpp_on_fixture_corpus() {
-        let t = tok();
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/smollm2_llama_cpp_tokens.tsv"
+        check_fixture(tok(), "smollm2_llama_cpp_tokens.tsv");
+    }
+
+    /// The same strings through Qwen2's pre-tokenizer (one regex, single digits), against
+    /// llama.cpp's llama-server `/tokenize` on the larger tier's GGUF.
+    #[test]
+    fn qwen2_matches_llama_cpp_on_fixture_corpus() {
+        let t = Tokenizer::from_gguf(large_test_model()).unwrap();
+        assert_eq!(t.vocab_size(), 151936);
+        assert_eq!(t.eos(), t.id_of("<|im_end|>"));
+        // <|endoftext|>, </s> (stored as a normal token), the FIM separators, <|im_end|>.
+        let eog: Vec<&str> = t
+            .end_of_generation()
+            .iter()
+            .map(|&id| t.token(id).unwrap())
+            .collect();
+        assert_eq!(
+            eog,
+            [
+                "</s>",
+                "<|endoftext|>",
+                "<|im_end|>",
+                "<|fim_pad|>",
+                "<|repo_name|>",
+                "<|file_sep|>"
+            ]
         );
+        check_fixture(&t, "qwen2_llama_cpp_tokens.tsv");
+    }
+
+    fn check_fixture(t: &Tokenizer, file: &str) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(file);
         let data = std::fs::read_to_string(path).unwrap();
         let mut mismatches = Vec::new();
         let mut n = 0;
@@ -553,6 +669,8 @@ mod tests {
         assert!(!t.add_bos_token());
         assert_eq!(t.id_of("<|im_start|>"), Some(1));
         assert_eq!(t.id_of("<|im_end|>"), Some(2));
+        // <|endoftext|>, <|im_end|> and <reponame>, which llama.cpp counts as a FIM separator.
+        assert_eq!(t.end_of_generation(), [0, 2, 4]);
         assert_eq!(t.id_of("Hello"), Some(19556));
         assert_eq!(t.id_of("no such token"), None);
         assert_eq!(t.token(2), Some("<|im_end|>"));
@@ -670,8 +788,8 @@ mod tests {
     fn unsupported_tokenizers_are_named() {
         let e = Tokenizer::from_gguf(&tiny("llama", None)).unwrap_err();
         assert!(e.to_string().contains("\"llama\""), "{e}");
-        let e = Tokenizer::from_gguf(&tiny("gpt2", Some("qwen2"))).unwrap_err();
-        assert!(e.to_string().contains("\"qwen2\""), "{e}");
+        let e = Tokenizer::from_gguf(&tiny("gpt2", Some("deepseek-llm"))).unwrap_err();
+        assert!(e.to_string().contains("\"deepseek-llm\""), "{e}");
         let e = Tokenizer::from_gguf(&tiny("gpt2", None)).unwrap_err();
         assert!(e.to_string().contains("\"default\""), "{e}");
         let e =

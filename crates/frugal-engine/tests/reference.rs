@@ -1,8 +1,9 @@
 //! The engine against an independent implementation (candle-transformers'
-//! `quantized_llama`) on the default model, and batching against running alone.
+//! `quantized_llama` on the default model, `quantized_qwen2` on the larger tier), and
+//! batching against running alone.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use frugal_engine::gguf::Gguf;
 use frugal_engine::model::{Chunk, KvCache, LoadOptions, Model};
@@ -42,17 +43,40 @@ fn prompts(g: &Gguf) -> Vec<Vec<u32>> {
     .collect()
 }
 
-fn candle_logits(tokens: &[u32]) -> Vec<f32> {
-    use candle_core::{Device, Tensor};
-    use candle_transformers::models::quantized_llama::ModelWeights;
-    let mut file = std::fs::File::open(model_path()).unwrap();
-    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
-    let mut model = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
-    let input = Tensor::new(tokens, &Device::Cpu)
+fn large_model_path() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(frugal_engine::LARGE_MODEL);
+    assert!(
+        path.exists(),
+        "no test model at {}: run `make models`",
+        path.display()
+    );
+    path
+}
+
+fn candle_input(tokens: &[u32]) -> candle_core::Tensor {
+    candle_core::Tensor::new(tokens, &candle_core::Device::Cpu)
         .unwrap()
         .unsqueeze(0)
-        .unwrap();
-    let logits = model.forward(&input, 0).unwrap();
+        .unwrap()
+}
+
+fn candle_llama(path: &Path, tokens: &[u32]) -> Vec<f32> {
+    use candle_transformers::models::quantized_llama::ModelWeights;
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let mut model = ModelWeights::from_gguf(content, &mut file, &candle_core::Device::Cpu).unwrap();
+    let logits = model.forward(&candle_input(tokens), 0).unwrap();
+    logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn candle_qwen2(path: &Path, tokens: &[u32]) -> Vec<f32> {
+    use candle_transformers::models::quantized_qwen2::ModelWeights;
+    let mut file = std::fs::File::open(path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let mut model = ModelWeights::from_gguf(content, &mut file, &candle_core::Device::Cpu).unwrap();
+    let logits = model.forward(&candle_input(tokens), 0).unwrap();
     logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap()
 }
 
@@ -86,7 +110,23 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 /// token (8-bit activations can move a near tie away from the exact argmax, in both).
 #[test]
 fn logits_match_candle_quantized_llama() {
-    let g = Gguf::open(model_path()).unwrap();
+    let path = model_path();
+    let mut all = vec![vec![504u32], vec![504, 3575, 282, 4649]];
+    all.extend(prompts(&Gguf::open(&path).unwrap()));
+    check_against_candle(&path, candle_llama, all);
+}
+
+/// The qwen2 family (attention biases, half-split RoPE, untied output, 14 heads over 2 KV
+/// heads) on a Q4_K_M file whose Q5_0 / Q4_K / Q6_K matrices load as Q8_0.
+#[test]
+fn logits_match_candle_quantized_qwen2() {
+    let path = large_model_path();
+    let all = prompts(&Gguf::open(&path).unwrap());
+    check_against_candle(&path, candle_qwen2, all);
+}
+
+fn check_against_candle(path: &Path, candle: fn(&Path, &[u32]) -> Vec<f32>, all: Vec<Vec<u32>>) {
+    let g = Gguf::open(path).unwrap();
     let model = Model::from_gguf(&g, LoadOptions::default()).unwrap();
     let exact_model = Model::from_gguf(
         &g,
@@ -96,10 +136,8 @@ fn logits_match_candle_quantized_llama() {
         },
     )
     .unwrap();
-    let mut all = vec![vec![504u32], vec![504, 3575, 282, 4649]];
-    all.extend(prompts(&g));
     for tokens in all {
-        let reference = candle_logits(&tokens);
+        let reference = candle(path, &tokens);
         let mine = ours(&model, &tokens);
         let exact = ours(&exact_model, &tokens);
         let spread = exact.iter().copied().fold(f32::MIN, f32::max)

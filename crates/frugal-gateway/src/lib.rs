@@ -68,13 +68,7 @@ impl AppState {
         model: String,
         meter: Option<Meter>,
     ) -> AppState {
-        // End of text and end of turn both end a generation.
-        let mut stop_tokens: Vec<u32> = tokenizer.eos().into_iter().collect();
-        for t in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>"] {
-            if let Some(id) = tokenizer.id_of(t).filter(|id| !stop_tokens.contains(id)) {
-                stop_tokens.push(id);
-            }
-        }
+        let stop_tokens = tokenizer.end_of_generation().to_vec();
         AppState {
             inner: Arc::new(Inner {
                 engine,

@@ -7,7 +7,7 @@
 
 use half::f16;
 
-/// Weights per block of the 32-weight formats (Q4_0, Q4_1, Q8_0).
+/// Weights per block of the 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 pub(crate) const QK: usize = 32;
 /// Weights per super-block of the K formats.
 pub(crate) const QK_K: usize = 256;
@@ -15,6 +15,8 @@ pub(crate) const QK_K: usize = 256;
 pub(crate) const Q4_0_BYTES: usize = 2 + QK / 2;
 pub(crate) const Q4_1_BYTES: usize = 4 + QK / 2;
 pub(crate) const Q8_0_BYTES: usize = 2 + QK;
+pub(crate) const Q5_0_BYTES: usize = 2 + 4 + QK / 2;
+pub(crate) const Q5_1_BYTES: usize = 2 + 2 + 4 + QK / 2;
 pub(crate) const Q4_K_BYTES: usize = 2 + 2 + 12 + QK_K / 2;
 pub(crate) const Q6_K_BYTES: usize = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
 
@@ -79,6 +81,87 @@ pub(crate) fn dequant_q4_1(bytes: &[u8], out: &mut [f32]) {
         for (i, o) in y.iter_mut().enumerate() {
             *o = f32::from(nibble(qs, i)) * d + m;
         }
+    }
+}
+
+/// The 5-bit value of weight `i` (0..32) of a Q5 block: a Q4 nibble plus bit `i` of `qh`.
+#[inline]
+fn quint(qs: &[u8], qh: u32, i: usize) -> u8 {
+    nibble(qs, i) | ((((qh >> i) & 1) as u8) << 4)
+}
+
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+pub(crate) fn dequant_q5_0(bytes: &[u8], out: &mut [f32]) {
+    for (y, blk) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(Q5_0_BYTES)) {
+        let d = read_f16(blk, 0);
+        let qh = read_u32(blk, 2);
+        let qs = &blk[6..];
+        for (i, o) in y.iter_mut().enumerate() {
+            *o = (i32::from(quint(qs, qh, i)) - 16) as f32 * d;
+        }
+    }
+}
+
+pub(crate) fn dequant_q5_1(bytes: &[u8], out: &mut [f32]) {
+    for (y, blk) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(Q5_1_BYTES)) {
+        let d = read_f16(blk, 0);
+        let m = read_f16(blk, 2);
+        let qh = read_u32(blk, 4);
+        let qs = &blk[8..];
+        for (i, o) in y.iter_mut().enumerate() {
+            *o = f32::from(quint(qs, qh, i)) * d + m;
+        }
+    }
+}
+
+/// Packs 32 5-bit values the way Q5 blocks store them: low nibbles as Q4, fifth bits in `qh`.
+fn pack_q5(q: &[u8; QK], qs: &mut [u8]) -> u32 {
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        qs[j] = (q[j] & 0x0F) | ((q[j + QK / 2] & 0x0F) << 4);
+        qh |= u32::from(q[j] >> 4) << j;
+        qh |= u32::from(q[j + QK / 2] >> 4) << (j + QK / 2);
+    }
+    qh
+}
+
+/// ggml's `quantize_row_q5_0_ref`: the signed absmax maps to -16.
+pub(crate) fn quant_q5_0(x: &[f32], out: &mut [u8]) {
+    for (xb, blk) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q5_0_BYTES)) {
+        let max = xb
+            .iter()
+            .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut q = [0u8; QK];
+        for (qi, &v) in q.iter_mut().zip(xb) {
+            // As ggml: truncating cast of v/d + 16.5, capped at 31.
+            *qi = ((v * id + 16.5) as i8).min(31) as u8;
+        }
+        blk[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+        let qh = pack_q5(&q, &mut blk[6..]);
+        blk[2..6].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+/// ggml's `quantize_row_q5_1_ref`: min and (max - min) / 31 per block.
+pub(crate) fn quant_q5_1(x: &[f32], out: &mut [u8]) {
+    for (xb, blk) in x.chunks_exact(QK).zip(out.chunks_exact_mut(Q5_1_BYTES)) {
+        let min = xb.iter().copied().fold(f32::INFINITY, f32::min);
+        let max = xb.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut q = [0u8; QK];
+        for (qi, &v) in q.iter_mut().zip(xb) {
+            *qi = (((v - min) * id + 0.5) as u8).min(31);
+        }
+        blk[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+        blk[2..4].copy_from_slice(&f32_to_f16_bits(min).to_le_bytes());
+        let qh = pack_q5(&q, &mut blk[8..]);
+        blk[4..8].copy_from_slice(&qh.to_le_bytes());
     }
 }
 

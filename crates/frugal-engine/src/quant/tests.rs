@@ -184,6 +184,8 @@ fn weight_type_ids_and_sizes() {
             (1, 2),
             (32, 18),
             (32, 20),
+            (32, 22),
+            (32, 24),
             (32, 34),
             (256, 144),
             (256, 210)
@@ -191,8 +193,8 @@ fn weight_type_ids_and_sizes() {
     );
     assert_eq!(WeightType::Q4_1.row_bytes(576).unwrap(), 18 * 20);
     assert_eq!(
-        WeightType::from_ggml_id(6),
-        Err(QuantError::UnsupportedGgmlType(6))
+        WeightType::from_ggml_id(10),
+        Err(QuantError::UnsupportedGgmlType(10))
     );
     assert_eq!(
         WeightType::from_ggml_id(99),
@@ -302,12 +304,35 @@ fn dequant_q6_k_hand_block() {
 }
 
 #[test]
+fn dequant_q5_hand_blocks() {
+    // Nibbles 0x21: low 1 (weights 0..16), high 2 (weights 16..32); qh sets the fifth bit
+    // of weights 0..16 only: q = 17 and 2.
+    let (d, m) = (0x3800u16.to_le_bytes(), 0x3C00u16.to_le_bytes()); // 0.5, 1.0
+    let qh = 0x0000_FFFFu32.to_le_bytes();
+    let mut q5_0 = [d.as_slice(), &qh, &[0x21; 16]].concat();
+    let mut out = [0f32; 32];
+    dequantize_row(WeightType::Q5_0, &q5_0, &mut out).unwrap();
+    assert_eq!(out[..16], [0.5; 16]); // (17 - 16) * 0.5
+    assert_eq!(out[16..], [-7.0; 16]); // (2 - 16) * 0.5
+    let q5_1 = [d.as_slice(), &m, &qh, &[0x21; 16]].concat();
+    dequantize_row(WeightType::Q5_1, &q5_1, &mut out).unwrap();
+    assert_eq!(out[..16], [9.5; 16]); // 17 * 0.5 + 1
+    assert_eq!(out[16..], [2.0; 16]); // 2 * 0.5 + 1
+    // The fifth bit of weight 31 is qh's top bit.
+    q5_0[5] = 0x80;
+    dequantize_row(WeightType::Q5_0, &q5_0, &mut out).unwrap();
+    assert_eq!((out[30], out[31]), (-7.0, 1.0)); // (2 | 16) - 16 = 2 -> 1.0
+}
+
+#[test]
 fn quantizers_round_trip_within_bounds() {
     let x = random_values(4, 256, 5);
     for t in [
         WeightType::Q8_0,
         WeightType::Q4_0,
         WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
         WeightType::F16,
     ] {
         let mut bytes = vec![0u8; t.row_bytes(x.len()).unwrap()];
@@ -324,6 +349,8 @@ fn quantizers_round_trip_within_bounds() {
                 WeightType::Q8_0 => amax / 127.0 * 0.57,
                 WeightType::Q4_0 => amax / 8.0 * 1.01,
                 WeightType::Q4_1 => range / 15.0 * 0.51 + amax * 1e-3,
+                WeightType::Q5_0 => amax / 16.0 * 1.01,
+                WeightType::Q5_1 => range / 31.0 * 0.51 + amax * 1e-3,
                 _ => amax * 1e-3,
             };
             for (a, b) in xb.iter().zip(yb) {
@@ -435,6 +462,12 @@ fn matmul_q4_1_matches_reference() {
     check_against_reference(WeightType::Q4_1, 64, 256, &[1, 3, 16]);
     check_against_reference(WeightType::Q4_1, 40, 608, &[1, 3, 16]);
     check_against_reference(WeightType::Q4_1, 576, 1536, &[1, 3, 16]);
+}
+
+#[test]
+fn matmul_q5_match_reference() {
+    check_against_reference(WeightType::Q5_0, 64, 256, &[1, 3, 16]);
+    check_against_reference(WeightType::Q5_1, 40, 608, &[1, 3]);
 }
 
 #[test]
