@@ -1,7 +1,12 @@
 //! The engine against an independent implementation (candle-transformers'
 //! `quantized_llama` on the default model, `quantized_qwen2` on the larger tier), and
 //! batching against running alone.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
 
 use std::path::{Path, PathBuf};
 
