@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmarks, side by side in one run (figures go to BENCHMARKS.md):
-#   1. continuous vs static batching on a trace replay at equal offered load;
+#   1. continuous against static (padded) and draining batching on a trace replay, at
+#      several offered loads (SPEEDUPS, trace time compressed by each);
 #   2. frugal serve vs llama.cpp's llama-server at 1, 4, 8, 16 concurrent streams.
 # Usage: scripts/bench-serve.sh [LLAMA_SERVER_BINARY]   (the second part needs llama-server,
 # built with cmake from the llama.cpp source inside the llama-cpp-python sdist)
@@ -17,14 +18,25 @@ wait_up() { for _ in $(seq 200); do curl -sf "http://127.0.0.1:$1/health" >/dev/
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 if [ -z "${PEER_ONLY:-}" ]; then
-echo "== continuous vs static batching, trace replay (Azure conv trace, first ${ROWS:=300} rows at ${SPEEDUP:=1}x, prompts x0.1, outputs x${OSCALE:=1} capped at ${MAXOUT:=256})"
-for mode in continuous static; do
+echo "== continuous vs static batching, trace replay (Azure conv trace, first ${ROWS:=100} rows, prompts x0.1, outputs x${OSCALE:=1} capped at ${MAXOUT:=1024}, max batch 16)"
+for speedup in ${SPEEDUPS:-0.5 1 2}; do
+for mode in continuous static drain; do
   $frugal serve --no-meter --port 8301 --model "$model" --batching $mode --max-batch 16 2>/dev/null & pid=$!
   wait_up 8301
   $frugal bench --url http://127.0.0.1:8301/v1 --trace data/azure-llm-trace/AzureLLMInferenceTrace_conv.csv \
-    --requests "$ROWS" --speedup "$SPEEDUP" --scale 0.1 --output-scale "$OSCALE" --max-prompt 512 --max-output "$MAXOUT" --json > "$out/trace-$mode.json"
+    --requests "$ROWS" --speedup "$speedup" --scale 0.1 --output-scale "$OSCALE" --max-prompt 512 --max-output "$MAXOUT" --json > "$out/trace-$speedup-$mode.json"
   stop $pid
-  python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(f\"{sys.argv[2]:>10}: {s['requests_per_s']:.2f} req/s, {s['output_tokens_per_s']:.1f} out tok/s, TTFT p50 {s['ttft']['p50']:.3f}s p99 {s['ttft']['p99']:.3f}s, errors {s['errors']}\")" "$out/trace-$mode.json" $mode
+done
+python3 - "$out" "$speedup" <<'PY'
+import json, sys
+out, speedup = sys.argv[1:]
+runs = {m: json.load(open(f"{out}/trace-{speedup}-{m}.json")) for m in ("continuous", "static", "drain")}
+c = runs["continuous"]
+for m, s in runs.items():
+    ratio = c["requests_per_s"] / max(s["requests_per_s"], 1e-9)
+    print(f"{speedup:>4}x {m:>10}: {s['requests_per_s']:.2f} req/s, {s['output_tokens_per_s']:6.1f} out tok/s, "
+          f"TTFT p50 {s['ttft']['p50']:7.3f}s p99 {s['ttft']['p99']:7.3f}s, continuous/this {ratio:.2f}x, errors {s['errors']}")
+PY
 done
 
 fi

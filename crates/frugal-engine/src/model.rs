@@ -479,51 +479,66 @@ impl Model {
         })
     }
 
-    /// Causal attention of every new token against its own sequence's cache, with grouped
-    /// KV heads; sequences and heads run in parallel.
+    /// Causal attention of every new token against its own sequence's cache. One job per
+    /// (sequence, KV head) runs the heads sharing that KV head together, so each cached key
+    /// and value is read once per group rather than once per head (the cache outgrows the
+    /// CPU caches at long contexts); jobs run in parallel.
     fn attention(&self, chunks: &[Chunk<'_>], layer: usize, qkv: &[f32], out: &mut [f32]) {
         let c = &self.config;
         let (d, kvd, hd) = (c.n_embd, c.kv_dim(), c.head_dim);
         let qkv_w = d + 2 * kvd;
         let group = c.n_head / c.n_head_kv;
         let scale = 1.0 / (hd as f32).sqrt();
-        // (output rows, the chunk's cache, position of its first new token)
-        let mut jobs = Vec::with_capacity(chunks.len());
-        let mut rest = out;
+        // (each new token's output slice for the group, the cache, first token's row in
+        // `qkv`, positions already cached, KV head)
+        type Job<'a> = (Vec<&'a mut [f32]>, &'a KvCache, usize, usize, usize);
+        let mut jobs: Vec<Job<'_>> = Vec::with_capacity(chunks.len() * c.n_head_kv);
+        let mut rows = out.chunks_exact_mut(d);
         let mut start = 0;
         for ch in chunks {
             let n = ch.tokens.len();
-            let (mine, tail) = rest.split_at_mut(n * d);
-            rest = tail;
-            jobs.push((mine, &*ch.cache, start, ch.cache.len));
+            let mut per_head: Vec<Vec<&mut [f32]>> =
+                (0..c.n_head_kv).map(|_| Vec::with_capacity(n)).collect();
+            for row in rows.by_ref().take(n) {
+                for (outs, part) in per_head.iter_mut().zip(row.chunks_exact_mut(group * hd)) {
+                    outs.push(part);
+                }
+            }
+            for (kv_head, outs) in per_head.into_iter().enumerate() {
+                jobs.push((outs, &*ch.cache, start, ch.cache.len, kv_head));
+            }
             start += n;
         }
         self.pool.install(|| {
             use rayon::prelude::*;
-            jobs.into_par_iter().for_each(|(out, cache, start, past)| {
-                let (keys, values) = (&cache.k[layer], &cache.v[layer]);
-                let mut scores = Vec::new();
-                for (t, out_row) in out.chunks_exact_mut(d).enumerate() {
-                    let q_row = &qkv[(start + t) * qkv_w..(start + t) * qkv_w + d];
-                    let visible = past + t + 1;
-                    for head in 0..c.n_head {
-                        let kv_head = head / group;
-                        let q = &q_row[head * hd..(head + 1) * hd];
+            jobs.into_par_iter().for_each_init(
+                Vec::new,
+                |scores, (outs, cache, start, past, kv_head)| {
+                    let (keys, values) = (&cache.k[layer], &cache.v[layer]);
+                    let at = kv_head * hd;
+                    for (t, o) in outs.into_iter().enumerate() {
+                        let row = (start + t) * qkv_w + kv_head * group * hd;
+                        let qs = &qkv[row..row + group * hd];
+                        let visible = past + t + 1;
                         scores.clear();
-                        scores.extend((0..visible).map(|p| {
-                            let k = &keys[p * kvd + kv_head * hd..p * kvd + (kv_head + 1) * hd];
-                            dot(q, k) * scale
-                        }));
-                        softmax(&mut scores);
-                        let o = &mut out_row[head * hd..(head + 1) * hd];
+                        scores.resize(group * visible, 0.0);
+                        for p in 0..visible {
+                            let k = &keys[p * kvd + at..p * kvd + at + hd];
+                            for (g, q) in qs.chunks_exact(hd).enumerate() {
+                                scores[g * visible + p] = dot(q, k) * scale;
+                            }
+                        }
+                        scores.chunks_exact_mut(visible).for_each(softmax);
                         o.fill(0.0);
-                        for (p, &w) in scores.iter().enumerate() {
-                            let v = &values[p * kvd + kv_head * hd..p * kvd + (kv_head + 1) * hd];
-                            axpy(o, w, v);
+                        for p in 0..visible {
+                            let v = &values[p * kvd + at..p * kvd + at + hd];
+                            for (g, og) in o.chunks_exact_mut(hd).enumerate() {
+                                axpy(og, scores[g * visible + p], v);
+                            }
                         }
                     }
-                }
-            });
+                },
+            );
         });
     }
 }

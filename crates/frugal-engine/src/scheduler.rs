@@ -25,9 +25,14 @@ pub enum Batching {
     /// At every step, as soon as there is room.
     #[default]
     Continuous,
-    /// Only once the whole running batch has finished: the static batching that
-    /// continuous batching replaces, kept to measure the difference.
+    /// Classic static batching, kept to measure the difference: a batch is admitted only
+    /// when the previous one is gone, and each request keeps its slot, still computed (as
+    /// padding, its tokens thrown away), until the batch's longest request has finished.
+    /// Clients still get their answers as soon as they are complete.
     Static,
+    /// Static admission, but a finished request leaves the batch at once: the batch drains
+    /// and runs smaller, the kindest baseline for continuous batching.
+    Drain,
 }
 
 /// Limits of the scheduler.
@@ -118,6 +123,8 @@ pub struct Stats {
     pub steps: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Tokens computed for answered requests as static batching's padding: waste.
+    pub padding_tokens: AtomicU64,
     pub kv_reserved: AtomicUsize,
 }
 
@@ -223,12 +230,10 @@ struct Sequence {
     first_token: Option<Duration>,
     admitted: Instant,
     engine: Duration,
-}
-
-impl Sequence {
-    fn reserve(&self) -> usize {
-        self.job.request.prompt.len() + self.job.request.max_tokens
-    }
+    /// KV positions reserved for it.
+    reserved: usize,
+    /// Answered, and kept computing as static batching's padding.
+    padding: bool,
 }
 
 struct Worker {
@@ -273,9 +278,19 @@ impl Worker {
 
     /// Moves waiting jobs into the batch while their worst case fits.
     fn admit(&mut self) {
-        if self.config.batching == Batching::Static && !self.running.is_empty() {
+        if self.config.batching != Batching::Continuous && !self.running.is_empty() {
             return;
         }
+        // A padded static batch runs every slot as long as its longest request.
+        let longest = match self.config.batching {
+            Batching::Static => self
+                .waiting
+                .iter()
+                .take(self.config.max_batch)
+                .map(|j| j.request.max_tokens)
+                .max(),
+            _ => None,
+        };
         while self.running.len() < self.config.max_batch {
             let Some(job) = self.waiting.front() else {
                 break;
@@ -285,7 +300,7 @@ impl Worker {
                 self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
-            let need = job.request.prompt.len() + job.request.max_tokens;
+            let need = job.request.prompt.len() + longest.unwrap_or(job.request.max_tokens);
             if self.reserved + need > self.config.kv_positions && !self.running.is_empty() {
                 break;
             }
@@ -303,6 +318,8 @@ impl Worker {
                 first_token: None,
                 admitted: Instant::now(),
                 engine: Duration::ZERO,
+                reserved: need,
+                padding: false,
                 job,
             });
         }
@@ -313,9 +330,9 @@ impl Worker {
     fn filter_gone(&mut self) {
         let mut freed = 0;
         self.running.retain(|s| {
-            let gone = s.job.events.is_closed();
+            let gone = s.job.events.is_closed() && !s.padding;
             if gone {
-                freed += s.reserve();
+                freed += s.reserved;
             }
             !gone
         });
@@ -406,6 +423,16 @@ impl Worker {
             let Some(row) = logits.next() else { continue };
             let sampled = s.sampler.sample(&row);
             let token = sampled.token;
+            let room = s.cache.len() < s.reserved.min(self.model.config.ctx_len);
+            if s.padding {
+                self.stats.padding_tokens.fetch_add(1, Ordering::Relaxed);
+                if room {
+                    s.next = Some(token);
+                } else {
+                    finished.push(*i);
+                }
+                continue;
+            }
             s.first_token.get_or_insert_with(|| s.job.arrived.elapsed());
             let stop = !s.job.request.ignore_eos && s.job.request.stop_tokens.contains(&token);
             if !stop {
@@ -432,10 +459,18 @@ impl Worker {
                     first_token: s.first_token.unwrap_or_default(),
                     engine: s.engine,
                 });
-                finished.push(*i);
+                if self.config.batching == Batching::Static && room {
+                    s.padding = true;
+                    s.next = Some(token);
+                } else {
+                    finished.push(*i);
+                }
             } else {
                 s.next = Some(token);
             }
+        }
+        if self.running.iter().all(|s| s.padding) {
+            finished = (0..self.running.len()).collect();
         }
         self.remove(&finished);
     }
@@ -446,12 +481,128 @@ impl Worker {
         self.running.retain(|s| {
             let drop = indices.contains(&i);
             if drop {
-                freed += s.reserve();
+                freed += s.reserved;
             }
             i += 1;
             !drop
         });
         self.reserved -= freed;
         self.publish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::testutil::test_model;
+    use crate::model::LoadOptions;
+
+    fn engine(batching: Batching, max_batch: usize, max_queue: usize) -> Engine {
+        let model = Model::from_gguf(test_model(), LoadOptions::default()).unwrap();
+        let config = SchedulerConfig {
+            batching,
+            max_batch,
+            max_queue,
+            ..SchedulerConfig::default()
+        };
+        Engine::start(model, config).unwrap()
+    }
+
+    fn request(max_tokens: usize) -> Request {
+        Request {
+            prompt: vec![504, 3575, 282, 4649, 314],
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            stop_tokens: vec![2],
+            ignore_eos: true,
+        }
+    }
+
+    /// Tokens until `Done`, and the time the request waited for admission.
+    fn drain(mut rx: events::UnboundedReceiver<Event>) -> (Vec<u32>, Duration) {
+        let mut tokens = Vec::new();
+        while let Some(e) = rx.blocking_recv() {
+            match e {
+                Event::Token(s, _) => tokens.push(s.token),
+                Event::Done { queued, .. } => return (tokens, queued),
+                Event::Failed(e) => panic!("failed: {e}"),
+            }
+        }
+        panic!("no Done event");
+    }
+
+    /// Two slots; a long request, a short one, and a third waiting: the steps each mode
+    /// takes, the padding it computes, and the tokens it returns.
+    fn run(batching: Batching) -> (u64, u64, Vec<Vec<u32>>) {
+        let e = engine(batching, 2, 8);
+        let rxs: Vec<_> = [24, 4, 4]
+            .into_iter()
+            .map(|n| e.submit(request(n)).unwrap())
+            .collect();
+        let outs: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
+        let st = e.stats();
+        (
+            st.steps.load(Ordering::Relaxed),
+            st.padding_tokens.load(Ordering::Relaxed),
+            outs,
+        )
+    }
+
+    #[test]
+    fn continuous_fills_a_freed_slot_static_waits_for_the_batch() {
+        let (cont_steps, cont_pad, cont) = run(Batching::Continuous);
+        let (static_steps, static_pad, stat) = run(Batching::Static);
+        let (drain_steps, drain_pad, drained) = run(Batching::Drain);
+        // Continuous: the third request runs beside the long one; 24 decode steps in all
+        // (the first token comes with the prefill step).
+        assert_eq!(cont_steps, 24, "continuous");
+        // Static and drain: the third waits for the long one, then runs alone: 24 + 4.
+        assert_eq!(static_steps, 28, "static");
+        assert_eq!(drain_steps, 28, "drain");
+        // Padding: the short request's slot is computed until the long one ends (from its
+        // 4th token to the 24th), only in padded static batching.
+        assert_eq!((cont_pad, drain_pad), (0, 0));
+        assert_eq!(static_pad, 20);
+        // Every mode returns the same greedy tokens, of the asked lengths.
+        assert_eq!(cont, stat);
+        assert_eq!(cont, drained);
+        assert_eq!(cont.iter().map(Vec::len).collect::<Vec<_>>(), [24, 4, 4]);
+    }
+
+    #[test]
+    fn a_full_queue_is_overloaded_and_a_dropped_receiver_frees_its_slot() {
+        let e = engine(Batching::Continuous, 1, 2);
+        let first = e.submit(request(200)).unwrap();
+        // Wait until the first is running, so the queue counts only what follows.
+        while e.stats().running.load(Ordering::Relaxed) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let queued: Vec<_> = (0..2).map(|_| e.submit(request(2)).unwrap()).collect();
+        assert!(matches!(
+            e.submit(request(2)),
+            Err(SubmitError::Overloaded(2))
+        ));
+        // Cancel the long one: the queued requests are served long before its 200 tokens.
+        drop(first);
+        for rx in queued {
+            assert_eq!(drain(rx).0.len(), 2);
+        }
+        assert!(e.stats().generated_tokens.load(Ordering::Relaxed) < 100);
+    }
+
+    #[test]
+    fn impossible_requests_are_refused_at_submit() {
+        let e = engine(Batching::Continuous, 2, 8);
+        let mut empty = request(4);
+        empty.prompt.clear();
+        assert!(matches!(e.submit(empty), Err(SubmitError::EmptyPrompt)));
+        let ctx = e.context_len();
+        assert!(matches!(
+            e.submit(request(ctx)),
+            Err(SubmitError::TooLong { .. })
+        ));
     }
 }

@@ -6,6 +6,7 @@
 //! says what it cost in `x-frugal-cost-usd`.
 
 pub mod api;
+pub mod cache;
 pub mod error;
 pub mod loadgen;
 pub mod meter;
@@ -19,7 +20,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -33,6 +34,7 @@ use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
 
 use crate::api::{ChatRequest, Common, CompletionRequest, Usage};
+use crate::cache::{Answer, ExactCache, Lookup};
 use crate::error::ApiError;
 use crate::meter::Meter;
 use crate::metrics::{Gauges, Metrics};
@@ -56,6 +58,7 @@ struct Inner {
     model: String,
     stop_tokens: Vec<u32>,
     meter: Option<Meter>,
+    cache: Option<ExactCache>,
     metrics: Metrics,
     started: i64,
 }
@@ -67,6 +70,7 @@ impl AppState {
         template: ChatTemplate,
         model: String,
         meter: Option<Meter>,
+        cache: Option<ExactCache>,
     ) -> AppState {
         let stop_tokens = tokenizer.end_of_generation().to_vec();
         AppState {
@@ -77,6 +81,7 @@ impl AppState {
                 model,
                 stop_tokens,
                 meter,
+                cache,
                 metrics: Metrics::default(),
                 started: now_s(),
             }),
@@ -134,6 +139,7 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
         kv_reserved: st.kv_reserved.load(Ordering::Relaxed),
         prompt_tokens: st.prompt_tokens.load(Ordering::Relaxed),
         generated_tokens: st.generated_tokens.load(Ordering::Relaxed),
+        padding_tokens: st.padding_tokens.load(Ordering::Relaxed),
         steps: st.steps.load(Ordering::Relaxed),
     };
     (
@@ -142,14 +148,17 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
+/// The body as JSON (the cache key reads it) and as the endpoint's request type.
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(Value, T), ApiError> {
+    let invalid = |e: serde_json::Error| ApiError::BadRequest(format!("invalid request body: {e}"));
+    let value: Value = serde_json::from_slice(body).map_err(invalid)?;
+    let typed = T::deserialize(&value).map_err(invalid)?;
+    Ok((value, typed))
 }
 
-async fn chat(State(s): State<AppState>, body: Bytes) -> Response {
+async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = (|| {
-        let req: ChatRequest = parse(&body)?;
+        let (value, req): (Value, ChatRequest) = parse(&body)?;
         if req.messages.is_empty() {
             return Err(ApiError::InvalidParam {
                 param: "messages",
@@ -180,17 +189,20 @@ async fn chat(State(s): State<AppState>, body: Bytes) -> Response {
             (false, None) => None,
             (true, n) => Some(check_top(n.unwrap_or(0), "top_logprobs")?),
         };
-        Ok((prompt, top, req.common))
+        Ok((value, prompt, top, req.common))
     })();
     match result {
-        Ok((prompt, top, common)) => s.generate(Kind::Chat, &prompt, top, common).await,
+        Ok((value, prompt, top, common)) => {
+            let lookup = s.lookup(&value, Kind::Chat, &headers);
+            s.generate(Kind::Chat, &prompt, top, common, lookup).await
+        }
         Err(e) => s.reject(e),
     }
 }
 
-async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
+async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = (|| {
-        let req: CompletionRequest = parse(&body)?;
+        let (value, req): (Value, CompletionRequest) = parse(&body)?;
         let mut prompts = req.prompt.into_vec();
         if prompts.len() != 1 {
             return Err(ApiError::InvalidParam {
@@ -199,10 +211,13 @@ async fn completions(State(s): State<AppState>, body: Bytes) -> Response {
             });
         }
         let top = req.logprobs.map(|n| check_top(n, "logprobs")).transpose()?;
-        Ok((prompts.remove(0), top, req.common))
+        Ok((value, prompts.remove(0), top, req.common))
     })();
     match result {
-        Ok((prompt, top, common)) => s.generate(Kind::Text, &prompt, top, common).await,
+        Ok((value, prompt, top, common)) => {
+            let lookup = s.lookup(&value, Kind::Text, &headers);
+            s.generate(Kind::Text, &prompt, top, common, lookup).await
+        }
         Err(e) => s.reject(e),
     }
 }
@@ -235,6 +250,20 @@ impl Kind {
 }
 
 impl AppState {
+    fn lookup(&self, body: &Value, kind: Kind, headers: &HeaderMap) -> Lookup {
+        if self.inner.cache.is_none() {
+            return Lookup::Bypass;
+        }
+        let control = headers
+            .get(header::CACHE_CONTROL)
+            .and_then(|v| v.to_str().ok());
+        let endpoint = match kind {
+            Kind::Chat => "chat",
+            Kind::Text => "completions",
+        };
+        cache::lookup(body, endpoint, &self.inner.model, "", control)
+    }
+
     fn reject(&self, e: ApiError) -> Response {
         self.inner
             .metrics
@@ -359,30 +388,20 @@ impl AppState {
         Ok((request, stops))
     }
 
-    async fn generate(&self, kind: Kind, prompt: &str, top: Option<usize>, c: Common) -> Response {
+    async fn generate(
+        &self,
+        kind: Kind,
+        prompt: &str,
+        top: Option<usize>,
+        c: Common,
+        lookup: Lookup,
+    ) -> Response {
         let started = (Instant::now(), SystemTime::now());
+        // Validated before the cache is read: a hit must not answer what a miss refuses.
         let (request, stops) = match self.request(prompt, top, &c) {
             Ok(r) => r,
             Err(e) => return self.reject(e),
         };
-        let prompt_tokens = request.prompt.len();
-        let rx = match self.inner.engine.submit(request) {
-            Ok(rx) => rx,
-            Err(e @ SubmitError::Overloaded(_)) => {
-                return self.reject(ApiError::Overloaded(e.to_string()));
-            }
-            Err(e @ SubmitError::TooLong { .. }) => {
-                return self.reject(ApiError::ContextLength(e.to_string()));
-            }
-            Err(e) => return self.reject(ApiError::BadRequest(e.to_string())),
-        };
-        let text = TextStream::new(
-            rx,
-            self.inner.tokenizer.clone(),
-            stops,
-            top.is_some(),
-            prompt_tokens,
-        );
         let id = format!(
             "{}-{:x}",
             if kind == Kind::Chat {
@@ -396,18 +415,133 @@ impl AppState {
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos())
         );
-        let ctx = Ctx {
+        let (store, hit) = match (&lookup, &self.inner.cache) {
+            (Lookup::Key { key, read }, Some(cache)) => {
+                (Some(key.clone()), read.then(|| cache.get(key)).flatten())
+            }
+            _ => (None, None),
+        };
+        let mut ctx = Ctx {
             state: self.clone(),
             kind,
             id,
             started,
+            cache: match (&hit, store) {
+                (Some(answer), _) => CacheUse::Hit(answer.cost),
+                (None, Some(key)) => CacheUse::Miss(key),
+                (None, None) => CacheUse::Bypass,
+            },
+            recorded: Vec::new(),
+        };
+        let source = if let Some(answer) = hit {
+            self.inner
+                .metrics
+                .cache_hits
+                .fetch_add(1, Ordering::Relaxed);
+            self.inner
+                .metrics
+                .saved_nanos
+                .fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
+            Source::Replay(Replay::new(&answer, top.is_some()))
+        } else {
+            if matches!(ctx.cache, CacheUse::Miss(_)) {
+                self.inner
+                    .metrics
+                    .cache_misses
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            let prompt_tokens = request.prompt.len();
+            let rx = match self.inner.engine.submit(request) {
+                Ok(rx) => rx,
+                Err(e @ SubmitError::Overloaded(_)) => {
+                    return self.reject(ApiError::Overloaded(e.to_string()));
+                }
+                Err(e @ SubmitError::TooLong { .. }) => {
+                    return self.reject(ApiError::ContextLength(e.to_string()));
+                }
+                Err(e) => return self.reject(ApiError::BadRequest(e.to_string())),
+            };
+            ctx.recorded.reserve(64);
+            Source::Live(TextStream::new(
+                rx,
+                self.inner.tokenizer.clone(),
+                stops,
+                top.is_some(),
+                prompt_tokens,
+            ))
         };
         if c.stream {
             let usage = c.stream_options.is_some_and(|o| o.include_usage);
-            ctx.stream(text, usage).into_response()
+            let headers = ctx.headers(None);
+            let mut response = ctx.stream(source, usage).into_response();
+            response.headers_mut().extend(headers);
+            response
         } else {
-            ctx.complete(text).await
+            ctx.complete(source).await
         }
+    }
+}
+
+/// How a request met the exact cache.
+enum CacheUse {
+    /// Served from the cache, saving what the answer first cost.
+    Hit(frugal_cost::Money),
+    /// Not found: the answer is stored under this key when it completes.
+    Miss(Arc<str>),
+    Bypass,
+}
+
+/// Where a response's pieces come from: the engine, or a cached answer.
+enum Source {
+    Live(TextStream),
+    Replay(Replay),
+}
+
+impl Source {
+    async fn next(&mut self) -> Piece {
+        match self {
+            Source::Live(t) => t.next().await,
+            Source::Replay(r) => r.next(),
+        }
+    }
+
+    fn wants_logprobs(&self) -> bool {
+        match self {
+            Source::Live(t) => t.wants_logprobs(),
+            Source::Replay(r) => r.logprobs,
+        }
+    }
+}
+
+/// A cached answer's pieces in their first chunking, then its end; free of engine time.
+struct Replay {
+    pieces: std::collections::VecDeque<Piece>,
+    logprobs: bool,
+}
+
+impl Replay {
+    fn new(answer: &Answer, logprobs: bool) -> Replay {
+        let mut pieces: std::collections::VecDeque<Piece> = answer
+            .chunks
+            .iter()
+            .map(|c| Piece::Text {
+                text: c.text.clone(),
+                logprobs: c.logprobs.clone(),
+            })
+            .collect();
+        pieces.push_back(Piece::Done {
+            reason: answer.finish_reason,
+            usage: answer.usage,
+            engine: std::time::Duration::ZERO,
+            first_token: None,
+        });
+        Replay { pieces, logprobs }
+    }
+
+    fn next(&mut self) -> Piece {
+        self.pieces
+            .pop_front()
+            .unwrap_or_else(|| Piece::Failed("the cached answer has ended".into()))
     }
 }
 
@@ -417,6 +551,9 @@ struct Ctx {
     kind: Kind,
     id: String,
     started: (Instant, SystemTime),
+    cache: CacheUse,
+    /// The answer's chunks so far, kept when it is to be cached.
+    recorded: Vec<cache::Chunk>,
 }
 
 impl Ctx {
@@ -428,7 +565,61 @@ impl Ctx {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Keeps a piece of the answer if it will be cached.
+    fn record(&mut self, text: &str, logprobs: &[api::TokenLogprob]) {
+        if matches!(self.cache, CacheUse::Miss(_)) {
+            self.recorded.push(cache::Chunk {
+                text: text.to_owned(),
+                logprobs: logprobs.to_vec(),
+            });
+        }
+    }
+
+    /// Response headers: what the request cost, and how it met the cache.
+    fn headers(&self, cost: Option<frugal_cost::Money>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(v) = cost.and_then(|c| HeaderValue::from_str(&c.to_string_places(9)).ok()) {
+            h.insert("x-frugal-cost-usd", v);
+        }
+        if let CacheUse::Hit(saved) = self.cache
+            && let Ok(v) = HeaderValue::from_str(&saved.to_string_places(9))
+        {
+            h.insert("x-frugal-saved-usd", v);
+        }
+        let cache = match self.cache {
+            CacheUse::Hit(_) => "hit-exact",
+            CacheUse::Miss(_) => "miss",
+            CacheUse::Bypass => "bypass",
+        };
+        h.insert("x-frugal-cache", HeaderValue::from_static(cache));
+        h
+    }
+
     fn finish(
+        &mut self,
+        reason: FinishReason,
+        usage: Usage,
+        engine: std::time::Duration,
+        first: Option<std::time::Duration>,
+    ) -> Option<frugal_cost::Money> {
+        let cost = self.account(usage, engine, first);
+        let s = &self.state.inner;
+        if let (CacheUse::Miss(key), Some(cache)) = (&self.cache, &s.cache) {
+            cache.insert(
+                key.clone(),
+                Answer {
+                    chunks: std::mem::take(&mut self.recorded),
+                    finish_reason: reason,
+                    usage,
+                    cost: cost.unwrap_or(frugal_cost::Money::ZERO),
+                },
+            );
+        }
+        cost
+    }
+
+    /// Metrics and the ledger for a finished request; its cost, when metered.
+    fn account(
         &self,
         usage: Usage,
         engine: std::time::Duration,
@@ -519,12 +710,13 @@ impl Ctx {
         }
     }
 
-    async fn complete(self, mut text: TextStream) -> Response {
+    async fn complete(mut self, mut text: Source) -> Response {
         let mut out = String::new();
         let mut entries = Vec::new();
         let (reason, usage, engine, first) = loop {
             match text.next().await {
                 Piece::Text { text: t, logprobs } => {
+                    self.record(&t, &logprobs);
                     out.push_str(&t);
                     entries.extend(logprobs);
                 }
@@ -540,31 +732,32 @@ impl Ctx {
                 }
             }
         };
-        let cost = self.finish(usage, engine, first);
+        let cost = self.finish(reason, usage, engine, first);
         let logprobs = text
             .wants_logprobs()
             .then(|| self.logprobs(entries))
             .flatten();
         let choice = self.choice(&out, logprobs, Some(finish_name(reason)), false);
         let mut response = Json(self.body(vec![choice], Some(usage), false)).into_response();
-        add_headers(&mut response, cost);
+        response.headers_mut().extend(self.headers(cost));
         response
     }
 
     fn stream(
         self,
-        text: TextStream,
+        text: Source,
         include_usage: bool,
     ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
         // States: streaming text, then the finish chunk, then usage, then [DONE].
         let events = stream::unfold(
             (self, text, false),
-            move |(ctx, mut text, done)| async move {
+            move |(mut ctx, mut text, done)| async move {
                 if done {
                     return None;
                 }
                 let events: Vec<SseEvent> = match text.next().await {
                     Piece::Text { text: t, logprobs } => {
+                        ctx.record(&t, &logprobs);
                         let lp = (!logprobs.is_empty())
                             .then(|| ctx.logprobs(logprobs))
                             .flatten();
@@ -580,7 +773,7 @@ impl Ctx {
                         engine,
                         first_token,
                     } => {
-                        ctx.finish(usage, engine, first_token);
+                        ctx.finish(reason, usage, engine, first_token);
                         let mut out = vec![
                             SseEvent::default().data(
                                 ctx.body(
@@ -621,12 +814,6 @@ fn finish_name(r: FinishReason) -> &'static str {
     match r {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
-    }
-}
-
-fn add_headers(response: &mut Response, cost: Option<frugal_cost::Money>) {
-    if let Some(v) = cost.and_then(|c| HeaderValue::from_str(&c.to_string_places(9)).ok()) {
-        response.headers_mut().insert("x-frugal-cost-usd", v);
     }
 }
 

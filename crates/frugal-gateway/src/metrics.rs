@@ -50,6 +50,10 @@ pub struct Metrics {
     pub requests_ok: AtomicU64,
     pub requests_failed: AtomicU64,
     pub requests_rejected: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+    /// What cache hits saved, in nano-dollars.
+    pub saved_nanos: AtomicU64,
     pub ttft: Histogram,
     pub tpot: Histogram,
     pub latency: Histogram,
@@ -63,6 +67,7 @@ pub struct Gauges {
     pub kv_reserved: usize,
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
+    pub padding_tokens: u64,
     pub steps: u64,
 }
 
@@ -119,6 +124,13 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "frugal_padding_tokens_total",
+            "Tokens computed as static batching's padding (only with --batching static).",
+            "counter",
+            g.padding_tokens as f64,
+        );
+        gauge(
+            &mut out,
             "frugal_engine_steps_total",
             "Forward steps run.",
             "counter",
@@ -139,6 +151,25 @@ impl Metrics {
                 c.load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP frugal_cache_requests_total Cacheable requests by cache result.\n# TYPE frugal_cache_requests_total counter"
+        );
+        for (result, c) in [
+            ("hit-exact", &self.cache_hits),
+            ("miss", &self.cache_misses),
+        ] {
+            let _ = writeln!(
+                out,
+                "frugal_cache_requests_total{{result=\"{result}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP frugal_saved_usd_total What each lever saved, in dollars.\n# TYPE frugal_saved_usd_total counter\nfrugal_saved_usd_total{{lever=\"cache\"}} {}",
+            self.saved_nanos.load(Ordering::Relaxed) as f64 / 1e9
+        );
         self.ttft.render(
             "frugal_time_to_first_token_seconds",
             "Time to first token.",

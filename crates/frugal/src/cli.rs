@@ -178,7 +178,8 @@ pub struct ServeArgs {
     /// Requests waiting beyond the batch before new ones get 429 [default: 256]
     #[arg(long)]
     pub max_queue: Option<usize>,
-    /// `static` admits new requests only when the batch has drained (for comparison)
+    /// Baselines for comparison: `static` admits a batch only when the last is gone and
+    /// computes every slot until its longest request ends; `drain` lets finished requests leave
     #[arg(long, value_enum, default_value_t = BatchingArg::Continuous)]
     pub batching: BatchingArg,
     /// Price of this machine per hour, for the ledger and x-frugal-cost-usd
@@ -193,6 +194,16 @@ pub struct ServeArgs {
     /// Do not write usage to the ledger
     #[arg(long)]
     pub no_meter: bool,
+    /// Turn the exact cache off (on by default; it only holds deterministic requests:
+    /// temperature 0 or a seed)
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Memory the exact cache may hold, in MB [default: 256]
+    #[arg(long, value_name = "MB")]
+    pub cache_mb: Option<u64>,
+    /// Seconds a cached answer lives [default: 3600]
+    #[arg(long, value_name = "SECONDS")]
+    pub cache_ttl: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -256,4 +267,5 @@ pub struct BenchArgs {
 pub enum BatchingArg {
     Continuous,
     Static,
+    Drain,
 }

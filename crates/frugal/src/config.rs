@@ -31,6 +31,9 @@ pub struct RawServe {
     pub max_batch: Option<usize>,
     pub max_queue: Option<usize>,
     pub workload: Option<String>,
+    pub cache: Option<bool>,
+    pub cache_mb: Option<u64>,
+    pub cache_ttl: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -13,6 +13,7 @@ use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::AppState;
+use frugal_gateway::cache::{CacheConfig, ExactCache};
 use frugal_gateway::meter::{Meter, MeterConfig};
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
@@ -85,6 +86,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             batching: match args.batching {
                 BatchingArg::Continuous => Batching::Continuous,
                 BatchingArg::Static => Batching::Static,
+                BatchingArg::Drain => Batching::Drain,
             },
             max_batch: args.max_batch.or(file.max_batch).unwrap_or(16),
             max_queue: args.max_queue.or(file.max_queue).unwrap_or(256),
@@ -109,7 +111,20 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             capacity: Some(Capacity::OnDemand),
         })?)
     };
-    let state = AppState::new(engine, tokenizer, template, name.clone(), meter);
+    let cache = (!args.no_cache && file.cache.unwrap_or(true)).then(|| {
+        let defaults = CacheConfig::default();
+        ExactCache::new(CacheConfig {
+            max_bytes: args
+                .cache_mb
+                .or(file.cache_mb)
+                .map_or(defaults.max_bytes, |mb| mb << 20),
+            ttl: args
+                .cache_ttl
+                .or(file.cache_ttl)
+                .map_or(defaults.ttl, std::time::Duration::from_secs),
+        })
+    });
+    let state = AppState::new(engine, tokenizer, template, name.clone(), meter, cache);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -63,11 +63,22 @@ impl Server {
     }
 
     fn request(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {
+        self.request_with(method, path, body, "")
+    }
+
+    /// `headers`: extra header lines, each ending in \r\n.
+    fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        headers: &str,
+    ) -> (u16, String, String) {
         let mut s = TcpStream::connect(&self.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -157,7 +168,8 @@ fn the_official_openai_client_works() {
 
 #[test]
 fn greedy_output_is_coherent_and_repeatable_and_costed() {
-    let server = Server::start(&[]);
+    // Without the cache, so repeats are the engine's own.
+    let server = Server::start(&["--no-cache"]);
     let body = r#"{"messages":[{"role":"user","content":"What is 2 plus 2?"}],"max_tokens":32,"temperature":0}"#;
     let (status, head, text) = server.request("POST", "/v1/chat/completions", body);
     assert_eq!(status, 200, "{text}");
@@ -188,6 +200,110 @@ fn greedy_output_is_coherent_and_repeatable_and_costed() {
         !s["choices"][0]["text"].as_str().unwrap().contains('8'),
         "{s}"
     );
+}
+
+/// A response header's value (names compared without case).
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// The text of an SSE chat stream, and whether it ended with [DONE].
+fn streamed_text(sse: &str) -> (String, bool) {
+    let mut text = String::new();
+    let mut done = false;
+    for data in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+    }
+    (text, done)
+}
+
+#[test]
+fn the_exact_cache_replays_deterministic_answers() {
+    let server = Server::start(&[]);
+    let body = r#"{"messages":[{"role":"user","content":"Name a color."}],"max_tokens":12,"temperature":0}"#;
+    let chat = |body: &str, headers: &str| {
+        let (status, head, text) =
+            server.request_with("POST", "/v1/chat/completions", body, headers);
+        assert_eq!(status, 200, "{text}");
+        (head, text)
+    };
+    let (head, first) = chat(body, "");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"), "{head}");
+    let cost = header(&head, "x-frugal-cost-usd").unwrap().to_owned();
+    assert!(cost.parse::<f64>().unwrap() > 0.0, "{head}");
+    let answer: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+
+    // The same request: replayed, free, saving what the first cost.
+    let (head, again) = chat(body, "");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
+    assert_eq!(header(&head, "x-frugal-cost-usd"), Some("0.000000000"));
+    assert_eq!(header(&head, "x-frugal-saved-usd"), Some(cost.as_str()));
+    let again: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["choices"][0], answer["choices"][0]);
+    assert_eq!(again["usage"], answer["usage"]);
+    assert_ne!(again["id"], answer["id"]);
+
+    // Streamed from the cache: the same text, as chunks, with the usage chunk and [DONE].
+    let streamed = body.replace(
+        r#""temperature":0"#,
+        r#""temperature":0,"stream":true,"stream_options":{"include_usage":true}"#,
+    );
+    let (head, sse) = chat(&streamed, "");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
+    assert_eq!(streamed_text(&sse), (content.to_owned(), true));
+    assert!(sse.contains(r#""completion_tokens""#), "{sse}");
+
+    // Another max_tokens is another answer; sampling is never cached; no-store and
+    // no-cache are honoured.
+    let (head, _) = chat(&body.replace("12", "13"), "");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
+    let (head, _) = chat(
+        &body.replace(r#""temperature":0"#, r#""temperature":0.8"#),
+        "",
+    );
+    assert_eq!(header(&head, "x-frugal-cache"), Some("bypass"));
+    let (head, _) = chat(body, "Cache-Control: no-store\r\n");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("bypass"));
+    let (head, _) = chat(body, "Cache-Control: no-cache\r\n");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
+
+    // A streamed miss fills the cache for a plain request.
+    let fresh = r#"{"messages":[{"role":"user","content":"Name a fruit."}],"max_tokens":12,"temperature":0,"stream":true}"#;
+    let (head, sse) = chat(fresh, "");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
+    let (head, plain) = chat(&fresh.replace(r#","stream":true"#, ""), "");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"));
+    let plain: serde_json::Value = serde_json::from_str(&plain).unwrap();
+    assert_eq!(
+        plain["choices"][0]["message"]["content"].as_str().unwrap(),
+        streamed_text(&sse).0
+    );
+
+    // Errors are never cached: the same bad request fails the same way twice.
+    for _ in 0..2 {
+        let (status, _, _) = server.request(
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"x"}],"temperature":0,"max_tokens":0}"#,
+        );
+        assert_eq!(status, 400);
+    }
+    assert_eq!(
+        server.metric("frugal_cache_requests_total{result=\"hit-exact\"}"),
+        3.0
+    );
+    assert!(server.metric("frugal_saved_usd_total{lever=\"cache\"}") > 0.0);
 }
 
 #[test]
