@@ -1,5 +1,7 @@
 //! Whole-model throughput, as llama-bench measures it: prefill of 128 tokens (pp128) and
-//! 128 decode steps of one sequence (tg128), plus batched decode at 4, 8 and 16 sequences.
+//! 128 decode steps of one sequence (tg128), plus batched decode at 4, 8 and 16 sequences,
+//! and 16 sequences decoding after 512-token prompts (where attention over the cache is a
+//! large part of each step).
 //!
 //! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant q8_0|q4_0]`
 //! (default: the default model). Figures go to BENCHMARKS.md beside llama.cpp's.
@@ -103,5 +105,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         println!("{label}: {:.0} tok/s", 128.0 * batch as f64 / secs);
     }
+
+    let long: Vec<u32> = (0..512).map(|i| 1000 + (i * 37) % 20000).collect();
+    let mut caches: Vec<KvCache> = (0..16).map(|_| KvCache::new(&model.config)).collect();
+    for c in caches.iter_mut() {
+        model.forward(&mut [Chunk {
+            tokens: &long,
+            cache: c,
+            logits: false,
+        }])?;
+    }
+    let secs = best(3, &mut || {
+        let t = Instant::now();
+        for step in 0..16u32 {
+            let tokens: Vec<[u32; 1]> = (0..16u32).map(|b| [1000 + step * 7 + b]).collect();
+            let mut chunks: Vec<Chunk<'_>> = tokens
+                .iter()
+                .zip(caches.iter_mut())
+                .map(|(t, c)| Chunk {
+                    tokens: t,
+                    cache: c,
+                    logits: true,
+                })
+                .collect();
+            let _ = model.forward(&mut chunks);
+        }
+        t.elapsed().as_secs_f64()
+    });
+    println!("decode B=16 after 512: {:.0} tok/s", 16.0 * 16.0 / secs);
     Ok(())
 }

@@ -122,19 +122,34 @@ pub struct Model {
     pool: rayon::ThreadPool,
 }
 
-/// One sequence's keys and values for every layer, position-major.
+/// One sequence's keys and values for every layer, transposed: per layer, each of the
+/// `kv_dim` rows (KV head by head, dimension by dimension) holds that dimension for every
+/// position, `cap` apart. Attention then runs along contiguous rows: a query's scores are
+/// one multiply-add stream per dimension, each output dimension one dot product, and no
+/// position needs a horizontal sum of its own (which made position-major keys 3x slower).
 pub struct KvCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
     len: usize,
+    cap: usize,
+    rows: usize,
 }
 
 impl KvCache {
     pub fn new(config: &Config) -> KvCache {
+        KvCache::with_capacity(config, 0)
+    }
+
+    /// A cache with room for `positions` before it has to grow (and copy).
+    pub fn with_capacity(config: &Config, positions: usize) -> KvCache {
+        let rows = config.kv_dim();
+        // Zeroed allocations map pages lazily: room reserved and never used costs no memory.
         KvCache {
-            k: vec![Vec::new(); config.n_layer],
-            v: vec![Vec::new(); config.n_layer],
+            k: vec![vec![0.0; rows * positions]; config.n_layer],
+            v: vec![vec![0.0; rows * positions]; config.n_layer],
             len: 0,
+            cap: positions,
+            rows,
         }
     }
 
@@ -145,6 +160,42 @@ impl KvCache {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Room for `positions`, growing by at least half to keep appends amortized.
+    fn reserve(&mut self, positions: usize) {
+        if positions <= self.cap {
+            return;
+        }
+        let cap = positions.max(self.cap + self.cap / 2).max(64);
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let mut grown = vec![0.0; self.rows * cap];
+            for (new, old) in grown
+                .chunks_exact_mut(cap)
+                .zip(buf.chunks_exact(self.cap.max(1)))
+            {
+                new[..self.len].copy_from_slice(&old[..self.len]);
+            }
+            *buf = grown;
+        }
+        self.cap = cap;
+    }
+
+    /// Stores position `pos` of `layer` (within the reserved room).
+    fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let cap = self.cap;
+        for (row, &x) in self.k[layer].chunks_exact_mut(cap).zip(k) {
+            row[pos] = x;
+        }
+        for (row, &x) in self.v[layer].chunks_exact_mut(cap).zip(v) {
+            row[pos] = x;
+        }
+    }
+
+    /// Row `r` of `layer`'s keys and values, over the first `n` positions.
+    fn rows(&self, layer: usize, r: usize, n: usize) -> (&[f32], &[f32]) {
+        let at = r * self.cap;
+        (&self.k[layer][at..at + n], &self.v[layer][at..at + n])
     }
 }
 
@@ -384,6 +435,9 @@ impl Model {
                 return Err(ModelError::Token { id, vocab: c.vocab });
             }
         }
+        for ch in chunks.iter_mut() {
+            ch.cache.reserve(ch.cache.len + ch.tokens.len());
+        }
         let mut x = vec![0.0f32; total * d];
         let tokens = chunks.iter().flat_map(|ch| ch.tokens.iter().copied());
         for (row, id) in x.chunks_exact_mut(d).zip(tokens) {
@@ -418,9 +472,12 @@ impl Model {
             let mut start = 0;
             for ch in chunks.iter_mut() {
                 let n = ch.tokens.len();
-                for row in qkv[start * qkv_w..(start + n) * qkv_w].chunks_exact(qkv_w) {
-                    ch.cache.k[li].extend_from_slice(&row[d..d + kvd]);
-                    ch.cache.v[li].extend_from_slice(&row[d + kvd..]);
+                for (i, row) in qkv[start * qkv_w..(start + n) * qkv_w]
+                    .chunks_exact(qkv_w)
+                    .enumerate()
+                {
+                    ch.cache
+                        .write(li, ch.cache.len + i, &row[d..d + kvd], &row[d + kvd..]);
                 }
                 start += n;
             }
@@ -514,32 +571,84 @@ impl Model {
             jobs.into_par_iter().for_each_init(
                 Vec::new,
                 |scores, (outs, cache, start, past, kv_head)| {
-                    let (keys, values) = (&cache.k[layer], &cache.v[layer]);
-                    let at = kv_head * hd;
                     for (t, o) in outs.into_iter().enumerate() {
                         let row = (start + t) * qkv_w + kv_head * group * hd;
-                        let qs = &qkv[row..row + group * hd];
-                        let visible = past + t + 1;
-                        scores.clear();
-                        scores.resize(group * visible, 0.0);
-                        for p in 0..visible {
-                            let k = &keys[p * kvd + at..p * kvd + at + hd];
-                            for (g, q) in qs.chunks_exact(hd).enumerate() {
-                                scores[g * visible + p] = dot(q, k) * scale;
-                            }
-                        }
-                        scores.chunks_exact_mut(visible).for_each(softmax);
-                        o.fill(0.0);
-                        for p in 0..visible {
-                            let v = &values[p * kvd + at..p * kvd + at + hd];
-                            for (g, og) in o.chunks_exact_mut(hd).enumerate() {
-                                axpy(og, scores[g * visible + p], v);
-                            }
-                        }
+                        let head = HeadGroup {
+                            qs: &qkv[row..row + group * hd],
+                            cache,
+                            layer,
+                            first_row: kv_head * hd,
+                            hd,
+                            visible: past + t + 1,
+                            scale,
+                        };
+                        quant::vectorized(Attend {
+                            head,
+                            scores: &mut *scores,
+                            out: o,
+                        });
                     }
                 },
             );
         });
+    }
+}
+
+/// One new token's heads that share a KV head, against that KV head's cached rows.
+struct HeadGroup<'a> {
+    /// The group's query heads, `hd` each.
+    qs: &'a [f32],
+    cache: &'a KvCache,
+    layer: usize,
+    /// The KV head's first row in the cache.
+    first_row: usize,
+    hd: usize,
+    visible: usize,
+    scale: f32,
+}
+
+/// A head group's attention as wide-vector work.
+struct Attend<'a> {
+    head: HeadGroup<'a>,
+    scores: &'a mut Vec<f32>,
+    /// The group's heads, `hd` each.
+    out: &'a mut [f32],
+}
+
+impl quant::Wide for Attend<'_> {
+    #[inline(always)]
+    fn run(self) {
+        self.head.attend(self.scores, self.out);
+    }
+}
+
+impl HeadGroup<'_> {
+    /// Softmax-weighted values into `o` (the group's heads, `hd` each); inlined, with
+    /// `dot`, `softmax` and `axpy`, into the wide-vector context of [`Attend`].
+    #[inline(always)]
+    fn attend(&self, scores: &mut Vec<f32>, o: &mut [f32]) {
+        let (hd, visible) = (self.hd, self.visible);
+        scores.clear();
+        scores.resize(self.qs.len() / hd * visible, 0.0);
+        // scores[g] = sum over dimensions of q_g[dim] * keys[dim][..]: one key row serves
+        // every head of the group while it is in L1.
+        for dim in 0..hd {
+            let (keys, _) = self.cache.rows(self.layer, self.first_row + dim, visible);
+            for (q, s) in self
+                .qs
+                .chunks_exact(hd)
+                .zip(scores.chunks_exact_mut(visible))
+            {
+                axpy(s, q[dim] * self.scale, keys);
+            }
+        }
+        scores.chunks_exact_mut(visible).for_each(softmax);
+        for dim in 0..hd {
+            let (_, values) = self.cache.rows(self.layer, self.first_row + dim, visible);
+            for (og, s) in o.chunks_exact_mut(hd).zip(scores.chunks_exact(visible)) {
+                og[dim] = dot(s, values);
+            }
+        }
     }
 }
 
@@ -589,20 +698,13 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `o += w * v`, in fixed lanes so it compiles to vector FMAs.
+/// `o += w * v`: a plain zip, which the loop vectorizer turns into vector code (fused
+/// `mul_add` measured no faster, and is a libm call where FMA is missing).
+#[inline(always)]
 fn axpy(o: &mut [f32], w: f32, v: &[f32]) {
-    const L: usize = 16;
-    let mut oc = o.chunks_exact_mut(L);
-    let mut vc = v.chunks_exact(L);
-    for (o, v) in (&mut oc).zip(&mut vc) {
-        for i in 0..L {
-            o[i] += w * v[i];
-        }
+    for (o, v) in o.iter_mut().zip(v) {
+        *o += w * v;
     }
-    oc.into_remainder()
-        .iter_mut()
-        .zip(vc.remainder())
-        .for_each(|(o, v)| *o += w * v);
 }
 
 fn silu(x: f32) -> f32 {
@@ -612,6 +714,7 @@ fn silu(x: f32) -> f32 {
 /// Sixteen lanes of partial sums: a single running f32 sum cannot be reordered, so the
 /// compiler would keep it scalar; lanes let it use vector registers (attention's
 /// q.k products are a third of a batched decode step otherwise).
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 16;
     let mut acc = [0.0f32; L];
@@ -630,6 +733,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+#[inline(always)]
 pub(crate) fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;

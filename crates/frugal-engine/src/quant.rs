@@ -281,6 +281,30 @@ fn detected() -> &'static (Option<x86::Avx512Vnni>, Option<x86::Avx2>) {
     DETECTED.get_or_init(|| (x86::Avx512Vnni::detect(), x86::Avx2::detect()))
 }
 
+/// Plain f32 loops to compile for wide vectors: [`vectorized`] runs them inside a function
+/// built for AVX-512 or AVX2, into which `run` (mark it `#[inline(always)]`, and what it
+/// calls) is inlined. A closure would not do: it is not reliably inlined, and then runs at
+/// baseline x86-64's width, which the build targets so that one binary runs everywhere.
+pub trait Wide {
+    fn run(self);
+}
+
+/// Runs `work` compiled for the widest vectors this CPU has.
+#[inline]
+pub fn vectorized(work: impl Wide) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (avx512, avx2) = detected();
+        if let Some(k) = avx512 {
+            return k.vectorized(work);
+        }
+        if let Some(k) = avx2 {
+            return k.vectorized(work);
+        }
+    }
+    work.run();
+}
+
 impl Kernel {
     /// The fastest kernel this CPU runs (detected once).
     pub fn best() -> Kernel {

@@ -310,7 +310,7 @@ impl Worker {
             self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
             self.reserved += need;
             self.running.push(Sequence {
-                cache: KvCache::new(&self.model.config),
+                cache: KvCache::with_capacity(&self.model.config, need),
                 sampler: Sampler::new(job.request.sampling),
                 prefilled: 0,
                 next: None,
