@@ -21,6 +21,9 @@ pub enum ApiError {
     Overloaded(String),
     #[error("{0}")]
     Internal(String),
+    /// An upstream failed (502, 504), refused (429), or refused the request (its 4xx).
+    #[error("{message}")]
+    Upstream { status: u16, message: String },
 }
 
 impl ApiError {
@@ -66,6 +69,15 @@ impl ApiError {
                 None,
                 None,
             ),
+            ApiError::Upstream { status, .. } => {
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
+                let kind = if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
+                    "invalid_request_error"
+                } else {
+                    "upstream_error"
+                };
+                (status, kind, None, None)
+            }
         }
     }
 }

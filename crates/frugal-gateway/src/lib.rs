@@ -12,7 +12,9 @@ pub mod loadgen;
 pub mod meter;
 pub mod metrics;
 mod text;
+pub mod upstream;
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -39,6 +41,7 @@ use crate::error::ApiError;
 use crate::meter::Meter;
 use crate::metrics::{Gauges, Metrics};
 use crate::text::{Piece, TextStream};
+use crate::upstream::{Reply, Upstream};
 
 /// Largest `max_tokens` a request gets when it names none.
 const DEFAULT_MAX_TOKENS: usize = 512;
@@ -59,6 +62,8 @@ struct Inner {
     stop_tokens: Vec<u32>,
     meter: Option<Meter>,
     cache: Option<ExactCache>,
+    /// OpenAI-compatible servers behind the gateway, by the name clients use.
+    upstreams: HashMap<String, Arc<Upstream>>,
     metrics: Metrics,
     started: i64,
 }
@@ -71,6 +76,7 @@ impl AppState {
         model: String,
         meter: Option<Meter>,
         cache: Option<ExactCache>,
+        upstreams: Vec<Upstream>,
     ) -> AppState {
         let stop_tokens = tokenizer.end_of_generation().to_vec();
         AppState {
@@ -82,6 +88,10 @@ impl AppState {
                 stop_tokens,
                 meter,
                 cache,
+                upstreams: upstreams
+                    .into_iter()
+                    .map(|u| (u.config.name.clone(), Arc::new(u)))
+                    .collect(),
                 metrics: Metrics::default(),
                 started: now_s(),
             }),
@@ -121,13 +131,18 @@ async fn health() -> &'static str {
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {
-    let model = api::Model {
-        id: s.inner.model.clone(),
-        object: "model",
-        created: s.inner.started,
-        owned_by: "frugal",
-    };
-    Json(json!({ "object": "list", "data": [model] }))
+    let mut names: Vec<&String> = s.inner.upstreams.keys().collect();
+    names.sort();
+    let data: Vec<api::Model> = std::iter::once(&s.inner.model)
+        .chain(names)
+        .map(|id| api::Model {
+            id: id.clone(),
+            object: "model",
+            created: s.inner.started,
+            owned_by: "frugal",
+        })
+        .collect();
+    Json(json!({ "object": "list", "data": data }))
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -159,6 +174,9 @@ fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(Value, T), Api
 async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = (|| {
         let (value, req): (Value, ChatRequest) = parse(&body)?;
+        if let Some(up) = s.upstream(&req.common) {
+            return Ok(Err((up, value, req.common)));
+        }
         if req.messages.is_empty() {
             return Err(ApiError::InvalidParam {
                 param: "messages",
@@ -189,13 +207,14 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
             (false, None) => None,
             (true, n) => Some(check_top(n.unwrap_or(0), "top_logprobs")?),
         };
-        Ok((value, prompt, top, req.common))
+        Ok(Ok((value, prompt, top, req.common)))
     })();
     match result {
-        Ok((value, prompt, top, common)) => {
-            let lookup = s.lookup(&value, Kind::Chat, &headers);
+        Ok(Ok((value, prompt, top, common))) => {
+            let lookup = s.lookup(&value, Kind::Chat, &s.inner.model, &headers);
             s.generate(Kind::Chat, &prompt, top, common, lookup).await
         }
+        Ok(Err((up, value, common))) => s.call(up, Kind::Chat, value, &common, &headers).await,
         Err(e) => s.reject(e),
     }
 }
@@ -203,6 +222,9 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
 async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let result = (|| {
         let (value, req): (Value, CompletionRequest) = parse(&body)?;
+        if let Some(up) = s.upstream(&req.common) {
+            return Ok(Err((up, value, req.common)));
+        }
         let mut prompts = req.prompt.into_vec();
         if prompts.len() != 1 {
             return Err(ApiError::InvalidParam {
@@ -211,13 +233,14 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
             });
         }
         let top = req.logprobs.map(|n| check_top(n, "logprobs")).transpose()?;
-        Ok((value, prompts.remove(0), top, req.common))
+        Ok(Ok((value, prompts.remove(0), top, req.common)))
     })();
     match result {
-        Ok((value, prompt, top, common)) => {
-            let lookup = s.lookup(&value, Kind::Text, &headers);
+        Ok(Ok((value, prompt, top, common))) => {
+            let lookup = s.lookup(&value, Kind::Text, &s.inner.model, &headers);
             s.generate(Kind::Text, &prompt, top, common, lookup).await
         }
+        Ok(Err((up, value, common))) => s.call(up, Kind::Text, value, &common, &headers).await,
         Err(e) => s.reject(e),
     }
 }
@@ -250,7 +273,19 @@ impl Kind {
 }
 
 impl AppState {
-    fn lookup(&self, body: &Value, kind: Kind, headers: &HeaderMap) -> Lookup {
+    fn count_hit(&self, answer: &Answer) {
+        let m = &self.inner.metrics;
+        m.cache_hits.fetch_add(1, Ordering::Relaxed);
+        m.saved_nanos
+            .fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
+    }
+
+    /// The upstream a request names, if it names one.
+    fn upstream(&self, c: &Common) -> Option<Arc<Upstream>> {
+        self.inner.upstreams.get(c.model.as_deref()?).cloned()
+    }
+
+    fn lookup(&self, body: &Value, kind: Kind, model: &str, headers: &HeaderMap) -> Lookup {
         if self.inner.cache.is_none() {
             return Lookup::Bypass;
         }
@@ -261,7 +296,7 @@ impl AppState {
             Kind::Chat => "chat",
             Kind::Text => "completions",
         };
-        cache::lookup(body, endpoint, &self.inner.model, "", control)
+        cache::lookup(body, endpoint, model, "", control)
     }
 
     fn reject(&self, e: ApiError) -> Response {
@@ -424,6 +459,7 @@ impl AppState {
         let mut ctx = Ctx {
             state: self.clone(),
             kind,
+            model: self.inner.model.clone(),
             id,
             started,
             cache: match (&hit, store) {
@@ -434,14 +470,7 @@ impl AppState {
             recorded: Vec::new(),
         };
         let source = if let Some(answer) = hit {
-            self.inner
-                .metrics
-                .cache_hits
-                .fetch_add(1, Ordering::Relaxed);
-            self.inner
-                .metrics
-                .saved_nanos
-                .fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
+            self.count_hit(&answer);
             Source::Replay(Replay::new(&answer, top.is_some()))
         } else {
             if matches!(ctx.cache, CacheUse::Miss(_)) {
@@ -470,16 +499,115 @@ impl AppState {
                 prompt_tokens,
             ))
         };
-        if c.stream {
-            let usage = c.stream_options.is_some_and(|o| o.include_usage);
-            let headers = ctx.headers(None);
-            let mut response = ctx.stream(source, usage).into_response();
-            response.headers_mut().extend(headers);
-            response
-        } else {
-            ctx.complete(source).await
+        ctx.respond(source, &c).await
+    }
+
+    /// One request to an upstream: from the cache if it can be, else passed through, and
+    /// metered and cached once it has completed.
+    async fn call(
+        &self,
+        up: Arc<Upstream>,
+        kind: Kind,
+        body: Value,
+        c: &Common,
+        headers: &HeaderMap,
+    ) -> Response {
+        let started = (Instant::now(), SystemTime::now());
+        let lookup = self.lookup(&body, kind, &up.config.name, headers);
+        let mut ctx = Ctx {
+            state: self.clone(),
+            kind,
+            model: up.config.name.clone(),
+            id: String::new(),
+            started,
+            cache: CacheUse::Bypass,
+            recorded: Vec::new(),
+        };
+        if let (Lookup::Key { key, read }, Some(cache)) = (&lookup, &self.inner.cache) {
+            match read.then(|| cache.get(key)).flatten() {
+                Some(answer) => {
+                    self.count_hit(&answer);
+                    ctx.id = format!(
+                        "frugal-{:x}",
+                        started.0.elapsed().as_nanos() ^ epoch_nanos(started.1)
+                    );
+                    ctx.cache = CacheUse::Hit(answer.cost);
+                    return ctx
+                        .respond(Source::Replay(Replay::new(&answer, false)), c)
+                        .await;
+                }
+                None => {
+                    self.inner
+                        .metrics
+                        .cache_misses
+                        .fetch_add(1, Ordering::Relaxed);
+                    // Logprobs are not parsed from upstreams, so such answers are not kept.
+                    if !body["logprobs"].as_bool().unwrap_or(false) {
+                        ctx.cache = CacheUse::Miss(key.clone());
+                    }
+                }
+            }
+        }
+        let endpoint = match kind {
+            Kind::Chat => "chat/completions",
+            Kind::Text => "completions",
+        };
+        match up.send(endpoint, body, c.stream).await {
+            Err(e) => {
+                ctx.count_failure();
+                e.into_response()
+            }
+            Ok(Reply::Json(v)) => {
+                let (usage, cached) = upstream::usage_of(&v).unwrap_or_default();
+                let cost = up.cost(&usage, cached);
+                if let Some((text, reason)) = plain_answer(&v, kind) {
+                    ctx.record(&text, &[]);
+                    ctx.finish_call(&up, reason, usage, cached, cost);
+                } else {
+                    ctx.recorded.clear();
+                    ctx.cache = CacheUse::Bypass;
+                    ctx.finish_call(&up, FinishReason::Stop, usage, cached, cost);
+                }
+                let mut response = Json(v).into_response();
+                response.headers_mut().extend(ctx.headers(cost));
+                response
+            }
+            Ok(Reply::Stream(resp)) => {
+                let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
+                let headers = ctx.headers(None);
+                let mut response = ctx.pass_stream(up, resp, include_usage).into_response();
+                response.headers_mut().extend(headers);
+                response
+            }
         }
     }
+}
+
+fn epoch_nanos(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+/// The text and finish reason of a one-choice answer of plain text (no tool calls), which
+/// the cache can replay.
+fn plain_answer(v: &Value, kind: Kind) -> Option<(String, FinishReason)> {
+    let choices = v["choices"].as_array().filter(|c| c.len() == 1)?;
+    let choice = &choices[0];
+    let text = match kind {
+        Kind::Chat => {
+            let m = &choice["message"];
+            if m.get("tool_calls").is_some_and(|t| !t.is_null()) {
+                return None;
+            }
+            m["content"].as_str()?
+        }
+        Kind::Text => choice["text"].as_str()?,
+    };
+    let reason = match choice["finish_reason"].as_str()? {
+        "stop" => FinishReason::Stop,
+        "length" => FinishReason::Length,
+        _ => return None,
+    };
+    Some((text.to_owned(), reason))
 }
 
 /// How a request met the exact cache.
@@ -549,6 +677,8 @@ impl Replay {
 struct Ctx {
     state: AppState,
     kind: Kind,
+    /// The model's name as clients use it.
+    model: String,
     id: String,
     started: (Instant, SystemTime),
     cache: CacheUse,
@@ -603,8 +733,13 @@ impl Ctx {
         first: Option<std::time::Duration>,
     ) -> Option<frugal_cost::Money> {
         let cost = self.account(usage, engine, first);
-        let s = &self.state.inner;
-        if let (CacheUse::Miss(key), Some(cache)) = (&self.cache, &s.cache) {
+        self.store(reason, usage, cost);
+        cost
+    }
+
+    /// Keeps the recorded answer, if the request missed the cache.
+    fn store(&mut self, reason: FinishReason, usage: Usage, cost: Option<frugal_cost::Money>) {
+        if let (CacheUse::Miss(key), Some(cache)) = (&self.cache, &self.state.inner.cache) {
             cache.insert(
                 key.clone(),
                 Answer {
@@ -615,7 +750,6 @@ impl Ctx {
                 },
             );
         }
-        cost
     }
 
     /// Metrics and the ledger for a finished request; its cost, when metered.
@@ -639,6 +773,19 @@ impl Ctx {
             }
         }
         let meter = s.meter.as_ref()?;
+        if self.model != s.model {
+            // An upstream's answer from the cache: no call, no cost.
+            meter.record_call(meter::Call {
+                started: self.started.1,
+                duration: total,
+                model: self.model.clone(),
+                prompt_tokens: usage.prompt_tokens as u64,
+                cached_tokens: 0,
+                completion_tokens: usage.completion_tokens as u64,
+                cost: frugal_cost::Money::ZERO,
+            });
+            return Some(frugal_cost::Money::ZERO);
+        }
         meter.record(meter::Usage {
             started: self.started.1,
             prompt_tokens: usage.prompt_tokens as u64,
@@ -646,6 +793,153 @@ impl Ctx {
             engine,
         });
         Some(meter.cost(engine))
+    }
+
+    /// Metrics, the ledger and the cache for a completed upstream call.
+    fn finish_call(
+        &mut self,
+        up: &Upstream,
+        reason: FinishReason,
+        usage: Usage,
+        cached: u64,
+        cost: Option<frugal_cost::Money>,
+    ) {
+        let s = &self.state.inner;
+        s.metrics.requests_ok.fetch_add(1, Ordering::Relaxed);
+        let total = self.started.0.elapsed();
+        s.metrics.latency.observe(total.as_secs_f64());
+        if let Some(meter) = &s.meter {
+            meter.record_call(meter::Call {
+                started: self.started.1,
+                duration: total,
+                model: up.config.name.clone(),
+                prompt_tokens: usage.prompt_tokens as u64,
+                cached_tokens: cached,
+                completion_tokens: usage.completion_tokens as u64,
+                cost: cost.unwrap_or(frugal_cost::Money::ZERO),
+            });
+        }
+        self.store(reason, usage, cost);
+    }
+
+    async fn respond(self, source: Source, c: &Common) -> Response {
+        if c.stream {
+            let usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
+            let headers = self.headers(None);
+            let mut response = self.stream(source, usage).into_response();
+            response.headers_mut().extend(headers);
+            response
+        } else {
+            self.complete(source).await
+        }
+    }
+
+    /// An upstream's stream, passed through event by event while the answer, its finish
+    /// and its usage are gathered for the ledger and the cache.
+    fn pass_stream(
+        self,
+        up: Arc<Upstream>,
+        resp: reqwest::Response,
+        include_usage: bool,
+    ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+        struct Pass {
+            ctx: Ctx,
+            up: Arc<Upstream>,
+            events: std::pin::Pin<Box<dyn Stream<Item = Result<String, String>> + Send>>,
+            usage: Option<(Usage, u64)>,
+            reason: Option<FinishReason>,
+            plain: bool,
+            done: bool,
+        }
+        impl Pass {
+            fn end(&mut self) {
+                self.done = true;
+                if !self.plain || self.reason.is_none() {
+                    self.ctx.cache = CacheUse::Bypass;
+                }
+                let (usage, cached) = self.usage.unwrap_or_default();
+                let cost = self.up.cost(&usage, cached);
+                let reason = self.reason.unwrap_or(FinishReason::Stop);
+                self.ctx.finish_call(&self.up, reason, usage, cached, cost);
+            }
+
+            fn fail(&mut self, message: String) -> Vec<SseEvent> {
+                self.done = true;
+                self.ctx.count_failure();
+                tracing::warn!(upstream = %self.up.config.name, error = %message, "stream failed");
+                let body = json!({ "error": { "message": message, "type": "upstream_error" } });
+                vec![
+                    SseEvent::default().data(body.to_string()),
+                    SseEvent::default().data("[DONE]"),
+                ]
+            }
+
+            /// Reads one upstream payload; whether to pass it on.
+            fn take(&mut self, v: &Value, include_usage: bool) -> bool {
+                if let Some(u) = upstream::usage_of(v) {
+                    self.usage = Some(u);
+                }
+                let choices = v["choices"].as_array().map_or(&[][..], Vec::as_slice);
+                if choices.len() > 1 {
+                    self.plain = false;
+                }
+                if let Some(c) = choices.first() {
+                    let text = match self.ctx.kind {
+                        Kind::Chat => &c["delta"]["content"],
+                        Kind::Text => &c["text"],
+                    };
+                    if let Some(t) = text.as_str() {
+                        self.ctx.record(t, &[]);
+                    }
+                    if c["delta"].get("tool_calls").is_some_and(|t| !t.is_null()) {
+                        self.plain = false;
+                    }
+                    match c["finish_reason"].as_str() {
+                        Some("stop") => self.reason = Some(FinishReason::Stop),
+                        Some("length") => self.reason = Some(FinishReason::Length),
+                        Some(_) => self.plain = false,
+                        None => {}
+                    }
+                }
+                // The usage-only chunk goes to clients that asked for it.
+                !choices.is_empty() || include_usage
+            }
+        }
+        let pass = Pass {
+            ctx: self,
+            up,
+            events: Box::pin(upstream::sse_events(resp)),
+            usage: None,
+            reason: None,
+            plain: true,
+            done: false,
+        };
+        let events = stream::unfold(pass, move |mut p| async move {
+            if p.done {
+                return None;
+            }
+            loop {
+                let events = match p.events.next().await {
+                    Some(Ok(data)) if data == "[DONE]" => {
+                        p.end();
+                        vec![SseEvent::default().data("[DONE]")]
+                    }
+                    Some(Ok(data)) => match serde_json::from_str::<Value>(&data) {
+                        Ok(v) if p.take(&v, include_usage) => vec![SseEvent::default().data(data)],
+                        Ok(_) => continue,
+                        Err(e) => p.fail(format!(
+                            "upstream `{}` sent malformed JSON in its stream: {e}",
+                            p.up.config.name
+                        )),
+                    },
+                    Some(Err(e)) => p.fail(format!("upstream `{}`: {e}", p.up.config.name)),
+                    None => return None,
+                };
+                return Some((events, p));
+            }
+        })
+        .flat_map(|events| stream::iter(events.into_iter().map(Ok)));
+        Sse::new(events).keep_alive(KeepAlive::default())
     }
 
     fn choice(
@@ -682,7 +976,7 @@ impl Ctx {
             "id": self.id,
             "object": self.kind.object(chunk),
             "created": self.started.1.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            "model": self.state.inner.model,
+            "model": self.model,
             "choices": choices,
         });
         if let Some(u) = usage {

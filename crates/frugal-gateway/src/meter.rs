@@ -35,9 +35,26 @@ pub struct Usage {
     pub engine: Duration,
 }
 
+/// One finished call to an upstream, priced by its tokens.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub started: SystemTime,
+    pub duration: Duration,
+    pub model: String,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    pub cost: Money,
+}
+
+enum Record {
+    Engine(Usage),
+    Upstream(Call),
+}
+
 #[derive(Clone)]
 pub struct Meter {
-    tx: mpsc::Sender<Usage>,
+    tx: mpsc::Sender<Record>,
     rate: HourlyRate,
 }
 
@@ -66,7 +83,15 @@ impl Meter {
     }
 
     pub fn record(&self, usage: Usage) {
-        if self.tx.send(usage).is_err() {
+        self.send(Record::Engine(usage));
+    }
+
+    pub fn record_call(&self, call: Call) {
+        self.send(Record::Upstream(call));
+    }
+
+    fn send(&self, record: Record) {
+        if self.tx.send(record).is_err() {
             tracing::warn!("the ledger writer has stopped; usage not recorded");
         }
     }
@@ -97,10 +122,11 @@ impl Writer {
         }
     }
 
-    fn run(mut self, rx: mpsc::Receiver<Usage>) {
+    fn run(mut self, rx: mpsc::Receiver<Record>) {
         loop {
             match rx.recv_timeout(FLUSH_EVERY) {
-                Ok(usage) => self.add(usage),
+                Ok(Record::Engine(usage)) => self.add(usage),
+                Ok(Record::Upstream(call)) => self.add_call(call),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     self.idle();
@@ -132,6 +158,22 @@ impl Writer {
         e.requests = 1;
         e.input_tokens = u.prompt_tokens;
         e.output_tokens = u.completion_tokens;
+        self.pending.push(e);
+    }
+
+    fn add_call(&mut self, c: Call) {
+        let mut e = Event::new(
+            epoch_ms(c.started),
+            Kind::Inference,
+            self.config.workload.clone(),
+            c.cost,
+        );
+        e.duration_ms = c.duration.as_millis() as i64;
+        e.model = Some(c.model);
+        e.requests = 1;
+        e.input_tokens = c.prompt_tokens;
+        e.cached_input_tokens = c.cached_tokens;
+        e.output_tokens = c.completion_tokens;
         self.pending.push(e);
     }
 

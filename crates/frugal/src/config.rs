@@ -34,6 +34,26 @@ pub struct RawServe {
     pub cache: Option<bool>,
     pub cache_mb: Option<u64>,
     pub cache_ttl: Option<u64>,
+    /// OpenAI-compatible servers served beside the local model.
+    #[serde(default)]
+    pub upstream: Vec<RawUpstream>,
+}
+
+/// `[[serve.upstream]]`: one OpenAI-compatible server, by the name clients use for it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub name: String,
+    /// Base URL, e.g. `https://api.openai.com/v1`.
+    pub url: String,
+    /// The upstream's name for the model [default: `name`].
+    pub model: Option<String>,
+    /// Environment variable holding the API key (sent as a bearer token).
+    pub api_key_env: Option<String>,
+    /// The `[[model]]` of the price files that prices its tokens [default: `model`].
+    pub price: Option<String>,
+    pub timeout_s: Option<u64>,
+    pub retries: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

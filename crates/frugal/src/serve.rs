@@ -15,9 +15,10 @@ use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::AppState;
 use frugal_gateway::cache::{CacheConfig, ExactCache};
 use frugal_gateway::meter::{Meter, MeterConfig};
+use frugal_gateway::upstream::{Upstream, UpstreamConfig};
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
-use crate::config::Config;
+use crate::config::{Config, RawUpstream};
 
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
@@ -124,7 +125,20 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
                 .map_or(defaults.ttl, std::time::Duration::from_secs),
         })
     });
-    let state = AppState::new(engine, tokenizer, template, name.clone(), meter, cache);
+    let upstreams = file
+        .upstream
+        .iter()
+        .map(|u| upstream(u, catalog))
+        .collect::<Result<Vec<_>>>()?;
+    let state = AppState::new(
+        engine,
+        tokenizer,
+        template,
+        name.clone(),
+        meter,
+        cache,
+        upstreams,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -185,4 +199,36 @@ async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutting down: finishing requests in flight");
+}
+
+/// An upstream from its `[[serve.upstream]]` entry, priced from the catalog.
+fn upstream(raw: &RawUpstream, catalog: &Catalog) -> Result<Upstream> {
+    let mut config = UpstreamConfig::new(&raw.name, &raw.url);
+    if let Some(m) = &raw.model {
+        config.model.clone_from(m);
+    }
+    if let Some(var) = &raw.api_key_env {
+        config.api_key = Some(std::env::var(var).with_context(|| {
+            format!(
+                "upstream `{}`: the environment variable {var} (api_key_env) is not set",
+                raw.name
+            )
+        })?);
+    }
+    let price = raw.price.as_deref().unwrap_or(&config.model);
+    config.price = catalog.model(price).ok().cloned();
+    if config.price.is_none() {
+        tracing::warn!(
+            upstream = %raw.name,
+            price,
+            "no [[model]] price for this upstream in the price files: its calls are recorded at $0"
+        );
+    }
+    if let Some(t) = raw.timeout_s {
+        config.timeout = std::time::Duration::from_secs(t);
+    }
+    if let Some(r) = raw.retries {
+        config.retries = r;
+    }
+    Upstream::new(config).map_err(|e| anyhow::anyhow!("upstream `{}`: {e}", raw.name))
 }

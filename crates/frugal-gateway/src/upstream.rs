@@ -1,0 +1,285 @@
+//! Upstream backends: any OpenAI-compatible server (vLLM, TGI, llama.cpp, hosted APIs)
+//! behind the gateway, priced per token.
+//!
+//! One pooled reqwest client per upstream. A request is retried, with exponential backoff
+//! (or the upstream's Retry-After, capped), on connection errors, 429 and 5xx, as long as
+//! nothing has been sent to the client yet; other 4xx are the client's to see, passed
+//! through as they came. Streams are passed through chunk by chunk, with usage asked for
+//! (`stream_options.include_usage`) so every call is metered.
+
+use std::time::Duration;
+
+use frugal_cost::Money;
+use frugal_cost::catalog::ModelPrice;
+use futures_util::{Stream, StreamExt};
+use serde_json::{Value, json};
+
+use crate::api::Usage;
+use crate::error::ApiError;
+
+/// Longest wait between tries, whatever Retry-After says.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// The name clients ask for.
+    pub name: String,
+    /// Base URL, e.g. `https://api.openai.com/v1`.
+    pub url: String,
+    /// The upstream's own name for the model.
+    pub model: String,
+    pub api_key: Option<String>,
+    pub price: Option<ModelPrice>,
+    /// Whole-request limit (for streams: until the first byte of the body).
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Tries after the first.
+    pub retries: u32,
+    /// First backoff; doubled each try.
+    pub backoff: Duration,
+}
+
+impl UpstreamConfig {
+    pub fn new(name: &str, url: &str) -> UpstreamConfig {
+        UpstreamConfig {
+            name: name.to_owned(),
+            url: url.trim_end_matches('/').to_owned(),
+            model: name.to_owned(),
+            api_key: None,
+            price: None,
+            timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(5),
+            retries: 2,
+            backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+pub struct Upstream {
+    pub config: UpstreamConfig,
+    client: reqwest::Client,
+}
+
+/// What an upstream answered.
+pub enum Reply {
+    /// A whole JSON body (a non-streaming request).
+    Json(Value),
+    /// The SSE body, as it arrives.
+    Stream(reqwest::Response),
+}
+
+impl Upstream {
+    pub fn new(config: UpstreamConfig) -> Result<Upstream, ApiError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .map_err(|e| ApiError::Internal(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Upstream { config, client })
+    }
+
+    /// Cost of a call's usage at this upstream's prices.
+    pub fn cost(&self, usage: &Usage, cached: u64) -> Option<Money> {
+        let price = self.config.price.as_ref()?;
+        let (input, output) = price.cost(
+            usage.prompt_tokens as u64,
+            cached,
+            usage.completion_tokens as u64,
+        )?;
+        Some(input + output)
+    }
+
+    /// Sends `body` (the client's, with the upstream's model name) to `endpoint`
+    /// (`chat/completions` or `completions`), retrying what may be retried.
+    pub async fn send(
+        &self,
+        endpoint: &str,
+        mut body: Value,
+        stream: bool,
+    ) -> Result<Reply, ApiError> {
+        body["model"] = json!(self.config.model);
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({ "include_usage": true });
+        } else if let Some(o) = body.as_object_mut() {
+            o.remove("stream");
+            o.remove("stream_options");
+        }
+        let url = format!("{}/{endpoint}", self.config.url);
+        let name = &self.config.name;
+        let mut tries = 0;
+        loop {
+            let mut req = self
+                .client
+                .post(&url)
+                .timeout(self.config.timeout)
+                .json(&body);
+            if let Some(key) = &self.config.api_key {
+                req = req.bearer_auth(key);
+            }
+            let wait = self.config.backoff * 2u32.saturating_pow(tries);
+            let (retry_after, error) = match req.send().await {
+                Ok(resp) if resp.status().is_success() => {
+                    if stream {
+                        return Ok(Reply::Stream(resp));
+                    }
+                    let bytes = resp.bytes().await.map_err(|e| lost(name, &e))?;
+                    return serde_json::from_slice(&bytes)
+                        .map(Reply::Json)
+                        .map_err(|e| ApiError::Upstream {
+                            status: 502,
+                            message: format!("upstream `{name}` returned malformed JSON: {e}"),
+                        });
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    let retry_after = resp
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .map(Duration::from_secs_f64);
+                    let text = resp.text().await.unwrap_or_default();
+                    let message = upstream_message(&text);
+                    if !(status.as_u16() == 429 || status.is_server_error()) {
+                        // The client's mistake, as the upstream said it.
+                        return Err(ApiError::Upstream {
+                            status: status.as_u16(),
+                            message: format!("upstream `{name}`: {message}"),
+                        });
+                    }
+                    let code = if status.as_u16() == 429 { 429 } else { 502 };
+                    (
+                        retry_after,
+                        ApiError::Upstream {
+                            status: code,
+                            message: format!(
+                                "upstream `{name}` answered {status} after {} tries: {message}",
+                                tries + 1
+                            ),
+                        },
+                    )
+                }
+                Err(e) if e.is_timeout() => (
+                    None,
+                    ApiError::Upstream {
+                        status: 504,
+                        message: format!(
+                            "upstream `{name}` timed out after {:.0?} ({} tries)",
+                            self.config.timeout,
+                            tries + 1
+                        ),
+                    },
+                ),
+                Err(e) => (None, lost(name, &e)),
+            };
+            if tries >= self.config.retries {
+                return Err(error);
+            }
+            tries += 1;
+            let pause = retry_after.unwrap_or(wait).min(MAX_BACKOFF);
+            tracing::warn!(upstream = %name, try_ = tries, ?pause, error = %error, "retrying");
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+fn lost(name: &str, e: &reqwest::Error) -> ApiError {
+    ApiError::Upstream {
+        status: 502,
+        message: format!("upstream `{name}` is unreachable: {}", error_chain(e)),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// OpenAI's `error.message`, or the body itself (cut short).
+fn upstream_message(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.chars().take(300).collect())
+}
+
+/// The usage object of an OpenAI response or final stream chunk.
+pub fn usage_of(v: &Value) -> Option<(Usage, u64)> {
+    let u = v.get("usage").filter(|u| u.is_object())?;
+    let n = |k: &str| u[k].as_u64().unwrap_or(0) as usize;
+    let cached = u["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    Some((
+        Usage {
+            prompt_tokens: n("prompt_tokens"),
+            completion_tokens: n("completion_tokens"),
+            total_tokens: n("total_tokens"),
+        },
+        cached,
+    ))
+}
+
+/// The `data:` payloads of an SSE body, one per event, as they arrive; an error once the
+/// connection drops before `[DONE]`.
+pub fn sse_events(resp: reqwest::Response) -> impl Stream<Item = Result<String, String>> {
+    let body = resp.bytes_stream();
+    futures_util::stream::unfold(
+        (body, Vec::<u8>::new(), false),
+        |(mut body, mut buf, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                // A complete event ends with a blank line.
+                if let Some(at) = find_event_end(&buf) {
+                    let event: Vec<u8> = buf.drain(..at.0 + at.1).collect();
+                    let text = String::from_utf8_lossy(&event[..at.0]).into_owned();
+                    let data: Vec<&str> = text
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("data:").map(str::trim_start))
+                        .collect();
+                    if data.is_empty() {
+                        continue;
+                    }
+                    return Some((Ok(data.join("\n")), (body, buf, false)));
+                }
+                match body.next().await {
+                    Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                    Some(Err(e)) => {
+                        return Some((
+                            Err(format!("the upstream stream broke: {}", error_chain(&e))),
+                            (body, buf, true),
+                        ));
+                    }
+                    None => {
+                        return Some((
+                            Err("the upstream closed the stream before [DONE]".into()),
+                            (body, buf, true),
+                        ));
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Where the first event in `buf` ends: (its length, the separator's length).
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}

@@ -1,0 +1,176 @@
+//! The harness of the end-to-end tests: `frugal serve` as a child process on loopback,
+//! spoken to over raw HTTP/1.1.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn model() -> PathBuf {
+    let path = std::env::var_os("FRUGAL_TEST_MODEL").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../..")
+                .join(frugal_engine::DEFAULT_MODEL)
+        },
+        PathBuf::from,
+    );
+    assert!(
+        path.exists(),
+        "no test model at {}: run `make models`",
+        path.display()
+    );
+    path
+}
+
+pub struct Server {
+    child: Child,
+    pub addr: String,
+    /// Taken by `stop`, so the ledger outlives the server.
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Server {
+        Server::start_with_files(&[], extra)
+    }
+
+    /// With `files` (name, text) written to the server's own folder first; a
+    /// `frugal.toml` among them is its config.
+    pub fn start_with_files(files: &[(&str, &str)], extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_frugal"));
+        for (name, text) in files {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            if *name == "frugal.toml" {
+                command.arg("--config").arg(path);
+            }
+        }
+        let mut child = command
+            .arg("--ledger")
+            .arg(dir.path().join("ledger.sqlite"))
+            .args(["serve", "--port", "0", "--price-per-hour", "3.6", "--model"])
+            .arg(model())
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("http://").nth(1) {
+                    let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the server did not start");
+        Server {
+            child,
+            addr,
+            dir: Some(dir),
+        }
+    }
+
+    pub fn request(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {
+        self.request_with(method, path, body, "")
+    }
+
+    /// `headers`: extra header lines, each ending in \r\n.
+    pub fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        headers: &str,
+    ) -> (u16, String, String) {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (status, head.to_owned(), body.to_owned())
+    }
+
+    pub fn json(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+        let (status, _, body) = self.request("POST", path, body);
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")),
+        )
+    }
+
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, _, body) = self.request("GET", "/metrics", "");
+        body.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(f64::NAN)
+    }
+
+    /// SIGTERM, then wait for a clean exit; hands back the folder with the ledger.
+    pub fn stop(mut self) -> (std::process::ExitStatus, tempfile::TempDir) {
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status, self.dir.take().unwrap());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// A response header's value (names compared without case).
+pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// The text of an SSE chat stream, and whether it ended with [DONE].
+pub fn streamed_text(sse: &str) -> (String, bool) {
+    let mut text = String::new();
+    let mut done = false;
+    for data in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+    }
+    (text, done)
+}

@@ -1,0 +1,273 @@
+//! End-to-end: `frugal serve` in front of an OpenAI-compatible upstream (a real HTTP server
+//! on loopback, played by axum here): pass-through, streaming, pricing, caching, retries,
+//! and each way an upstream fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+
+use common::{Server, header, streamed_text};
+
+/// The mock upstream: what it does depends on the request's message, so each test
+/// sentence picks a behaviour. Counts the calls it gets, in all and per message.
+fn mock_upstream() -> (String, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let per_message = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
+    let counter = calls.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move |body: axum::Json<Value>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let message = body.0["messages"][0]["content"].to_string();
+            let n = {
+                let mut seen = per_message.lock().unwrap();
+                let n = seen.entry(message).or_default();
+                *n += 1;
+                *n - 1
+            };
+            async move { answer(body.0, n).await }
+        }),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    let addr = rx.recv().unwrap();
+    (format!("http://{addr}/v1"), calls)
+}
+
+/// `call`: how many times this message came before.
+async fn answer(body: Value, call: usize) -> Response {
+    let prompt = body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        body["model"], "upstream-name",
+        "the upstream's own model name is sent"
+    );
+    let text = format!("echo: {prompt}");
+    let usage = json!({ "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15 });
+    match prompt.as_str() {
+        "fail twice" if call < 2 => {
+            return (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response();
+        }
+        "always 500" => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(json!({ "error": { "message": "the GPU fell over" } })),
+            )
+                .into_response();
+        }
+        "bad request" => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({ "error": { "message": "messages[0] is wrong" } })),
+            )
+                .into_response();
+        }
+        "slow" => tokio::time::sleep(Duration::from_secs(5)).await,
+        "malformed" => return (StatusCode::OK, "{\"choices\": [").into_response(),
+        _ => {}
+    }
+    if body["stream"] == true {
+        let mut events = vec![
+            json!({ "id": "up-1", "object": "chat.completion.chunk", "model": "upstream-name",
+                    "choices": [{ "index": 0, "delta": { "role": "assistant", "content": "echo: " }, "finish_reason": null }] }),
+            json!({ "id": "up-1", "object": "chat.completion.chunk", "model": "upstream-name",
+                    "choices": [{ "index": 0, "delta": { "content": prompt }, "finish_reason": null }] }),
+        ];
+        let mut sse: String = events.drain(..).map(|e| format!("data: {e}\n\n")).collect();
+        if prompt == "drop mid-stream" {
+            // The connection ends before the finish and [DONE].
+            return Response::new(Body::from(sse));
+        }
+        sse.push_str(&format!(
+            "data: {}\n\n",
+            json!({ "id": "up-1", "object": "chat.completion.chunk", "model": "upstream-name",
+                    "choices": [{ "index": 0, "delta": {}, "finish_reason": "stop" }] })
+        ));
+        if body["stream_options"]["include_usage"] == true {
+            sse.push_str(&format!(
+                "data: {}\n\n",
+                json!({ "id": "up-1", "object": "chat.completion.chunk", "choices": [], "usage": usage })
+            ));
+        }
+        sse.push_str("data: [DONE]\n\n");
+        return ([("content-type", "text/event-stream")], sse).into_response();
+    }
+    axum::Json(json!({
+        "id": "up-1",
+        "object": "chat.completion",
+        "model": "upstream-name",
+        "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": "stop" }],
+        "usage": usage,
+    }))
+    .into_response()
+}
+
+fn chat(content: &str, extra: &str) -> String {
+    format!(
+        r#"{{"model":"mock","messages":[{{"role":"user","content":"{content}"}}],"temperature":0{extra}}}"#
+    )
+}
+
+fn gateway(url: &str) -> Server {
+    // $1 per million input tokens, $2 per million output tokens.
+    let prices = "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n";
+    let config = format!(
+        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 1\nretries = 2\n"
+    );
+    Server::start_with_files(&[("prices.toml", prices), ("frugal.toml", &config)], &[])
+}
+
+#[test]
+fn requests_pass_through_priced_cached_and_streamed() {
+    let (url, calls) = mock_upstream();
+    let server = gateway(&url);
+    let (_, _, models) = server.request("GET", "/v1/models", "");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"mock"), "{models}");
+
+    let (status, head, body) = server.request("POST", "/v1/chat/completions", &chat("hello", ""));
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "echo: hello");
+    // 10 input tokens at $1/M plus 5 output tokens at $2/M.
+    assert_eq!(
+        header(&head, "x-frugal-cost-usd"),
+        Some("0.000020000"),
+        "{head}"
+    );
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Again: from the cache, and the upstream is not called.
+    let (_, head, body) = server.request("POST", "/v1/chat/completions", &chat("hello", ""));
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
+    assert_eq!(header(&head, "x-frugal-saved-usd"), Some("0.000020000"));
+    let again: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(again["choices"][0]["message"]["content"], "echo: hello");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Streaming is passed through; the usage chunk only when asked for.
+    let (_, _, sse) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &chat("stream me", r#","stream":true"#),
+    );
+    assert_eq!(streamed_text(&sse), ("echo: stream me".to_owned(), true));
+    assert!(!sse.contains("\"usage\""), "{sse}");
+    let (_, _, sse) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &chat(
+            "stream usage",
+            r#","stream":true,"stream_options":{"include_usage":true}"#,
+        ),
+    );
+    assert_eq!(streamed_text(&sse).0, "echo: stream usage");
+    assert!(sse.contains(r#""completion_tokens":5"#), "{sse}");
+    // A streamed answer is cached like any other.
+    let (_, head, body) = server.request("POST", "/v1/chat/completions", &chat("stream me", ""));
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
+    assert!(body.contains("echo: stream me"), "{body}");
+
+    // Transient failures are retried: 503, 503, then an answer.
+    let (status, _, body) = server.request("POST", "/v1/chat/completions", &chat("fail twice", ""));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("echo: fail twice"));
+
+    let (_, dir) = server.stop();
+    let report = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--ledger")
+        .arg(dir.path().join("ledger.sqlite"))
+        .args(["report", "--json"])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&report.stdout).unwrap();
+    let text = report.to_string();
+    assert!(
+        text.contains("\"mock\""),
+        "the upstream's calls are in the ledger: {text}"
+    );
+}
+
+#[test]
+fn upstream_failures_are_clear_client_errors() {
+    let (url, calls) = mock_upstream();
+    let server = gateway(&url);
+    let error = |content: &str, extra: &str| {
+        let (status, _, body) =
+            server.request("POST", "/v1/chat/completions", &chat(content, extra));
+        let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        (
+            status,
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    };
+    // A 500 is retried (3 calls), then a 502 naming the upstream and its message.
+    let before = calls.load(Ordering::SeqCst);
+    let (status, message) = error("always 500", "");
+    assert_eq!(status, 502);
+    assert!(
+        message.contains("`mock`") && message.contains("the GPU fell over"),
+        "{message}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst) - before, 3);
+    // The client's own mistake comes back as the upstream said it, not retried.
+    let before = calls.load(Ordering::SeqCst);
+    let (status, message) = error("bad request", "");
+    assert_eq!(status, 400);
+    assert!(message.contains("messages[0] is wrong"), "{message}");
+    assert_eq!(calls.load(Ordering::SeqCst) - before, 1);
+    // Too slow: a 504 after the timeout (1 s, and its retries).
+    let (status, message) = error("slow", "");
+    assert_eq!(status, 504);
+    assert!(message.contains("timed out"), "{message}");
+    // Malformed JSON from the upstream.
+    let (status, message) = error("malformed", "");
+    assert_eq!(status, 502);
+    assert!(message.contains("malformed JSON"), "{message}");
+    // A stream that drops: the client gets an error event and [DONE].
+    let (status, _, sse) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &chat("drop mid-stream", r#","stream":true"#),
+    );
+    assert_eq!(status, 200);
+    let error = sse.find("closed the stream before [DONE]").expect(&sse);
+    assert!(sse[error..].contains("data: [DONE]"), "{sse}");
+    // An unreachable upstream.
+    drop(server);
+    let server = gateway("http://127.0.0.1:9/v1");
+    let (status, _, body) = server.request("POST", "/v1/chat/completions", &chat("hello", ""));
+    assert_eq!(status, 502);
+    assert!(body.contains("unreachable"), "{body}");
+    assert!(server.metric("frugal_requests_total{status=\"failed\"}") >= 1.0);
+}
