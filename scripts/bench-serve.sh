@@ -18,10 +18,10 @@ wait_up() { for _ in $(seq 200); do curl -sf "http://127.0.0.1:$1/health" >/dev/
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 if [ -z "${PEER_ONLY:-}" ]; then
-echo "== continuous vs static batching, trace replay (Azure conv trace, first ${ROWS:=100} rows, prompts x0.1, outputs x${OSCALE:=1} capped at ${MAXOUT:=1024}, max batch 16)"
+echo "== continuous vs static batching, trace replay (Azure conv trace, first ${ROWS:=100} rows, prompts x0.1, outputs x${OSCALE:=1} capped at ${MAXOUT:=1024}, max batch ${MAXB:=16})"
 for speedup in ${SPEEDUPS:-0.5 1 2}; do
 for mode in continuous static drain; do
-  $frugal serve --no-meter --port 8301 --model "$model" --batching $mode --max-batch 16 2>/dev/null & pid=$!
+  $frugal serve --no-meter --port 8301 --model "$model" --batching $mode --max-batch "${MAXB:=16}" 2>/dev/null & pid=$!
   wait_up 8301
   $frugal bench --url http://127.0.0.1:8301/v1 --trace data/azure-llm-trace/AzureLLMInferenceTrace_conv.csv \
     --requests "$ROWS" --speedup "$speedup" --scale 0.1 --output-scale "$OSCALE" --max-prompt 512 --max-output "$MAXOUT" --json > "$out/trace-$speedup-$mode.json"
