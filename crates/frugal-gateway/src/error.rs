@@ -21,6 +21,12 @@ pub enum ApiError {
     Overloaded(String),
     #[error("{0}")]
     Internal(String),
+    /// No API key, or not a valid one.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A tenant's budget is spent until `retry_after_s` from now.
+    #[error("{message}")]
+    Budget { message: String, retry_after_s: u64 },
     /// An upstream failed (502, 504), refused (429), or refused the request (its 4xx).
     #[error("{message}")]
     Upstream { status: u16, message: String },
@@ -69,6 +75,18 @@ impl ApiError {
                 None,
                 None,
             ),
+            ApiError::Unauthorized(_) => (
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                None,
+                Some("invalid_api_key"),
+            ),
+            ApiError::Budget { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "insufficient_quota",
+                None,
+                Some("budget_exceeded"),
+            ),
             ApiError::Upstream { status, .. } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
                 let kind = if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
@@ -95,9 +113,12 @@ impl IntoResponse for ApiError {
         });
         let mut response = (status, Json(body)).into_response();
         if status == StatusCode::TOO_MANY_REQUESTS {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            // A spent budget comes back when its period turns; overload in a moment.
+            let after = match &self {
+                ApiError::Budget { retry_after_s, .. } => HeaderValue::from(*retry_after_s),
+                _ => HeaderValue::from_static("1"),
+            };
+            response.headers_mut().insert(header::RETRY_AFTER, after);
         }
         response
     }

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cache;
 pub mod error;
+pub mod keys;
 pub mod loadgen;
 pub mod meter;
 pub mod metrics;
@@ -38,6 +39,7 @@ use frugal_engine::tokenizer::Tokenizer;
 use crate::api::{ChatRequest, Common, CompletionRequest, Usage};
 use crate::cache::{Answer, ExactCache, Lookup};
 use crate::error::ApiError;
+use crate::keys::{Keys, Tenant};
 use crate::meter::Meter;
 use crate::metrics::{Gauges, Metrics};
 use crate::text::{Piece, TextStream};
@@ -64,34 +66,43 @@ struct Inner {
     cache: Option<ExactCache>,
     /// OpenAI-compatible servers behind the gateway, by the name clients use.
     upstreams: HashMap<String, Arc<Upstream>>,
+    keys: Keys,
     metrics: Metrics,
     started: i64,
 }
 
+/// What a gateway is made of.
+pub struct Parts {
+    pub engine: Engine,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// The local model's name, as clients use it.
+    pub model: String,
+    pub meter: Option<Meter>,
+    pub cache: Option<ExactCache>,
+    pub upstreams: Vec<Upstream>,
+    /// No keys: the API is open.
+    pub keys: Keys,
+}
+
 impl AppState {
-    pub fn new(
-        engine: Engine,
-        tokenizer: Tokenizer,
-        template: ChatTemplate,
-        model: String,
-        meter: Option<Meter>,
-        cache: Option<ExactCache>,
-        upstreams: Vec<Upstream>,
-    ) -> AppState {
-        let stop_tokens = tokenizer.end_of_generation().to_vec();
+    pub fn new(p: Parts) -> AppState {
+        let stop_tokens = p.tokenizer.end_of_generation().to_vec();
         AppState {
             inner: Arc::new(Inner {
-                engine,
-                tokenizer: Arc::new(tokenizer),
-                template,
-                model,
+                engine: p.engine,
+                tokenizer: Arc::new(p.tokenizer),
+                template: p.template,
+                model: p.model,
                 stop_tokens,
-                meter,
-                cache,
-                upstreams: upstreams
+                meter: p.meter,
+                cache: p.cache,
+                upstreams: p
+                    .upstreams
                     .into_iter()
                     .map(|u| (u.config.name.clone(), Arc::new(u)))
                     .collect(),
+                keys: p.keys,
                 metrics: Metrics::default(),
                 started: now_s(),
             }),
@@ -172,6 +183,10 @@ fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(Value, T), Api
 }
 
 async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let tenant = match s.admit(&headers) {
+        Ok(t) => t,
+        Err(e) => return s.reject(e),
+    };
     let result = (|| {
         let (value, req): (Value, ChatRequest) = parse(&body)?;
         if let Some(up) = s.upstream(&req.common) {
@@ -211,15 +226,29 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
     })();
     match result {
         Ok(Ok((value, prompt, top, common))) => {
-            let lookup = s.lookup(&value, Kind::Chat, &s.inner.model, &headers);
-            s.generate(Kind::Chat, &prompt, top, common, lookup).await
+            let lookup = s.lookup(
+                &value,
+                Kind::Chat,
+                &s.inner.model,
+                tenant.as_deref(),
+                &headers,
+            );
+            s.generate(Kind::Chat, &prompt, top, common, lookup, tenant)
+                .await
         }
-        Ok(Err((up, value, common))) => s.call(up, Kind::Chat, value, &common, &headers).await,
+        Ok(Err((up, value, common))) => {
+            s.call(up, Kind::Chat, value, &common, &headers, tenant)
+                .await
+        }
         Err(e) => s.reject(e),
     }
 }
 
 async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let tenant = match s.admit(&headers) {
+        Ok(t) => t,
+        Err(e) => return s.reject(e),
+    };
     let result = (|| {
         let (value, req): (Value, CompletionRequest) = parse(&body)?;
         if let Some(up) = s.upstream(&req.common) {
@@ -237,10 +266,20 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
     })();
     match result {
         Ok(Ok((value, prompt, top, common))) => {
-            let lookup = s.lookup(&value, Kind::Text, &s.inner.model, &headers);
-            s.generate(Kind::Text, &prompt, top, common, lookup).await
+            let lookup = s.lookup(
+                &value,
+                Kind::Text,
+                &s.inner.model,
+                tenant.as_deref(),
+                &headers,
+            );
+            s.generate(Kind::Text, &prompt, top, common, lookup, tenant)
+                .await
         }
-        Ok(Err((up, value, common))) => s.call(up, Kind::Text, value, &common, &headers).await,
+        Ok(Err((up, value, common))) => {
+            s.call(up, Kind::Text, value, &common, &headers, tenant)
+                .await
+        }
         Err(e) => s.reject(e),
     }
 }
@@ -285,7 +324,25 @@ impl AppState {
         self.inner.upstreams.get(c.model.as_deref()?).cloned()
     }
 
-    fn lookup(&self, body: &Value, kind: Kind, model: &str, headers: &HeaderMap) -> Lookup {
+    /// The request's tenant (when keys are configured), if its key is valid and its
+    /// budgets have room.
+    fn admit(&self, headers: &HeaderMap) -> Result<Option<Arc<Tenant>>, ApiError> {
+        let tenant = self.inner.keys.authenticate(headers)?;
+        if let Some(t) = &tenant {
+            t.admit(chrono::Utc::now())?;
+        }
+        Ok(tenant)
+    }
+
+    /// How a request meets the cache: entries are namespaced by tenant.
+    fn lookup(
+        &self,
+        body: &Value,
+        kind: Kind,
+        model: &str,
+        tenant: Option<&Tenant>,
+        headers: &HeaderMap,
+    ) -> Lookup {
         if self.inner.cache.is_none() {
             return Lookup::Bypass;
         }
@@ -296,7 +353,8 @@ impl AppState {
             Kind::Chat => "chat",
             Kind::Text => "completions",
         };
-        cache::lookup(body, endpoint, model, "", control)
+        let namespace = tenant.map_or("", |t| t.name.as_str());
+        cache::lookup(body, endpoint, model, namespace, control)
     }
 
     fn reject(&self, e: ApiError) -> Response {
@@ -430,6 +488,7 @@ impl AppState {
         top: Option<usize>,
         c: Common,
         lookup: Lookup,
+        tenant: Option<Arc<Tenant>>,
     ) -> Response {
         let started = (Instant::now(), SystemTime::now());
         // Validated before the cache is read: a hit must not answer what a miss refuses.
@@ -468,6 +527,7 @@ impl AppState {
                 (None, None) => CacheUse::Bypass,
             },
             recorded: Vec::new(),
+            tenant,
         };
         let source = if let Some(answer) = hit {
             self.count_hit(&answer);
@@ -511,9 +571,10 @@ impl AppState {
         body: Value,
         c: &Common,
         headers: &HeaderMap,
+        tenant: Option<Arc<Tenant>>,
     ) -> Response {
         let started = (Instant::now(), SystemTime::now());
-        let lookup = self.lookup(&body, kind, &up.config.name, headers);
+        let lookup = self.lookup(&body, kind, &up.config.name, tenant.as_deref(), headers);
         let mut ctx = Ctx {
             state: self.clone(),
             kind,
@@ -522,6 +583,7 @@ impl AppState {
             started,
             cache: CacheUse::Bypass,
             recorded: Vec::new(),
+            tenant,
         };
         if let (Lookup::Key { key, read }, Some(cache)) = (&lookup, &self.inner.cache) {
             match read.then(|| cache.get(key)).flatten() {
@@ -684,6 +746,8 @@ struct Ctx {
     cache: CacheUse,
     /// The answer's chunks so far, kept when it is to be cached.
     recorded: Vec<cache::Chunk>,
+    /// Whose budget pays.
+    tenant: Option<Arc<Tenant>>,
 }
 
 impl Ctx {
@@ -737,8 +801,11 @@ impl Ctx {
         cost
     }
 
-    /// Keeps the recorded answer, if the request missed the cache.
+    /// Charges the tenant, and keeps the recorded answer if the request missed the cache.
     fn store(&mut self, reason: FinishReason, usage: Usage, cost: Option<frugal_cost::Money>) {
+        if let (Some(t), Some(c)) = (&self.tenant, cost) {
+            t.spend(c, chrono::Utc::now());
+        }
         if let (CacheUse::Miss(key), Some(cache)) = (&self.cache, &self.state.inner.cache) {
             cache.insert(
                 key.clone(),

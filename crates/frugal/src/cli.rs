@@ -53,6 +53,27 @@ pub enum Command {
     Ledger(LedgerCommand),
     /// Cost per training run, per 1,000 inferences and per million tokens; waste; levers
     Report(ReportArgs),
+    /// API keys for `frugal serve`
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Make a key: prints it once, and the `[[serve.key]]` entry (its hash) to configure
+    New(NewKeyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NewKeyArgs {
+    /// Whose key: names its cache namespace and budgets
+    pub tenant: String,
+    /// Dollars the tenant may spend per UTC day
+    #[arg(long, value_name = "USD")]
+    pub daily_usd: Option<String>,
+    /// Dollars the tenant may spend per UTC month
+    #[arg(long, value_name = "USD")]
+    pub monthly_usd: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -9,7 +9,10 @@ use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
 use frugal_cost::report::{Report, pct, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
-use crate::cli::{Cli, Command, ImportFormat, LedgerCommand, PriceSort, PricesArgs, ReportArgs};
+use crate::cli::{
+    Cli, Command, ImportFormat, KeysCommand, LedgerCommand, NewKeyArgs, PriceSort, PricesArgs,
+    ReportArgs,
+};
 use crate::config::{self, Config, Sources};
 use crate::progress::Bar;
 use crate::table;
@@ -62,7 +65,28 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => report(&config, &catalog, &args),
         Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
         Command::Bench(args) => crate::bench::run(&catalog, &args),
+        Command::Keys(KeysCommand::New(args)) => new_key(&args),
     }
+}
+
+fn new_key(args: &NewKeyArgs) -> Result<()> {
+    for v in [&args.daily_usd, &args.monthly_usd].into_iter().flatten() {
+        v.parse::<frugal_cost::Money>()
+            .with_context(|| format!("invalid budget {v:?}"))?;
+    }
+    let key = frugal_gateway::keys::new_key().context("cannot get random bytes for the key")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "key (shown once; frugal keeps only its hash): {key}\n")?;
+    writeln!(out, "[[serve.key]]")?;
+    writeln!(out, "tenant = {:?}", args.tenant)?;
+    writeln!(out, "sha256 = {:?}", frugal_gateway::keys::hash_key(&key))?;
+    if let Some(v) = &args.daily_usd {
+        writeln!(out, "daily_usd = {v:?}")?;
+    }
+    if let Some(v) = &args.monthly_usd {
+        writeln!(out, "monthly_usd = {v:?}")?;
+    }
+    Ok(())
 }
 
 fn open_for_write(config: &Config) -> Result<Ledger> {

@@ -37,6 +37,21 @@ pub struct RawServe {
     /// OpenAI-compatible servers served beside the local model.
     #[serde(default)]
     pub upstream: Vec<RawUpstream>,
+    /// API keys; with none, the API is open.
+    #[serde(default)]
+    pub key: Vec<RawKey>,
+}
+
+/// `[[serve.key]]`: one API key, by its hash (`frugal keys new` prints the entry).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    /// Whose key: it names the cache namespace and the budgets.
+    pub tenant: String,
+    /// Hex SHA-256 of the key.
+    pub sha256: String,
+    pub daily_usd: Option<String>,
+    pub monthly_usd: Option<String>,
 }
 
 /// `[[serve.upstream]]`: one OpenAI-compatible server, by the name clients use for it.

@@ -12,13 +12,14 @@ use frugal_engine::quant::WeightType;
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::AppState;
 use frugal_gateway::cache::{CacheConfig, ExactCache};
+use frugal_gateway::keys::{KeyConfig, Keys};
 use frugal_gateway::meter::{Meter, MeterConfig};
 use frugal_gateway::upstream::{Upstream, UpstreamConfig};
+use frugal_gateway::{AppState, Parts};
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
-use crate::config::{Config, RawUpstream};
+use crate::config::{Config, RawKey, RawUpstream};
 
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
@@ -130,15 +131,17 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .iter()
         .map(|u| upstream(u, catalog))
         .collect::<Result<Vec<_>>>()?;
-    let state = AppState::new(
+    let keys = file.key.iter().map(key).collect::<Result<Vec<_>>>()?;
+    let state = AppState::new(Parts {
         engine,
         tokenizer,
         template,
-        name.clone(),
+        model: name.clone(),
         meter,
         cache,
         upstreams,
-    );
+        keys: Keys::new(&keys),
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -231,4 +234,29 @@ fn upstream(raw: &RawUpstream, catalog: &Catalog) -> Result<Upstream> {
         config.retries = r;
     }
     Upstream::new(config).map_err(|e| anyhow::anyhow!("upstream `{}`: {e}", raw.name))
+}
+
+/// A key from its `[[serve.key]]` entry.
+fn key(raw: &RawKey) -> Result<KeyConfig> {
+    let hex = raw.sha256.trim();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!(
+            "serve.key of tenant `{}`: sha256 must be 64 hex digits (`frugal keys new` prints it)",
+            raw.tenant
+        );
+    }
+    let usd = |field: &str, v: &Option<String>| -> Result<Option<Money>> {
+        v.as_deref()
+            .map(|s| {
+                s.parse::<Money>()
+                    .with_context(|| format!("serve.key of tenant `{}`: {field}", raw.tenant))
+            })
+            .transpose()
+    };
+    Ok(KeyConfig {
+        tenant: raw.tenant.clone(),
+        sha256: hex.to_ascii_lowercase(),
+        daily: usd("daily_usd", &raw.daily_usd)?,
+        monthly: usd("monthly_usd", &raw.monthly_usd)?,
+    })
 }

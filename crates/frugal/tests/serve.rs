@@ -299,3 +299,79 @@ fn a_corrupt_model_is_a_clear_error() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn keys_tenants_and_budgets() {
+    use frugal_gateway::keys::hash_key;
+    let config = format!(
+        "[[serve.key]]\ntenant = \"a\"\nsha256 = \"{}\"\n\n[[serve.key]]\ntenant = \"b\"\nsha256 = \"{}\"\n\n[[serve.key]]\ntenant = \"small\"\nsha256 = \"{}\"\ndaily_usd = \"0.000001\"\n",
+        hash_key("key-a"),
+        hash_key("key-b"),
+        hash_key("key-small")
+    );
+    let server = Server::start_with_files(&[("frugal.toml", &config)], &[]);
+    let body =
+        r#"{"messages":[{"role":"user","content":"Say hi."}],"max_tokens":8,"temperature":0}"#;
+    let call = |key: &str, body: &str| {
+        let auth = if key.is_empty() {
+            String::new()
+        } else {
+            format!("Authorization: Bearer {key}\r\n")
+        };
+        server.request_with("POST", "/v1/chat/completions", body, &auth)
+    };
+    // No key, a wrong key: 401 in OpenAI's shape, and the key is not echoed.
+    for key in ["", "key-wrong"] {
+        let (status, _, text) = call(key, body);
+        assert_eq!(status, 401, "{text}");
+        assert!(
+            text.contains("invalid_api_key") && !text.contains("key-wrong"),
+            "{text}"
+        );
+    }
+    // Each tenant has its own cache entries.
+    let cache = |key: &str| {
+        let (status, head, text) = call(key, body);
+        assert_eq!(status, 200, "{text}");
+        header(&head, "x-frugal-cache").unwrap().to_owned()
+    };
+    assert_eq!(cache("key-a"), "miss");
+    assert_eq!(cache("key-a"), "hit-exact");
+    assert_eq!(cache("key-b"), "miss", "tenant b must not get a's answer");
+
+    // A budget under concurrent load: 4 clients, 3 requests each (sampled, so uncached).
+    // Requests admitted before the first one is charged complete; then every one is refused.
+    let sampled = r#"{"messages":[{"role":"user","content":"Tell me a story."}],"max_tokens":8,"temperature":0.9}"#;
+    let outcomes: Vec<(u16, String, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..3)
+                        .map(|_| call("key-small", sampled))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let ok = outcomes.iter().filter(|o| o.0 == 200).count();
+    assert!(
+        (1..=4).contains(&ok),
+        "{ok} succeeded: overshoot beyond the requests in flight"
+    );
+    for (status, head, text) in outcomes.iter().filter(|o| o.0 != 200) {
+        assert_eq!(*status, 429, "{text}");
+        assert!(
+            text.contains("daily budget of `small`") && text.contains("budget_exceeded"),
+            "{text}"
+        );
+        let retry: u64 = header(head, "retry-after").unwrap().parse().unwrap();
+        assert!(retry > 1, "{head}");
+    }
+    assert!(outcomes.len() - ok >= 8);
+    // Other tenants are unaffected.
+    assert_eq!(call("key-a", sampled).0, 200);
+}

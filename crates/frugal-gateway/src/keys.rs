@@ -1,0 +1,283 @@
+//! API keys, tenants and budgets.
+//!
+//! Keys are configured by their SHA-256 only (`frugal keys new` makes one and prints the
+//! hash to configure), so a leaked config leaks no key, and no key is ever logged. Each key
+//! belongs to a tenant: the tenant namespaces the cache (one tenant's answer never reaches
+//! another) and carries optional daily and monthly budgets in dollars, checked at admission
+//! against what its finished requests cost. A request admitted while the budget had room
+//! still completes, so the overshoot is bounded by the requests in flight when it ran out.
+//! Spend is kept in memory per period (UTC day, UTC month).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::http::{HeaderMap, header};
+use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Utc};
+use frugal_cost::Money;
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+
+/// One configured key.
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    pub tenant: String,
+    /// SHA-256 of the key, as lowercase hex.
+    pub sha256: String,
+    pub daily: Option<Money>,
+    pub monthly: Option<Money>,
+}
+
+/// The hex SHA-256 of a key: what the config stores.
+pub fn hash_key(key: &str) -> String {
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A new random key: `fk-` and 32 random bytes in hex.
+pub fn new_key() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(format!(
+        "fk-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
+}
+
+#[derive(Debug)]
+pub struct Tenant {
+    pub name: String,
+    daily: Option<Money>,
+    monthly: Option<Money>,
+    spend: Mutex<Spend>,
+}
+
+/// Spend in the current day and month.
+#[derive(Debug, Default)]
+struct Spend {
+    day: Option<NaiveDate>,
+    day_total: Money,
+    month: Option<(i32, u32)>,
+    month_total: Money,
+}
+
+impl Spend {
+    /// Starts a new period's total when `now` has left the one on record.
+    fn roll(&mut self, now: DateTime<Utc>) {
+        let day = now.date_naive();
+        if self.day != Some(day) {
+            self.day = Some(day);
+            self.day_total = Money::ZERO;
+        }
+        let month = (now.year(), now.month());
+        if self.month != Some(month) {
+            self.month = Some(month);
+            self.month_total = Money::ZERO;
+        }
+    }
+}
+
+impl Tenant {
+    /// Refuses a request once a budget is spent, naming it and when it resets.
+    pub fn admit(&self, now: DateTime<Utc>) -> Result<(), ApiError> {
+        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+        spend.roll(now);
+        let checks = [
+            ("daily", self.daily, spend.day_total, next_day(now)),
+            ("monthly", self.monthly, spend.month_total, next_month(now)),
+        ];
+        for (period, limit, spent, resets) in checks {
+            if let Some(limit) = limit.filter(|l| spent >= *l) {
+                return Err(ApiError::Budget {
+                    message: format!(
+                        "the {period} budget of `{}` is spent: ${} of ${}; it resets at {}",
+                        self.name,
+                        spent.to_string_places(6),
+                        limit.to_string_places(2),
+                        resets.format("%Y-%m-%dT%H:%MZ")
+                    ),
+                    retry_after_s: (resets - now).num_seconds().max(1) as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a finished request's cost.
+    pub fn spend(&self, cost: Money, now: DateTime<Utc>) {
+        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+        spend.roll(now);
+        spend.day_total += cost;
+        spend.month_total += cost;
+    }
+}
+
+fn next_day(now: DateTime<Utc>) -> DateTime<Utc> {
+    let midnight = now
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .map(|t| Utc.from_utc_datetime(&t));
+    midnight.map_or(now, |m| m + Duration::days(1))
+}
+
+fn next_month(now: DateTime<Utc>) -> DateTime<Utc> {
+    let (y, m) = if now.month() == 12 {
+        (now.year() + 1, 1)
+    } else {
+        (now.year(), now.month() + 1)
+    };
+    NaiveDate::from_ymd_opt(y, m, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map_or(now, |t| Utc.from_utc_datetime(&t))
+}
+
+/// The configured keys; empty means the API is open.
+#[derive(Debug, Default)]
+pub struct Keys {
+    by_hash: HashMap<String, Arc<Tenant>>,
+}
+
+impl Keys {
+    /// Keys of one tenant share its budgets.
+    pub fn new(configs: &[KeyConfig]) -> Keys {
+        let mut tenants: HashMap<&str, Arc<Tenant>> = HashMap::new();
+        let mut by_hash = HashMap::new();
+        for k in configs {
+            let tenant = tenants.entry(&k.tenant).or_insert_with(|| {
+                Arc::new(Tenant {
+                    name: k.tenant.clone(),
+                    daily: k.daily,
+                    monthly: k.monthly,
+                    spend: Mutex::new(Spend::default()),
+                })
+            });
+            by_hash.insert(k.sha256.to_ascii_lowercase(), tenant.clone());
+        }
+        Keys { by_hash }
+    }
+
+    /// The tenant of the request's bearer key; `None` when no keys are configured.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Arc<Tenant>>, ApiError> {
+        if self.by_hash.is_empty() {
+            return Ok(None);
+        }
+        let key = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(|| {
+                ApiError::Unauthorized(
+                    "this server needs an API key: send `Authorization: Bearer <key>`".into(),
+                )
+            })?;
+        self.by_hash
+            .get(&hash_key(key))
+            .cloned()
+            .map(Some)
+            .ok_or_else(|| ApiError::Unauthorized("the API key is not valid".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[test]
+    fn keys_are_checked_by_hash() {
+        // echo -n abc | sha256sum
+        assert_eq!(
+            hash_key("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let key = new_key().unwrap();
+        assert!(key.starts_with("fk-") && key.len() == 67, "{key}");
+        assert_ne!(new_key().unwrap(), key);
+        let keys = Keys::new(&[KeyConfig {
+            tenant: "a".into(),
+            sha256: hash_key(&key).to_uppercase(),
+            daily: None,
+            monthly: None,
+        }]);
+        let mut h = HeaderMap::new();
+        assert!(matches!(
+            keys.authenticate(&h),
+            Err(ApiError::Unauthorized(_))
+        ));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer nope"),
+        );
+        assert!(matches!(
+            keys.authenticate(&h),
+            Err(ApiError::Unauthorized(_))
+        ));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+        );
+        assert_eq!(keys.authenticate(&h).unwrap().unwrap().name, "a");
+        assert!(
+            Keys::default()
+                .authenticate(&HeaderMap::new())
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn budgets_refuse_once_spent_and_reset_with_their_period() {
+        let keys = Keys::new(&[
+            KeyConfig {
+                tenant: "a".into(),
+                sha256: hash_key("k1"),
+                daily: Some(Money::from_cents(100)),
+                monthly: Some(Money::from_cents(150)),
+            },
+            KeyConfig {
+                tenant: "a".into(),
+                sha256: hash_key("k2"),
+                daily: None,
+                monthly: None,
+            },
+        ]);
+        let t = keys.by_hash[&hash_key("k1")].clone();
+        // Both keys of a tenant share its budget.
+        assert!(Arc::ptr_eq(&t, &keys.by_hash[&hash_key("k2")]));
+        let now = at("2026-12-03T10:00:00Z");
+        t.admit(now).unwrap();
+        t.spend(Money::from_cents(99), now);
+        t.admit(now).unwrap();
+        t.spend(Money::from_cents(2), now);
+        let Err(ApiError::Budget {
+            message,
+            retry_after_s,
+        }) = t.admit(now)
+        else {
+            panic!("the daily budget is spent")
+        };
+        assert!(message.contains("daily budget of `a`"), "{message}");
+        assert!(message.contains("$1.010000 of $1.00"), "{message}");
+        assert!(message.contains("2026-12-04T00:00Z"), "{message}");
+        assert_eq!(retry_after_s, 14 * 3600);
+        // The next day has room again, until the month's $1.50 is gone.
+        let tomorrow = at("2026-12-04T00:00:01Z");
+        t.admit(tomorrow).unwrap();
+        t.spend(Money::from_cents(50), tomorrow);
+        let Err(ApiError::Budget { message, .. }) = t.admit(tomorrow) else {
+            panic!("the monthly budget is spent")
+        };
+        assert!(
+            message.contains("monthly") && message.contains("2027-01-01T00:00Z"),
+            "{message}"
+        );
+        t.admit(at("2027-01-01T00:00:00Z")).unwrap();
+    }
+}
