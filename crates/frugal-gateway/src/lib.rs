@@ -616,7 +616,7 @@ impl AppState {
         };
         match up.send(endpoint, body, c.stream).await {
             Err(e) => {
-                ctx.count_failure();
+                ctx.fail_call(&up, None);
                 e.into_response()
             }
             Ok(Reply::Json(v)) => {
@@ -850,6 +850,7 @@ impl Ctx {
                 cached_tokens: 0,
                 completion_tokens: usage.completion_tokens as u64,
                 cost: frugal_cost::Money::ZERO,
+                failed: false,
             });
             return Some(frugal_cost::Money::ZERO);
         }
@@ -884,9 +885,30 @@ impl Ctx {
                 cached_tokens: cached,
                 completion_tokens: usage.completion_tokens as u64,
                 cost: cost.unwrap_or(frugal_cost::Money::ZERO),
+                failed: false,
             });
         }
         self.store(reason, usage, cost);
+    }
+
+    /// A failed upstream call: counted, and a ledger row (with the usage seen, if any) so
+    /// the failure is on record.
+    fn fail_call(&self, up: &Upstream, usage: Option<(Usage, u64)>) {
+        self.count_failure();
+        let s = &self.state.inner;
+        if let Some(meter) = &s.meter {
+            let (usage, cached) = usage.unwrap_or_default();
+            meter.record_call(meter::Call {
+                started: self.started.1,
+                duration: self.started.0.elapsed(),
+                model: up.config.name.clone(),
+                prompt_tokens: usage.prompt_tokens as u64,
+                cached_tokens: cached,
+                completion_tokens: usage.completion_tokens as u64,
+                cost: up.cost(&usage, cached).unwrap_or(frugal_cost::Money::ZERO),
+                failed: true,
+            });
+        }
     }
 
     async fn respond(self, source: Source, c: &Common) -> Response {
@@ -932,7 +954,7 @@ impl Ctx {
 
             fn fail(&mut self, message: String) -> Vec<SseEvent> {
                 self.done = true;
-                self.ctx.count_failure();
+                self.ctx.fail_call(&self.up, self.usage);
                 tracing::warn!(upstream = %self.up.config.name, error = %message, "stream failed");
                 let body = json!({ "error": { "message": message, "type": "upstream_error" } });
                 vec![

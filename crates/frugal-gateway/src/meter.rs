@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use frugal_cost::money::HourlyRate;
-use frugal_cost::{Capacity, Event, Kind, Ledger, Money};
+use frugal_cost::{Capacity, Event, Kind, Ledger, Money, Outcome};
 
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
 const IDLE_EVERY: Duration = Duration::from_secs(60);
@@ -45,6 +45,8 @@ pub struct Call {
     pub cached_tokens: u64,
     pub completion_tokens: u64,
     pub cost: Money,
+    /// The call failed: recorded as a failed outcome, serving no request.
+    pub failed: bool,
 }
 
 enum Record {
@@ -170,7 +172,8 @@ impl Writer {
         );
         e.duration_ms = c.duration.as_millis() as i64;
         e.model = Some(c.model);
-        e.requests = 1;
+        e.requests = u64::from(!c.failed);
+        e.outcome = c.failed.then_some(Outcome::Failed);
         e.input_tokens = c.prompt_tokens;
         e.cached_input_tokens = c.cached_tokens;
         e.output_tokens = c.completion_tokens;

@@ -263,8 +263,21 @@ fn upstream_failures_are_clear_client_errors() {
     assert_eq!(status, 200);
     let error = sse.find("closed the stream before [DONE]").expect(&sse);
     assert!(sse[error..].contains("data: [DONE]"), "{sse}");
+    // Every failure is in the ledger: a failed outcome, serving no request.
+    let (_, dir) = server.stop();
+    let db = rusqlite::Connection::open(dir.path().join("ledger.sqlite")).unwrap();
+    let failed: i64 = db
+        .query_row(
+            "SELECT count(*) FROM events WHERE outcome IS NOT NULL AND requests = 0",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        failed, 5,
+        "always 500, bad request, slow, malformed, dropped stream"
+    );
     // An unreachable upstream.
-    drop(server);
     let server = gateway("http://127.0.0.1:9/v1");
     let (status, _, body) = server.request("POST", "/v1/chat/completions", &chat("hello", ""));
     assert_eq!(status, 502);
