@@ -4,9 +4,10 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Bucket upper bounds in seconds.
-const BUCKETS: [f64; 14] = [
-    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+/// Bucket upper bounds in seconds; the sub-millisecond ones are for cache hits.
+const BUCKETS: [f64; 18] = [
+    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 10.0, 30.0,
 ];
 
 #[derive(Default)]
