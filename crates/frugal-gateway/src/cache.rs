@@ -11,14 +11,18 @@
 //! Entries are bounded by bytes with least-recently-used eviction and a time to live, on
 //! moka (a concurrent cache whose reads do not serialize on one lock); the full key is
 //! stored and compared, so a hash collision can never serve another request's answer.
+//! Identical requests that arrive while the first is still being answered wait for its
+//! answer instead of computing it again ([`ExactCache::claim`]).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use frugal_cost::Money;
 use frugal_engine::scheduler::FinishReason;
 use moka::policy::EvictionPolicy;
 use serde_json::{Map, Value};
+use tokio::sync::watch;
 
 use crate::api::{TokenLogprob, Usage};
 
@@ -88,8 +92,55 @@ pub enum Lookup {
     Bypass,
 }
 
+type Pending = watch::Receiver<Option<Arc<Answer>>>;
+
 pub struct ExactCache {
     entries: moka::sync::Cache<Arc<str>, Arc<Answer>>,
+    /// Keys being answered now, and where their answer will appear.
+    inflight: Arc<Mutex<HashMap<Arc<str>, Pending>>>,
+}
+
+/// Who answers a missed key.
+pub enum Claim {
+    /// This request: store the answer with [`Leader::fulfil`].
+    Leader(Leader),
+    /// Another request already is: wait with [`wait`].
+    Follower(Pending),
+}
+
+/// The right to answer a key; dropped without an answer (a failure, a disconnect), it lets
+/// the waiting requests go and answer for themselves.
+pub struct Leader {
+    key: Arc<str>,
+    tx: watch::Sender<Option<Arc<Answer>>>,
+    inflight: Arc<Mutex<HashMap<Arc<str>, Pending>>>,
+}
+
+impl Leader {
+    /// Stores the answer and hands it to the requests waiting for it.
+    pub fn fulfil(self, cache: &ExactCache, answer: Answer) {
+        let answer = Arc::new(answer);
+        cache.entries.insert(self.key.clone(), answer.clone());
+        self.tx.send_replace(Some(answer));
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
+}
+
+/// The leader's answer, or `None` if it ended without one.
+pub async fn wait(mut pending: Pending) -> Option<Arc<Answer>> {
+    pending
+        .wait_for(Option::is_some)
+        .await
+        .ok()
+        .and_then(|a| a.clone())
 }
 
 impl ExactCache {
@@ -101,14 +152,31 @@ impl ExactCache {
                 .time_to_live(config.ttl)
                 .eviction_policy(EvictionPolicy::lru())
                 .build(),
+            inflight: Arc::default(),
         }
+    }
+
+    /// After a miss: lead the key, or follow the request already answering it.
+    pub fn claim(&self, key: &Arc<str>) -> Claim {
+        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pending) = inflight.get(key) {
+            return Claim::Follower(pending.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        inflight.insert(key.clone(), rx);
+        Claim::Leader(Leader {
+            key: key.clone(),
+            tx,
+            inflight: self.inflight.clone(),
+        })
     }
 
     pub fn get(&self, key: &Arc<str>) -> Option<Arc<Answer>> {
         self.entries.get(key)
     }
 
-    pub fn insert(&self, key: Arc<str>, answer: Answer) {
+    #[cfg(test)]
+    fn insert(&self, key: Arc<str>, answer: Answer) {
         self.entries.insert(key, Arc::new(answer));
     }
 
@@ -380,6 +448,33 @@ mod tests {
         assert!(cache.get(&k(0)).is_some());
         assert!(cache.get(&k(1)).is_none(), "the least recently used stays");
         assert!(cache.get(&k(9)).is_some());
+    }
+
+    #[tokio::test]
+    async fn identical_requests_in_flight_wait_for_the_first_answer() {
+        let cache = ExactCache::new(CacheConfig::default());
+        let key: Arc<str> = "k".into();
+        let Claim::Leader(leader) = cache.claim(&key) else {
+            panic!("the first request leads")
+        };
+        let Claim::Follower(pending) = cache.claim(&key) else {
+            panic!("the second follows")
+        };
+        let waiter = tokio::spawn(wait(pending));
+        leader.fulfil(&cache, answer("4"));
+        assert_eq!(waiter.await.unwrap().unwrap().text(), "4");
+        assert_eq!(cache.get(&key).unwrap().text(), "4");
+        // A leader that ends without an answer releases its followers, and the key.
+        let other: Arc<str> = "other".into();
+        let Claim::Leader(leader) = cache.claim(&other) else {
+            panic!()
+        };
+        let Claim::Follower(pending) = cache.claim(&other) else {
+            panic!()
+        };
+        drop(leader);
+        assert!(wait(pending).await.is_none());
+        assert!(matches!(cache.claim(&other), Claim::Leader(_)));
     }
 
     #[test]

@@ -37,7 +37,7 @@ use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
 
 use crate::api::{ChatRequest, Common, CompletionRequest, Usage};
-use crate::cache::{Answer, ExactCache, Lookup};
+use crate::cache::{Answer, Claim, ExactCache, Leader, Lookup};
 use crate::error::ApiError;
 use crate::keys::{Keys, Tenant};
 use crate::meter::Meter;
@@ -312,11 +312,36 @@ impl Kind {
 }
 
 impl AppState {
-    fn count_hit(&self, answer: &Answer) {
+    /// The cache's answer, or the right (or duty) to produce it: a miss leads its key, and
+    /// a request identical to one being answered waits for that answer.
+    async fn consult(&self, lookup: &Lookup) -> (CacheUse, Option<Arc<Answer>>) {
+        let (Lookup::Key { key, read }, Some(cache)) = (lookup, &self.inner.cache) else {
+            return (CacheUse::Bypass, None);
+        };
         let m = &self.inner.metrics;
-        m.cache_hits.fetch_add(1, Ordering::Relaxed);
-        m.saved_nanos
-            .fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
+        let hit = |answer: Arc<Answer>| {
+            m.cache_hits.fetch_add(1, Ordering::Relaxed);
+            m.saved_nanos
+                .fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
+            (CacheUse::Hit(answer.cost), Some(answer))
+        };
+        if *read && let Some(answer) = cache.get(key) {
+            return hit(answer);
+        }
+        match cache.claim(key) {
+            Claim::Leader(leader) => {
+                m.cache_misses.fetch_add(1, Ordering::Relaxed);
+                (CacheUse::Miss(Some(leader)), None)
+            }
+            Claim::Follower(pending) => match cache::wait(pending).await {
+                Some(answer) if *read => hit(answer),
+                // The first one failed, or this one must not read: answer it alone.
+                _ => {
+                    m.cache_misses.fetch_add(1, Ordering::Relaxed);
+                    (CacheUse::Miss(None), None)
+                }
+            },
+        }
     }
 
     /// The upstream a request names, if it names one.
@@ -509,36 +534,20 @@ impl AppState {
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos())
         );
-        let (store, hit) = match (&lookup, &self.inner.cache) {
-            (Lookup::Key { key, read }, Some(cache)) => {
-                (Some(key.clone()), read.then(|| cache.get(key)).flatten())
-            }
-            _ => (None, None),
-        };
+        let (cache_use, hit) = self.consult(&lookup).await;
         let mut ctx = Ctx {
             state: self.clone(),
             kind,
             model: self.inner.model.clone(),
             id,
             started,
-            cache: match (&hit, store) {
-                (Some(answer), _) => CacheUse::Hit(answer.cost),
-                (None, Some(key)) => CacheUse::Miss(key),
-                (None, None) => CacheUse::Bypass,
-            },
+            cache: cache_use,
             recorded: Vec::new(),
             tenant,
         };
         let source = if let Some(answer) = hit {
-            self.count_hit(&answer);
             Source::Replay(Replay::new(&answer, top.is_some()))
         } else {
-            if matches!(ctx.cache, CacheUse::Miss(_)) {
-                self.inner
-                    .metrics
-                    .cache_misses
-                    .fetch_add(1, Ordering::Relaxed);
-            }
             let prompt_tokens = request.prompt.len();
             let rx = match self.inner.engine.submit(request) {
                 Ok(rx) => rx,
@@ -585,30 +594,22 @@ impl AppState {
             recorded: Vec::new(),
             tenant,
         };
-        if let (Lookup::Key { key, read }, Some(cache)) = (&lookup, &self.inner.cache) {
-            match read.then(|| cache.get(key)).flatten() {
-                Some(answer) => {
-                    self.count_hit(&answer);
-                    ctx.id = format!(
-                        "frugal-{:x}",
-                        started.0.elapsed().as_nanos() ^ epoch_nanos(started.1)
-                    );
-                    ctx.cache = CacheUse::Hit(answer.cost);
-                    return ctx
-                        .respond(Source::Replay(Replay::new(&answer, false)), c)
-                        .await;
-                }
-                None => {
-                    self.inner
-                        .metrics
-                        .cache_misses
-                        .fetch_add(1, Ordering::Relaxed);
-                    // Logprobs are not parsed from upstreams, so such answers are not kept.
-                    if !body["logprobs"].as_bool().unwrap_or(false) {
-                        ctx.cache = CacheUse::Miss(key.clone());
-                    }
-                }
-            }
+        // Logprobs are not parsed from upstreams, so such answers are not kept.
+        let lookup = if body["logprobs"].as_bool().unwrap_or(false) {
+            Lookup::Bypass
+        } else {
+            lookup
+        };
+        let (cache_use, hit) = self.consult(&lookup).await;
+        ctx.cache = cache_use;
+        if let Some(answer) = hit {
+            ctx.id = format!(
+                "frugal-{:x}",
+                started.0.elapsed().as_nanos() ^ epoch_nanos(started.1)
+            );
+            return ctx
+                .respond(Source::Replay(Replay::new(&answer, false)), c)
+                .await;
         }
         let endpoint = match kind {
             Kind::Chat => "chat/completions",
@@ -676,8 +677,9 @@ fn plain_answer(v: &Value, kind: Kind) -> Option<(String, FinishReason)> {
 enum CacheUse {
     /// Served from the cache, saving what the answer first cost.
     Hit(frugal_cost::Money),
-    /// Not found: the answer is stored under this key when it completes.
-    Miss(Arc<str>),
+    /// Not found: the answer is stored (and handed to identical requests waiting for it)
+    /// when it completes, if this request leads its key.
+    Miss(Option<Leader>),
     Bypass,
 }
 
@@ -761,7 +763,7 @@ impl Ctx {
 
     /// Keeps a piece of the answer if it will be cached.
     fn record(&mut self, text: &str, logprobs: &[api::TokenLogprob]) {
-        if matches!(self.cache, CacheUse::Miss(_)) {
+        if matches!(self.cache, CacheUse::Miss(Some(_))) {
             self.recorded.push(cache::Chunk {
                 text: text.to_owned(),
                 logprobs: logprobs.to_vec(),
@@ -806,9 +808,11 @@ impl Ctx {
         if let (Some(t), Some(c)) = (&self.tenant, cost) {
             t.spend(c, chrono::Utc::now());
         }
-        if let (CacheUse::Miss(key), Some(cache)) = (&self.cache, &self.state.inner.cache) {
-            cache.insert(
-                key.clone(),
+        if let (CacheUse::Miss(leader), Some(cache)) = (&mut self.cache, &self.state.inner.cache)
+            && let Some(leader) = leader.take()
+        {
+            leader.fulfil(
+                cache,
                 Answer {
                     chunks: std::mem::take(&mut self.recorded),
                     finish_reason: reason,

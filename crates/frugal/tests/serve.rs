@@ -141,6 +141,18 @@ fn the_exact_cache_replays_deterministic_answers() {
         streamed_text(&sse).0
     );
 
+    // Identical requests at once: one is answered, the others wait for its answer.
+    let bird = r#"{"messages":[{"role":"user","content":"Name a bird."}],"max_tokens":12,"temperature":0}"#;
+    let results: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4).map(|_| s.spawn(|| chat(bird, ""))).collect();
+        handles.into_iter().map(|h| h.join().unwrap().0).collect()
+    });
+    let misses = results
+        .iter()
+        .filter(|h| header(h, "x-frugal-cache") == Some("miss"))
+        .count();
+    assert_eq!(misses, 1, "{results:?}");
+
     // Errors are never cached: the same bad request fails the same way twice.
     for _ in 0..2 {
         let (status, _, _) = server.request(
@@ -152,7 +164,7 @@ fn the_exact_cache_replays_deterministic_answers() {
     }
     assert_eq!(
         server.metric("frugal_cache_requests_total{result=\"hit-exact\"}"),
-        3.0
+        6.0
     );
     assert!(server.metric("frugal_saved_usd_total{lever=\"cache\"}") > 0.0);
 }
@@ -244,7 +256,8 @@ fn a_client_that_disconnects_frees_its_sequence() {
 
 #[test]
 fn overload_is_a_429_with_retry_after() {
-    let server = Server::start(&["--max-batch", "1", "--max-queue", "1"]);
+    // Without the cache: identical requests would wait for one answer instead of queueing.
+    let server = Server::start(&["--max-batch", "1", "--max-queue", "1", "--no-cache"]);
     let body = r#"{"prompt":"Count to one hundred:","max_tokens":300,"temperature":0}"#;
     let addr = server.addr.clone();
     let clients: Vec<_> = (0..6)
