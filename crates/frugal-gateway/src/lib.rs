@@ -328,18 +328,18 @@ impl AppState {
         if *read && let Some(answer) = cache.get(key) {
             return hit(answer);
         }
+        let miss = |leader| {
+            m.cache_misses.fetch_add(1, Ordering::Relaxed);
+            (CacheUse::Miss(leader), None)
+        };
         match cache.claim(key) {
-            Claim::Leader(leader) => {
-                m.cache_misses.fetch_add(1, Ordering::Relaxed);
-                (CacheUse::Miss(Some(leader)), None)
-            }
+            Claim::Leader(leader) => miss(Some(leader)),
+            // `no-cache` must not be handed another request's answer: it runs at once.
+            Claim::Follower(_) if !*read => miss(None),
             Claim::Follower(pending) => match cache::wait(pending).await {
-                Some(answer) if *read => hit(answer),
-                // The first one failed, or this one must not read: answer it alone.
-                _ => {
-                    m.cache_misses.fetch_add(1, Ordering::Relaxed);
-                    (CacheUse::Miss(None), None)
-                }
+                Some(answer) => hit(answer),
+                // The first one failed: answer this one alone.
+                None => miss(None),
             },
         }
     }
