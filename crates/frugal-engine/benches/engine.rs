@@ -81,22 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     logits: false,
                 }]);
             }
-            let t = Instant::now();
-            for step in 0..128u32 {
-                let tokens: Vec<[u32; 1]> =
-                    (0..batch as u32).map(|b| [1000 + step * 7 + b]).collect();
-                let mut chunks: Vec<Chunk<'_>> = tokens
-                    .iter()
-                    .zip(caches.iter_mut())
-                    .map(|(t, c)| Chunk {
-                        tokens: t,
-                        cache: c,
-                        logits: true,
-                    })
-                    .collect();
-                let _ = model.forward(&mut chunks);
-            }
-            t.elapsed().as_secs_f64()
+            decode(&model, &mut caches, 128)
         });
         let label = if batch == 1 {
             "tg128".to_owned()
@@ -115,23 +100,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             logits: false,
         }])?;
     }
-    let secs = best(3, &mut || {
-        let t = Instant::now();
-        for step in 0..16u32 {
-            let tokens: Vec<[u32; 1]> = (0..16u32).map(|b| [1000 + step * 7 + b]).collect();
-            let mut chunks: Vec<Chunk<'_>> = tokens
-                .iter()
-                .zip(caches.iter_mut())
-                .map(|(t, c)| Chunk {
-                    tokens: t,
-                    cache: c,
-                    logits: true,
-                })
-                .collect();
-            let _ = model.forward(&mut chunks);
-        }
-        t.elapsed().as_secs_f64()
-    });
+    let secs = best(3, &mut || decode(&model, &mut caches, 16));
     println!("decode B=16 after 512: {:.0} tok/s", 16.0 * 16.0 / secs);
     Ok(())
+}
+
+/// Seconds for `steps` decode steps of one token for every cache.
+fn decode(model: &Model, caches: &mut [KvCache], steps: u32) -> f64 {
+    let t = Instant::now();
+    for step in 0..steps {
+        let tokens: Vec<[u32; 1]> = (0..caches.len() as u32)
+            .map(|b| [1000 + step * 7 + b])
+            .collect();
+        let mut chunks: Vec<Chunk<'_>> = tokens
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(t, c)| Chunk {
+                tokens: t,
+                cache: c,
+                logits: true,
+            })
+            .collect();
+        let _ = model.forward(&mut chunks);
+    }
+    t.elapsed().as_secs_f64()
 }

@@ -144,10 +144,16 @@ impl KvCache {
     /// A cache with room for `positions` before it has to grow (and copy).
     pub fn with_capacity(config: &Config, positions: usize) -> KvCache {
         let rows = config.kv_dim();
-        // Zeroed allocations map pages lazily: room reserved and never used costs no memory.
+        // Each buffer its own zeroed allocation, mapped lazily: room reserved and never used
+        // costs no memory (`vec![buf; n]` would clone, writing every page at admission).
+        let zeroed = || {
+            (0..config.n_layer)
+                .map(|_| vec![0.0; rows * positions])
+                .collect()
+        };
         KvCache {
-            k: vec![vec![0.0; rows * positions]; config.n_layer],
-            v: vec![vec![0.0; rows * positions]; config.n_layer],
+            k: zeroed(),
+            v: zeroed(),
             len: 0,
             cap: positions,
             rows,

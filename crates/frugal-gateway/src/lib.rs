@@ -182,15 +182,31 @@ fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<(Value, T), Api
     Ok((value, typed))
 }
 
+/// Where a validated request goes.
+enum Route {
+    /// The local engine, with the prompt rendered and the logprobs wanted.
+    Local {
+        body: Value,
+        prompt: String,
+        top: Option<usize>,
+        common: Common,
+    },
+    Upstream {
+        up: Arc<Upstream>,
+        body: Value,
+        common: Common,
+    },
+}
+
 async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let tenant = match s.admit(&headers) {
-        Ok(t) => t,
-        Err(e) => return s.reject(e),
-    };
-    let result = (|| {
+    s.handle(Kind::Chat, &headers, || {
         let (value, req): (Value, ChatRequest) = parse(&body)?;
         if let Some(up) = s.upstream(&req.common) {
-            return Ok(Err((up, value, req.common)));
+            return Ok(Route::Upstream {
+                up,
+                body: value,
+                common: req.common,
+            });
         }
         if req.messages.is_empty() {
             return Err(ApiError::InvalidParam {
@@ -222,37 +238,25 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
             (false, None) => None,
             (true, n) => Some(check_top(n.unwrap_or(0), "top_logprobs")?),
         };
-        Ok(Ok((value, prompt, top, req.common)))
-    })();
-    match result {
-        Ok(Ok((value, prompt, top, common))) => {
-            let lookup = s.lookup(
-                &value,
-                Kind::Chat,
-                &s.inner.model,
-                tenant.as_deref(),
-                &headers,
-            );
-            s.generate(Kind::Chat, &prompt, top, common, lookup, tenant)
-                .await
-        }
-        Ok(Err((up, value, common))) => {
-            s.call(up, Kind::Chat, value, &common, &headers, tenant)
-                .await
-        }
-        Err(e) => s.reject(e),
-    }
+        Ok(Route::Local {
+            body: value,
+            prompt,
+            top,
+            common: req.common,
+        })
+    })
+    .await
 }
 
 async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    let tenant = match s.admit(&headers) {
-        Ok(t) => t,
-        Err(e) => return s.reject(e),
-    };
-    let result = (|| {
+    s.handle(Kind::Text, &headers, || {
         let (value, req): (Value, CompletionRequest) = parse(&body)?;
         if let Some(up) = s.upstream(&req.common) {
-            return Ok(Err((up, value, req.common)));
+            return Ok(Route::Upstream {
+                up,
+                body: value,
+                common: req.common,
+            });
         }
         let mut prompts = req.prompt.into_vec();
         if prompts.len() != 1 {
@@ -262,26 +266,14 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
             });
         }
         let top = req.logprobs.map(|n| check_top(n, "logprobs")).transpose()?;
-        Ok(Ok((value, prompts.remove(0), top, req.common)))
-    })();
-    match result {
-        Ok(Ok((value, prompt, top, common))) => {
-            let lookup = s.lookup(
-                &value,
-                Kind::Text,
-                &s.inner.model,
-                tenant.as_deref(),
-                &headers,
-            );
-            s.generate(Kind::Text, &prompt, top, common, lookup, tenant)
-                .await
-        }
-        Ok(Err((up, value, common))) => {
-            s.call(up, Kind::Text, value, &common, &headers, tenant)
-                .await
-        }
-        Err(e) => s.reject(e),
-    }
+        Ok(Route::Local {
+            body: value,
+            prompt: prompts.remove(0),
+            top,
+            common: req.common,
+        })
+    })
+    .await
 }
 
 fn check_top(n: i64, param: &'static str) -> Result<usize, ApiError> {
@@ -302,6 +294,27 @@ enum Kind {
 }
 
 impl Kind {
+    /// The endpoint below `/v1`.
+    fn path(self) -> &'static str {
+        match self {
+            Kind::Chat => "chat/completions",
+            Kind::Text => "completions",
+        }
+    }
+
+    /// A response id in OpenAI's style, unique enough per server.
+    fn response_id(self, started: (Instant, SystemTime)) -> String {
+        let prefix = match self {
+            Kind::Chat => "chatcmpl",
+            Kind::Text => "cmpl",
+        };
+        let epoch = started
+            .1
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{prefix}-{:x}", started.0.elapsed().as_nanos() ^ epoch)
+    }
+
     fn object(self, chunk: bool) -> &'static str {
         match (self, chunk) {
             (Kind::Chat, false) => "chat.completion",
@@ -344,6 +357,36 @@ impl AppState {
         }
     }
 
+    /// Checks the key and budgets, validates the request with `route`, and answers it.
+    async fn handle(
+        &self,
+        kind: Kind,
+        headers: &HeaderMap,
+        route: impl FnOnce() -> Result<Route, ApiError>,
+    ) -> Response {
+        let tenant = match self.admit(headers) {
+            Ok(t) => t,
+            Err(e) => return self.reject(e),
+        };
+        match route() {
+            Ok(Route::Local {
+                body,
+                prompt,
+                top,
+                common,
+            }) => {
+                let model = &self.inner.model;
+                let lookup = self.lookup(&body, kind, model, tenant.as_deref(), headers);
+                self.generate(kind, &prompt, top, common, lookup, tenant)
+                    .await
+            }
+            Ok(Route::Upstream { up, body, common }) => {
+                self.call(up, kind, body, &common, headers, tenant).await
+            }
+            Err(e) => self.reject(e),
+        }
+    }
+
     /// The upstream a request names, if it names one.
     fn upstream(&self, c: &Common) -> Option<Arc<Upstream>> {
         self.inner.upstreams.get(c.model.as_deref()?).cloned()
@@ -374,12 +417,8 @@ impl AppState {
         let control = headers
             .get(header::CACHE_CONTROL)
             .and_then(|v| v.to_str().ok());
-        let endpoint = match kind {
-            Kind::Chat => "chat",
-            Kind::Text => "completions",
-        };
         let namespace = tenant.map_or("", |t| t.name.as_str());
-        cache::lookup(body, endpoint, model, namespace, control)
+        cache::lookup(body, kind.path(), model, namespace, control)
     }
 
     fn reject(&self, e: ApiError) -> Response {
@@ -521,19 +560,7 @@ impl AppState {
             Ok(r) => r,
             Err(e) => return self.reject(e),
         };
-        let id = format!(
-            "{}-{:x}",
-            if kind == Kind::Chat {
-                "chatcmpl"
-            } else {
-                "cmpl"
-            },
-            started.0.elapsed().as_nanos()
-                ^ started
-                    .1
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
-        );
+        let id = kind.response_id(started);
         let (cache_use, hit) = self.consult(&lookup).await;
         let mut ctx = Ctx {
             state: self.clone(),
@@ -603,19 +630,12 @@ impl AppState {
         let (cache_use, hit) = self.consult(&lookup).await;
         ctx.cache = cache_use;
         if let Some(answer) = hit {
-            ctx.id = format!(
-                "frugal-{:x}",
-                started.0.elapsed().as_nanos() ^ epoch_nanos(started.1)
-            );
+            ctx.id = kind.response_id(started);
             return ctx
                 .respond(Source::Replay(Replay::new(&answer, false)), c)
                 .await;
         }
-        let endpoint = match kind {
-            Kind::Chat => "chat/completions",
-            Kind::Text => "completions",
-        };
-        match up.send(endpoint, body, c.stream).await {
+        match up.send(kind.path(), body, c.stream).await {
             Err(e) => {
                 ctx.fail_call(&up, None);
                 e.into_response()
@@ -625,11 +645,11 @@ impl AppState {
                 let cost = up.cost(&usage, cached);
                 if let Some((text, reason)) = plain_answer(&v, kind) {
                     ctx.record(&text, &[]);
-                    ctx.finish_call(&up, reason, usage, cached, cost);
+                    ctx.finish_call(reason, usage, cached, cost);
                 } else {
                     ctx.recorded.clear();
                     ctx.cache = CacheUse::Bypass;
-                    ctx.finish_call(&up, FinishReason::Stop, usage, cached, cost);
+                    ctx.finish_call(FinishReason::Stop, usage, cached, cost);
                 }
                 let mut response = Json(v).into_response();
                 response.headers_mut().extend(ctx.headers(cost));
@@ -644,10 +664,6 @@ impl AppState {
             }
         }
     }
-}
-
-fn epoch_nanos(t: SystemTime) -> u128 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
 /// The text and finish reason of a one-choice answer of plain text (no tool calls), which
@@ -823,6 +839,31 @@ impl Ctx {
         }
     }
 
+    /// Counts a request that succeeded; its whole time.
+    fn count_ok(&self) -> std::time::Duration {
+        let m = &self.state.inner.metrics;
+        m.requests_ok.fetch_add(1, Ordering::Relaxed);
+        let total = self.started.0.elapsed();
+        m.latency.observe(total.as_secs_f64());
+        total
+    }
+
+    /// Writes this request to the ledger as a call priced by its tokens (an upstream's).
+    fn record_call(&self, usage: Usage, cached: u64, cost: frugal_cost::Money, failed: bool) {
+        if let Some(meter) = &self.state.inner.meter {
+            meter.record_call(meter::Call {
+                started: self.started.1,
+                duration: self.started.0.elapsed(),
+                model: self.model.clone(),
+                prompt_tokens: usage.prompt_tokens as u64,
+                cached_tokens: cached,
+                completion_tokens: usage.completion_tokens as u64,
+                cost,
+                failed,
+            });
+        }
+    }
+
     /// Metrics and the ledger for a finished request; its cost, when metered.
     fn account(
         &self,
@@ -831,9 +872,7 @@ impl Ctx {
         first: Option<std::time::Duration>,
     ) -> Option<frugal_cost::Money> {
         let s = &self.state.inner;
-        s.metrics.requests_ok.fetch_add(1, Ordering::Relaxed);
-        let total = self.started.0.elapsed();
-        s.metrics.latency.observe(total.as_secs_f64());
+        let total = self.count_ok();
         if let Some(first) = first {
             s.metrics.ttft.observe(first.as_secs_f64());
             if usage.completion_tokens > 1 {
@@ -846,16 +885,7 @@ impl Ctx {
         let meter = s.meter.as_ref()?;
         if self.model != s.model {
             // An upstream's answer from the cache: no call, no cost.
-            meter.record_call(meter::Call {
-                started: self.started.1,
-                duration: total,
-                model: self.model.clone(),
-                prompt_tokens: usage.prompt_tokens as u64,
-                cached_tokens: 0,
-                completion_tokens: usage.completion_tokens as u64,
-                cost: frugal_cost::Money::ZERO,
-                failed: false,
-            });
+            self.record_call(usage, 0, frugal_cost::Money::ZERO, false);
             return Some(frugal_cost::Money::ZERO);
         }
         meter.record(meter::Usage {
@@ -870,28 +900,18 @@ impl Ctx {
     /// Metrics, the ledger and the cache for a completed upstream call.
     fn finish_call(
         &mut self,
-        up: &Upstream,
         reason: FinishReason,
         usage: Usage,
         cached: u64,
         cost: Option<frugal_cost::Money>,
     ) {
-        let s = &self.state.inner;
-        s.metrics.requests_ok.fetch_add(1, Ordering::Relaxed);
-        let total = self.started.0.elapsed();
-        s.metrics.latency.observe(total.as_secs_f64());
-        if let Some(meter) = &s.meter {
-            meter.record_call(meter::Call {
-                started: self.started.1,
-                duration: total,
-                model: up.config.name.clone(),
-                prompt_tokens: usage.prompt_tokens as u64,
-                cached_tokens: cached,
-                completion_tokens: usage.completion_tokens as u64,
-                cost: cost.unwrap_or(frugal_cost::Money::ZERO),
-                failed: false,
-            });
-        }
+        self.count_ok();
+        self.record_call(
+            usage,
+            cached,
+            cost.unwrap_or(frugal_cost::Money::ZERO),
+            false,
+        );
         self.store(reason, usage, cost);
     }
 
@@ -899,20 +919,9 @@ impl Ctx {
     /// the failure is on record.
     fn fail_call(&self, up: &Upstream, usage: Option<(Usage, u64)>) {
         self.count_failure();
-        let s = &self.state.inner;
-        if let Some(meter) = &s.meter {
-            let (usage, cached) = usage.unwrap_or_default();
-            meter.record_call(meter::Call {
-                started: self.started.1,
-                duration: self.started.0.elapsed(),
-                model: up.config.name.clone(),
-                prompt_tokens: usage.prompt_tokens as u64,
-                cached_tokens: cached,
-                completion_tokens: usage.completion_tokens as u64,
-                cost: up.cost(&usage, cached).unwrap_or(frugal_cost::Money::ZERO),
-                failed: true,
-            });
-        }
+        let (usage, cached) = usage.unwrap_or_default();
+        let cost = up.cost(&usage, cached).unwrap_or(frugal_cost::Money::ZERO);
+        self.record_call(usage, cached, cost, true);
     }
 
     async fn respond(self, source: Source, c: &Common) -> Response {
@@ -953,7 +962,7 @@ impl Ctx {
                 let (usage, cached) = self.usage.unwrap_or_default();
                 let cost = self.up.cost(&usage, cached);
                 let reason = self.reason.unwrap_or(FinishReason::Stop);
-                self.ctx.finish_call(&self.up, reason, usage, cached, cost);
+                self.ctx.finish_call(reason, usage, cached, cost);
             }
 
             fn fail(&mut self, message: String) -> Vec<SseEvent> {
