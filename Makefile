@@ -8,10 +8,12 @@ OUT ?= out
 MODEL ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 # The larger (qwen2) tier, which the tests also load.
 LARGE := models/qwen2.5/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
+# The semantic cache's embedder (all-MiniLM-L6-v2), on by default in `frugal serve`.
+EMBEDDER := models/minilm/model.safetensors
 
 # The main job: fetch the default model if missing, build, and serve it on
 # http://127.0.0.1:8080/v1 (OpenAI-compatible), metering every request into the ledger.
-run: $(MODEL)
+run: $(MODEL) $(EMBEDDER)
 	$(CARGO) build --release -j $(JOBS) -p frugal
 	./target/release/frugal serve --model $(MODEL) $(ARGS)
 
@@ -19,7 +21,10 @@ $(MODEL):
 	bash scripts/fetch-models.sh smollm2
 
 $(LARGE):
-	bash scripts/fetch-models.sh
+	bash scripts/fetch-models.sh qwen2.5
+
+$(EMBEDDER):
+	bash scripts/fetch-models.sh minilm
 
 # Fills a ledger from the bundled sample week and prints the cost report, with the HTML
 # report in $(OUT)/report.html.
@@ -35,7 +40,7 @@ sample:
 
 # The whole test suite, with the lints CI enforces (the tests use the default model and
 # the larger tier, fetched if missing).
-test: lint $(MODEL) $(LARGE)
+test: lint $(MODEL) $(LARGE) $(EMBEDDER)
 	$(CARGO) test --workspace --release -j $(JOBS)
 
 lint:

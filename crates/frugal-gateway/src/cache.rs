@@ -86,10 +86,24 @@ impl Answer {
 /// Why a request does or does not go through the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
-    /// Cacheable: look up (unless the client said `no-cache`) and store under this key.
-    Key { key: Arc<str>, read: bool },
+    /// Cacheable: look up (unless the client said `no-cache`) and store under this key;
+    /// `probe` is the semantic cache's view when the request ends in one question.
+    Key {
+        key: Arc<str>,
+        read: bool,
+        probe: Option<Probe>,
+    },
     /// Not cacheable: sampled, or the client said `no-store`, or the cache is off.
     Bypass,
+}
+
+/// A request as the semantic cache sees it: the final question, and everything else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The exact key with the question blanked: what must match exactly.
+    pub space: Arc<str>,
+    /// The last user message (chat) or the prompt (completions).
+    pub text: String,
 }
 
 type Pending = watch::Receiver<Option<Arc<Answer>>>;
@@ -118,10 +132,11 @@ pub struct Leader {
 
 impl Leader {
     /// Stores the answer and hands it to the requests waiting for it.
-    pub fn fulfil(self, cache: &ExactCache, answer: Answer) {
+    pub fn fulfil(self, cache: &ExactCache, answer: Answer) -> Arc<Answer> {
         let answer = Arc::new(answer);
         cache.entries.insert(self.key.clone(), answer.clone());
-        self.tx.send_replace(Some(answer));
+        self.tx.send_replace(Some(answer.clone()));
+        answer
     }
 }
 
@@ -229,14 +244,51 @@ pub fn lookup(
         canon.insert(k.to_owned(), v);
     }
     // serde_json's Map is ordered by key, so this string is canonical.
-    let key = format!(
-        "{namespace}\u{0}{endpoint}\u{0}{model}\u{0}{}",
-        Value::Object(canon)
-    );
+    let head = format!("{namespace}\u{0}{endpoint}\u{0}{model}\u{0}");
+    let key = format!("{head}{}", Value::Object(canon.clone()));
+    let probe = question(&mut canon).map(|text| Probe {
+        space: format!("{head}{}", Value::Object(canon)).into(),
+        text,
+    });
     Lookup::Key {
         key: key.into(),
         read: !directives.iter().any(|d| d == "no-cache"),
+        probe,
     }
+}
+
+/// Takes the final question out of a canonical request: the last message's text when it is
+/// the user's, or a single string prompt. Other shapes (tool results, image parts, several
+/// prompts) have no semantic probe.
+fn question(canon: &mut Map<String, Value>) -> Option<String> {
+    let slot = if let Some(Value::Array(messages)) = canon.get_mut("messages") {
+        let last = messages.last_mut()?;
+        if last.get("role").and_then(Value::as_str) != Some("user") {
+            return None;
+        }
+        last.get_mut("content")?
+    } else {
+        canon.get_mut("prompt")?
+    };
+    let text = match &*slot {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => {
+            let texts: Option<Vec<&str>> = parts
+                .iter()
+                .map(|p| match p.get("type").and_then(Value::as_str) {
+                    Some("text") => p.get("text").and_then(Value::as_str),
+                    _ => None,
+                })
+                .collect();
+            texts?.join("\n")
+        }
+        _ => return None,
+    };
+    if text.trim().is_empty() {
+        return None;
+    }
+    *slot = Value::Null;
+    Some(text)
 }
 
 /// Temperature 0 (greedy), or a seed: the same request gets the same answer.
@@ -294,7 +346,9 @@ mod tests {
 
     fn key(body: &Value) -> Arc<str> {
         match lookup(body, "chat", "m", "", None) {
-            Lookup::Key { key, read: true } => key,
+            Lookup::Key {
+                key, read: true, ..
+            } => key,
             other => panic!("not cacheable: {other:?}"),
         }
     }
@@ -488,5 +542,46 @@ mod tests {
         assert_eq!(cache.get(&key).unwrap().text(), "4");
         std::thread::sleep(Duration::from_millis(120));
         assert!(cache.get(&key).is_none());
+    }
+
+    fn probe(body: &Value) -> Option<Probe> {
+        match lookup(body, "chat", "m", "t", None) {
+            Lookup::Key { probe, .. } => probe,
+            Lookup::Bypass => None,
+        }
+    }
+
+    #[test]
+    fn probe_takes_the_last_question_and_keeps_the_rest_exact() {
+        let p = probe(&base()).unwrap();
+        assert_eq!(p.text, "What is 2 + 2?");
+        assert!(!p.space.contains("2 + 2"));
+        // Another question, same everything else: same space.
+        let mut other = base();
+        other["messages"][0]["content"] = json!("How much is two plus two?");
+        assert_eq!(probe(&other).unwrap().space, p.space);
+        // Any other answer-changing field, or an earlier turn, is another space.
+        assert_ne!(
+            probe(&with("max_tokens", json!(17))).unwrap().space,
+            p.space
+        );
+        let mut turns = base();
+        turns["messages"] = json!([
+            { "role": "system", "content": "Answer in French." },
+            { "role": "user", "content": "What is 2 + 2?" },
+        ]);
+        assert_ne!(probe(&turns).unwrap().space, p.space);
+        // Text parts are joined; a conversation that ends with the assistant has no probe.
+        let mut parts = base();
+        parts["messages"][0]["content"] = json!([{ "type": "text", "text": "What is 2 + 2?" }]);
+        assert_eq!(probe(&parts).unwrap(), p);
+        let mut ends = base();
+        ends["messages"] = json!([{ "role": "assistant", "content": "Hi" }]);
+        assert_eq!(probe(&ends), None);
+        let prompt = json!({ "prompt": "Once upon a time", "temperature": 0 });
+        match lookup(&prompt, "completions", "m", "", None) {
+            Lookup::Key { probe, .. } => assert_eq!(probe.unwrap().text, "Once upon a time"),
+            Lookup::Bypass => panic!("cacheable"),
+        }
     }
 }

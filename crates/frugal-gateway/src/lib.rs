@@ -12,6 +12,8 @@ pub mod keys;
 pub mod loadgen;
 pub mod meter;
 pub mod metrics;
+pub mod route;
+pub mod semantic;
 mod text;
 pub mod upstream;
 
@@ -37,11 +39,12 @@ use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
 
 use crate::api::{ChatRequest, Common, CompletionRequest, Usage};
-use crate::cache::{Answer, Claim, ExactCache, Leader, Lookup};
+use crate::cache::{Answer, Claim, ExactCache, Leader, Lookup, Probe};
 use crate::error::ApiError;
 use crate::keys::{Keys, Tenant};
 use crate::meter::Meter;
 use crate::metrics::{Gauges, Metrics};
+use crate::semantic::SemanticCache;
 use crate::text::{Piece, TextStream};
 use crate::upstream::{Reply, Upstream};
 
@@ -64,6 +67,7 @@ struct Inner {
     stop_tokens: Vec<u32>,
     meter: Option<Meter>,
     cache: Option<ExactCache>,
+    semantic: Option<SemanticCache>,
     /// OpenAI-compatible servers behind the gateway, by the name clients use.
     upstreams: HashMap<String, Arc<Upstream>>,
     keys: Keys,
@@ -80,6 +84,8 @@ pub struct Parts {
     pub model: String,
     pub meter: Option<Meter>,
     pub cache: Option<ExactCache>,
+    /// Needs `cache`: its entries share the exact cache's answers and rules.
+    pub semantic: Option<SemanticCache>,
     pub upstreams: Vec<Upstream>,
     /// No keys: the API is open.
     pub keys: Keys,
@@ -96,6 +102,7 @@ impl AppState {
                 model: p.model,
                 stop_tokens,
                 meter: p.meter,
+                semantic: p.cache.as_ref().and(p.semantic),
                 cache: p.cache,
                 upstreams: p
                     .upstreams
@@ -328,29 +335,44 @@ impl AppState {
     /// The cache's answer, or the right (or duty) to produce it: a miss leads its key, and
     /// a request identical to one being answered waits for that answer.
     async fn consult(&self, lookup: &Lookup) -> (CacheUse, Option<Arc<Answer>>) {
-        let (Lookup::Key { key, read }, Some(cache)) = (lookup, &self.inner.cache) else {
+        let (Lookup::Key { key, read, probe }, Some(cache)) = (lookup, &self.inner.cache) else {
             return (CacheUse::Bypass, None);
         };
         let m = &self.inner.metrics;
-        let hit = |answer: Arc<Answer>| {
-            m.cache_hits.fetch_add(1, Ordering::Relaxed);
+        let hit = |answer: Arc<Answer>, how: HitKind| {
+            match how {
+                HitKind::Exact => m.cache_hits.fetch_add(1, Ordering::Relaxed),
+                HitKind::Semantic => m.semantic_hits.fetch_add(1, Ordering::Relaxed),
+            };
             m.saved_nanos
                 .fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
-            (CacheUse::Hit(answer.cost), Some(answer))
+            (CacheUse::Hit(answer.cost, how), Some(answer))
         };
         if *read && let Some(answer) = cache.get(key) {
-            return hit(answer);
+            return hit(answer, HitKind::Exact);
+        }
+        let mut fill = None;
+        if let (Some(sem), Some(probe)) = (&self.inner.semantic, probe)
+            && let Some(v) = sem.embed(&probe.text).await
+        {
+            let t = Instant::now();
+            let found = sem.find(&probe.space, &probe.text, &v).filter(|_| *read);
+            m.semantic_lookup.observe(t.elapsed().as_secs_f64());
+            if let Some(found) = found {
+                return hit(found.answer, HitKind::Semantic);
+            }
+            fill = Some((probe.clone(), v));
         }
         let miss = |leader| {
             m.cache_misses.fetch_add(1, Ordering::Relaxed);
-            (CacheUse::Miss(leader), None)
+            (CacheUse::Miss(leader, fill), None)
         };
         match cache.claim(key) {
             Claim::Leader(leader) => miss(Some(leader)),
             // `no-cache` must not be handed another request's answer: it runs at once.
             Claim::Follower(_) if !*read => miss(None),
             Claim::Follower(pending) => match cache::wait(pending).await {
-                Some(answer) => hit(answer),
+                Some(answer) => hit(answer, HitKind::Exact),
                 // The first one failed: answer this one alone.
                 None => miss(None),
             },
@@ -689,14 +711,21 @@ fn plain_answer(v: &Value, kind: Kind) -> Option<(String, FinishReason)> {
     Some((text.to_owned(), reason))
 }
 
-/// How a request met the exact cache.
+/// How a request met the caches.
 enum CacheUse {
-    /// Served from the cache, saving what the answer first cost.
-    Hit(frugal_cost::Money),
+    /// Served from a cache, saving what the answer first cost.
+    Hit(frugal_cost::Money, HitKind),
     /// Not found: the answer is stored (and handed to identical requests waiting for it)
-    /// when it completes, if this request leads its key.
-    Miss(Option<Leader>),
+    /// when it completes, if this request leads its key; and kept in the semantic cache
+    /// under the probe and its embedding.
+    Miss(Option<Leader>, Option<(Probe, Vec<f32>)>),
     Bypass,
+}
+
+#[derive(Clone, Copy)]
+enum HitKind {
+    Exact,
+    Semantic,
 }
 
 /// Where a response's pieces come from: the engine, or a cached answer.
@@ -779,7 +808,7 @@ impl Ctx {
 
     /// Keeps a piece of the answer if it will be cached.
     fn record(&mut self, text: &str, logprobs: &[api::TokenLogprob]) {
-        if matches!(self.cache, CacheUse::Miss(Some(_))) {
+        if matches!(self.cache, CacheUse::Miss(Some(_), _)) {
             self.recorded.push(cache::Chunk {
                 text: text.to_owned(),
                 logprobs: logprobs.to_vec(),
@@ -793,14 +822,15 @@ impl Ctx {
         if let Some(v) = cost.and_then(|c| HeaderValue::from_str(&c.to_string_places(9)).ok()) {
             h.insert("x-frugal-cost-usd", v);
         }
-        if let CacheUse::Hit(saved) = self.cache
+        if let CacheUse::Hit(saved, _) = self.cache
             && let Ok(v) = HeaderValue::from_str(&saved.to_string_places(9))
         {
             h.insert("x-frugal-saved-usd", v);
         }
         let cache = match self.cache {
-            CacheUse::Hit(_) => "hit-exact",
-            CacheUse::Miss(_) => "miss",
+            CacheUse::Hit(_, HitKind::Exact) => "hit-exact",
+            CacheUse::Hit(_, HitKind::Semantic) => "hit-semantic",
+            CacheUse::Miss(..) => "miss",
             CacheUse::Bypass => "bypass",
         };
         h.insert("x-frugal-cache", HeaderValue::from_static(cache));
@@ -824,10 +854,11 @@ impl Ctx {
         if let (Some(t), Some(c)) = (&self.tenant, cost) {
             t.spend(c, chrono::Utc::now());
         }
-        if let (CacheUse::Miss(leader), Some(cache)) = (&mut self.cache, &self.state.inner.cache)
+        let inner = &self.state.inner;
+        if let (CacheUse::Miss(leader, fill), Some(cache)) = (&mut self.cache, &inner.cache)
             && let Some(leader) = leader.take()
         {
-            leader.fulfil(
+            let answer = leader.fulfil(
                 cache,
                 Answer {
                     chunks: std::mem::take(&mut self.recorded),
@@ -836,6 +867,9 @@ impl Ctx {
                     cost: cost.unwrap_or(frugal_cost::Money::ZERO),
                 },
             );
+            if let (Some((probe, v)), Some(sem)) = (fill.take(), &inner.semantic) {
+                sem.insert(probe.space, probe.text, &v, answer);
+            }
         }
     }
 

@@ -52,12 +52,15 @@ pub struct Metrics {
     pub requests_failed: AtomicU64,
     pub requests_rejected: AtomicU64,
     pub cache_hits: AtomicU64,
+    pub semantic_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     /// What cache hits saved, in nano-dollars.
     pub saved_nanos: AtomicU64,
     pub ttft: Histogram,
     pub tpot: Histogram,
     pub latency: Histogram,
+    /// Index search and guard time of a semantic lookup (embedding not included).
+    pub semantic_lookup: Histogram,
 }
 
 /// Engine gauges read at scrape time.
@@ -158,6 +161,7 @@ impl Metrics {
         );
         for (result, c) in [
             ("hit-exact", &self.cache_hits),
+            ("hit-semantic", &self.semantic_hits),
             ("miss", &self.cache_misses),
         ] {
             let _ = writeln!(
@@ -170,6 +174,11 @@ impl Metrics {
             out,
             "# HELP frugal_saved_usd_total What each lever saved, in dollars.\n# TYPE frugal_saved_usd_total counter\nfrugal_saved_usd_total{{lever=\"cache\"}} {}",
             self.saved_nanos.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        self.semantic_lookup.render(
+            "frugal_semantic_search_seconds",
+            "Semantic cache index search and guard, per lookup.",
+            &mut out,
         );
         self.ttft.render(
             "frugal_time_to_first_token_seconds",

@@ -56,6 +56,62 @@ pub enum Command {
     /// API keys for `frugal serve`
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Measure the semantic cache on labelled question pairs: hit and wrong-hit rates over
+    /// thresholds, chosen on a tuning split and reported on a held-out one
+    EvalCache(EvalCacheArgs),
+    /// Measure a small-to-large cascade on questions with checkable answers: each tier's
+    /// accuracy and cost, and the cost/quality curve over confidence thresholds
+    EvalRoute(EvalRouteArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EvalRouteArgs {
+    /// JSON lines of {id, kind, question, answers, check}
+    #[arg(long, default_value = "data/cascade/questions.jsonl")]
+    pub questions: PathBuf,
+    /// The cheap tier (GGUF)
+    #[arg(long, default_value = frugal_engine::DEFAULT_MODEL)]
+    pub small: PathBuf,
+    /// The dear tier (GGUF)
+    #[arg(long, default_value = frugal_engine::LARGE_MODEL)]
+    pub large: PathBuf,
+    /// Tokens per answer at most
+    #[arg(long, default_value_t = 24)]
+    pub max_tokens: usize,
+    /// Machine price, to turn engine time into dollars
+    #[arg(long, value_name = "USD", default_value_t = 1.0)]
+    pub price_per_hour: f64,
+    /// Share of the large tier's accuracy the cascade must keep
+    #[arg(long, default_value_t = 0.95)]
+    pub min_quality: f64,
+    /// Share of questions held out (by a hash of the id)
+    #[arg(long, default_value_t = 0.5)]
+    pub held_out: f64,
+    /// Also write every answer, the chosen point and the curve as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalCacheArgs {
+    /// JSON array of {text_a, text_b, label}, plain, gzip or tar.gz
+    #[arg(long, default_value = "data/semantic-cache/similiar_qqp_full.json.gz")]
+    pub pairs: PathBuf,
+    /// The embedding model folder
+    #[arg(long, default_value = frugal_semantic::DEFAULT_EMBEDDER)]
+    pub embedder: PathBuf,
+    /// Use this many pairs, evenly spread over the file [default: all]
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Wrong hits allowed when choosing the threshold on the tuning split
+    #[arg(long, default_value_t = 0.01)]
+    pub max_wrong: f64,
+    /// Share of pairs held out (chosen by a hash of each pair)
+    #[arg(long, default_value_t = 0.5)]
+    pub held_out: f64,
+    /// Also write the curves and chosen points as JSON
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -225,6 +281,18 @@ pub struct ServeArgs {
     /// Seconds a cached answer lives [default: 3600]
     #[arg(long, value_name = "SECONDS")]
     pub cache_ttl: Option<u64>,
+    /// Turn the semantic cache off (on with the exact cache: a question asked in other
+    /// words gets the cached answer when the guard accepts the pair)
+    #[arg(long)]
+    pub no_semantic_cache: bool,
+    /// Cosine similarity a semantic hit needs at least [default: 0.965, tuned on QQP pairs
+    /// for <= 1% wrong hits]
+    #[arg(long, value_name = "COSINE")]
+    pub semantic_threshold: Option<f32>,
+    /// The semantic cache's embedding model folder (all-MiniLM-L6-v2)
+    /// [default: models/minilm]
+    #[arg(long, value_name = "DIR")]
+    pub embedder: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

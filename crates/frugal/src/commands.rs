@@ -31,6 +31,8 @@ pub fn run(cli: Cli) -> Result<()> {
     })?;
     let catalog = Catalog::load(&config.price_files).context("cannot load the price catalog")?;
     match cli.command {
+        Command::EvalCache(args) => crate::eval_cache::run(&args),
+        Command::EvalRoute(args) => crate::eval_route::run(&args),
         Command::Prices(args) => prices(&catalog, &args),
         Command::Ledger(LedgerCommand::Import(args)) => {
             let ledger = open_for_write(&config)?;

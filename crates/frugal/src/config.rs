@@ -34,6 +34,10 @@ pub struct RawServe {
     pub cache: Option<bool>,
     pub cache_mb: Option<u64>,
     pub cache_ttl: Option<u64>,
+    pub semantic_cache: Option<bool>,
+    pub semantic_threshold: Option<f32>,
+    /// Relative to the config file.
+    pub embedder: Option<PathBuf>,
     /// OpenAI-compatible servers served beside the local model.
     #[serde(default)]
     pub upstream: Vec<RawUpstream>,
@@ -155,6 +159,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
     price_files.extend(sources.price_flags.iter().cloned());
     let mut serve = raw.serve;
     serve.model = serve.model.map(relative);
+    serve.embedder = serve.embedder.map(relative);
     Ok(Config {
         ledger,
         price_files,

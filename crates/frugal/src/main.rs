@@ -5,6 +5,8 @@ mod bench;
 mod cli;
 mod commands;
 mod config;
+mod eval_cache;
+mod eval_route;
 mod progress;
 mod serve;
 mod table;

@@ -6,12 +6,21 @@ pub struct Bar(ProgressBar);
 
 impl Bar {
     pub fn bytes(label: &str) -> Bar {
-        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template(
+        Bar::styled(
+            label,
             "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
         )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
+    }
+
+    pub fn count(label: &str) -> Bar {
+        Bar::styled(label, "{msg} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
+    }
+
+    fn styled(label: &str, template: &str) -> Bar {
+        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+        let style = ProgressStyle::with_template(template)
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
         bar.set_style(style);
         bar.set_message(label.to_owned());
         Bar(bar)

@@ -15,11 +15,13 @@ use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::cache::{CacheConfig, ExactCache};
 use frugal_gateway::keys::{KeyConfig, Keys};
 use frugal_gateway::meter::{Meter, MeterConfig};
+use frugal_gateway::semantic::{SemanticCache, SemanticConfig};
 use frugal_gateway::upstream::{Upstream, UpstreamConfig};
 use frugal_gateway::{AppState, Parts};
+use frugal_semantic::Embedder;
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
-use crate::config::{Config, RawKey, RawUpstream};
+use crate::config::{Config, RawKey, RawServe, RawUpstream};
 
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
@@ -126,6 +128,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
                 .map_or(defaults.ttl, std::time::Duration::from_secs),
         })
     });
+    let semantic = match &cache {
+        Some(_) if !args.no_semantic_cache && file.semantic_cache.unwrap_or(true) => {
+            Some(semantic_cache(args, file)?)
+        }
+        _ => None,
+    };
     let upstreams = file
         .upstream
         .iter()
@@ -139,6 +147,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         model: name.clone(),
         meter,
         cache,
+        semantic,
         upstreams,
         keys: Keys::new(&keys),
     });
@@ -259,4 +268,37 @@ fn key(raw: &RawKey) -> Result<KeyConfig> {
         daily: usd("daily_usd", &raw.daily_usd)?,
         monthly: usd("monthly_usd", &raw.monthly_usd)?,
     })
+}
+
+/// The semantic cache with its embedder loaded; a missing embedder is an error that says how
+/// to fetch it or turn the cache off.
+fn semantic_cache(args: &ServeArgs, file: &RawServe) -> Result<SemanticCache> {
+    let dir = args
+        .embedder
+        .clone()
+        .or_else(|| file.embedder.clone())
+        .unwrap_or_else(|| frugal_semantic::DEFAULT_EMBEDDER.into());
+    if !dir.join("model.safetensors").exists() {
+        bail!(
+            "no embedding model in {}: run `scripts/fetch-models.sh minilm`, pass --embedder DIR, or --no-semantic-cache",
+            dir.display()
+        );
+    }
+    let embedder = Embedder::load(&dir).with_context(|| {
+        format!(
+            "cannot load the semantic cache's embedder from {}",
+            dir.display()
+        )
+    })?;
+    let mut config = SemanticConfig::default();
+    if let Some(t) = args.semantic_threshold.or(file.semantic_threshold) {
+        if !(0.0..=1.0).contains(&t) {
+            bail!("semantic_threshold must be a cosine between 0 and 1, not {t}");
+        }
+        config.guard.threshold = t;
+    }
+    if let Some(ttl) = args.cache_ttl.or(file.cache_ttl) {
+        config.ttl = std::time::Duration::from_secs(ttl);
+    }
+    Ok(SemanticCache::new(std::sync::Arc::new(embedder), config))
 }

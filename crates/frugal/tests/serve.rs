@@ -170,6 +170,103 @@ fn the_exact_cache_replays_deterministic_answers() {
 }
 
 #[test]
+fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
+    let server = Server::start(&[]);
+    let ask = |question: &str, max_tokens: u32| {
+        let body = serde_json::json!({
+            "messages": [{ "role": "user", "content": question }],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        })
+        .to_string();
+        let (status, head, text) = server.request_with("POST", "/v1/chat/completions", &body, "");
+        assert_eq!(status, 200, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let content = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (
+            header(&head, "x-frugal-cache").unwrap().to_owned(),
+            head,
+            content,
+        )
+    };
+    let (result, _, first) = ask("How can I improve my English speaking skills?", 16);
+    assert_eq!(result, "miss");
+    // The same question in other words: the first answer, free, saving what it cost.
+    let (result, head, again) = ask("How do I improve my English speaking skills?", 16);
+    assert_eq!(result, "hit-semantic", "{head}");
+    assert_eq!(again, first);
+    assert_eq!(header(&head, "x-frugal-cost-usd"), Some("0.000000000"));
+    assert!(
+        header(&head, "x-frugal-saved-usd")
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            > 0.0
+    );
+    // Other parameters are another space; another meaning is vetoed or too far.
+    assert_eq!(
+        ask("How do I improve my English speaking skills?", 17).0,
+        "miss"
+    );
+    let (_, _, _) = ask("How do I convert dollars to rupees?", 16);
+    assert_eq!(ask("How do I convert rupees to dollars?", 16).0, "miss");
+    assert_eq!(
+        ask("How can I improve my French speaking skills?", 16).0,
+        "miss"
+    );
+    assert_eq!(
+        server.metric("frugal_cache_requests_total{result=\"hit-semantic\"}"),
+        1.0
+    );
+    assert_eq!(server.metric("frugal_semantic_search_seconds_count"), 6.0);
+
+    // Off when asked: the rewording is computed again.
+    let plain = Server::start(&["--no-semantic-cache"]);
+    let body = |q: &str| {
+        format!(
+            r#"{{"messages":[{{"role":"user","content":"{q}"}}],"max_tokens":8,"temperature":0}}"#
+        )
+    };
+    plain.request(
+        "POST",
+        "/v1/chat/completions",
+        &body("How can I improve my English speaking skills?"),
+    );
+    let (_, head, _) = plain.request(
+        "POST",
+        "/v1/chat/completions",
+        &body("How do I improve my English speaking skills?"),
+    );
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
+}
+
+#[test]
+fn a_missing_embedder_is_a_clear_error() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args([
+            "--ledger",
+            "/nonexistent/l.sqlite",
+            "serve",
+            "--no-meter",
+            "--model",
+        ])
+        .arg(common::model())
+        .args(["--embedder", "/nonexistent/minilm"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no embedding model in /nonexistent/minilm"),
+        "{err}"
+    );
+    assert!(err.contains("--no-semantic-cache"), "{err}");
+}
+
+#[test]
 fn bad_requests_get_clear_errors() {
     let server = Server::start(&[]);
     let (status, v) = server.json("/v1/chat/completions", "{not json");

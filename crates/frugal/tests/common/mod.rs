@@ -25,6 +25,13 @@ pub fn model() -> PathBuf {
     path
 }
 
+/// The semantic cache's embedder, which `frugal serve` loads by default.
+pub fn embedder() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(frugal_semantic::DEFAULT_EMBEDDER)
+}
+
 pub struct Server {
     child: Child,
     pub addr: String,
@@ -54,6 +61,8 @@ impl Server {
             .arg(dir.path().join("ledger.sqlite"))
             .args(["serve", "--port", "0", "--price-per-hour", "3.6", "--model"])
             .arg(model())
+            .arg("--embedder")
+            .arg(embedder())
             .args(extra)
             .stderr(Stdio::piped())
             .spawn()

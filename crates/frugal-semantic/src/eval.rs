@@ -1,0 +1,283 @@
+//! Measuring the semantic cache on labelled question pairs: for each pair, one question is
+//! in the cache and the other is asked. A hit on a duplicate pair is a good hit; a hit on a
+//! non-duplicate pair serves a wrong answer (GPTCache's benchmark protocol).
+
+use std::io::Read;
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::Deserialize;
+
+use crate::embed::{EmbedError, Embedder, cosine};
+use crate::guard::{self, Guard, Veto};
+
+/// One labelled pair.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Pair {
+    pub text_a: String,
+    pub text_b: String,
+    #[serde(deserialize_with = "label")]
+    pub label: bool,
+}
+
+fn label<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    match v
+        .as_i64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+    {
+        Some(0) => Ok(false),
+        Some(1) => Ok(true),
+        _ => Err(serde::de::Error::custom(format!(
+            "label {v}, expected 0 or 1"
+        ))),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("cannot read {path}: {why}")]
+    Read { path: String, why: String },
+    #[error("{path}: {why}")]
+    Format { path: String, why: String },
+    #[error(transparent)]
+    Embed(#[from] EmbedError),
+}
+
+/// Read pairs from a JSON array, plain or inside a gzip-compressed tar (GPTCache ships them
+/// that way) or plain gzip.
+pub fn read_pairs(path: &Path) -> Result<Vec<Pair>, EvalError> {
+    let shown = path.display().to_string();
+    let read_err = |why: String| EvalError::Read {
+        path: shown.clone(),
+        why,
+    };
+    let raw = std::fs::read(path).map_err(|e| read_err(e.to_string()))?;
+    let json = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut plain = Vec::new();
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_end(&mut plain)
+            .map_err(|e| read_err(format!("gzip: {e}")))?;
+        // A tar has "ustar" at byte 257 of its first header.
+        if plain.get(257..262) == Some(b"ustar") {
+            json_member(&plain).map_err(|e| read_err(format!("tar: {e}")))?
+        } else {
+            plain
+        }
+    } else {
+        raw
+    };
+    serde_json::from_slice(&json).map_err(|e| EvalError::Format {
+        path: shown.clone(),
+        why: format!("expected a JSON array of {{text_a, text_b, label}}: {e}"),
+    })
+}
+
+fn json_member(tar_bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let mut archive = tar::Archive::new(tar_bytes);
+    for entry in archive.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
+        let is_json = entry
+            .path()
+            .map(|p| p.extension().is_some_and(|x| x == "json"))
+            .unwrap_or(false);
+        if is_json {
+            let mut out = Vec::new();
+            entry.read_to_end(&mut out).map_err(|e| e.to_string())?;
+            return Ok(out);
+        }
+    }
+    Err("no .json member".into())
+}
+
+/// Which split a pair belongs to: a hash of both texts, so the split does not depend on the
+/// file's order and a pair never moves between runs. `held_out` of 0.5 puts about half out.
+pub fn is_held_out(p: &Pair, held_out: f64) -> bool {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in p.text_a.bytes().chain([0]).chain(p.text_b.bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % 10_000) as f64 / 10_000.0 < held_out
+}
+
+/// A pair as the guard sees it: similarity, the veto that applies (if any), label.
+#[derive(Debug, Clone)]
+pub struct Scored {
+    pub cosine: f32,
+    pub veto: Option<Veto>,
+    pub label: bool,
+}
+
+/// Embed both sides of every pair on the current rayon pool; `tick` is called once per pair
+/// done (for a progress bar).
+pub fn score_pairs(
+    e: &Embedder,
+    pairs: &[Pair],
+    tick: &(dyn Fn() + Sync),
+) -> Result<Vec<Scored>, EvalError> {
+    pairs
+        .par_iter()
+        .map(|p| {
+            let c = cosine(&e.embed(&p.text_a)?, &e.embed(&p.text_b)?);
+            tick();
+            Ok(Scored {
+                cosine: c,
+                veto: guard::veto(&p.text_b, &p.text_a),
+                label: p.label,
+            })
+        })
+        .collect()
+}
+
+/// Hit rates at one operating point.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    pub threshold: f32,
+    /// Share of duplicate pairs that hit.
+    pub hit_rate: f64,
+    /// Share of non-duplicate pairs that hit (each such hit serves a wrong answer).
+    pub wrong_rate: f64,
+}
+
+/// Whether `guard` serves the cached answer for this pair.
+pub fn hits(guard: &Guard, s: &Scored) -> bool {
+    s.cosine >= guard.threshold && !(guard.vetoes && s.veto.is_some())
+}
+
+pub fn measure(guard: &Guard, scored: &[Scored]) -> Point {
+    let (mut dup, mut dup_hit, mut other, mut other_hit) = (0usize, 0usize, 0usize, 0usize);
+    for s in scored {
+        let hit = usize::from(hits(guard, s));
+        if s.label {
+            dup += 1;
+            dup_hit += hit;
+        } else {
+            other += 1;
+            other_hit += hit;
+        }
+    }
+    Point {
+        threshold: guard.threshold,
+        hit_rate: dup_hit as f64 / dup.max(1) as f64,
+        wrong_rate: other_hit as f64 / other.max(1) as f64,
+    }
+}
+
+/// `guard` at each threshold.
+pub fn sweep(guard: Guard, scored: &[Scored], thresholds: &[f32]) -> Vec<Point> {
+    thresholds
+        .iter()
+        .map(|&threshold| measure(&Guard { threshold, ..guard }, scored))
+        .collect()
+}
+
+/// The lowest threshold on a 0.005 grid whose wrong-hit rate on `scored` is within
+/// `max_wrong`.
+pub fn pick_threshold(guard: Guard, scored: &[Scored], max_wrong: f64) -> f32 {
+    let grid: Vec<f32> = (0..=200).map(|i| 0.5 + i as f32 * 0.0025).collect();
+    sweep(guard, scored, &grid)
+        .into_iter()
+        .find(|p| p.wrong_rate <= max_wrong)
+        .map_or(1.0, |p| p.threshold)
+}
+
+/// How many pairs at or above `threshold` each veto turned away, per label: (veto,
+/// duplicates vetoed, non-duplicates vetoed).
+pub fn veto_counts(scored: &[Scored], threshold: f32) -> Vec<(Veto, usize, usize)> {
+    Veto::ALL
+        .iter()
+        .map(|&v| {
+            let near = scored
+                .iter()
+                .filter(|s| s.cosine >= threshold && s.veto == Some(v));
+            let (dup, other): (Vec<&Scored>, Vec<&Scored>) = near.partition(|s| s.label);
+            (v, dup.len(), other.len())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn pair(a: &str, b: &str, label: bool) -> Pair {
+        Pair {
+            text_a: a.into(),
+            text_b: b.into(),
+            label,
+        }
+    }
+
+    #[test]
+    fn reads_the_packaged_tar_gz() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../data/semantic-cache/similiar_qqp_full.json.gz");
+        let pairs = read_pairs(&path).unwrap();
+        assert_eq!(pairs.len(), 80_854);
+        assert_eq!(pairs.iter().filter(|p| p.label).count(), 30_141);
+        let held = pairs.iter().filter(|p| is_held_out(p, 0.5)).count();
+        assert!((38_000..43_000).contains(&held), "{held}");
+    }
+
+    #[test]
+    fn bad_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.json");
+        std::fs::write(&p, br#"[{"text_a": "a", "text_b": "b", "label": 7}]"#).unwrap();
+        let err = read_pairs(&p).unwrap_err().to_string();
+        assert!(err.contains("label 7"), "{err}");
+        std::fs::write(&p, b"\x1f\x8b garbage").unwrap();
+        assert!(read_pairs(&p).unwrap_err().to_string().contains("gzip"));
+        let missing = read_pairs(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(missing.contains("cannot read"), "{missing}");
+    }
+
+    #[test]
+    fn measure_counts_hits_per_label() {
+        let e = crate::embed::tests::embedder();
+        let pairs = vec![
+            pair(
+                "How do I learn French fast?",
+                "How can I learn French quickly?",
+                true,
+            ),
+            pair(
+                "How do I learn French fast?",
+                "How do I learn German fast?",
+                false,
+            ),
+            pair("What is 2+2?", "What is 3+3?", false),
+        ];
+        let scored = score_pairs(e, &pairs, &|| {}).unwrap();
+        assert_eq!(scored[2].veto, Some(Veto::Numbers));
+        let everything = Guard {
+            threshold: -1.0,
+            vetoes: false,
+        };
+        let p = measure(&everything, &scored);
+        assert_eq!((p.hit_rate, p.wrong_rate), (1.0, 1.0));
+        let guarded = Guard {
+            vetoes: true,
+            ..everything
+        };
+        assert_eq!(
+            measure(&guarded, &scored).wrong_rate,
+            0.5,
+            "the vetoed pair never hits"
+        );
+        let nothing = Guard {
+            threshold: 1.01,
+            vetoes: false,
+        };
+        assert_eq!(measure(&nothing, &scored).hit_rate, 0.0);
+        assert_eq!(veto_counts(&scored, -1.0)[0], (Veto::Numbers, 0, 1));
+        // No wrong hits allowed: just above the closest non-duplicate.
+        let t = pick_threshold(everything, &scored, 0.0);
+        let closest = scored[1].cosine.max(scored[2].cosine);
+        assert!(t > closest && t - 0.0025 <= closest, "{t} {closest}");
+    }
+}

@@ -1,0 +1,17 @@
+//! frugal-semantic: the semantic cache's parts, without HTTP.
+//!
+//! `embed` turns a prompt into an all-MiniLM-L6-v2 sentence embedding, `index` finds the
+//! nearest cached prompts, `guard` decides whether a near neighbour really asks the same thing
+//! (the known failure of semantic caches: near-identical text with another meaning).
+
+/// The embedder's folder, relative to the repository root; `scripts/fetch-models.sh` fetches it.
+pub const DEFAULT_EMBEDDER: &str = "models/minilm";
+
+pub mod embed;
+pub mod eval;
+pub mod guard;
+pub mod index;
+
+pub use embed::{EmbedError, Embedder, Encoding};
+pub use guard::{Guard, Verdict, Veto};
+pub use index::FlatIndex;
