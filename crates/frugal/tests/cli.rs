@@ -344,3 +344,136 @@ fn full_and_read_only_disks_are_clear_errors() {
         "{err}"
     );
 }
+
+fn repo(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn eval_cache_reports_both_splits_and_names_bad_input() {
+    let env = Env::new();
+    let mut pairs = Vec::new();
+    for i in 0..12 {
+        pairs.push(serde_json::json!({"text_a": format!("How do I learn language number {i} quickly?"), "text_b": format!("How can I learn language number {i} fast?"), "label": 1}));
+        pairs.push(serde_json::json!({"text_a": format!("Why is topic {i} hard?"), "text_b": format!("Why is topic {i} not hard?"), "label": 0}));
+    }
+    let file = env.write("pairs.json", &serde_json::Value::Array(pairs).to_string());
+    let embedder = repo(frugal_semantic::DEFAULT_EMBEDDER);
+    let out = ok(env.frugal(&[
+        "eval-cache",
+        "--pairs",
+        file.to_str().unwrap(),
+        "--embedder",
+        &embedder,
+        "--json",
+        "curves.json",
+    ]));
+    let text = stdout(&out);
+    assert!(text.contains("24 pairs"), "{text}");
+    assert!(
+        text.contains("guarded wrong") && text.contains("held-out hit"),
+        "{text}"
+    );
+    assert!(text.contains("negation"), "{text}");
+    let curves: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(env.path("curves.json")).unwrap()).unwrap();
+    // Every non-duplicate differs by a negation: the guard never serves one.
+    assert!(
+        curves["guarded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["wrong"] == 0.0),
+        "{curves}"
+    );
+
+    let bad = env.write("bad.json", r#"[{"text_a": "a"}]"#);
+    let o = env.frugal(&[
+        "eval-cache",
+        "--pairs",
+        bad.to_str().unwrap(),
+        "--embedder",
+        &embedder,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("expected a JSON array of {text_a, text_b, label}"),
+        "{}",
+        stderr(&o)
+    );
+    let o = env.frugal(&["eval-cache", "--embedder", "/nonexistent"]);
+    assert!(
+        stderr(&o).contains("cannot load the embedder from /nonexistent"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn eval_route_answers_with_both_tiers() {
+    let env = Env::new();
+    let questions = env.write(
+        "q.jsonl",
+        concat!(
+            r#"{"id": 1, "kind": "capital", "question": "What is the capital of France?", "answers": ["Paris"], "check": "contains"}"#,
+            "\n",
+            r#"{"id": 2, "kind": "addition", "question": "What is 20 + 22?", "answers": ["42"], "check": "last_number"}"#,
+            "\n",
+        ),
+    );
+    let (small, large) = (
+        repo(frugal_engine::DEFAULT_MODEL),
+        repo(frugal_engine::LARGE_MODEL),
+    );
+    let q = questions.to_str().unwrap();
+    let out = ok(env.frugal(&[
+        "eval-route",
+        "--questions",
+        q,
+        "--small",
+        &small,
+        "--large",
+        &large,
+        "--max-tokens",
+        "12",
+        "--json",
+        "route.json",
+    ]));
+    let text = stdout(&out);
+    assert!(text.contains("2 questions"), "{text}");
+    assert!(
+        text.contains("min logprob") && text.contains("held-out cost cut"),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(env.path("route.json")).unwrap()).unwrap();
+    let answers = v["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), 2);
+    assert_eq!(answers[0]["large"]["correct"], true, "{v}");
+    assert!(
+        answers
+            .iter()
+            .all(|a| a["small"]["seconds"].as_f64().unwrap() > 0.0)
+    );
+
+    let bad = env.write("bad.jsonl", "{\"id\": 1}\n");
+    let o = env.frugal(&[
+        "eval-route",
+        "--questions",
+        bad.to_str().unwrap(),
+        "--small",
+        &small,
+        "--large",
+        &large,
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("line 1: expected {id, kind, question, answers, check}"),
+        "{}",
+        stderr(&o)
+    );
+}
