@@ -44,6 +44,7 @@ use crate::error::ApiError;
 use crate::keys::{Keys, Tenant};
 use crate::meter::Meter;
 use crate::metrics::{Gauges, Metrics};
+use crate::route::RouteConfig;
 use crate::semantic::SemanticCache;
 use crate::text::{Piece, TextStream};
 use crate::upstream::{Reply, Upstream};
@@ -70,6 +71,8 @@ struct Inner {
     semantic: Option<SemanticCache>,
     /// OpenAI-compatible servers behind the gateway, by the name clients use.
     upstreams: HashMap<String, Arc<Upstream>>,
+    /// Cascade routes, by the name clients use.
+    routes: HashMap<String, Arc<RouteConfig>>,
     keys: Keys,
     metrics: Metrics,
     started: i64,
@@ -87,6 +90,9 @@ pub struct Parts {
     /// Needs `cache`: its entries share the exact cache's answers and rules.
     pub semantic: Option<SemanticCache>,
     pub upstreams: Vec<Upstream>,
+    /// Every tier but the last is the local model (its answers carry logprobs); the last
+    /// is the local model or an upstream.
+    pub routes: Vec<RouteConfig>,
     /// No keys: the API is open.
     pub keys: Keys,
 }
@@ -108,6 +114,11 @@ impl AppState {
                     .upstreams
                     .into_iter()
                     .map(|u| (u.config.name.clone(), Arc::new(u)))
+                    .collect(),
+                routes: p
+                    .routes
+                    .into_iter()
+                    .map(|r| (r.name.clone(), Arc::new(r)))
                     .collect(),
                 keys: p.keys,
                 metrics: Metrics::default(),
@@ -149,7 +160,12 @@ async fn health() -> &'static str {
 }
 
 async fn models(State(s): State<AppState>) -> Json<Value> {
-    let mut names: Vec<&String> = s.inner.upstreams.keys().collect();
+    let mut names: Vec<&String> = s
+        .inner
+        .upstreams
+        .keys()
+        .chain(s.inner.routes.keys())
+        .collect();
     names.sort();
     let data: Vec<api::Model> = std::iter::once(&s.inner.model)
         .chain(names)
@@ -197,6 +213,8 @@ enum Route {
         prompt: String,
         top: Option<usize>,
         common: Common,
+        /// The cascade route the request named, which starts at the local model.
+        cascade: Option<Arc<RouteConfig>>,
     },
     Upstream {
         up: Arc<Upstream>,
@@ -245,11 +263,13 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
             (false, None) => None,
             (true, n) => Some(check_top(n.unwrap_or(0), "top_logprobs")?),
         };
+        let cascade = s.cascade_route(&req.common, top)?;
         Ok(Route::Local {
             body: value,
             prompt,
             top,
             common: req.common,
+            cascade,
         })
     })
     .await
@@ -273,11 +293,13 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
             });
         }
         let top = req.logprobs.map(|n| check_top(n, "logprobs")).transpose()?;
+        let cascade = s.cascade_route(&req.common, top)?;
         Ok(Route::Local {
             body: value,
             prompt: prompts.remove(0),
             top,
             common: req.common,
+            cascade,
         })
     })
     .await
@@ -396,6 +418,17 @@ impl AppState {
                 prompt,
                 top,
                 common,
+                cascade: Some(route),
+            }) => {
+                self.cascade(kind, &prompt, top, common, body, route, headers, tenant)
+                    .await
+            }
+            Ok(Route::Local {
+                body,
+                prompt,
+                top,
+                common,
+                cascade: None,
             }) => {
                 let model = &self.inner.model;
                 let lookup = self.lookup(&body, kind, model, tenant.as_deref(), headers);
@@ -412,6 +445,152 @@ impl AppState {
     /// The upstream a request names, if it names one.
     fn upstream(&self, c: &Common) -> Option<Arc<Upstream>> {
         self.inner.upstreams.get(c.model.as_deref()?).cloned()
+    }
+
+    /// The cascade route a request names, if it names one. Its first tier's answer is
+    /// judged before it is sent, so a stream of it cannot carry logprobs.
+    fn cascade_route(
+        &self,
+        c: &Common,
+        top: Option<usize>,
+    ) -> Result<Option<Arc<RouteConfig>>, ApiError> {
+        let Some(route) = c.model.as_deref().and_then(|m| self.inner.routes.get(m)) else {
+            return Ok(None);
+        };
+        if c.stream && top.is_some() {
+            return Err(ApiError::InvalidParam {
+                param: "logprobs",
+                message: format!(
+                    "route {} does not stream logprobs; ask without stream",
+                    route.name
+                ),
+            });
+        }
+        Ok(Some(route.clone()))
+    }
+
+    /// A cascade: the local model answers first (through its cache and meter, with
+    /// logprobs); the answer stands when its confidence clears the route's threshold, else
+    /// the request goes to the route's last tier. `x-frugal-route` names the tiers tried.
+    #[allow(clippy::too_many_arguments)]
+    async fn cascade(
+        &self,
+        kind: Kind,
+        prompt: &str,
+        top: Option<usize>,
+        c: Common,
+        body: Value,
+        route: Arc<RouteConfig>,
+        headers: &HeaderMap,
+        tenant: Option<Arc<Tenant>>,
+    ) -> Response {
+        let local_name = self.inner.model.clone();
+        let mut first = c.clone();
+        first.model = None;
+        first.stream = false;
+        let mut first_body = body.clone();
+        first_body["model"] = Value::String(local_name.clone());
+        let lookup = self.lookup(&first_body, kind, &local_name, tenant.as_deref(), headers);
+        let started = (Instant::now(), SystemTime::now());
+        let reply = self
+            .generate(
+                kind,
+                prompt,
+                Some(top.unwrap_or(0)),
+                first,
+                lookup,
+                tenant.clone(),
+            )
+            .await;
+        let (parts, reply) = reply.into_parts();
+        let bytes = axum::body::to_bytes(reply, usize::MAX)
+            .await
+            .unwrap_or_default();
+        let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let with_route = |mut r: Response, chain: &str| {
+            if let Ok(v) = HeaderValue::from_str(chain) {
+                r.headers_mut().insert("x-frugal-route", v);
+            }
+            r
+        };
+        if !parts.status.is_success() {
+            return with_route(Response::from_parts(parts, bytes.into()), &local_name);
+        }
+        let logprobs = token_logprobs(&answer, kind);
+        let conf = route::confidence(&logprobs, route.quantile);
+        let last = route.tiers.last().filter(|t| **t != local_name);
+        let m = &self.inner.metrics;
+        match last.filter(|_| conf < route.threshold) {
+            None => {
+                m.count_route(&route.name, &local_name);
+                let cost = header_money(&parts.headers, "x-frugal-cost-usd");
+                let mut response = if c.stream {
+                    let Some((text, reason, usage)) = answer_parts(&answer, kind) else {
+                        return ApiError::Internal("the first tier's answer is unreadable".into())
+                            .into_response();
+                    };
+                    let settled = Answer {
+                        chunks: vec![cache::Chunk {
+                            text,
+                            logprobs: Vec::new(),
+                        }],
+                        finish_reason: reason,
+                        usage,
+                        cost: cost.unwrap_or(frugal_cost::Money::ZERO),
+                    };
+                    let ctx = Ctx {
+                        state: self.clone(),
+                        kind,
+                        model: local_name.clone(),
+                        id: kind.response_id(started),
+                        started,
+                        cache: CacheUse::Bypass,
+                        recorded: Vec::new(),
+                        tenant: None,
+                        settled: Some(cost.unwrap_or(frugal_cost::Money::ZERO)),
+                    };
+                    ctx.respond(Source::Replay(Replay::new(&settled, false)), &c)
+                        .await
+                } else {
+                    let mut answer = answer;
+                    if top.is_none()
+                        && let Some(choice) = answer["choices"].get_mut(0)
+                    {
+                        choice["logprobs"] = Value::Null;
+                    }
+                    Json(answer).into_response()
+                };
+                for name in ["x-frugal-cost-usd", "x-frugal-cache", "x-frugal-saved-usd"] {
+                    if let Some(v) = parts.headers.get(name) {
+                        response.headers_mut().insert(name, v.clone());
+                    }
+                }
+                with_route(response, &local_name)
+            }
+            Some(next) => {
+                m.count_route(&route.name, next);
+                let Some(up) = self.inner.upstreams.get(next).cloned() else {
+                    return ApiError::Internal(format!("route {}: no tier {next}", route.name))
+                        .into_response();
+                };
+                let mut body = body;
+                body["model"] = Value::String(next.clone());
+                let mut c = c;
+                c.model = Some(next.clone());
+                let mut response = self.call(up, kind, body, &c, headers, tenant).await;
+                // What the request cost in all: both tiers.
+                let spent = header_money(&parts.headers, "x-frugal-cost-usd");
+                let total = header_money(response.headers(), "x-frugal-cost-usd")
+                    .zip(spent)
+                    .map(|(a, b)| a + b);
+                if let Some(v) =
+                    total.and_then(|t| HeaderValue::from_str(&t.to_string_places(9)).ok())
+                {
+                    response.headers_mut().insert("x-frugal-cost-usd", v);
+                }
+                with_route(response, &format!("{local_name}>{next}"))
+            }
+        }
     }
 
     /// The request's tenant (when keys are configured), if its key is valid and its
@@ -593,6 +772,7 @@ impl AppState {
             cache: cache_use,
             recorded: Vec::new(),
             tenant,
+            settled: None,
         };
         let source = if let Some(answer) = hit {
             Source::Replay(Replay::new(&answer, top.is_some()))
@@ -642,6 +822,7 @@ impl AppState {
             cache: CacheUse::Bypass,
             recorded: Vec::new(),
             tenant,
+            settled: None,
         };
         // Logprobs are not parsed from upstreams, so such answers are not kept.
         let lookup = if body["logprobs"].as_bool().unwrap_or(false) {
@@ -686,6 +867,43 @@ impl AppState {
             }
         }
     }
+}
+
+/// The chosen tokens' logprobs of a one-choice answer, in either endpoint's shape.
+fn token_logprobs(v: &Value, kind: Kind) -> Vec<f32> {
+    let lp = &v["choices"][0]["logprobs"];
+    let values: Vec<&Value> = match kind {
+        Kind::Chat => lp["content"]
+            .as_array()
+            .map(|a| a.iter().map(|e| &e["logprob"]).collect())
+            .unwrap_or_default(),
+        Kind::Text => lp["token_logprobs"]
+            .as_array()
+            .map(|a| a.iter().collect())
+            .unwrap_or_default(),
+    };
+    values
+        .into_iter()
+        .filter_map(Value::as_f64)
+        .map(|x| x as f32)
+        .collect()
+}
+
+/// Text, finish reason and usage of one of our own one-choice answers.
+fn answer_parts(v: &Value, kind: Kind) -> Option<(String, FinishReason, Usage)> {
+    let (text, reason) = plain_answer(v, kind)?;
+    let u = &v["usage"];
+    let count = |k: &str| u[k].as_u64().unwrap_or(0) as usize;
+    let usage = Usage {
+        prompt_tokens: count("prompt_tokens"),
+        completion_tokens: count("completion_tokens"),
+        total_tokens: count("total_tokens"),
+    };
+    Some((text, reason, usage))
+}
+
+fn header_money(h: &HeaderMap, name: &str) -> Option<frugal_cost::Money> {
+    h.get(name)?.to_str().ok()?.parse().ok()
 }
 
 /// The text and finish reason of a one-choice answer of plain text (no tool calls), which
@@ -795,6 +1013,9 @@ struct Ctx {
     recorded: Vec<cache::Chunk>,
     /// Whose budget pays.
     tenant: Option<Arc<Tenant>>,
+    /// Already metered and paid for by the call that produced it (a cascade tier's answer,
+    /// replayed): what it cost.
+    settled: Option<frugal_cost::Money>,
 }
 
 impl Ctx {
@@ -851,7 +1072,7 @@ impl Ctx {
 
     /// Charges the tenant, and keeps the recorded answer if the request missed the cache.
     fn store(&mut self, reason: FinishReason, usage: Usage, cost: Option<frugal_cost::Money>) {
-        if let (Some(t), Some(c)) = (&self.tenant, cost) {
+        if let (Some(t), Some(c), None) = (&self.tenant, cost, self.settled) {
             t.spend(c, chrono::Utc::now());
         }
         let inner = &self.state.inner;
@@ -905,6 +1126,9 @@ impl Ctx {
         engine: std::time::Duration,
         first: Option<std::time::Duration>,
     ) -> Option<frugal_cost::Money> {
+        if self.settled.is_some() {
+            return self.settled;
+        }
         let s = &self.state.inner;
         let total = self.count_ok();
         if let Some(first) = first {

@@ -61,6 +61,8 @@ pub struct Metrics {
     pub latency: Histogram,
     /// Index search and guard time of a semantic lookup (embedding not included).
     pub semantic_lookup: Histogram,
+    /// Requests per cascade route and the tier whose answer was sent.
+    routes: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
 }
 
 /// Engine gauges read at scrape time.
@@ -76,6 +78,13 @@ pub struct Gauges {
 }
 
 impl Metrics {
+    pub fn count_route(&self, route: &str, tier: &str) {
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        *routes
+            .entry((route.to_owned(), tier.to_owned()))
+            .or_default() += 1;
+    }
+
     pub fn render(&self, g: &Gauges) -> String {
         let mut out = String::new();
         let gauge = |out: &mut String, name: &str, help: &str, kind: &str, v: f64| {
@@ -175,6 +184,20 @@ impl Metrics {
             "# HELP frugal_saved_usd_total What each lever saved, in dollars.\n# TYPE frugal_saved_usd_total counter\nfrugal_saved_usd_total{{lever=\"cache\"}} {}",
             self.saved_nanos.load(Ordering::Relaxed) as f64 / 1e9
         );
+        let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        if !routes.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP frugal_route_requests_total Cascade requests by route and the tier that answered.\n# TYPE frugal_route_requests_total counter"
+            );
+            for ((route, tier), n) in routes.iter() {
+                let _ = writeln!(
+                    out,
+                    "frugal_route_requests_total{{route=\"{route}\",tier=\"{tier}\"}} {n}"
+                );
+            }
+        }
+        drop(routes);
         self.semantic_lookup.render(
             "frugal_semantic_search_seconds",
             "Semantic cache index search and guard, per lookup.",

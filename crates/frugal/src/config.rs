@@ -44,6 +44,21 @@ pub struct RawServe {
     /// API keys; with none, the API is open.
     #[serde(default)]
     pub key: Vec<RawKey>,
+    /// Cascade routes (e.g. `model: "auto"`).
+    #[serde(default)]
+    pub route: Vec<RawRoute>,
+}
+
+/// `[[serve.route]]`: a cascade, cheapest tier first.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: String,
+    pub tiers: Vec<String>,
+    /// Quantile of the token logprobs taken as the confidence [default: 0, the minimum].
+    pub quantile: Option<f64>,
+    /// Accept a tier's answer at or above this confidence (a logprob, <= 0).
+    pub threshold: f32,
 }
 
 /// `[[serve.key]]`: one API key, by its hash (`frugal keys new` prints the entry).

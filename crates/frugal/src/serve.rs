@@ -15,13 +15,14 @@ use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::cache::{CacheConfig, ExactCache};
 use frugal_gateway::keys::{KeyConfig, Keys};
 use frugal_gateway::meter::{Meter, MeterConfig};
+use frugal_gateway::route::RouteConfig;
 use frugal_gateway::semantic::{SemanticCache, SemanticConfig};
 use frugal_gateway::upstream::{Upstream, UpstreamConfig};
 use frugal_gateway::{AppState, Parts};
 use frugal_semantic::Embedder;
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
-use crate::config::{Config, RawKey, RawServe, RawUpstream};
+use crate::config::{Config, RawKey, RawRoute, RawServe, RawUpstream};
 
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
@@ -140,6 +141,11 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .map(|u| upstream(u, catalog))
         .collect::<Result<Vec<_>>>()?;
     let keys = file.key.iter().map(key).collect::<Result<Vec<_>>>()?;
+    let routes = file
+        .route
+        .iter()
+        .map(|r| route(r, &name, &upstreams))
+        .collect::<Result<Vec<_>>>()?;
     let state = AppState::new(Parts {
         engine,
         tokenizer,
@@ -149,6 +155,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         cache,
         semantic,
         upstreams,
+        routes,
         keys: Keys::new(&keys),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -243,6 +250,37 @@ fn upstream(raw: &RawUpstream, catalog: &Catalog) -> Result<Upstream> {
         config.retries = r;
     }
     Upstream::new(config).map_err(|e| anyhow::anyhow!("upstream `{}`: {e}", raw.name))
+}
+
+/// A cascade from its `[[serve.route]]` entry: every tier but the last must be the local
+/// model (its answers carry the logprobs the confidence is read from), the last the local
+/// model or an upstream.
+fn route(raw: &RawRoute, local: &str, upstreams: &[Upstream]) -> Result<RouteConfig> {
+    let what = format!("route `{}`", raw.name);
+    let Some((last, first)) = raw.tiers.split_last() else {
+        bail!("{what}: tiers is empty; list the models cheapest first");
+    };
+    if raw.name == local || upstreams.iter().any(|u| u.config.name == raw.name) {
+        bail!("{what}: the name is already a model's; pick another (e.g. \"auto\")");
+    }
+    if let Some(t) = first.iter().find(|t| *t != local) {
+        bail!(
+            "{what}: tier `{t}` must be the local model `{local}`: only its answers carry the logprobs a cascade judges (the last tier may be an upstream)"
+        );
+    }
+    if last != local && !upstreams.iter().any(|u| &u.config.name == last) {
+        bail!("{what}: the last tier `{last}` is neither the local model nor a [[serve.upstream]]");
+    }
+    let quantile = raw.quantile.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&quantile) || raw.threshold > 0.0 || raw.threshold.is_nan() {
+        bail!("{what}: quantile must be in [0, 1] and threshold a logprob <= 0");
+    }
+    Ok(RouteConfig {
+        name: raw.name.clone(),
+        tiers: raw.tiers.clone(),
+        quantile,
+        threshold: raw.threshold,
+    })
 }
 
 /// A key from its `[[serve.key]]` entry.

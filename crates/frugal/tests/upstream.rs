@@ -129,12 +129,129 @@ fn chat(content: &str, extra: &str) -> String {
 }
 
 fn gateway(url: &str) -> Server {
+    gateway_with(url, "")
+}
+
+/// The gateway with `extra` appended to its frugal.toml.
+fn gateway_with(url: &str, extra: &str) -> Server {
     // $1 per million input tokens, $2 per million output tokens.
     let prices = "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n";
     let config = format!(
-        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 1\nretries = 2\n"
+        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 1\nretries = 2\n{extra}"
     );
-    Server::start_with_files(&[("prices.toml", prices), ("frugal.toml", &config)], &[])
+    Server::start_with_files(
+        &[("prices.toml", prices), ("frugal.toml", &config)],
+        &["--name", "small"],
+    )
+}
+
+#[test]
+fn cascade_routes_accept_confident_answers_and_escalate_the_rest() {
+    let (url, calls) = mock_upstream();
+    let routes = "[[serve.route]]\nname = \"sure\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\n\n[[serve.route]]\nname = \"picky\"\ntiers = [\"small\", \"mock\"]\nquantile = 0.0\nthreshold = -0.0001\n";
+    let server = gateway_with(&url, routes);
+    let ask = |route: &str, content: &str, extra: &str| {
+        let body = format!(
+            r#"{{"model":"{route}","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":12,"temperature":0{extra}}}"#
+        );
+        server.request("POST", "/v1/chat/completions", &body)
+    };
+    // Confident enough: the local model's answer, and the upstream never called.
+    let (status, head, body) = ask("sure", "What is the capital of France?", "");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let local = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(!local.starts_with("echo:"), "{local}");
+    assert!(v["choices"][0]["logprobs"].is_null(), "not asked for: {v}");
+    assert!(
+        header(&head, "x-frugal-cost-usd")
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // The same, streamed.
+    let (_, head, sse) = ask("sure", "Name a bird.", r#","stream":true"#);
+    assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
+    let (text, done) = streamed_text(&sse);
+    assert!(
+        done && !text.is_empty() && !text.starts_with("echo:"),
+        "{sse}"
+    );
+
+    // Not confident: escalated, and the request cost both tiers.
+    let (status, head, body) = ask("picky", "What is the capital of Peru?", "");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&head, "x-frugal-route"),
+        Some("small>mock"),
+        "{head}"
+    );
+    assert!(
+        body.contains("echo: What is the capital of Peru?"),
+        "{body}"
+    );
+    let total: f64 = header(&head, "x-frugal-cost-usd").unwrap().parse().unwrap();
+    assert!(
+        total > 0.000020,
+        "small tier plus $0.00002 of upstream: {total}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let (_, _, sse) = ask("picky", "Stream Peru", r#","stream":true"#);
+    assert_eq!(streamed_text(&sse), ("echo: Stream Peru".to_owned(), true));
+    assert_eq!(
+        server.metric("frugal_route_requests_total{route=\"picky\",tier=\"mock\"}"),
+        2.0
+    );
+    assert_eq!(
+        server.metric("frugal_route_requests_total{route=\"sure\",tier=\"small\"}"),
+        2.0
+    );
+    // The routes are models clients can list; streamed logprobs are refused clearly.
+    let (_, _, models) = server.request("GET", "/v1/models", "");
+    assert!(
+        models.contains("\"picky\"") && models.contains("\"sure\""),
+        "{models}"
+    );
+    let (status, _, body) = ask("sure", "x", r#","stream":true,"logprobs":true"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("does not stream logprobs"), "{body}");
+}
+
+#[test]
+fn a_route_whose_first_tier_is_not_local_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("frugal.toml");
+    std::fs::write(
+        &config,
+        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"mock\", \"small\"]\nthreshold = -1.0\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "serve",
+            "--no-meter",
+            "--no-semantic-cache",
+            "--name",
+            "small",
+            "--model",
+        ])
+        .arg(common::model())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("route `auto`: tier `mock` must be the local model `small`"),
+        "{err}"
+    );
 }
 
 #[test]
