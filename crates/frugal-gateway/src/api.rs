@@ -121,14 +121,14 @@ pub struct Usage {
     pub total_tokens: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TokenLogprob {
     pub token: String,
     pub logprob: f32,

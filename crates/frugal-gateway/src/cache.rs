@@ -47,7 +47,7 @@ impl Default for CacheConfig {
 }
 
 /// One streamed piece of a cached answer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Chunk {
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
@@ -131,6 +131,10 @@ pub struct Leader {
 }
 
 impl Leader {
+    pub fn key(&self) -> &Arc<str> {
+        &self.key
+    }
+
     /// Stores the answer and hands it to the requests waiting for it.
     pub fn fulfil(self, cache: &ExactCache, answer: Answer) -> Arc<Answer> {
         let answer = Arc::new(answer);
@@ -190,9 +194,8 @@ impl ExactCache {
         self.entries.get(key)
     }
 
-    #[cfg(test)]
-    fn insert(&self, key: Arc<str>, answer: Answer) {
-        self.entries.insert(key, Arc::new(answer));
+    pub fn insert(&self, key: Arc<str>, answer: Arc<Answer>) {
+        self.entries.insert(key, answer);
     }
 
     /// Entries and their weighed bytes (after pending maintenance).
@@ -489,7 +492,7 @@ mod tests {
         });
         let k = |i: usize| -> Arc<str> { format!("key-{i}").into() };
         for i in 0..10 {
-            cache.insert(k(i), answer(&"x".repeat(300)));
+            cache.insert(k(i), Arc::new(answer(&"x".repeat(300))));
             // Key 0 stays in use, so it is never the least recently used (moka applies
             // reads in batches: `usage` makes it apply them now).
             cache.usage();
@@ -538,7 +541,7 @@ mod tests {
             ttl: Duration::from_millis(50),
         });
         let key: Arc<str> = "k".into();
-        cache.insert(key.clone(), answer("4"));
+        cache.insert(key.clone(), Arc::new(answer("4")));
         assert_eq!(cache.get(&key).unwrap().text(), "4");
         std::thread::sleep(Duration::from_millis(120));
         assert!(cache.get(&key).is_none());

@@ -14,6 +14,7 @@ pub mod meter;
 pub mod metrics;
 pub mod route;
 pub mod semantic;
+pub mod shared;
 mod text;
 pub mod upstream;
 
@@ -46,6 +47,7 @@ use crate::meter::Meter;
 use crate::metrics::{Gauges, Metrics};
 use crate::route::RouteConfig;
 use crate::semantic::SemanticCache;
+use crate::shared::SharedCache;
 use crate::text::{Piece, TextStream};
 use crate::upstream::{Reply, Upstream};
 
@@ -69,6 +71,8 @@ struct Inner {
     meter: Option<Meter>,
     cache: Option<ExactCache>,
     semantic: Option<SemanticCache>,
+    /// The exact cache shared with other replicas.
+    shared: Option<Arc<SharedCache>>,
     /// OpenAI-compatible servers behind the gateway, by the name clients use.
     upstreams: HashMap<String, Arc<Upstream>>,
     /// Cascade routes, by the name clients use.
@@ -89,6 +93,8 @@ pub struct Parts {
     pub cache: Option<ExactCache>,
     /// Needs `cache`: its entries share the exact cache's answers and rules.
     pub semantic: Option<SemanticCache>,
+    /// Needs `cache`: the exact cache's second level, shared with other replicas.
+    pub shared: Option<SharedCache>,
     pub upstreams: Vec<Upstream>,
     /// Every tier but the last is the local model (its answers carry logprobs); the last
     /// is the local model or an upstream.
@@ -109,6 +115,7 @@ impl AppState {
                 stop_tokens,
                 meter: p.meter,
                 semantic: p.cache.as_ref().and(p.semantic),
+                shared: p.cache.as_ref().and(p.shared).map(Arc::new),
                 cache: p.cache,
                 upstreams: p
                     .upstreams
@@ -191,10 +198,17 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
         padding_tokens: st.padding_tokens.load(Ordering::Relaxed),
         steps: st.steps.load(Ordering::Relaxed),
     };
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.inner.metrics.render(&gauges),
-    )
+    let mut text = s.inner.metrics.render(&gauges);
+    if let Some(shared) = &s.inner.shared {
+        use std::fmt::Write;
+        let _ = write!(
+            text,
+            "# HELP frugal_shared_cache_total Shared (Redis) cache hits and failed calls.\n# TYPE frugal_shared_cache_total counter\nfrugal_shared_cache_total{{result=\"hit\"}} {}\nfrugal_shared_cache_total{{result=\"error\"}} {}\n",
+            shared.hits.load(Ordering::Relaxed),
+            shared.errors.load(Ordering::Relaxed)
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
 /// The body as JSON (the cache key reads it) and as the endpoint's request type.
@@ -371,6 +385,14 @@ impl AppState {
             (CacheUse::Hit(answer.cost, how), Some(answer))
         };
         if *read && let Some(answer) = cache.get(key) {
+            return hit(answer, HitKind::Exact);
+        }
+        if *read
+            && let Some(shared) = &self.inner.shared
+            && let Some(answer) = shared.get(key).await
+        {
+            let answer = Arc::new(answer);
+            cache.insert(key.clone(), answer.clone());
             return hit(answer, HitKind::Exact);
         }
         let mut fill = None;
@@ -1079,6 +1101,7 @@ impl Ctx {
         if let (CacheUse::Miss(leader, fill), Some(cache)) = (&mut self.cache, &inner.cache)
             && let Some(leader) = leader.take()
         {
+            let key = leader.key().clone();
             let answer = leader.fulfil(
                 cache,
                 Answer {
@@ -1088,6 +1111,9 @@ impl Ctx {
                     cost: cost.unwrap_or(frugal_cost::Money::ZERO),
                 },
             );
+            if let Some(shared) = &inner.shared {
+                shared.put(&key, &answer);
+            }
             if let (Some((probe, v)), Some(sem)) = (fill.take(), &inner.semantic) {
                 sem.insert(probe.space, probe.text, &v, answer);
             }

@@ -281,6 +281,10 @@ pub struct ServeArgs {
     /// Seconds a cached answer lives [default: 3600]
     #[arg(long, value_name = "SECONDS")]
     pub cache_ttl: Option<u64>,
+    /// Share the exact cache with other replicas through this Redis server
+    /// (e.g. redis://127.0.0.1:6379/)
+    #[arg(long, value_name = "URL")]
+    pub cache_redis: Option<String>,
     /// Turn the semantic cache off (on with the exact cache: a question asked in other
     /// words gets the cached answer when the guard accepts the pair)
     #[arg(long)]

@@ -34,6 +34,7 @@ pub struct RawServe {
     pub cache: Option<bool>,
     pub cache_mb: Option<u64>,
     pub cache_ttl: Option<u64>,
+    pub cache_redis: Option<String>,
     pub semantic_cache: Option<bool>,
     pub semantic_threshold: Option<f32>,
     /// Relative to the config file.

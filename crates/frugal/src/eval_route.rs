@@ -283,18 +283,24 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     let large = Tier::load(&args.large)?;
     let bar = Bar::count("answering");
     frugal_cost::Progress::start(&bar, 2 * questions.len() as u64);
-    let mut rows = Vec::with_capacity(questions.len());
-    for q in &questions {
-        let s = small.answer(q, args.max_tokens)?;
-        frugal_cost::Progress::advance(&bar, 1);
-        let l = large.answer(q, args.max_tokens)?;
-        frugal_cost::Progress::advance(&bar, 1);
-        rows.push(Row {
-            q,
-            small: s,
-            large: l,
-        });
-    }
+    // One tier at a time, so neither engine's threads compete with the other's.
+    let answers = |tier: &Tier| -> Result<Vec<Answered>> {
+        questions
+            .iter()
+            .map(|q| {
+                let a = tier.answer(q, args.max_tokens);
+                frugal_cost::Progress::advance(&bar, 1);
+                a
+            })
+            .collect()
+    };
+    let small_answers = answers(&small)?;
+    let large_answers = answers(&large)?;
+    let rows: Vec<Row> = questions
+        .iter()
+        .zip(small_answers.into_iter().zip(large_answers))
+        .map(|(q, (small, large))| Row { q, small, large })
+        .collect();
     frugal_cost::Progress::finish(&bar);
     let (held, tune): (Vec<&Row>, Vec<&Row>) =
         rows.iter().partition(|r| held_out(r.q, args.held_out));

@@ -17,6 +17,7 @@ use frugal_gateway::keys::{KeyConfig, Keys};
 use frugal_gateway::meter::{Meter, MeterConfig};
 use frugal_gateway::route::RouteConfig;
 use frugal_gateway::semantic::{SemanticCache, SemanticConfig};
+use frugal_gateway::shared::SharedCache;
 use frugal_gateway::upstream::{Upstream, UpstreamConfig};
 use frugal_gateway::{AppState, Parts};
 use frugal_semantic::Embedder;
@@ -146,6 +147,25 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .iter()
         .map(|r| route(r, &name, &upstreams))
         .collect::<Result<Vec<_>>>()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let shared = match args.cache_redis.as_deref().or(file.cache_redis.as_deref()) {
+        Some(url) if cache.is_some() => {
+            let ttl = args
+                .cache_ttl
+                .or(file.cache_ttl)
+                .map_or(CacheConfig::default().ttl, std::time::Duration::from_secs);
+            Some(
+                runtime
+                    .block_on(SharedCache::connect(url, ttl))
+                    .map_err(|e| anyhow::anyhow!("cannot reach the shared cache: {e}"))?,
+            )
+        }
+        _ => None,
+    };
     let state = AppState::new(Parts {
         engine,
         tokenizer,
@@ -154,15 +174,11 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         meter,
         cache,
         semantic,
+        shared,
         upstreams,
         routes,
         keys: Keys::new(&keys),
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let addr = format!("{host}:{port}");
         let listener = tokio::net::TcpListener::bind(&addr)

@@ -1,0 +1,136 @@
+//! End-to-end: two `frugal serve` replicas sharing their exact cache through a real Redis
+//! server, and what happens when Redis goes away.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, header};
+
+/// A throwaway redis-server on a free loopback port, killed on drop.
+struct Redis {
+    child: Child,
+    url: String,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server is needed for this test (Debian: apt-get install redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis {
+            child,
+            url: format!("redis://127.0.0.1:{port}/"),
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ask(server: &Server, question: &str) -> (String, String) {
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"{question}"}}],"max_tokens":12,"temperature":0}}"#
+    );
+    let (status, head, text) = server.request("POST", "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (head, content)
+}
+
+#[test]
+fn replicas_share_answers_through_redis_and_survive_losing_it() {
+    let mut redis = Redis::start();
+    let flags = ["--cache-redis", redis.url.as_str(), "--no-semantic-cache"];
+    let a = Server::start(&flags);
+    let b = Server::start(&flags);
+
+    let (head, first) = ask(&a, "Name a color.");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"), "{head}");
+    // The write to Redis is in the background: give it a moment, then ask the other replica.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (head, again) = loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let probe = std::process::Command::new("redis-cli")
+            .args(["-u", &redis.url, "dbsize"])
+            .output();
+        let stored = probe
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() != "0")
+            .unwrap_or(true);
+        if stored || Instant::now() > deadline {
+            break ask(&b, "Name a color.");
+        }
+    };
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
+    assert_eq!(again, first, "the other replica's answer");
+    assert!(
+        header(&head, "x-frugal-saved-usd")
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(b.metric("frugal_shared_cache_total{result=\"hit\"}"), 1.0);
+    assert_eq!(b.metric("frugal_requests_total{status=\"ok\"}"), 1.0);
+    // Now held locally too: Redis is not asked again.
+    let (head, _) = ask(&b, "Name a color.");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"));
+    assert_eq!(b.metric("frugal_shared_cache_total{result=\"hit\"}"), 1.0);
+
+    // Redis goes away: requests are still answered, and the failures are counted.
+    let _ = redis.child.kill();
+    let _ = redis.child.wait();
+    let (head, _) = ask(&a, "Name a fruit.");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(a.metric("frugal_shared_cache_total{result=\"error\"}") >= 1.0);
+
+    // A replica cannot start against a Redis that is not there.
+    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args([
+            "serve",
+            "--no-meter",
+            "--no-semantic-cache",
+            "--cache-redis",
+            &redis.url,
+            "--model",
+        ])
+        .arg(common::model())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach the shared cache"), "{err}");
+}
