@@ -376,12 +376,12 @@ impl AppState {
         };
         let m = &self.inner.metrics;
         let hit = |answer: Arc<Answer>, how: HitKind| {
-            match how {
-                HitKind::Exact => m.cache_hits.fetch_add(1, Ordering::Relaxed),
-                HitKind::Semantic => m.semantic_hits.fetch_add(1, Ordering::Relaxed),
+            let (count, saved) = match how {
+                HitKind::Exact => (&m.cache_hits, &m.saved_nanos),
+                HitKind::Semantic => (&m.semantic_hits, &m.saved_semantic_nanos),
             };
-            m.saved_nanos
-                .fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
+            count.fetch_add(1, Ordering::Relaxed);
+            saved.fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
             (CacheUse::Hit(answer.cost, how), Some(answer))
         };
         if *read && let Some(answer) = cache.get(key) {
@@ -1131,6 +1131,7 @@ impl Ctx {
 
     /// Writes this request to the ledger as a call priced by its tokens (an upstream's).
     fn record_call(&self, usage: Usage, cached: u64, cost: frugal_cost::Money, failed: bool) {
+        self.state.inner.metrics.add_spend(&self.model, cost);
         if let Some(meter) = &self.state.inner.meter {
             meter.record_call(meter::Call {
                 started: self.started.1,
@@ -1178,7 +1179,9 @@ impl Ctx {
             completion_tokens: usage.completion_tokens as u64,
             engine,
         });
-        Some(meter.cost(engine))
+        let cost = meter.cost(engine);
+        s.metrics.add_spend(&self.model, cost);
+        Some(cost)
     }
 
     /// Metrics, the ledger and the cache for a completed upstream call.

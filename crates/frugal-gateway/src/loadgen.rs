@@ -42,6 +42,8 @@ pub struct BenchConfig {
     pub model: Option<String>,
     pub rate: HourlyRate,
     pub timeout: Duration,
+    /// Make every prompt unique (the request's number appended), so no cache can answer.
+    pub distinct: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -266,8 +268,12 @@ fn summarize(outcomes: &[Outcome], wall_s: f64, rate: HourlyRate) -> Summary {
 /// One streamed completion.
 async fn one(client: &reqwest::Client, config: &BenchConfig, shot: &Shot, i: usize) -> Outcome {
     let started = Instant::now();
+    let mut text = prompt(shot.prompt_words, i);
+    if config.distinct {
+        text = format!("{text} {i}");
+    }
     let mut body = serde_json::json!({
-        "prompt": prompt(shot.prompt_words, i),
+        "prompt": text,
         "max_tokens": shot.max_tokens,
         "temperature": 0,
         "stream": true,

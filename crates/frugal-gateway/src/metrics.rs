@@ -54,8 +54,12 @@ pub struct Metrics {
     pub cache_hits: AtomicU64,
     pub semantic_hits: AtomicU64,
     pub cache_misses: AtomicU64,
-    /// What cache hits saved, in nano-dollars.
+    /// What exact-cache hits saved, in nano-dollars.
     pub saved_nanos: AtomicU64,
+    /// What semantic-cache hits saved, in nano-dollars.
+    pub saved_semantic_nanos: AtomicU64,
+    /// What was spent per model (the local engine's time, upstream calls), in nano-dollars.
+    spend: std::sync::Mutex<std::collections::BTreeMap<String, i64>>,
     pub ttft: Histogram,
     pub tpot: Histogram,
     pub latency: Histogram,
@@ -78,6 +82,11 @@ pub struct Gauges {
 }
 
 impl Metrics {
+    pub fn add_spend(&self, model: &str, cost: frugal_cost::Money) {
+        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+        *spend.entry(model.to_owned()).or_default() += cost.nanos();
+    }
+
     pub fn count_route(&self, route: &str, tier: &str) {
         let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
         *routes
@@ -181,9 +190,23 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP frugal_saved_usd_total What each lever saved, in dollars.\n# TYPE frugal_saved_usd_total counter\nfrugal_saved_usd_total{{lever=\"cache\"}} {}",
-            self.saved_nanos.load(Ordering::Relaxed) as f64 / 1e9
+            "# HELP frugal_saved_usd_total What each lever saved, in dollars.\n# TYPE frugal_saved_usd_total counter\nfrugal_saved_usd_total{{lever=\"cache\"}} {}\nfrugal_saved_usd_total{{lever=\"semantic-cache\"}} {}",
+            self.saved_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            self.saved_semantic_nanos.load(Ordering::Relaxed) as f64 / 1e9
         );
+        let spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(
+            out,
+            "# HELP frugal_spend_usd_total What answering cost, per model, in dollars.\n# TYPE frugal_spend_usd_total counter"
+        );
+        for (model, nanos) in spend.iter() {
+            let _ = writeln!(
+                out,
+                "frugal_spend_usd_total{{model=\"{model}\"}} {}",
+                *nanos as f64 / 1e9
+            );
+        }
+        drop(spend);
         let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
         if !routes.is_empty() {
             let _ = writeln!(

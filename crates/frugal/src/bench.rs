@@ -55,6 +55,7 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
         model: args.model.clone(),
         rate,
         timeout: Duration::from_secs(args.timeout),
+        distinct: args.distinct,
     };
     let done = Arc::new(Counter::default());
     let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());

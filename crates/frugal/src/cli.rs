@@ -352,6 +352,9 @@ pub struct BenchArgs {
     /// Seconds one request may take
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Make every prompt unique, so no cache answers (to measure what is behind it)
+    #[arg(long)]
+    pub distinct: bool,
     #[arg(long)]
     pub json: bool,
 }

@@ -222,6 +222,11 @@ fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
         1.0
     );
     assert_eq!(server.metric("frugal_semantic_search_seconds_count"), 6.0);
+    assert!(server.metric("frugal_saved_usd_total{lever=\"semantic-cache\"}") > 0.0);
+    let model = common::model();
+    let name = model.file_stem().unwrap().to_string_lossy();
+    let spent = server.metric(&format!("frugal_spend_usd_total{{model=\"{name}\"}}"));
+    assert!(spent > 0.0, "{spent}");
 
     // Off when asked: the rewording is computed again.
     let plain = Server::start(&["--no-semantic-cache"]);

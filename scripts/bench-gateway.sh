@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Gateway overhead, side by side: a fixed streamed completion from nginx on loopback, asked
+# directly, through `frugal serve` (exact cache and metering on; every prompt distinct, so each
+# request goes upstream) and through LiteLLM's proxy, at several concurrency levels.
+# Needs nginx and LiteLLM (`pip install 'litellm[proxy]'`, or LITELLM=path/to/litellm).
+# Env: LEVELS="1 8 32", REQUESTS=2000, LITELLM_REQUESTS=600, LITELLM_WORKERS=2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LEVELS=${LEVELS:-"1 8 32"}
+REQUESTS=${REQUESTS:-2000}
+LITELLM_REQUESTS=${LITELLM_REQUESTS:-600}
+LITELLM_WORKERS=${LITELLM_WORKERS:-2}
+LITELLM=${LITELLM:-litellm}
+FRUGAL=./target/release/frugal
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+chunk() { printf 'data: {"id":"cmpl-mock","object":"text_completion","created":1,"model":"mock","choices":[{"text":"%s","index":0,"logprobs":null,"finish_reason":%s}]}\n\n' "$1" "$2"; }
+{
+  chunk "The" null; chunk " answer" null; chunk " is" null; chunk " 42." '"stop"'
+  printf 'data: {"id":"cmpl-mock","object":"text_completion","created":1,"model":"mock","choices":[],"usage":{"prompt_tokens":32,"completion_tokens":4,"total_tokens":36}}\n\n'
+  printf 'data: [DONE]\n\n'
+} > "$work/stream.txt"
+cat > "$work/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:18081;
+    location / {
+      default_type text/event-stream;
+      alias $work/stream.txt;
+      error_page 405 =200 \$uri;
+    }
+  }
+}
+NGINX
+nginx -c "$work/nginx.conf" & pids+=($!)
+
+cat > "$work/prices.toml" <<TOML
+[[model]]
+name = "mock-price"
+input = 0.15
+output = 0.60
+TOML
+cat > "$work/frugal.toml" <<TOML
+[prices]
+files = ["prices.toml"]
+
+[[serve.upstream]]
+name = "mock"
+url = "http://127.0.0.1:18081/v1"
+price = "mock-price"
+TOML
+$FRUGAL --config "$work/frugal.toml" --ledger "$work/ledger.sqlite" serve --port 18082 --no-semantic-cache & pids+=($!)
+frugal_pid=$!
+
+cat > "$work/litellm.yaml" <<YAML
+model_list:
+  - model_name: mock
+    litellm_params:
+      model: text-completion-openai/mock
+      api_base: http://127.0.0.1:18081/v1
+      api_key: none
+YAML
+"$LITELLM" --config "$work/litellm.yaml" --port 18083 --num_workers "$LITELLM_WORKERS" > "$work/litellm.log" 2>&1 & pids+=($!)
+litellm_pid=$!
+
+wait_http() { for _ in $(seq 1 300); do curl -s -o /dev/null "$1" && return 0; sleep 0.2; done; echo "no answer from $1" >&2; exit 1; }
+wait_http http://127.0.0.1:18081/v1/completions
+wait_http http://127.0.0.1:18082/health
+wait_http http://127.0.0.1:18083/health/liveliness
+
+rss_mb() { # total resident memory of a process tree, MB
+  local total=0 p
+  for p in $1 $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
+  done
+  echo $((total / 1024))
+}
+
+out=$work/results.jsonl
+for c in $LEVELS; do
+  for target in direct frugal litellm; do
+    case $target in
+      direct) url=http://127.0.0.1:18081/v1; n=$REQUESTS ;;
+      frugal) url=http://127.0.0.1:18082/v1; n=$REQUESTS ;;
+      litellm) url=http://127.0.0.1:18083/v1; n=$LITELLM_REQUESTS ;;
+    esac
+    $FRUGAL bench --url "$url" --model mock --concurrency "$c" --requests "$n" \
+      --prompt-tokens 32 --max-tokens 4 --distinct --timeout 30 --json > "$work/one.json"
+    python3 - "$target" "$c" "$work/one.json" >> "$out" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[3]))
+print(json.dumps({"target": sys.argv[1], "concurrency": int(sys.argv[2]), "rps": r["requests_per_s"],
+                  "p50_ms": r["latency"]["p50"] * 1e3, "p99_ms": r["latency"]["p99"] * 1e3,
+                  "errors": r["errors"], "samples": r["error_samples"][:2]}))
+PY
+  done
+done
+echo "RSS after the runs: frugal $(rss_mb "$frugal_pid") MB, litellm $(rss_mb "$litellm_pid") MB (all its processes)"
+python3 - "$out" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {(r["target"], r["concurrency"]): r for r in rows}
+print(f"{'conc':>4} | {'direct p50/p99 ms':>18} | {'frugal p50/p99 ms':>18} {'added p50/p99':>14} {'req/s':>8} | {'litellm p50/p99 ms':>19} {'added p50/p99':>14} {'req/s':>7} | frugal/litellm req/s")
+for c in sorted({r["concurrency"] for r in rows}):
+    d, f, l = by[("direct", c)], by[("frugal", c)], by[("litellm", c)]
+    print(f"{c:>4} | {d['p50_ms']:8.2f}/{d['p99_ms']:8.2f} | {f['p50_ms']:8.2f}/{f['p99_ms']:8.2f} {f['p50_ms']-d['p50_ms']:6.2f}/{f['p99_ms']-d['p99_ms']:6.2f} {f['rps']:8.0f} | "
+          f"{l['p50_ms']:8.2f}/{l['p99_ms']:9.2f} {l['p50_ms']-d['p50_ms']:6.1f}/{l['p99_ms']-d['p99_ms']:6.1f} {l['rps']:7.0f} | {f['rps']/max(l['rps'],1e-9):.1f}x")
+PY
