@@ -13,9 +13,11 @@ LITELLM_WORKERS=${LITELLM_WORKERS:-2}
 LITELLM=${LITELLM:-litellm}
 FRUGAL=./target/release/frugal
 work=$(mktemp -d)
+chmod 755 "$work" # nginx workers read the canned stream
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"; }
 trap cleanup EXIT
+[ -n "${KEEP:-}" ] && echo "work dir $work"
 
 chunk() { printf 'data: {"id":"cmpl-mock","object":"text_completion","created":1,"model":"mock","choices":[{"text":"%s","index":0,"logprobs":null,"finish_reason":%s}]}\n\n' "$1" "$2"; }
 {
@@ -33,9 +35,11 @@ http {
   access_log off;
   server {
     listen 127.0.0.1:18081;
+    root $work;
     location / {
+      # Every path is the canned stream; a POST to a static file is a 405, turned into it.
       default_type text/event-stream;
-      alias $work/stream.txt;
+      try_files /stream.txt =404;
       error_page 405 =200 \$uri;
     }
   }
@@ -69,7 +73,9 @@ model_list:
       api_base: http://127.0.0.1:18081/v1
       api_key: none
 YAML
-"$LITELLM" --config "$work/litellm.yaml" --port 18083 --num_workers "$LITELLM_WORKERS" > "$work/litellm.log" 2>&1 & pids+=($!)
+# No keys on either gateway; LiteLLM must be told that is intended, and that it is offline.
+LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY=true LITELLM_LOCAL_MODEL_COST_MAP=True \
+  "$LITELLM" --config "$work/litellm.yaml" --port 18083 --num_workers "$LITELLM_WORKERS" > "$work/litellm.log" 2>&1 & pids+=($!)
 litellm_pid=$!
 
 wait_http() { for _ in $(seq 1 300); do curl -s -o /dev/null "$1" && return 0; sleep 0.2; done; echo "no answer from $1" >&2; exit 1; }
