@@ -90,6 +90,9 @@ pub struct EvalRouteArgs {
     /// Also write every answer, the chosen point and the curve as JSON
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also write the held-out cost/quality curve as an HTML page with a chart
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -112,6 +115,9 @@ pub struct EvalCacheArgs {
     /// Also write the curves and chosen points as JSON
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also write the held-out curves as an HTML page with a chart
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use frugal_semantic::eval::{self, Point, Scored};
 use frugal_semantic::{Embedder, FlatIndex, Guard};
 
+use crate::chart::{self, Chart, Mark, Series};
 use crate::cli::EvalCacheArgs;
 use crate::progress::Bar;
 use crate::table;
@@ -152,6 +153,52 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         "Default threshold in this build: {:.4}; chosen here: {at:.4}",
         Guard::default().threshold
     )?;
+    if let Some(path) = &args.html {
+        let fine: Vec<f32> = (0..=60).map(|i| 0.70 + i as f32 * 0.005).collect();
+        let curve = |g: Guard| -> Vec<(f64, f64)> {
+            eval::sweep(g, &held, &fine)
+                .iter()
+                .map(|p| (p.wrong_rate * 100.0, p.hit_rate * 100.0))
+                .collect()
+        };
+        let marks = chosen
+            .iter()
+            .map(|(name, g, p)| Mark {
+                label: format!("{name} at {:.4}", g.threshold),
+                x: p.wrong_rate * 100.0,
+                y: p.hit_rate * 100.0,
+            })
+            .collect();
+        let chart = Chart {
+            title: "Semantic cache on QQP pairs (held-out split)".into(),
+            x_label: "wrong hits, % of other pairs".into(),
+            y_label: "hits, % of duplicates".into(),
+            x_range: (0.0, 20.0),
+            y_range: (0.0, 100.0),
+            series: vec![
+                Series {
+                    name: "plain cosine".into(),
+                    colour: "#999999",
+                    points: curve(plain),
+                },
+                Series {
+                    name: "guarded".into(),
+                    colour: "#1f77b4",
+                    points: curve(guarded),
+                },
+            ],
+            marks,
+        };
+        let caption = format!(
+            "Cosine thresholds 0.70 to 1.00; {hd} duplicate and {hn} other held-out pairs. Marked: the thresholds chosen on the tuning split for <= {} wrong hits.",
+            pct(args.max_wrong)
+        );
+        std::fs::write(
+            path,
+            chart::page("frugal eval-cache", &[(&chart, &caption)]),
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if let Some(path) = &args.json {
         let points = |pts: &[Point]| -> Vec<serde_json::Value> {
             pts.iter()

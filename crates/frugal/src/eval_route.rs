@@ -20,6 +20,7 @@ use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::route::confidence;
 use serde::{Deserialize, Serialize};
 
+use crate::chart::{self, Chart, Mark, Series};
 use crate::cli::EvalRouteArgs;
 use crate::progress::Bar;
 use crate::table;
@@ -441,6 +442,49 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
         pct(h.cost),
         pct(1.0 - h.cost)
     )?;
+    if let Some(path) = &args.html {
+        let mut all: Vec<f32> = held.iter().map(|r| signal.of(&r.small.logprobs)).collect();
+        all.sort_by(f32::total_cmp);
+        all.dedup();
+        let points = all
+            .iter()
+            .map(|&t| outcome(&held, signal, t))
+            .map(|o| (o.cost * 100.0, o.quality * 100.0))
+            .collect();
+        let chart = Chart {
+            title: format!("Cascade {} -> {} (held-out split)", small.name, large.name),
+            x_label: "cost, % of the large tier alone".into(),
+            y_label: "quality, % of the large tier's accuracy".into(),
+            x_range: (0.0, 160.0),
+            y_range: (50.0, 110.0),
+            series: vec![Series {
+                name: format!("accept the small answer at {} >= t", signal.name()),
+                colour: "#1f77b4",
+                points,
+            }],
+            marks: vec![
+                Mark {
+                    label: "all to the large tier".into(),
+                    x: 100.0,
+                    y: 100.0,
+                },
+                Mark {
+                    label: format!("chosen on tuning: t = {:.3}", chosen.threshold),
+                    x: h.cost * 100.0,
+                    y: h.quality * 100.0,
+                },
+            ],
+        };
+        let caption = format!(
+            "{} held-out questions; each point is one threshold t; the small tier is paid on every question it is tried on.",
+            held.len()
+        );
+        std::fs::write(
+            path,
+            chart::page("frugal eval-route", &[(&chart, &caption)]),
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     if let Some(path) = &args.json {
         let answers: Vec<serde_json::Value> = rows
             .iter()

@@ -2,6 +2,7 @@
 //! one command. Business logic lives in the library crates.
 
 mod bench;
+mod chart;
 mod cli;
 mod commands;
 mod config;

@@ -371,7 +371,14 @@ fn eval_cache_reports_both_splits_and_names_bad_input() {
         &embedder,
         "--json",
         "curves.json",
+        "--html",
+        "curves.html",
     ]));
+    let html = std::fs::read_to_string(env.path("curves.html")).unwrap();
+    assert!(
+        html.contains("<svg") && html.contains("plain cosine"),
+        "{html}"
+    );
     let text = stdout(&out);
     assert!(text.contains("24 pairs"), "{text}");
     assert!(
@@ -442,7 +449,14 @@ fn eval_route_answers_with_both_tiers() {
         "12",
         "--json",
         "route.json",
+        "--html",
+        "route.html",
     ]));
+    let html = std::fs::read_to_string(env.path("route.html")).unwrap();
+    assert!(
+        html.contains("<svg") && html.contains("all to the large tier"),
+        "{html}"
+    );
     let text = stdout(&out);
     assert!(text.contains("2 questions"), "{text}");
     assert!(

@@ -1,0 +1,200 @@
+//! A self-contained HTML page with line charts (inline SVG, no scripts), for the curves the
+//! evaluation commands draw: hit rate against wrong-hit rate, quality against cost.
+
+use std::fmt::Write;
+
+/// One line of a chart.
+pub struct Series {
+    pub name: String,
+    pub colour: &'static str,
+    /// (x, y) in the chart's units, drawn in the order given.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A highlighted point with its label.
+pub struct Mark {
+    pub label: String,
+    pub x: f64,
+    pub y: f64,
+}
+
+pub struct Chart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    /// Axis ranges: (min, max).
+    pub x_range: (f64, f64),
+    pub y_range: (f64, f64),
+    pub series: Vec<Series>,
+    pub marks: Vec<Mark>,
+}
+
+const W: f64 = 640.0;
+const H: f64 = 400.0;
+const LEFT: f64 = 60.0;
+const BOTTOM: f64 = 50.0;
+const TOP: f64 = 20.0;
+const RIGHT: f64 = 20.0;
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+impl Chart {
+    fn px(&self, x: f64, y: f64) -> (f64, f64) {
+        let (x0, x1) = self.x_range;
+        let (y0, y1) = self.y_range;
+        let fx = (x - x0) / (x1 - x0).max(f64::MIN_POSITIVE);
+        let fy = (y - y0) / (y1 - y0).max(f64::MIN_POSITIVE);
+        (
+            LEFT + fx.clamp(0.0, 1.0) * (W - LEFT - RIGHT),
+            H - BOTTOM - fy.clamp(0.0, 1.0) * (H - BOTTOM - TOP),
+        )
+    }
+
+    /// The chart as an inline SVG element, with gridlines at tenths of each axis.
+    pub fn svg(&self) -> String {
+        let mut s = format!(
+            r#"<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{}">"#,
+            escape(&self.title)
+        );
+        for i in 0..=10 {
+            let f = f64::from(i) / 10.0;
+            let x = self.x_range.0 + f * (self.x_range.1 - self.x_range.0);
+            let y = self.y_range.0 + f * (self.y_range.1 - self.y_range.0);
+            let (gx, _) = self.px(x, self.y_range.0);
+            let (_, gy) = self.px(self.x_range.0, y);
+            let _ = write!(
+                s,
+                r##"<line x1="{gx:.1}" y1="{TOP}" x2="{gx:.1}" y2="{:.1}" stroke="#eee"/><line x1="{LEFT}" y1="{gy:.1}" x2="{:.1}" y2="{gy:.1}" stroke="#eee"/>"##,
+                H - BOTTOM,
+                W - RIGHT
+            );
+            if i % 2 == 0 {
+                let _ = write!(
+                    s,
+                    r#"<text x="{gx:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"#,
+                    H - BOTTOM + 16.0,
+                    tick(x),
+                    LEFT - 6.0,
+                    gy + 4.0,
+                    tick(y)
+                );
+            }
+        }
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" font-size="13" text-anchor="middle">{}</text><text x="14" y="{:.1}" font-size="13" text-anchor="middle" transform="rotate(-90 14 {:.1})">{}</text>"#,
+            (LEFT + W - RIGHT) / 2.0,
+            H - 12.0,
+            escape(&self.x_label),
+            (TOP + H - BOTTOM) / 2.0,
+            (TOP + H - BOTTOM) / 2.0,
+            escape(&self.y_label)
+        );
+        for (i, series) in self.series.iter().enumerate() {
+            let points: Vec<String> = series
+                .points
+                .iter()
+                .map(|&(x, y)| {
+                    let (px, py) = self.px(x, y);
+                    format!("{px:.1},{py:.1}")
+                })
+                .collect();
+            let _ = write!(
+                s,
+                r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"><title>{}</title></polyline>"#,
+                series.colour,
+                points.join(" "),
+                escape(&series.name)
+            );
+            let ly = TOP + 14.0 + 16.0 * i as f64;
+            let _ = write!(
+                s,
+                r#"<rect x="{:.1}" y="{:.1}" width="12" height="3" fill="{}"/><text x="{:.1}" y="{:.1}" font-size="12">{}</text>"#,
+                W - RIGHT - 200.0,
+                ly - 4.0,
+                series.colour,
+                W - RIGHT - 184.0,
+                ly,
+                escape(&series.name)
+            );
+        }
+        for m in &self.marks {
+            let (px, py) = self.px(m.x, m.y);
+            let _ = write!(
+                s,
+                r#"<circle cx="{px:.1}" cy="{py:.1}" r="5" fill="none" stroke="black" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="12">{}</text>"#,
+                px + 8.0,
+                py - 8.0,
+                escape(&m.label)
+            );
+        }
+        s.push_str("</svg>");
+        s
+    }
+}
+
+fn tick(v: f64) -> String {
+    if v.abs() >= 10.0 || v == v.round() {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// A page of charts, each with a caption under it.
+pub fn page(title: &str, charts: &[(&Chart, &str)]) -> String {
+    let mut body = String::new();
+    for (chart, caption) in charts {
+        let _ = write!(
+            body,
+            "<figure><h2>{}</h2>{}<figcaption>{}</figcaption></figure>",
+            escape(&chart.title),
+            chart.svg(),
+            escape(caption)
+        );
+    }
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title><style>body{{font-family:system-ui,sans-serif;max-width:720px;margin:2em auto;color:#222}}figure{{margin:0 0 2em}}figcaption{{color:#555;font-size:14px}}</style></head><body><h1>{t}</h1>{body}</body></html>",
+        t = escape(title)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chart_draws_its_series_marks_and_labels() {
+        let chart = Chart {
+            title: "Hits <and> wrong hits".into(),
+            x_label: "wrong".into(),
+            y_label: "hit".into(),
+            x_range: (0.0, 0.2),
+            y_range: (0.0, 1.0),
+            series: vec![Series {
+                name: "guarded".into(),
+                colour: "#1f77b4",
+                points: vec![(0.0, 0.0), (0.1, 0.5), (0.2, 0.8)],
+            }],
+            marks: vec![Mark {
+                label: "default".into(),
+                x: 0.1,
+                y: 0.5,
+            }],
+        };
+        let html = page("eval", &[(&chart, "caption")]);
+        assert!(html.contains("<polyline") && html.contains("guarded"));
+        assert!(html.contains("Hits &lt;and&gt; wrong hits"), "escaped");
+        assert!(html.contains("<circle") && html.contains("default"));
+        // (0.1, 0.5) is the middle of the plot area.
+        let (x, y) = chart.px(0.1, 0.5);
+        assert!((x - (LEFT + (W - LEFT - RIGHT) / 2.0)).abs() < 1e-9);
+        assert!((y - (H - BOTTOM - (H - BOTTOM - TOP) / 2.0)).abs() < 1e-9);
+        // Points outside the range stay on the plot's edge.
+        assert_eq!(chart.px(9.0, -1.0), (W - RIGHT, H - BOTTOM));
+    }
+}
