@@ -95,9 +95,15 @@ impl Chart {
             escape(&self.y_label)
         );
         for (i, series) in self.series.iter().enumerate() {
+            // Points beyond the axes are left out, not drawn along the edge.
+            let inside = |&&(x, y): &&(f64, f64)| {
+                (self.x_range.0..=self.x_range.1).contains(&x)
+                    && (self.y_range.0..=self.y_range.1).contains(&y)
+            };
             let points: Vec<String> = series
                 .points
                 .iter()
+                .filter(inside)
                 .map(|&(x, y)| {
                     let (px, py) = self.px(x, y);
                     format!("{px:.1},{py:.1}")
