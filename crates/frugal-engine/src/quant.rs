@@ -880,7 +880,9 @@ fn tile_generic(
 }
 
 /// f32 dot with 16 independent partial sums (vectorizable, and more accurate than one chain).
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+/// Inlined, so a caller compiled for wider vectors (see [`vectorized`]) gets them here too.
+#[inline(always)]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ac

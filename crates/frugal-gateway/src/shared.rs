@@ -15,7 +15,6 @@ use frugal_cost::Money;
 use frugal_engine::scheduler::FinishReason;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::api::Usage;
 use crate::cache::{Answer, Chunk};
@@ -57,9 +56,7 @@ impl SharedCache {
     }
 
     fn redis_key(key: &str) -> String {
-        let digest = Sha256::digest(key.as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        format!("frugal:exact:v1:{hex}")
+        format!("frugal:exact:v1:{}", crate::keys::hash_key(key))
     }
 
     fn failed(&self, what: &str, e: impl std::fmt::Display) {

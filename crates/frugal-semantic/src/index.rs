@@ -5,7 +5,7 @@
 //! update cost. A graph index (HNSW) pays off only past ~100k entries, more than a cache
 //! bounded to a few hundred MB of answers holds per namespace.
 
-use frugal_engine::quant::{Wide, vectorized};
+use frugal_engine::quant::{Wide, dot_f32, vectorized};
 
 /// Vectors with caller-chosen ids; removal swaps the last entry in.
 #[derive(Debug, Default)]
@@ -114,28 +114,9 @@ impl Wide for Scan<'_> {
             .iter_mut()
             .zip(self.data.chunks_exact(self.q.len()))
         {
-            *s = dot(self.q, v);
+            *s = dot_f32(self.q, v);
         }
     }
-}
-
-/// Sixteen independent accumulators, so the compiler keeps full vectors of sums in flight.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

@@ -11,8 +11,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use frugal_engine::gguf::Gguf;
-use frugal_engine::model::{LoadOptions, Model};
+use frugal_engine::model::LoadOptions;
 use frugal_engine::sampling::SamplingParams;
 use frugal_engine::scheduler::{Engine, Event, Request, SchedulerConfig};
 use frugal_engine::template::{ChatTemplate, Message};
@@ -116,11 +115,7 @@ struct Tier {
 
 impl Tier {
     fn load(path: &Path) -> Result<Tier> {
-        let gguf = Gguf::open(path).with_context(|| format!("cannot load {}", path.display()))?;
-        let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot build the tokenizer")?;
-        let template = ChatTemplate::from_gguf(&gguf).context("cannot read the chat template")?;
-        let model = Model::from_gguf(&gguf, LoadOptions::default())
-            .with_context(|| format!("cannot load {}", path.display()))?;
+        let (model, tokenizer, template) = crate::serve::load_model(path, LoadOptions::default())?;
         let engine = Engine::start(
             model,
             SchedulerConfig {

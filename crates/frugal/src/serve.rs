@@ -56,10 +56,6 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .or_else(|| file.workload.clone())
         .unwrap_or_else(|| "serve".into());
     let started = std::time::Instant::now();
-    let gguf =
-        Gguf::open(&model_path).with_context(|| format!("cannot load {}", model_path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot build the tokenizer")?;
-    let template = ChatTemplate::from_gguf(&gguf).context("cannot read the chat template")?;
     let options = LoadOptions {
         requantize: args.quant.map(|q| match q {
             QuantArg::Q8_0 => WeightType::Q8_0,
@@ -67,9 +63,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         }),
         threads: args.threads,
     };
-    let model = Model::from_gguf(&gguf, options)
-        .with_context(|| format!("cannot load {}", model_path.display()))?;
-    drop(gguf);
+    let (model, tokenizer, template) = load_model(&model_path, options)?;
     let name = args
         .name
         .clone()
@@ -193,6 +187,19 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         frugal_gateway::serve(listener, state, shutdown_signal()).await?;
         Ok::<_, anyhow::Error>(())
     })
+}
+
+/// A GGUF file's weights, tokenizer and chat template.
+pub fn load_model(
+    path: &std::path::Path,
+    options: LoadOptions,
+) -> Result<(Model, Tokenizer, ChatTemplate)> {
+    let gguf = Gguf::open(path).with_context(|| format!("cannot load {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot build the tokenizer")?;
+    let template = ChatTemplate::from_gguf(&gguf).context("cannot read the chat template")?;
+    let model = Model::from_gguf(&gguf, options)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    Ok((model, tokenizer, template))
 }
 
 /// The machine's hourly price: given, from the catalog, or nothing (costs then read $0).

@@ -173,19 +173,7 @@ fn the_exact_cache_replays_deterministic_answers() {
 fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
     let server = Server::start(&[]);
     let ask = |question: &str, max_tokens: u32| {
-        let body = serde_json::json!({
-            "messages": [{ "role": "user", "content": question }],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-        })
-        .to_string();
-        let (status, head, text) = server.request_with("POST", "/v1/chat/completions", &body, "");
-        assert_eq!(status, 200, "{text}");
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let content = v["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let (head, content) = server.ask(question, max_tokens);
         (
             header(&head, "x-frugal-cache").unwrap().to_owned(),
             head,
@@ -250,20 +238,14 @@ fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
 
 #[test]
 fn a_missing_embedder_is_a_clear_error() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args([
-            "--ledger",
-            "/nonexistent/l.sqlite",
-            "serve",
-            "--no-meter",
-            "--model",
-        ])
-        .arg(common::model())
-        .args(["--embedder", "/nonexistent/minilm"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::serve_error(&[
+        "--ledger",
+        "/nonexistent/l.sqlite",
+        "serve",
+        "--no-meter",
+        "--embedder",
+        "/nonexistent/minilm",
+    ]);
     assert!(
         err.contains("no embedding model in /nonexistent/minilm"),
         "{err}"

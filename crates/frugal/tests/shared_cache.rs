@@ -56,20 +56,6 @@ impl Drop for Redis {
     }
 }
 
-fn ask(server: &Server, question: &str) -> (String, String) {
-    let body = format!(
-        r#"{{"messages":[{{"role":"user","content":"{question}"}}],"max_tokens":12,"temperature":0}}"#
-    );
-    let (status, head, text) = server.request("POST", "/v1/chat/completions", &body);
-    assert_eq!(status, 200, "{text}");
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let content = v["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    (head, content)
-}
-
 #[test]
 fn replicas_share_answers_through_redis_and_survive_losing_it() {
     let mut redis = Redis::start();
@@ -77,7 +63,7 @@ fn replicas_share_answers_through_redis_and_survive_losing_it() {
     let a = Server::start(&flags);
     let b = Server::start(&flags);
 
-    let (head, first) = ask(&a, "Name a color.");
+    let (head, first) = a.ask("Name a color.", 12);
     assert_eq!(header(&head, "x-frugal-cache"), Some("miss"), "{head}");
     // The write to Redis is in the background: give it a moment, then ask the other replica.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -90,7 +76,7 @@ fn replicas_share_answers_through_redis_and_survive_losing_it() {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim() != "0")
             .unwrap_or(true);
         if stored || Instant::now() > deadline {
-            break ask(&b, "Name a color.");
+            break b.ask("Name a color.", 12);
         }
     };
     assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
@@ -105,32 +91,25 @@ fn replicas_share_answers_through_redis_and_survive_losing_it() {
     assert_eq!(b.metric("frugal_shared_cache_total{result=\"hit\"}"), 1.0);
     assert_eq!(b.metric("frugal_requests_total{status=\"ok\"}"), 1.0);
     // Now held locally too: Redis is not asked again.
-    let (head, _) = ask(&b, "Name a color.");
+    let (head, _) = b.ask("Name a color.", 12);
     assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"));
     assert_eq!(b.metric("frugal_shared_cache_total{result=\"hit\"}"), 1.0);
 
     // Redis goes away: requests are still answered, and the failures are counted.
     let _ = redis.child.kill();
     let _ = redis.child.wait();
-    let (head, _) = ask(&a, "Name a fruit.");
+    let (head, _) = a.ask("Name a fruit.", 12);
     assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
     std::thread::sleep(Duration::from_millis(400));
     assert!(a.metric("frugal_shared_cache_total{result=\"error\"}") >= 1.0);
 
     // A replica cannot start against a Redis that is not there.
-    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args([
-            "serve",
-            "--no-meter",
-            "--no-semantic-cache",
-            "--cache-redis",
-            &redis.url,
-            "--model",
-        ])
-        .arg(common::model())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::serve_error(&[
+        "serve",
+        "--no-meter",
+        "--no-semantic-cache",
+        "--cache-redis",
+        &redis.url,
+    ]);
     assert!(err.contains("cannot reach the shared cache"), "{err}");
 }

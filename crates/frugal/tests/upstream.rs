@@ -232,22 +232,15 @@ fn a_route_whose_first_tier_is_not_local_is_refused() {
         "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"mock\", \"small\"]\nthreshold = -1.0\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .arg("--config")
-        .arg(&config)
-        .args([
-            "serve",
-            "--no-meter",
-            "--no-semantic-cache",
-            "--name",
-            "small",
-            "--model",
-        ])
-        .arg(common::model())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::serve_error(&[
+        "--config",
+        config.to_str().unwrap(),
+        "serve",
+        "--no-meter",
+        "--no-semantic-cache",
+        "--name",
+        "small",
+    ]);
     assert!(
         err.contains("route `auto`: tier `mock` must be the local model `small`"),
         "{err}"

@@ -32,6 +32,18 @@ pub fn embedder() -> PathBuf {
         .join(frugal_semantic::DEFAULT_EMBEDDER)
 }
 
+/// `frugal ARGS serve --model <test model>` that must not start: its stderr.
+pub fn serve_error(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(args)
+        .arg("--model")
+        .arg(model())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 pub struct Server {
     child: Child,
     pub addr: String,
@@ -123,6 +135,21 @@ impl Server {
             status,
             serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")),
         )
+    }
+
+    /// A deterministic chat question that must succeed: the response head and the answer.
+    pub fn ask(&self, question: &str, max_tokens: u32) -> (String, String) {
+        let body = serde_json::json!({
+            "messages": [{ "role": "user", "content": question }],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        })
+        .to_string();
+        let (status, head, text) = self.request("POST", "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        (head, content.to_owned())
     }
 
     pub fn metric(&self, name: &str) -> f64 {
