@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// frugal measures what ML compute costs per unit of work, and shows which levers cut it.
 #[derive(Debug, Parser)]
-#[command(name = "frugal", version, about, long_about = None, propagate_version = true)]
+#[command(name = "frugal", version, about, long_about = None, propagate_version = true, args_override_self = true)]
 pub struct Cli {
     /// Config file [default: ./frugal.toml if present]
     #[arg(
@@ -62,6 +62,86 @@ pub enum Command {
     /// Measure a small-to-large cascade on questions with checkable answers: each tier's
     /// accuracy and cost, and the cost/quality curve over confidence thresholds
     EvalRoute(EvalRouteArgs),
+    /// Run a training command under a spot-safe supervisor: checkpoint before preemptions,
+    /// resume from a store on any machine, restart after crashes, say why the GPU idles
+    Train(TrainArgs),
+}
+
+/// Where preemption notices come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NoticeArg {
+    /// Find the cloud's metadata endpoint (with --spot; otherwise none)
+    Auto,
+    Aws,
+    Gcp,
+    Azure,
+    /// Only SIGTERM to the supervisor announces a stop
+    None,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "The command's contract (environment, checkpoints, metrics): docs/training.md"
+)]
+pub struct TrainArgs {
+    /// The capacity is spot (priced so, and preemption notices are watched)
+    #[arg(long)]
+    pub spot: bool,
+    /// Instance type, priced from the catalog (e.g. g5.xlarge)
+    #[arg(long, value_name = "TYPE")]
+    pub instance: Option<String>,
+    /// Region of the instance's price [default: the provider's usual one]
+    #[arg(long)]
+    pub region: Option<String>,
+    /// The machine's price per hour, instead of the catalog's
+    #[arg(long, value_name = "USD")]
+    pub price_per_hour: Option<String>,
+    /// The run's id, the same on every machine of one run [default: a hash of the command]
+    #[arg(long, value_name = "ID")]
+    pub run: Option<String>,
+    /// Local checkpoint directory [default: .frugal/RUN/checkpoints]
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint store: a directory, or a file://, s3://, gs:// or az:// URL (credentials from
+    /// the usual AWS_*, GOOGLE_*, AZURE_* variables) [default: checkpoints/ beside the ledger]
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    /// Where preemption notices come from
+    #[arg(long, value_enum, default_value_t = NoticeArg::Auto)]
+    pub notice: NoticeArg,
+    /// Base URL of the metadata endpoint [default: the cloud's own]
+    #[arg(long, value_name = "URL")]
+    pub metadata_url: Option<String>,
+    /// Seconds between notice polls
+    #[arg(long, default_value_t = 5.0, value_name = "S")]
+    pub poll: f64,
+    /// The signal that asks the command for a checkpoint now
+    #[arg(long, default_value = "SIGUSR1", value_name = "SIG")]
+    pub checkpoint_signal: String,
+    /// Seconds between SIGTERM and SIGKILL when stopping the command
+    #[arg(long, default_value_t = 10.0, value_name = "S")]
+    pub stop_grace: f64,
+    /// Seconds a SIGTERM or SIGINT to the supervisor leaves for the checkpoint and the stop
+    #[arg(long, default_value_t = 25.0, value_name = "S")]
+    pub signal_deadline: f64,
+    /// Restarts allowed, after crashes and preemptions together
+    #[arg(long, default_value_t = 10)]
+    pub max_restarts: u32,
+    /// Seconds before the first restart after a crash; doubles each time, up to 5 minutes
+    #[arg(long, default_value_t = 1.0, value_name = "S")]
+    pub backoff: f64,
+    /// Checkpoints kept, in the store and locally
+    #[arg(long, default_value_t = 3)]
+    pub keep: usize,
+    /// Seconds to keep retrying the last upload once the run has ended
+    #[arg(long, default_value_t = 600.0, value_name = "S")]
+    pub store_wait: f64,
+    /// Do not look for GPUs (the CPU stands in for the accelerator)
+    #[arg(long)]
+    pub no_gpu: bool,
+    /// The training command and its arguments
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]

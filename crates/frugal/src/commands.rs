@@ -33,6 +33,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::EvalCache(args) => crate::eval_cache::run(&args),
         Command::EvalRoute(args) => crate::eval_route::run(&args),
+        Command::Train(args) => crate::train::run(&config, &catalog, &args),
         Command::Prices(args) => prices(&catalog, &args),
         Command::Ledger(LedgerCommand::Import(args)) => {
             let ledger = open_for_write(&config)?;

@@ -11,6 +11,7 @@ mod eval_route;
 mod progress;
 mod serve;
 mod table;
+mod train;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -32,6 +33,10 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let mut stderr = std::io::stderr().lock();
+            if err.downcast_ref::<train::Stopped>().is_some() {
+                let _ = writeln!(stderr, "{err}");
+                return ExitCode::from(train::EXIT_RESUMABLE);
+            }
             let _ = writeln!(stderr, "error: {err}");
             for cause in err.chain().skip(1) {
                 let _ = writeln!(stderr, "  caused by: {cause}");

@@ -1,0 +1,572 @@
+//! Why the accelerator idles.
+//!
+//! The watchdog samples the accelerators' utilization through NVML (loaded at run time: a
+//! machine without the driver runs in CPU-only mode, where the trainer's process group's CPU
+//! time over the machine's cores stands in for it) and the CPU and I/O of the trainer's
+//! process group from /proc, and reads the step timings the trainer appends to its metrics
+//! file. From a window of both it names the cause of idle time and the fix to try.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::fs;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::Nvml;
+use serde::Deserialize;
+
+/// Below this busy share the accelerator is idling enough to say why.
+const BUSY: f64 = 0.75;
+/// Share of step time spent waiting on data (or syncs) that explains idle time.
+const STALL_SHARE: f64 = 0.2;
+/// Host CPU use, as a share of all cores, above which the host is the bottleneck.
+const HOST_SATURATED: f64 = 0.9;
+/// How much history a diagnosis looks at.
+const WINDOW: Duration = Duration::from_secs(30);
+/// What a diagnosis needs before it speaks.
+const MIN_STEPS: usize = 10;
+const MIN_SPAN: Duration = Duration::from_secs(2);
+
+/// One line of the trainer's metrics file (docs/training.md).
+#[derive(Debug, Clone, Deserialize)]
+pub struct StepMetrics {
+    pub step: u64,
+    pub step_s: f64,
+    #[serde(default)]
+    pub data_s: f64,
+    #[serde(default)]
+    pub sync_s: f64,
+    pub batch: Option<u64>,
+    pub loss: Option<f64>,
+}
+
+/// Follows the metrics file as the trainer appends to it; a torn last line waits for its end.
+#[derive(Debug)]
+pub struct MetricsTail {
+    path: PathBuf,
+    offset: u64,
+    bad_lines: u64,
+}
+
+impl MetricsTail {
+    /// Starts at the file's current end: earlier segments' lines are not this segment's.
+    pub fn new(path: &Path) -> MetricsTail {
+        let offset = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        MetricsTail {
+            path: path.to_owned(),
+            offset,
+            bad_lines: 0,
+        }
+    }
+
+    /// The complete lines appended since the last call.
+    pub fn read_new(&mut self) -> Vec<StepMetrics> {
+        let Ok(mut file) = fs::File::open(&self.path) else {
+            return Vec::new();
+        };
+        if file.seek(SeekFrom::Start(self.offset)).is_err() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut reader = BufReader::new(file);
+        let mut line = String::new();
+        while let Ok(n) = reader.read_line(&mut line) {
+            if n == 0 || !line.ends_with('\n') {
+                break;
+            }
+            self.offset += n as u64;
+            match serde_json::from_str::<StepMetrics>(line.trim()) {
+                Ok(m) => out.push(m),
+                Err(e) if !line.trim().is_empty() => {
+                    self.bad_lines += 1;
+                    if self.bad_lines == 1 {
+                        tracing::warn!(
+                            "{}: a metrics line is not the documented JSON ({e}); such lines are skipped",
+                            self.path.display()
+                        );
+                    }
+                }
+                Err(_) => {}
+            }
+            line.clear();
+        }
+        out
+    }
+}
+
+/// NVML and the number of GPUs it sees.
+struct Gpus {
+    nvml: Nvml,
+    count: u32,
+}
+
+/// Cumulative counters of the trainer's process group at one instant.
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    at: Instant,
+    cpu_s: f64,
+    read_bytes: u64,
+}
+
+/// What one interval between two samples measured.
+#[derive(Debug, Clone, Copy)]
+struct Interval {
+    end: Instant,
+    seconds: f64,
+    /// Accelerator busy share in [0, 1].
+    device: f64,
+    /// The process group's CPU use as a share of all cores.
+    host_cpu: f64,
+    read_bytes: u64,
+}
+
+/// Why the accelerator idles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    DataStarved,
+    SyncStalls,
+    HostCpuBound,
+    SmallBatch,
+}
+
+impl Cause {
+    pub fn fix(self) -> &'static str {
+        match self {
+            Cause::DataStarved => {
+                "load data ahead of the step: more loader workers (DataLoader num_workers), \
+                 pin_memory and prefetching, or a faster or cached copy of the data"
+            }
+            Cause::SyncStalls => {
+                "stop syncing with the host every step: no .item()/.cpu() on the hot path, \
+                 overlap gradient all-reduce with backward, log every N steps"
+            }
+            Cause::HostCpuBound => {
+                "the host CPU is saturated: move preprocessing out of the training process \
+                 (more loader workers, pre-tokenized data) or use an instance with more vCPUs"
+            }
+            Cause::SmallBatch => {
+                "the steps are too small to fill the accelerator: raise the batch size \
+                 (scale the learning rate with it), fuse kernels (torch.compile, CUDA graphs)"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Cause::DataStarved => "data loading starves it",
+            Cause::SyncStalls => "host-device syncs stall it",
+            Cause::HostCpuBound => "the host CPU is saturated",
+            Cause::SmallBatch => "the batch is too small",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diagnosis {
+    pub cause: Cause,
+    /// The accelerator's busy share over the window.
+    pub busy: f64,
+    /// The figures behind the cause, for the log line.
+    pub evidence: String,
+}
+
+impl fmt::Display for Diagnosis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the accelerator is busy {:.0}% of the time: {} ({}); try: {}",
+            self.busy * 100.0,
+            self.cause,
+            self.evidence,
+            self.cause.fix()
+        )
+    }
+}
+
+pub struct Watchdog {
+    /// `None` in CPU-only mode, where the CPU is the accelerator.
+    gpus: Option<Gpus>,
+    /// Whether a saturated host CPU is a cause (not when the CPU is the accelerator).
+    host_is_apart: bool,
+    cores: f64,
+    pgid: i32,
+    last: Option<Counters>,
+    intervals: VecDeque<Interval>,
+    steps: VecDeque<(Instant, StepMetrics)>,
+    /// Busy time and wall time over the whole segment, for the ledger's utilization.
+    busy_s: f64,
+    wall_s: f64,
+    said: Vec<Cause>,
+}
+
+impl Watchdog {
+    /// Loads NVML once; without it (no driver, no GPU) says so once and watches the CPU.
+    pub fn new(gpu: bool) -> Watchdog {
+        Watchdog::with_gpus(if gpu { gpus() } else { None })
+    }
+
+    fn with_gpus(gpus: Option<Gpus>) -> Watchdog {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        Watchdog {
+            host_is_apart: gpus.is_some(),
+            gpus,
+            cores,
+            pgid: 0,
+            last: None,
+            intervals: VecDeque::new(),
+            steps: VecDeque::new(),
+            busy_s: 0.0,
+            wall_s: 0.0,
+            said: Vec::new(),
+        }
+    }
+
+    pub fn mode(&self) -> &'static str {
+        if self.gpus.is_some() {
+            "gpu"
+        } else {
+            "cpu-only"
+        }
+    }
+
+    /// Watches a new segment: a fresh process group, fresh windows, nothing said yet.
+    pub fn start_segment(&mut self, pgid: i32) {
+        self.pgid = pgid;
+        self.last = None;
+        self.intervals.clear();
+        self.steps.clear();
+        self.busy_s = 0.0;
+        self.wall_s = 0.0;
+        self.said.clear();
+    }
+
+    /// Takes one sample of the counters and the new step metrics.
+    pub fn sample(&mut self, new_steps: Vec<StepMetrics>) {
+        let now = Instant::now();
+        self.steps.extend(new_steps.into_iter().map(|m| (now, m)));
+        let counters = Counters {
+            at: now,
+            cpu_s: group_cpu_seconds(self.pgid),
+            read_bytes: group_read_bytes(self.pgid),
+        };
+        if let Some(prev) = self.last.replace(counters) {
+            let seconds = counters.at.duration_since(prev.at).as_secs_f64();
+            if seconds > 0.0 {
+                let host_cpu = ((counters.cpu_s - prev.cpu_s) / seconds / self.cores).max(0.0);
+                let device = match &self.gpus {
+                    Some(g) => g.busy().unwrap_or(0.0),
+                    None => host_cpu.min(1.0),
+                };
+                self.busy_s += device * seconds;
+                self.wall_s += seconds;
+                self.intervals.push_back(Interval {
+                    end: now,
+                    seconds,
+                    device,
+                    host_cpu,
+                    read_bytes: counters.read_bytes.saturating_sub(prev.read_bytes),
+                });
+            }
+        }
+        let horizon = now.checked_sub(WINDOW);
+        let old = |t: Instant| horizon.is_some_and(|h| t < h);
+        while self.intervals.front().is_some_and(|i| old(i.end)) {
+            self.intervals.pop_front();
+        }
+        while self.steps.front().is_some_and(|(t, _)| old(*t)) {
+            self.steps.pop_front();
+        }
+    }
+
+    /// The busy share over the segment so far; `None` before two samples.
+    pub fn utilization(&self) -> Option<f64> {
+        (self.wall_s > 0.0).then(|| (self.busy_s / self.wall_s).clamp(0.0, 1.0))
+    }
+
+    /// A diagnosis not said before in this segment, to log.
+    pub fn news(&mut self) -> Option<Diagnosis> {
+        let d = self.diagnose()?;
+        if self.said.contains(&d.cause) {
+            return None;
+        }
+        self.said.push(d.cause);
+        Some(d)
+    }
+
+    /// The cause of idle time over the window, or `None` when busy (or too little to go on).
+    pub fn diagnose(&self) -> Option<Diagnosis> {
+        let span: f64 = self.intervals.iter().map(|i| i.seconds).sum();
+        if self.steps.len() < MIN_STEPS || span < MIN_SPAN.as_secs_f64() {
+            return None;
+        }
+        let mean = |f: fn(&Interval) -> f64| {
+            self.intervals.iter().map(|i| f(i) * i.seconds).sum::<f64>() / span
+        };
+        let busy = mean(|i| i.device);
+        if busy >= BUSY {
+            return None;
+        }
+        let host = mean(|i| i.host_cpu);
+        let read_mb_s =
+            self.intervals.iter().map(|i| i.read_bytes).sum::<u64>() as f64 / span / 1e6;
+        let steps = self.steps.iter().map(|(_, m)| m);
+        let step_s: f64 = steps.clone().map(|m| m.step_s.max(0.0)).sum();
+        let data_s: f64 = steps.clone().map(|m| m.data_s.max(0.0)).sum();
+        let sync_s: f64 = steps.clone().map(|m| m.sync_s.max(0.0)).sum();
+        let n = self.steps.len() as f64;
+        let share = |part: f64| if step_s > 0.0 { part / step_s } else { 0.0 };
+        let batch = self.steps.back().and_then(|(_, m)| m.batch);
+        let per_step = format!(
+            "{:.1} ms a step{}",
+            step_s / n * 1e3,
+            batch.map_or(String::new(), |b| format!(" at batch {b}"))
+        );
+        let (cause, evidence) = if share(data_s) >= STALL_SHARE {
+            (
+                Cause::DataStarved,
+                format!(
+                    "{:.0}% of each step waits for data, {per_step}, reading {read_mb_s:.1} MB/s",
+                    share(data_s) * 100.0
+                ),
+            )
+        } else if share(sync_s) >= STALL_SHARE {
+            (
+                Cause::SyncStalls,
+                format!(
+                    "{:.0}% of each step blocks on syncs, {per_step}",
+                    share(sync_s) * 100.0
+                ),
+            )
+        } else if self.host_is_apart && host >= HOST_SATURATED {
+            (
+                Cause::HostCpuBound,
+                format!(
+                    "the trainer uses {:.0}% of {} cores, {per_step}",
+                    host * 100.0,
+                    self.cores
+                ),
+            )
+        } else {
+            (
+                Cause::SmallBatch,
+                format!("no data or sync wait to explain it, {per_step}"),
+            )
+        };
+        Some(Diagnosis {
+            cause,
+            busy,
+            evidence,
+        })
+    }
+}
+
+fn gpus() -> Option<Gpus> {
+    match Nvml::init().and_then(|nvml| Ok((nvml.device_count()?, nvml))) {
+        Ok((count, nvml)) if count > 0 => {
+            tracing::info!("watching {count} GPU(s) through NVML");
+            Some(Gpus { nvml, count })
+        }
+        Ok(_) => {
+            tracing::info!(
+                "NVML sees no GPU: CPU-only mode, the CPU stands in for the accelerator"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::info!("no NVML ({e}): CPU-only mode, the CPU stands in for the accelerator");
+            None
+        }
+    }
+}
+
+impl Gpus {
+    /// Mean busy share of all GPUs over NVML's last sample period.
+    fn busy(&self) -> Option<f64> {
+        let mut total = 0.0;
+        for i in 0..self.count {
+            let rates = self
+                .nvml
+                .device_by_index(i)
+                .ok()?
+                .utilization_rates()
+                .ok()?;
+            total += f64::from(rates.gpu) / 100.0;
+        }
+        Some(total / f64::from(self.count))
+    }
+}
+
+/// The /proc/PID/stat of every process in the group (the trainer and its workers).
+fn group_stats(pgid: i32) -> Vec<(i32, Vec<String>)> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name is in parentheses and may hold spaces: fields follow the last ')'.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
+            // fields[0] is the state (field 3 of stat); the group id is field 5.
+            (fields.get(2)?.parse::<i32>().ok()? == pgid).then_some((pid, fields))
+        })
+        .collect()
+}
+
+fn group_cpu_seconds(pgid: i32) -> f64 {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    group_stats(pgid)
+        .iter()
+        .map(|(_, f)| {
+            // utime and stime (fields 14 and 15), with the waited-for children's (16, 17).
+            (11..15)
+                .filter_map(|i| f.get(i)?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        / ticks
+}
+
+fn group_read_bytes(pgid: i32) -> u64 {
+    group_stats(pgid)
+        .iter()
+        .filter_map(|(pid, _)| {
+            let io = fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+            io.lines()
+                .find_map(|l| l.strip_prefix("read_bytes: "))?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn step(step: u64, step_s: f64, data_s: f64, sync_s: f64) -> StepMetrics {
+        StepMetrics {
+            step,
+            step_s,
+            data_s,
+            sync_s,
+            batch: Some(8),
+            loss: None,
+        }
+    }
+
+    /// A watchdog fed synthetic intervals: `device` busy share, `host` CPU share.
+    fn fed(device: f64, host: f64, gpu: bool, steps: &[StepMetrics]) -> Watchdog {
+        let mut w = Watchdog::with_gpus(None);
+        w.host_is_apart = gpu;
+        let now = Instant::now();
+        for _ in 0..5 {
+            w.intervals.push_back(Interval {
+                end: now,
+                seconds: 1.0,
+                device,
+                host_cpu: host,
+                read_bytes: 0,
+            });
+        }
+        w.steps.extend(steps.iter().cloned().map(|m| (now, m)));
+        w
+    }
+
+    fn steps(data: f64, sync: f64) -> Vec<StepMetrics> {
+        (1..=20).map(|s| step(s, 0.1, data, sync)).collect()
+    }
+
+    #[test]
+    fn busy_runs_are_left_alone() {
+        assert_eq!(fed(0.95, 0.95, false, &steps(0.05, 0.0)).diagnose(), None);
+    }
+
+    #[test]
+    fn names_the_cause_of_idle_time() {
+        let cause = |w: Watchdog| w.diagnose().map(|d| d.cause);
+        assert_eq!(
+            cause(fed(0.3, 0.3, false, &steps(0.06, 0.0))),
+            Some(Cause::DataStarved)
+        );
+        assert_eq!(
+            cause(fed(0.3, 0.3, false, &steps(0.0, 0.05))),
+            Some(Cause::SyncStalls)
+        );
+        assert_eq!(
+            cause(fed(0.5, 0.5, false, &steps(0.0, 0.0))),
+            Some(Cause::SmallBatch)
+        );
+        assert_eq!(
+            cause(fed(0.5, 0.95, true, &steps(0.0, 0.0))),
+            Some(Cause::HostCpuBound)
+        );
+        // A saturated host on a CPU-only machine is the device being busy, not a cause.
+        assert_eq!(
+            cause(fed(0.5, 0.95, false, &steps(0.0, 0.0))),
+            Some(Cause::SmallBatch)
+        );
+    }
+
+    #[test]
+    fn needs_enough_steps_and_time() {
+        assert_eq!(fed(0.1, 0.1, false, &steps(0.0, 0.0)[..5]).diagnose(), None);
+        let mut w = fed(0.1, 0.1, false, &steps(0.0, 0.0));
+        w.intervals.truncate(1);
+        assert_eq!(w.diagnose(), None);
+    }
+
+    #[test]
+    fn says_each_cause_once() {
+        let mut w = fed(0.3, 0.3, false, &steps(0.06, 0.0));
+        let d = w.news().unwrap();
+        assert!(d.to_string().contains("waits for data"), "{d}");
+        assert_eq!(w.news(), None);
+    }
+
+    #[test]
+    fn metrics_tail_reads_whole_lines_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        fs::write(&path, "{\"step\":1,\"step_s\":0.5}\n").unwrap();
+        let mut tail = MetricsTail::new(&path);
+        assert!(
+            tail.read_new().is_empty(),
+            "earlier lines are not this segment's"
+        );
+        use std::io::Write;
+        let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
+        write!(
+            f,
+            "{{\"step\":2,\"step_s\":0.5,\"data_s\":0.1}}\nnot json\n{{\"step\":3,"
+        )
+        .unwrap();
+        let got = tail.read_new();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].step, 2);
+        writeln!(f, "\"step_s\":0.25}}").unwrap();
+        assert_eq!(tail.read_new()[0].step, 3);
+    }
+
+    #[test]
+    fn counts_this_process_groups_cpu() {
+        let me = nix::unistd::getpgrp().as_raw();
+        let before = group_cpu_seconds(me);
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < Duration::from_millis(200) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        assert!(group_cpu_seconds(me) - before >= 0.1);
+    }
+}

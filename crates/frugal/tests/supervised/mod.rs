@@ -1,0 +1,397 @@
+//! The harness of the `frugal train` tests: the example trainer under the supervisor, a
+//! loopback server playing each cloud's metadata endpoint, a local directory as the store,
+//! and a fresh working directory standing in for a new machine.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr,
+    dead_code
+)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+
+pub const TRAINER: &str = env!("CARGO_BIN_EXE_frugal-example-trainer");
+
+/// A small model, paced so that a run lasts a few seconds and a notice lands mid-run.
+pub const MODEL: &[&str] = &[
+    "--steps",
+    "400",
+    "--batch",
+    "16",
+    "--hidden",
+    "32",
+    "--checkpoint-every",
+    "100",
+    "--step-delay-ms",
+    "8",
+];
+
+/// What the metadata server says; the tests flip it.
+#[derive(Default)]
+struct Clouds {
+    /// AWS instance-action and GCP preempted, while set: the deadline.
+    notice: Option<SystemTime>,
+    /// Azure StartRequests bodies received.
+    acks: Vec<String>,
+    gcp_version: u64,
+}
+
+#[derive(Clone)]
+pub struct Metadata {
+    state: Arc<Mutex<Clouds>>,
+    changed: Arc<tokio::sync::Notify>,
+    pub url: String,
+    _runtime: Arc<tokio::runtime::Runtime>,
+}
+
+impl Metadata {
+    pub fn start() -> Metadata {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let state = Arc::new(Mutex::new(Clouds::default()));
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let shared = (state.clone(), changed.clone());
+        let app = Router::new()
+            .route("/latest/api/token", put(aws_token))
+            .route("/latest/meta-data/spot/instance-action", get(aws_action))
+            .route(
+                "/latest/meta-data/events/recommendations/rebalance",
+                get(|| async { StatusCode::NOT_FOUND }),
+            )
+            .route("/computeMetadata/v1/instance/preempted", get(gcp_preempted))
+            .route(
+                "/metadata/scheduledevents",
+                get(azure_events).post(azure_ack),
+            )
+            .with_state(shared);
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        Metadata {
+            state,
+            changed,
+            url: format!("http://{addr}"),
+            _runtime: Arc::new(runtime),
+        }
+    }
+
+    /// Announces a preemption `left` from now.
+    pub fn preempt(&self, left: Duration) {
+        let mut s = self.state.lock().unwrap();
+        s.notice = Some(SystemTime::now() + left);
+        s.gcp_version += 1;
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    pub fn clear(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.notice = None;
+        s.gcp_version += 1;
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    pub fn acks(&self) -> Vec<String> {
+        self.state.lock().unwrap().acks.clone()
+    }
+}
+
+type Shared = (Arc<Mutex<Clouds>>, Arc<tokio::sync::Notify>);
+
+async fn aws_token(headers: HeaderMap) -> Response {
+    if headers
+        .get("x-aws-ec2-metadata-token-ttl-seconds")
+        .is_none()
+    {
+        return StatusCode::BAD_REQUEST.into_response();
+    }
+    "token-1".into_response()
+}
+
+async fn aws_action(State((state, _)): State<Shared>, headers: HeaderMap) -> Response {
+    if headers
+        .get("x-aws-ec2-metadata-token")
+        .is_none_or(|t| t != "token-1")
+    {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    match state.lock().unwrap().notice {
+        Some(at) => {
+            let time = chrono::DateTime::<chrono::Utc>::from(at)
+                .format("%Y-%m-%dT%H:%M:%SZ")
+                .to_string();
+            format!(r#"{{"action": "terminate", "time": "{time}"}}"#).into_response()
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn gcp_preempted(
+    State((state, changed)): State<Shared>,
+    headers: HeaderMap,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    if headers.get("metadata-flavor").is_none_or(|v| v != "Google") {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    let read = || {
+        let s = state.lock().unwrap();
+        (s.gcp_version, s.notice.is_some())
+    };
+    if q.get("wait_for_change").is_some_and(|v| v == "true") {
+        let wait = q
+            .get("timeout_sec")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(60);
+        let last = q.get("last_etag").cloned();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+        while last.as_deref() == Some(read().0.to_string().as_str()) {
+            let notified = changed.notified();
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
+    }
+    let (version, on) = read();
+    (
+        [
+            ("metadata-flavor", "Google".to_owned()),
+            ("etag", version.to_string()),
+        ],
+        if on { "TRUE" } else { "FALSE" },
+    )
+        .into_response()
+}
+
+async fn azure_events(State((state, _)): State<Shared>, headers: HeaderMap) -> Response {
+    if headers.get("metadata").is_none_or(|v| v != "true") {
+        return StatusCode::BAD_REQUEST.into_response();
+    }
+    let events = match state.lock().unwrap().notice {
+        Some(at) => {
+            let not_before = chrono::DateTime::<chrono::Utc>::from(at)
+                .format("%a, %d %b %Y %H:%M:%S GMT")
+                .to_string();
+            format!(
+                r#"[{{"EventId": "E-1", "EventType": "Preempt", "ResourceType": "VirtualMachine",
+                    "Resources": ["vm-1"], "EventStatus": "Scheduled", "NotBefore": "{not_before}",
+                    "Description": "spot eviction", "EventSource": "Platform", "DurationInSeconds": -1}}]"#
+            )
+        }
+        None => "[]".into(),
+    };
+    format!(r#"{{"DocumentIncarnation": 1, "Events": {events}}}"#).into_response()
+}
+
+async fn azure_ack(State((state, _)): State<Shared>, body: String) -> StatusCode {
+    state.lock().unwrap().acks.push(body);
+    StatusCode::OK
+}
+
+/// A machine: its own working directory; the store and the ledger are shared.
+pub struct Machine {
+    dir: tempfile::TempDir,
+}
+
+impl Machine {
+    pub fn new() -> Machine {
+        Machine {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `frugal train` with `flags`, running the example trainer with `trainer` args.
+    pub fn train(&self, shared: &Shared2, flags: &[&str], trainer: &[&str]) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .current_dir(self.path())
+            .env("FRUGAL_LOG", "info")
+            .arg("--ledger")
+            .arg(&shared.ledger)
+            .arg("train")
+            .arg("--store")
+            .arg(&shared.store)
+            .args([
+                "--run",
+                "r1",
+                "--poll",
+                "0.1",
+                "--backoff",
+                "0.1",
+                "--no-gpu",
+            ])
+            .args(flags)
+            .arg("--")
+            .arg(TRAINER)
+            .args(MODEL)
+            .args(trainer)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    pub fn metrics(&self) -> PathBuf {
+        self.path().join(".frugal/r1/metrics.jsonl")
+    }
+
+    /// The newest step the trainer reported here.
+    pub fn step(&self) -> u64 {
+        std::fs::read_to_string(self.metrics())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["step"].as_u64())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Waits for the trainer under `child` to report `step`; fails at once if `child` ends.
+    pub fn wait_for_step(&self, child: &mut Child, step: u64) {
+        wait_until(
+            Duration::from_secs(60),
+            || {
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("frugal train ended ({status}) before step {step}");
+                }
+                self.step() >= step
+            },
+            || format!("the trainer did not reach step {step} (at {})", self.step()),
+        );
+    }
+
+    pub fn model(&self) -> Vec<u8> {
+        std::fs::read(self.path().join("model.bin")).unwrap()
+    }
+}
+
+/// A segment in the ledger: outcome code, lost_ms, cost and list cost in nano-dollars, busy share.
+pub type Row = (i64, i64, i64, Option<i64>, Option<f64>);
+
+/// What outlives machines: the store and the ledger.
+pub struct Shared2 {
+    _dir: tempfile::TempDir,
+    pub store: PathBuf,
+    pub ledger: PathBuf,
+}
+
+impl Shared2 {
+    pub fn new() -> Shared2 {
+        let dir = tempfile::tempdir().unwrap();
+        Shared2 {
+            store: dir.path().join("store"),
+            ledger: dir.path().join("ledger.sqlite"),
+            _dir: dir,
+        }
+    }
+
+    /// Steps of the complete checkpoints in the store.
+    pub fn stored(&self) -> Vec<u64> {
+        let runs = self.store.join("runs/r1");
+        let mut steps: Vec<u64> = std::fs::read_dir(&runs)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().join("MANIFEST.json").exists())
+                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        steps.sort_unstable();
+        steps
+    }
+
+    pub fn report(&self) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .arg("--ledger")
+            .arg(&self.ledger)
+            .arg("report")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// The ledger's segments.
+    pub fn segments(&self) -> Vec<Row> {
+        let db = rusqlite::Connection::open(&self.ledger).unwrap();
+        let mut q = db
+            .prepare(
+                "SELECT outcome, lost_ms, cost, list_cost, utilization FROM events ORDER BY id",
+            )
+            .unwrap();
+        q.query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+    }
+}
+
+pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool, why: impl Fn() -> String) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{}", why());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn finish(child: Child) -> Output {
+    let out = child.wait_with_output().unwrap();
+    eprintln!(
+        "--- frugal train stdout\n{}--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The model an uninterrupted, unsupervised run ends with.
+pub fn reference() -> Vec<u8> {
+    static REF: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    REF.get_or_init(|| {
+        let m = Machine::new();
+        let out = Command::new(TRAINER)
+            .current_dir(m.path())
+            .args(MODEL)
+            .args(["--step-delay-ms", "0"])
+            .env("FRUGAL_CHECKPOINT_DIR", m.path().join("ckpt"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        m.model()
+    })
+    .clone()
+}
+
+/// Checkpoint steps a run resumed from, read from its log.
+pub fn resumed_from(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter_map(|l| l.split("resuming from checkpoint ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .collect()
+}

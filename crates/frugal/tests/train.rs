@@ -1,0 +1,401 @@
+//! `frugal train` end to end: notices from each cloud mid-run, a new machine resuming,
+//! crashes mid-checkpoint, a store that goes away, deadlines shorter than a checkpoint,
+//! repeated preemptions, and bad invocations.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
+
+mod supervised;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use supervised::*;
+
+#[test]
+fn aws_notice_mid_run_then_a_new_machine_resumes_bit_for_bit() {
+    let meta = Metadata::start();
+    let shared = Shared2::new();
+    let first = Machine::new();
+    let flags = [
+        "--spot",
+        "--instance",
+        "g5.xlarge",
+        "--notice",
+        "aws",
+        "--metadata-url",
+        &meta.url,
+    ];
+    let mut child = first.train(&shared, &flags, &[]);
+    first.wait_for_step(&mut child, 150);
+    meta.preempt(Duration::from_secs(120));
+    // The trainer checkpoints at once, stops, and its checkpoint reaches the store; then the
+    // supervisor waits for the machine to go, which here it does.
+    wait_until(
+        Duration::from_secs(30),
+        || shared.stored().last().is_some_and(|&s| s > 150),
+        || {
+            format!(
+                "no checkpoint after step 150 in the store: {:?}",
+                shared.stored()
+            )
+        },
+    );
+    let stopped_at = first.step();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        child.try_wait().unwrap(),
+        None,
+        "the supervisor waits for the machine to go"
+    );
+    child.kill().unwrap();
+    let out = finish(child);
+    assert!(stderr(&out).contains("aws notice"), "{}", stderr(&out));
+    let stored = *shared.stored().last().unwrap();
+    assert!(
+        stored + 20 > stopped_at,
+        "the checkpoint on notice loses only the steps until the stop: {stored} of {stopped_at}"
+    );
+
+    let second = Machine::new();
+    meta.clear();
+    let out = finish(second.train(&shared, &flags, &[]));
+    assert!(out.status.success());
+    assert_eq!(resumed_from(&stderr(&out)), vec![stored]);
+    assert_eq!(
+        second.model(),
+        reference(),
+        "the resumed run ends where an uninterrupted one does"
+    );
+
+    let segments = shared.segments();
+    assert_eq!(segments.len(), 2, "{segments:?}");
+    let (preempted, lost_ms, cost, list, _) = segments[0];
+    assert_eq!(preempted, frugal_cost::event::Outcome::Preempted.code());
+    assert!(
+        lost_ms < 1_000,
+        "checkpointing on notice loses (almost) nothing: {lost_ms} ms"
+    );
+    assert!(list.unwrap() > cost, "spot is cheaper than on demand");
+    let report = shared.report();
+    assert!(report.contains("r1"), "{report}");
+}
+
+#[test]
+fn gcp_notice_that_clears_restarts_on_the_same_machine() {
+    let meta = Metadata::start();
+    let shared = Shared2::new();
+    let m = Machine::new();
+    let mut child = m.train(
+        &shared,
+        &[
+            "--spot",
+            "--notice",
+            "gcp",
+            "--metadata-url",
+            &meta.url,
+            "--poll",
+            "1",
+        ],
+        &[],
+    );
+    m.wait_for_step(&mut child, 120);
+    let at = Instant::now();
+    meta.preempt(Duration::from_secs(30));
+    wait_until(
+        Duration::from_secs(30),
+        || shared.stored().last().is_some_and(|&s| s >= 120),
+        || {
+            format!(
+                "no checkpoint on notice in the store: {:?}",
+                shared.stored()
+            )
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    meta.clear();
+    let out = finish(child);
+    assert!(out.status.success());
+    let log = stderr(&out);
+    assert!(log.contains("gcp notice"), "{log}");
+    let resumed = resumed_from(&log);
+    assert_eq!(resumed.len(), 1, "{log}");
+    assert!(at.elapsed() > Duration::from_millis(500));
+    assert_eq!(m.model(), reference());
+}
+
+#[test]
+fn azure_preempt_event_is_acknowledged_once() {
+    let meta = Metadata::start();
+    let shared = Shared2::new();
+    let m = Machine::new();
+    let mut child = m.train(
+        &shared,
+        &["--spot", "--notice", "azure", "--metadata-url", &meta.url],
+        &[],
+    );
+    m.wait_for_step(&mut child, 120);
+    meta.preempt(Duration::from_secs(30));
+    wait_until(
+        Duration::from_secs(30),
+        || !meta.acks().is_empty(),
+        || "the Preempt event was not acknowledged".into(),
+    );
+    meta.clear();
+    let out = finish(child);
+    assert!(out.status.success());
+    let acks = meta.acks();
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert!(acks[0].contains("E-1"), "{acks:?}");
+    assert_eq!(m.model(), reference());
+}
+
+#[test]
+fn sigterm_checkpoints_and_exits_resumable() {
+    let shared = Shared2::new();
+    let m = Machine::new();
+    let mut child = m.train(&shared, &["--notice", "none"], &[]);
+    m.wait_for_step(&mut child, 130);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(75), "stopped with progress saved");
+    assert!(stderr(&out).contains("run the same command to resume"));
+    let stored = *shared.stored().last().unwrap();
+    assert!(stored >= 130);
+
+    let out = finish(m.train(&shared, &["--notice", "none"], &[]));
+    assert!(out.status.success());
+    assert_eq!(resumed_from(&stderr(&out)), vec![stored]);
+    assert_eq!(m.model(), reference());
+    let outcomes: Vec<i64> = shared.segments().iter().map(|s| s.0).collect();
+    assert_eq!(
+        outcomes,
+        [
+            frugal_cost::event::Outcome::Stopped.code(),
+            frugal_cost::event::Outcome::Completed.code()
+        ]
+    );
+}
+
+#[test]
+fn a_crash_mid_checkpoint_never_uses_the_partial_one() {
+    let shared = Shared2::new();
+    let m = Machine::new();
+    let out = finish(m.train(
+        &shared,
+        &["--notice", "none"],
+        &["--crash-in-checkpoint", "200"],
+    ));
+    assert!(out.status.success());
+    let log = stderr(&out);
+    assert!(log.contains("SIGABRT"), "{log}");
+    assert_eq!(
+        resumed_from(&log),
+        vec![100],
+        "the half-written 200 is skipped"
+    );
+    assert_eq!(m.model(), reference());
+    let outcomes: Vec<i64> = shared.segments().iter().map(|s| s.0).collect();
+    assert_eq!(
+        outcomes,
+        [
+            frugal_cost::event::Outcome::Failed.code(),
+            frugal_cost::event::Outcome::Completed.code()
+        ]
+    );
+    // The crash lost the work since step 100.
+    assert!(shared.segments()[0].1 > 0);
+}
+
+#[test]
+fn a_store_away_for_a_while_loses_nothing() {
+    let shared = Shared2::new();
+    let m = Machine::new();
+    std::fs::create_dir_all(&shared.store).unwrap();
+    let mut child = m.train(&shared, &["--notice", "none"], &[]);
+    m.wait_for_step(&mut child, 50);
+    // The store's directory is replaced by a file: every write to it fails.
+    let away = shared.store.with_extension("away");
+    std::fs::rename(&shared.store, &away).unwrap();
+    std::fs::write(&shared.store, b"not a directory").unwrap();
+    m.wait_for_step(&mut child, 250);
+    std::fs::remove_file(&shared.store).unwrap();
+    std::fs::rename(&away, &shared.store).unwrap();
+    let out = finish(child);
+    assert!(out.status.success());
+    let log = stderr(&out);
+    assert!(log.contains("retrying"), "{log}");
+    assert_eq!(
+        shared.stored().last(),
+        Some(&400),
+        "the final checkpoint is stored"
+    );
+    assert_eq!(m.model(), reference());
+
+    // A new machine finds the finished run's newest checkpoint.
+    let fresh = Machine::new();
+    let out = finish(fresh.train(&shared, &["--notice", "none"], &[]));
+    assert!(out.status.success());
+    assert_eq!(resumed_from(&stderr(&out)), vec![400]);
+}
+
+#[test]
+fn a_deadline_shorter_than_a_checkpoint_falls_back_to_the_last_complete_one() {
+    let meta = Metadata::start();
+    let shared = Shared2::new();
+    let m = Machine::new();
+    let flags = [
+        "--spot",
+        "--notice",
+        "aws",
+        "--metadata-url",
+        &meta.url,
+        "--stop-grace",
+        "0.5",
+    ];
+    let mut child = m.train(&shared, &flags, &["--checkpoint-delay-ms", "4000"]);
+    m.wait_for_step(&mut child, 120);
+    meta.preempt(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(3));
+    meta.clear();
+    let out = finish(child);
+    assert!(out.status.success());
+    let log = stderr(&out);
+    assert!(log.contains("no checkpoint before the deadline"), "{log}");
+    assert_eq!(resumed_from(&log), vec![100]);
+    assert_eq!(m.model(), reference());
+    let (outcome, lost_ms, ..) = shared.segments()[0];
+    assert_eq!(outcome, frugal_cost::event::Outcome::Preempted.code());
+    assert!(
+        lost_ms >= 100,
+        "the work since step 100 is lost: {lost_ms} ms"
+    );
+    let report = shared.report();
+    assert!(report.contains("lost"), "{report}");
+}
+
+#[test]
+fn repeated_preemptions_spend_only_the_restart_budget() {
+    let meta = Metadata::start();
+    let shared = Shared2::new();
+    let m = Machine::new();
+    let flags = [
+        "--spot",
+        "--notice",
+        "aws",
+        "--metadata-url",
+        &meta.url,
+        "--max-restarts",
+        "2",
+        "--keep",
+        "2",
+    ];
+    let mut child = m.train(&shared, &flags, &[]);
+    let mut last = 0;
+    for _ in 0..3 {
+        m.wait_for_step(&mut child, last + 30);
+        meta.preempt(Duration::from_secs(60));
+        let before = shared.segments().len();
+        wait_until(
+            Duration::from_secs(30),
+            || shared.segments().len() > before,
+            || "the preempted segment was not recorded".into(),
+        );
+        last = m.step();
+        meta.clear();
+    }
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(1));
+    let log = stderr(&out);
+    assert!(log.contains("restart budget (2) is spent"), "{log}");
+    assert!(
+        shared.stored().len() <= 2,
+        "pruned to --keep: {:?}",
+        shared.stored()
+    );
+    let ckpt = m.path().join(".frugal/r1/checkpoints");
+    let leftovers: Vec<_> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(leftovers.len() <= 2, "{leftovers:?}");
+
+    // Nothing else was spent: the same command with a fresh budget finishes the run.
+    let out = finish(m.train(&shared, &["--notice", "none"], &[]));
+    assert!(out.status.success());
+    assert_eq!(m.model(), reference());
+}
+
+#[test]
+fn bad_invocations_say_what_is_wrong() {
+    let err = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_ne!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("l.sqlite");
+    let ledger = ledger.to_str().unwrap();
+    assert!(err(&["--ledger", ledger, "train"]).contains("CMD"));
+    assert!(
+        err(&[
+            "--ledger",
+            ledger,
+            "train",
+            "--instance",
+            "g5.nope",
+            "--",
+            "true"
+        ])
+        .contains("g5.nope")
+    );
+    assert!(
+        err(&[
+            "--ledger",
+            ledger,
+            "train",
+            "--checkpoint-signal",
+            "SIGNOPE",
+            "--",
+            "true"
+        ])
+        .contains("not a signal name")
+    );
+    assert!(
+        err(&[
+            "--ledger",
+            ledger,
+            "train",
+            "--store",
+            "ftp://x/y",
+            "--",
+            "true"
+        ])
+        .contains("ftp")
+    );
+    let missing = err(&[
+        "--ledger",
+        ledger,
+        "train",
+        "--notice",
+        "none",
+        "--max-restarts",
+        "0",
+        "--store",
+        dir.path().join("s").to_str().unwrap(),
+        "--",
+        "/no/such/trainer",
+    ]);
+    assert!(missing.contains("/no/such/trainer"), "{missing}");
+}
