@@ -142,12 +142,12 @@ impl Cause {
                  overlap gradient all-reduce with backward, log every N steps"
             }
             Cause::HostCpuBound => {
-                "the host CPU is saturated: move preprocessing out of the training process \
-                 (more loader workers, pre-tokenized data) or use an instance with more vCPUs"
+                "move preprocessing out of the training process (more loader workers, \
+                 pre-tokenized data) or use an instance with more vCPUs"
             }
             Cause::SmallBatch => {
-                "the steps are too small to fill the accelerator: raise the batch size \
-                 (scale the learning rate with it), fuse kernels (torch.compile, CUDA graphs)"
+                "raise the batch size (scale the learning rate with it) so each step fills \
+                 the accelerator, or fuse kernels (torch.compile, CUDA graphs)"
             }
         }
     }
@@ -376,7 +376,7 @@ fn gpus() -> Option<Gpus> {
             None
         }
         Err(e) => {
-            tracing::info!("no NVML ({e}): CPU-only mode, the CPU stands in for the accelerator");
+            tracing::warn!("no NVML ({e}): CPU-only mode, the CPU stands in for the accelerator");
             None
         }
     }

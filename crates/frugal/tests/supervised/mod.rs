@@ -320,11 +320,12 @@ impl Shared2 {
         steps
     }
 
-    pub fn report(&self) -> String {
+    pub fn report(&self, args: &[&str]) -> String {
         let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
             .arg("--ledger")
             .arg(&self.ledger)
             .arg("report")
+            .args(args)
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
