@@ -504,7 +504,13 @@ impl Life {
     }
 
     fn begin_stop(&mut self, plan: &Plan, reason: StopReason, deadline: Instant) {
-        let before = self.known.last().copied();
+        // From the directory, not from the last scan: a checkpoint published since is not
+        // the one asked for.
+        let before = local_checkpoints(&plan.checkpoint_dir)
+            .unwrap_or_default()
+            .last()
+            .map(|(s, _)| *s)
+            .max(self.known.last().copied());
         let _ = kill(self.pid, plan.checkpoint_signal);
         self.stopping = Some(Stopping {
             reason,

@@ -295,7 +295,7 @@ fn print_summary(
         .count();
     write!(
         out,
-        "{} segment(s), {preemptions} preemption(s), {:.1} minutes lost; cost {total} on {}",
+        "{} segment(s), {preemptions} preemption(s), {:.1} minutes lost; cost {total} ({})",
         segments.len(),
         lost.as_secs_f64() / 60.0,
         p.capacity

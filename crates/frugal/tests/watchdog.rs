@@ -13,6 +13,16 @@ use supervised::*;
 
 #[test]
 fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
+    // Runs of a few seconds in either profile: the trainer is built as the tests are.
+    let steps = |debug: u32, release: u32| {
+        if cfg!(debug_assertions) {
+            debug
+        } else {
+            release
+        }
+        .to_string()
+    };
+    let (healthy_steps, tiny_steps) = (steps(200, 3000), steps(1500, 40000));
     // Each run is a run of its own: a store and a ledger apiece.
     let run = |trainer: &[&str]| {
         let shared = Shared2::new();
@@ -27,7 +37,7 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
         "--step-delay-ms",
         "0",
         "--steps",
-        "200",
+        &healthy_steps,
         "--batch",
         "64",
         "--hidden",
@@ -50,7 +60,7 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
         "--step-delay-ms",
         "0",
         "--steps",
-        "1500",
+        &tiny_steps,
         "--batch",
         "1",
         "--hidden",

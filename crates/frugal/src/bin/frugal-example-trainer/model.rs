@@ -324,7 +324,9 @@ impl State {
                 p[i] -= hp.lr * (m[i] / bc1) / ((v[i] / bc2).sqrt() + EPS);
             }
         };
-        let per = self.params.len().div_ceil(threads.max(1)).max(1);
+        // As many threads as chunks, as for the gradients: a batch under 8 runs on one.
+        let threads = threads.clamp(1, chunks.len().max(1));
+        let per = self.params.len().div_ceil(threads).max(1);
         let slices = self
             .params
             .chunks_mut(per)
