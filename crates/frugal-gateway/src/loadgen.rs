@@ -5,8 +5,11 @@
 //! LLM inference traces) scaled to the model. Requests stream (`/v1/completions`,
 //! `ignore_eos` so outputs have the trace's lengths), and each records time to first token,
 //! time per output token and latency. The summary prices the run at the machine's hourly
-//! rate: cost per 1,000 requests and per million tokens.
+//! rate: cost per 1,000 requests and per million tokens. A workload file replays given chat
+//! prompts at given times instead; against frugal, the summary also sums the cost each
+//! response reports (`x-frugal-cost-usd`) and counts cache answers and routes.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,12 +22,14 @@ use frugal_cost::Money;
 use frugal_cost::money::HourlyRate;
 
 /// One request of the load.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Shot {
     /// Seconds after the start it is sent (trace replay); 0 for closed-loop clients.
     pub at: f64,
     pub prompt_words: usize,
     pub max_tokens: usize,
+    /// A user message to send as a chat completion; `None`: a synthetic completion prompt.
+    pub text: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +93,13 @@ pub struct Summary {
     pub cost: Money,
     pub cost_per_1k_requests: Option<Money>,
     pub cost_per_1m_tokens: Option<Money>,
+    /// What the responses said they cost (`x-frugal-cost-usd`), where they said.
+    pub metered_cost: Option<Money>,
+    pub metered_per_1k_requests: Option<Money>,
+    /// Requests by `x-frugal-cache` (hit-exact, hit-semantic, miss, bypass).
+    pub cache: BTreeMap<String, u64>,
+    /// Requests by `x-frugal-route` (the model chain that answered).
+    pub routes: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -96,6 +108,9 @@ struct Outcome {
     latency: f64,
     prompt_tokens: u64,
     output_tokens: u64,
+    metered: Option<Money>,
+    cache: Option<String>,
+    route: Option<String>,
     error: Option<String>,
 }
 
@@ -150,6 +165,50 @@ pub fn trace_shots(
             at: (t - start) / speedup.max(1e-9),
             prompt_words: ((num(ctx)? * scale).round() as usize).clamp(1, max_prompt),
             max_tokens: ((num(generated)? * output_scale).round() as usize).clamp(1, max_output),
+            text: None,
+        });
+    }
+    Ok(shots)
+}
+
+/// One line of a workload file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkloadLine {
+    /// Seconds after the start.
+    at: f64,
+    prompt: String,
+    max_tokens: usize,
+}
+
+/// Shots from a workload file: JSON lines of `{"at": seconds, "prompt": text, "max_tokens": n}`,
+/// times divided by `speedup`; at most `limit` lines.
+pub fn workload_shots(path: &Path, speedup: f64, limit: usize) -> Result<Vec<Shot>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut shots = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        if shots.len() == limit {
+            break;
+        }
+        let w: WorkloadLine = serde_json::from_str(line)
+            .map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))?;
+        if !(w.at.is_finite() && w.at >= 0.0) {
+            return Err(format!(
+                "{} line {}: `at` must be seconds >= 0",
+                path.display(),
+                i + 1
+            ));
+        }
+        shots.push(Shot {
+            at: w.at / speedup.max(1e-9),
+            prompt_words: w.prompt.split_whitespace().count(),
+            max_tokens: w.max_tokens.max(1),
+            text: Some(w.prompt.into()),
         });
     }
     Ok(shots)
@@ -243,6 +302,19 @@ fn summarize(outcomes: &[Outcome], wall_s: f64, rate: HourlyRate) -> Summary {
         .cost((wall_s * 1000.0) as i64, 1)
         .unwrap_or(Money::ZERO);
     let per = |n: u64, unit: i128| (n > 0).then(|| cost.mul_div(unit, i128::from(n))).flatten();
+    let metered = ok
+        .iter()
+        .any(|o| o.metered.is_some())
+        .then(|| ok.iter().filter_map(|o| o.metered).sum::<Money>());
+    let count = |f: fn(&Outcome) -> Option<&String>| {
+        let mut m = BTreeMap::new();
+        for o in &ok {
+            if let Some(k) = f(o) {
+                *m.entry(k.clone()).or_insert(0) += 1;
+            }
+        }
+        m
+    };
     Summary {
         requests: outcomes.len(),
         errors: outcomes.len() - ok.len(),
@@ -262,28 +334,47 @@ fn summarize(outcomes: &[Outcome], wall_s: f64, rate: HourlyRate) -> Summary {
         cost,
         cost_per_1k_requests: per(ok.len() as u64, 1000),
         cost_per_1m_tokens: per(prompt_tokens + output_tokens, 1_000_000),
+        metered_cost: metered,
+        metered_per_1k_requests: metered
+            .filter(|_| !ok.is_empty())
+            .and_then(|m| m.mul_div(1000, ok.len() as i128)),
+        cache: count(|o| o.cache.as_ref()),
+        routes: count(|o| o.route.as_ref()),
     }
 }
 
-/// One streamed completion.
+/// One completion: a workload's prompt as a chat turn, not streamed (frugal says what an
+/// answer cost in its headers, known before a JSON body but not before a stream); else a
+/// synthetic prompt, streamed, whose output runs to `max_tokens`.
 async fn one(client: &reqwest::Client, config: &BenchConfig, shot: &Shot, i: usize) -> Outcome {
     let started = Instant::now();
-    let mut text = prompt(shot.prompt_words, i);
-    if config.distinct {
-        text = format!("{text} {i}");
+    let (path, mut body) = match &shot.text {
+        Some(text) => (
+            "chat/completions",
+            serde_json::json!({ "messages": [{ "role": "user", "content": &**text }] }),
+        ),
+        None => {
+            let mut text = prompt(shot.prompt_words, i);
+            if config.distinct {
+                text = format!("{text} {i}");
+            }
+            (
+                "completions",
+                serde_json::json!({ "prompt": text, "ignore_eos": true }),
+            )
+        }
+    };
+    let streamed = shot.text.is_none();
+    body["max_tokens"] = shot.max_tokens.into();
+    body["temperature"] = 0.into();
+    body["stream"] = streamed.into();
+    if streamed {
+        body["stream_options"] = serde_json::json!({ "include_usage": true });
     }
-    let mut body = serde_json::json!({
-        "prompt": text,
-        "max_tokens": shot.max_tokens,
-        "temperature": 0,
-        "stream": true,
-        "stream_options": { "include_usage": true },
-        "ignore_eos": true,
-    });
     if let Some(m) = &config.model {
         body["model"] = serde_json::Value::String(m.clone());
     }
-    let url = format!("{}/completions", config.url.trim_end_matches('/'));
+    let url = format!("{}/{path}", config.url.trim_end_matches('/'));
     let mut out = Outcome::default();
     let response = match client.post(&url).json(&body).send().await {
         Ok(r) => r,
@@ -292,6 +383,16 @@ async fn one(client: &reqwest::Client, config: &BenchConfig, shot: &Shot, i: usi
             return out;
         }
     };
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    out.metered = header("x-frugal-cost-usd").and_then(|v| v.parse().ok());
+    out.cache = header("x-frugal-cache");
+    out.route = header("x-frugal-route");
     if !response.status().is_success() {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
@@ -299,6 +400,17 @@ async fn one(client: &reqwest::Client, config: &BenchConfig, shot: &Shot, i: usi
             "{status}: {}",
             text.chars().take(200).collect::<String>()
         ));
+        return out;
+    }
+    if !streamed {
+        match response.json::<serde_json::Value>().await {
+            Ok(v) => {
+                out.prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+                out.output_tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+            }
+            Err(e) => out.error = Some(format!("unreadable answer: {e}")),
+        }
+        out.latency = started.elapsed().as_secs_f64();
         return out;
     }
     let mut stream = response.bytes_stream();
@@ -365,12 +477,14 @@ mod tests {
     #[test]
     fn costs_come_from_wall_time() {
         let outcomes: Vec<Outcome> = (0..4)
-            .map(|_| Outcome {
+            .map(|i| Outcome {
                 ttft: Some(0.1),
                 latency: 1.1,
                 prompt_tokens: 100,
                 output_tokens: 11,
-                error: None,
+                metered: Some("0.001".parse().unwrap()),
+                cache: Some(if i == 0 { "miss" } else { "hit-exact" }.into()),
+                ..Outcome::default()
             })
             .collect();
         // $3.60/h for 10 s is $0.01: per 1,000 of 4 requests $2.50; per 1M of 444 tokens.
@@ -379,6 +493,35 @@ mod tests {
         assert_eq!(s.cost_per_1k_requests, Some("2.5".parse().unwrap()));
         assert_eq!(s.cost_per_1m_tokens, Some("22.522522523".parse().unwrap()));
         assert!((s.tpot.p50 - 0.1).abs() < 1e-9);
+        // Metered: $0.001 a response is $1 per 1,000.
+        assert_eq!(s.metered_cost, Some("0.004".parse().unwrap()));
+        assert_eq!(s.metered_per_1k_requests, Some("1".parse().unwrap()));
+        assert_eq!(s.cache["hit-exact"], 3);
+        assert!(s.routes.is_empty());
+    }
+
+    #[test]
+    fn workload_lines_become_chat_shots() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.jsonl");
+        std::fs::write(
+            &path,
+            "{\"at\": 2.0, \"prompt\": \"What is the capital of France?\", \"max_tokens\": 16}\n\n",
+        )
+        .unwrap();
+        let shots = workload_shots(&path, 2.0, 10).unwrap();
+        assert_eq!(shots.len(), 1);
+        assert_eq!(shots[0].at, 1.0);
+        assert_eq!(
+            shots[0].text.as_deref(),
+            Some("What is the capital of France?")
+        );
+        std::fs::write(&path, "{\"at\": 1, \"prompt\": \"x\"}\n").unwrap();
+        let err = workload_shots(&path, 1.0, 10).unwrap_err();
+        assert!(
+            err.contains("line 1") && err.contains("max_tokens"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -396,7 +539,8 @@ mod tests {
             Shot {
                 at: 0.0,
                 prompt_words: 94,
-                max_tokens: 11
+                max_tokens: 11,
+                text: None,
             }
         );
         assert_eq!(
@@ -404,7 +548,8 @@ mod tests {
             Shot {
                 at: 1.0,
                 prompt_words: 512,
-                max_tokens: 128
+                max_tokens: 128,
+                text: None,
             }
         );
     }

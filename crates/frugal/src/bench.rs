@@ -22,8 +22,12 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
         args.price_per_hour.as_deref(),
         args.instance.as_deref(),
     )?;
-    let load = match &args.trace {
-        Some(path) => Load::Open {
+    let load = match (&args.workload, &args.trace) {
+        (Some(path), _) => Load::Open {
+            shots: loadgen::workload_shots(path, args.speedup, args.requests)
+                .map_err(|e| anyhow!(e))?,
+        },
+        (None, Some(path)) => Load::Open {
             shots: loadgen::trace_shots(
                 path,
                 args.speedup,
@@ -35,13 +39,14 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
             )
             .map_err(|e| anyhow!(e))?,
         },
-        None => Load::Closed {
+        (None, None) => Load::Closed {
             clients: args.concurrency,
             shots: vec![
                 Shot {
                     at: 0.0,
                     prompt_words: args.prompt_tokens,
                     max_tokens: args.max_tokens,
+                    text: None,
                 };
                 args.requests
             ],
@@ -112,14 +117,17 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
             format!("{:.3}", p.mean),
         ]
     };
-    t.add_row(row("time to first token", &s.ttft));
-    t.add_row(row("time per output token", &s.tpot));
+    // Unstreamed requests (a workload's) have no first token to time.
+    if s.ttft.mean > 0.0 {
+        t.add_row(row("time to first token", &s.ttft));
+        t.add_row(row("time per output token", &s.tpot));
+    }
     t.add_row(row("latency", &s.latency));
     writeln!(out, "{t}")?;
+    let unit = |m: Option<frugal_cost::Money>| {
+        m.map_or("-".into(), |m| format!("${}", m.to_string_places(4)))
+    };
     if rate.0 > frugal_cost::Money::ZERO {
-        let unit = |m: Option<frugal_cost::Money>| {
-            m.map_or("-".into(), |m| format!("${}", m.to_string_places(4)))
-        };
         writeln!(
             out,
             "at {}/h: {} for the run, {} per 1,000 requests, {} per 1M tokens",
@@ -128,6 +136,26 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
             unit(s.cost_per_1k_requests),
             unit(s.cost_per_1m_tokens)
         )?;
+    }
+    if let Some(metered) = s.metered_cost {
+        writeln!(
+            out,
+            "the responses say they cost {} in all, {} per 1,000 requests",
+            usd(metered),
+            unit(s.metered_per_1k_requests)
+        )?;
+    }
+    let counts = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !s.cache.is_empty() {
+        writeln!(out, "cache: {}", counts(&s.cache))?;
+    }
+    if !s.routes.is_empty() {
+        writeln!(out, "routes: {}", counts(&s.routes))?;
     }
     for e in &s.error_samples {
         writeln!(out, "error: {e}")?;

@@ -416,7 +416,12 @@ pub struct BenchArgs {
     /// data/azure-llm-trace/AzureLLMInferenceTrace_conv.csv
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// Replay the trace this many times faster
+    /// Replay a workload: JSON lines of {"at": seconds, "prompt": text, "max_tokens": n}, sent
+    /// as chat turns at their times (not streamed, so no TTFT), e.g.
+    /// data/workload/qqp-replay.jsonl
+    #[arg(long, value_name = "FILE", conflicts_with = "trace")]
+    pub workload: Option<PathBuf>,
+    /// Replay the trace (or workload) this many times faster
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
     /// Scale the trace's prompt lengths to the model (0.1: a tenth)

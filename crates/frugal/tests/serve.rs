@@ -472,3 +472,46 @@ fn keys_tenants_and_budgets() {
     // Other tenants are unaffected.
     assert_eq!(call("key-a", sampled).0, 200);
 }
+
+#[test]
+fn bench_replays_a_workload_and_counts_the_cache_answers_and_the_metered_cost() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let workload = dir.path().join("w.jsonl");
+    std::fs::write(
+        &workload,
+        concat!(
+            "{\"at\": 0.0, \"prompt\": \"What is the capital of France?\", \"max_tokens\": 8}\n",
+            "{\"at\": 0.2, \"prompt\": \"Name a primary colour.\", \"max_tokens\": 8}\n",
+            "{\"at\": 3.0, \"prompt\": \"What is the capital of France?\", \"max_tokens\": 8}\n",
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args([
+            "bench",
+            "--url",
+            &format!("http://{}/v1", server.addr),
+            "--json",
+        ])
+        .arg("--workload")
+        .arg(&workload)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (s["requests"].as_u64(), s["errors"].as_u64()),
+        (Some(3), Some(0)),
+        "{s}"
+    );
+    assert_eq!(s["cache"]["miss"], 2, "{s}");
+    assert_eq!(
+        s["cache"]["hit-exact"], 1,
+        "the repeat is answered from the cache: {s}"
+    );
+    assert!(s["output_tokens"].as_u64().unwrap() > 0, "{s}");
+    // Priced at $3.60/h, the two answers the engine computed cost something; the hit nothing.
+    assert!(s["metered_cost"].as_i64().unwrap() > 0, "{s}");
+    assert!(s["metered_per_1k_requests"].as_i64().unwrap() > 0, "{s}");
+}
