@@ -264,7 +264,13 @@ pub async fn supervise<S: NoticeSource + 'static>(
                 }
                 if let Some(n) = &notices {
                     n.acknowledge(notice.clone());
-                    n.cleared(&mut signals).await;
+                    if !n.cleared(&mut signals).await {
+                        return Ok(Summary {
+                            ending: Ending::Stopped,
+                            segments,
+                            stored: uploader.state.borrow().stored,
+                        });
+                    }
                 }
             }
             _ => {}
@@ -782,13 +788,13 @@ impl NoticeTask {
         let _ = self.acks.send(notice);
     }
 
-    /// Waits until no termination notice stands (a signal to stop ends the wait too).
-    async fn cleared(&self, signals: &mut Signals) {
+    /// Waits until no termination notice stands: `true`; `false` if told to stop meanwhile.
+    async fn cleared(&self, signals: &mut Signals) -> bool {
         let mut rx = self.current.clone();
         let standing =
             |n: &Option<Notice>| n.as_ref().is_some_and(|n| n.action == Action::Terminate);
         if !standing(&rx.borrow_and_update()) {
-            return;
+            return true;
         }
         tracing::info!("waiting for the machine to go, or the notice to clear");
         loop {
@@ -796,10 +802,15 @@ impl NoticeTask {
                 r = rx.changed() => {
                     if r.is_err() || !standing(&rx.borrow_and_update()) {
                         tracing::info!("the notice cleared: the machine stays, restarting here");
-                        return;
+                        return true;
                     }
                 }
-                _ = signals.next() => return,
+                sig = signals.next() => {
+                    if let Incoming::Stop(name) = sig {
+                        tracing::info!("{name} while waiting for the machine to go: stopping");
+                        return false;
+                    }
+                }
             }
         }
     }

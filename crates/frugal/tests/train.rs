@@ -33,7 +33,7 @@ fn aws_notice_mid_run_then_a_new_machine_resumes_bit_for_bit() {
     first.wait_for_step(&mut child, 150);
     meta.preempt(Duration::from_secs(120));
     // The trainer checkpoints at once, stops, and its checkpoint reaches the store; then the
-    // supervisor waits for the machine to go, which here it does.
+    // supervisor waits for the machine to go.
     wait_until(
         Duration::from_secs(30),
         || shared.stored().last().is_some_and(|&s| s > 150),
@@ -51,8 +51,14 @@ fn aws_notice_mid_run_then_a_new_machine_resumes_bit_for_bit() {
         None,
         "the supervisor waits for the machine to go"
     );
-    child.kill().unwrap();
+    // The machine shuts down: its SIGTERM ends the wait, progress saved.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     let out = finish(child);
+    assert_eq!(out.status.code(), Some(75), "stopped, resumable");
     assert!(stderr(&out).contains("aws notice"), "{}", stderr(&out));
     let stored = *shared.stored().last().unwrap();
     assert!(
