@@ -2,7 +2,8 @@
 """Builds data/workload/qqp-replay.jsonl: a chat workload with realistic repetition.
 
 Arrival times are the first rows of the Azure LLM inference trace (conversation), relative to
-the first; output lengths are the trace's, scaled by a tenth and clamped to 8..32 tokens.
+the first. Every request has the same max_tokens (32), as an application's requests do: a
+repeat that differed in it would be a different request to a cache.
 Prompts are Quora questions from the duplicate pairs of the semantic cache's held-out split
 (the split `frugal eval-cache` reports on, so its threshold was not tuned on them):
 
@@ -24,6 +25,7 @@ N = int(sys.argv[1]) if len(sys.argv) > 1 else 400
 EXACT, PARAPHRASE = 0.25, 0.15
 HELD_OUT = 0.5  # `frugal eval-cache --held-out` default
 SEED = 7
+MAX_TOKENS = 32
 
 
 def held_out(a: str, b: str) -> bool:
@@ -70,9 +72,8 @@ def main() -> None:
             prompt = pair["text_a"]
             sent.append(prompt)
             asked.append(pairs.index(pair))
-        out = min(32, max(8, round(int(row["GeneratedTokens"]) / 10)))
         at = round(seconds(row["TIMESTAMP"]) - start, 3)
-        print(json.dumps({"at": at, "prompt": prompt, "max_tokens": out}))
+        print(json.dumps({"at": at, "prompt": prompt, "max_tokens": MAX_TOKENS}))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,18 @@ pub enum Outcome {
     Stopped,
 }
 
+/// What saved money on a request, against the call it replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lever {
+    /// The exact cache answered: the model's call was not made.
+    Cache,
+    /// The semantic cache answered.
+    SemanticCache,
+    /// A cascade's cheaper tier answered: the dearest tier was not called.
+    Routing,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{value}` is not a {what} (expected one of: {expected})")]
 pub struct ParseEnumError {
@@ -111,6 +123,12 @@ text_enum!(Outcome, "outcome", "completed, preempted, failed, stopped", {
     "stopped" => Stopped,
 });
 
+text_enum!(Lever, "lever", "cache, semantic_cache, routing", {
+    "cache" | "exact_cache" => Cache,
+    "semantic_cache" | "semantic" => SemanticCache,
+    "routing" | "cascade" => Routing,
+});
+
 /// One row of the ledger.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Event {
@@ -143,6 +161,9 @@ pub struct Event {
     pub outcome: Option<Outcome>,
     /// Work redone because of this segment's end (time since the last checkpoint).
     pub lost_ms: Millis,
+    /// What `lever` saved against the call it replaced (not part of `cost`).
+    pub saved: Money,
+    pub lever: Option<Lever>,
 }
 
 impl Event {
@@ -169,6 +190,8 @@ impl Event {
             list_cost: None,
             outcome: None,
             lost_ms: 0,
+            saved: Money::ZERO,
+            lever: None,
         }
     }
 

@@ -17,14 +17,15 @@ use crate::money::{Millis, Money};
 use crate::rollup::{self, Ids, Key, Pending, Sums};
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
 const APPLICATION_ID: i64 = 0x4652_5547;
 
 /// Migration `i` takes a ledger from version `i` to `i + 1`; `{ROLLUP}` stands for the
 /// rollup table's schema.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE dims (
     id   INTEGER PRIMARY KEY,
     axis INTEGER NOT NULL,
@@ -68,7 +69,16 @@ CREATE TRIGGER events_no_update BEFORE UPDATE ON events
     BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 CREATE TRIGGER events_no_delete BEFORE DELETE ON events
     BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
-"#];
+"#,
+    r#"
+-- v2: what each lever (cache, semantic cache, routing) saved, per event and per rollup.
+ALTER TABLE events ADD COLUMN saved INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE events ADD COLUMN lever INTEGER;
+ALTER TABLE rollup ADD COLUMN saved_cache INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollup ADD COLUMN saved_semantic INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollup ADD COLUMN saved_routing INTEGER NOT NULL DEFAULT 0;
+"#,
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -569,9 +579,9 @@ impl Sink<'_> {
                 "INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance,
                     region, capacity, instances, requests, input_tokens, output_tokens,
                     cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
-                    import)
+                    import, saved, lever)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21)",
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -596,6 +606,8 @@ impl Sink<'_> {
                     e.outcome.map(Outcome::code),
                     e.lost_ms,
                     self.import_id,
+                    e.saved.nanos(),
+                    e.lever.map(crate::event::Lever::code),
                 ])
             })
             .map_err(|err| self.write_err(err))?;
@@ -684,6 +696,46 @@ mod tests {
     }
 
     #[test]
+    fn a_v1_ledger_is_upgraded_in_place_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sqlite");
+        {
+            // A ledger as frugal wrote it before savings were kept.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&MIGRATIONS[0].replace("{ROLLUP}", crate::rollup::SCHEMA))
+                .unwrap();
+            conn.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;
+                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
+                 INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
+                 INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
+                     input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
+                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);"
+            ))
+            .unwrap();
+        }
+        let mut ledger = Ledger::open(&path).unwrap();
+        let mut hit = event(10, 0);
+        hit.saved = Money::from_cents(3);
+        hit.lever = Some(crate::event::Lever::Cache);
+        ledger.append("t", &[hit]).unwrap();
+        let version: i64 = ledger
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let rows: Vec<(i64, i64, Option<i64>)> = ledger
+            .conn
+            .prepare("SELECT cost, saved, lever FROM events ORDER BY ts_ms")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(rows, [(7, 0, None), (0, 30_000_000, Some(0))]);
+    }
+
+    #[test]
     fn a_newer_schema_is_refused_and_left_alone() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
@@ -696,7 +748,7 @@ mod tests {
         drop(ledger);
         let err = Ledger::open(&path).err().unwrap().to_string();
         assert!(
-            err.contains("schema version 7, newer than this frugal understands (1)"),
+            err.contains("schema version 7, newer than this frugal understands (2)"),
             "{err}"
         );
         let conn = Connection::open(&path).unwrap();

@@ -44,6 +44,35 @@ pub struct InferenceLine {
     pub per_m_tokens: Option<Money>,
     /// Busy share of paid capacity; `None` for pay-per-token models.
     pub utilization: Option<f64>,
+    /// What the levers saved on these requests, beside what they cost.
+    pub saved: Savings,
+}
+
+/// Money saved by each lever: the calls the caches answered and routing kept from the
+/// dearest tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Savings {
+    pub cache: Money,
+    pub semantic_cache: Money,
+    pub routing: Money,
+}
+
+impl Savings {
+    pub fn total(&self) -> Money {
+        self.cache + self.semantic_cache + self.routing
+    }
+
+    fn add(&mut self, s: &Sums) {
+        self.cache += s.saved_cache;
+        self.semantic_cache += s.saved_semantic;
+        self.routing += s.saved_routing;
+    }
+
+    fn merge(&mut self, o: &Savings) {
+        self.cache += o.cache;
+        self.semantic_cache += o.semantic_cache;
+        self.routing += o.routing;
+    }
 }
 
 /// One training run: its segments summed.
@@ -152,6 +181,7 @@ struct UnitAcc {
     /// Capacity-priced cost and its busy part, for utilization.
     capacity_cost: Money,
     busy_cost: Money,
+    saved: Savings,
 }
 
 impl UnitAcc {
@@ -167,6 +197,7 @@ impl UnitAcc {
         self.waste += s.waste;
         self.capacity_cost += s.capacity_cost;
         self.busy_cost += s.capacity_cost - s.waste;
+        self.saved.add(s);
     }
 
     fn add_idle(&mut self, cost: Money) {
@@ -187,6 +218,7 @@ impl UnitAcc {
         self.split_output_tokens += o.split_output_tokens;
         self.capacity_cost += o.capacity_cost;
         self.busy_cost += o.busy_cost;
+        self.saved.merge(&o.saved);
     }
 
     fn line(&self, workload: Option<String>, model: Option<String>) -> InferenceLine {
@@ -210,6 +242,7 @@ impl UnitAcc {
             per_m_output: per(self.split_output_cost, self.split_output_tokens, 1_000_000),
             per_m_tokens: per(unsplit_cost, unsplit_tokens, 1_000_000),
             utilization: ratio(self.busy_cost, self.capacity_cost),
+            saved: self.saved,
         }
     }
 }

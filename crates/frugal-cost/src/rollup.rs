@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use rusqlite::params;
 
-use crate::event::{Capacity, Event, Kind, Outcome};
+use crate::event::{Capacity, Event, Kind, Lever, Outcome};
 use crate::money::{Millis, Money};
 
 pub const HOUR_MS: Millis = 3_600_000;
@@ -60,6 +60,10 @@ pub struct Sums {
     pub lost_ms: Millis,
     /// Cost of the work lost (the lost share of the event's cost).
     pub lost_cost: Money,
+    /// What each lever saved: the calls the caches and routing replaced.
+    pub saved_cache: Money,
+    pub saved_semantic: Money,
+    pub saved_routing: Money,
     pub first_ms: Millis,
     pub last_ms: Millis,
 }
@@ -87,6 +91,9 @@ impl Default for Sums {
             instance_ms: 0,
             lost_ms: 0,
             lost_cost: Money::ZERO,
+            saved_cache: Money::ZERO,
+            saved_semantic: Money::ZERO,
+            saved_routing: Money::ZERO,
             first_ms: Millis::MAX,
             last_ms: Millis::MIN,
         }
@@ -116,6 +123,14 @@ impl Sums {
         self.instance_ms += o.instance_ms;
         self.lost_ms += o.lost_ms;
         self.lost_cost += o.lost_cost;
+        self.saved_cache += o.saved_cache;
+        self.saved_semantic += o.saved_semantic;
+        self.saved_routing += o.saved_routing;
+    }
+
+    /// All the levers saved.
+    pub fn saved(&self) -> Money {
+        self.saved_cache + self.saved_semantic + self.saved_routing
     }
 }
 
@@ -139,6 +154,13 @@ impl Pending {
         let is_capacity =
             e.instance_type.is_some() || e.utilization.is_some() || e.kind == Kind::Idle;
         let duration = e.duration_ms.max(0);
+        let saved = |lever| {
+            if e.lever == Some(lever) {
+                e.saved
+            } else {
+                Money::ZERO
+            }
+        };
         let whole = Sums {
             events: 1,
             requests: clamp(e.requests),
@@ -181,6 +203,9 @@ impl Pending {
             } else {
                 Money::ZERO
             },
+            saved_cache: saved(Lever::Cache),
+            saved_semantic: saved(Lever::SemanticCache),
+            saved_routing: saved(Lever::Routing),
             first_ms: e.ts_ms,
             last_ms: e.ts_ms + duration,
         };
@@ -235,6 +260,9 @@ impl Pending {
                 s.lost_cost.nanos(),
                 s.first_ms,
                 s.last_ms,
+                s.saved_cache.nanos(),
+                s.saved_semantic.nanos(),
+                s.saved_routing.nanos(),
             ])?;
         }
         Ok(())
@@ -280,6 +308,9 @@ fn spread(ts: Millis, duration: Millis, whole: &Sums) -> Vec<(Millis, Sums)> {
             split_input_cost: share(whole.split_input_cost, given.split_input_cost),
             list_cost: share(whole.list_cost, given.list_cost),
             lost_cost: share(whole.lost_cost, given.lost_cost),
+            saved_cache: share(whole.saved_cache, given.saved_cache),
+            saved_semantic: share(whole.saved_semantic, given.saved_semantic),
+            saved_routing: share(whole.saved_routing, given.saved_routing),
             duration_ms: time(whole.duration_ms, given.duration_ms),
             instance_ms: time(whole.instance_ms, given.instance_ms),
             first_ms: from,
@@ -342,7 +373,7 @@ CREATE TABLE rollup (
 
 const UPSERT: &str = "
 INSERT INTO rollup VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)
+    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)
 ON CONFLICT DO UPDATE SET
     events = events + excluded.events,
     requests = requests + excluded.requests,
@@ -363,6 +394,9 @@ ON CONFLICT DO UPDATE SET
     instance_ms = instance_ms + excluded.instance_ms,
     lost_ms = lost_ms + excluded.lost_ms,
     lost_cost = lost_cost + excluded.lost_cost,
+    saved_cache = saved_cache + excluded.saved_cache,
+    saved_semantic = saved_semantic + excluded.saved_semantic,
+    saved_routing = saved_routing + excluded.saved_routing,
     first_ms = min(first_ms, excluded.first_ms),
     last_ms = max(last_ms, excluded.last_ms)";
 
@@ -441,6 +475,10 @@ pub fn read(
             lost_cost: money(27)?,
             first_ms: int(28)?,
             last_ms: int(29)?,
+            // Added by the ledger's schema v2, after the first columns.
+            saved_cache: money(30)?,
+            saved_semantic: money(31)?,
+            saved_routing: money(32)?,
         };
         visit(&key, &sums);
         n += 1;
@@ -495,6 +533,42 @@ mod tests {
             (parts[2].1.first_ms, parts[2].1.last_ms),
             (2 * HOUR_MS, 3 * HOUR_MS)
         );
+    }
+
+    #[test]
+    fn savings_are_summed_per_lever() {
+        let ids = Ids {
+            workload: 1,
+            model: 0,
+            run: 0,
+            instance: 0,
+            region: 0,
+        };
+        let mut pending = Pending::default();
+        for (lever, cents) in [
+            (Lever::Cache, 2),
+            (Lever::Cache, 3),
+            (Lever::SemanticCache, 4),
+            (Lever::Routing, 5),
+        ] {
+            let mut e = Event::new(1_000, Kind::Inference, "chat", Money::ZERO);
+            e.saved = Money::from_cents(cents);
+            e.lever = Some(lever);
+            pending.add(&e, ids);
+        }
+        let sums: Vec<&Sums> = pending.0.values().collect();
+        assert_eq!(sums.len(), 1);
+        let s = sums[0];
+        assert_eq!(
+            (s.saved_cache, s.saved_semantic, s.saved_routing),
+            (
+                Money::from_cents(5),
+                Money::from_cents(4),
+                Money::from_cents(5)
+            )
+        );
+        assert_eq!(s.saved(), Money::from_cents(14));
+        assert_eq!(s.cost, Money::ZERO, "a saving is not a cost");
     }
 
     #[test]

@@ -499,6 +499,40 @@ impl AppState {
         Ok(Some(route.clone()))
     }
 
+    /// A cascade's cheap tier answered: the saving is what its last tier (an upstream
+    /// priced per token) would have charged for the same tokens, less what the answer cost.
+    fn record_routing_saving(
+        &self,
+        route: &RouteConfig,
+        kind: Kind,
+        answer: &Value,
+        cost: Option<frugal_cost::Money>,
+        started: SystemTime,
+    ) {
+        let Some(meter) = &self.inner.meter else {
+            return;
+        };
+        let dearest = route.tiers.last().and_then(|t| self.inner.upstreams.get(t));
+        let Some((_, _, usage)) = answer_parts(answer, kind) else {
+            return;
+        };
+        let Some(avoided) = dearest.and_then(|up| up.cost(&usage, 0)) else {
+            return;
+        };
+        let saved = avoided - cost.unwrap_or(frugal_cost::Money::ZERO);
+        if saved > frugal_cost::Money::ZERO {
+            self.inner
+                .metrics
+                .saved_routing_nanos
+                .fetch_add(saved.nanos().max(0) as u64, Ordering::Relaxed);
+            meter.record_saving(meter::Saving {
+                started,
+                model: route.name.clone(),
+                saved,
+            });
+        }
+    }
+
     /// A cascade: the local model answers first (through its cache and meter, with
     /// logprobs); the answer stands when its confidence clears the route's threshold, else
     /// the request goes to the route's last tier. `x-frugal-route` names the tiers tried.
@@ -554,6 +588,7 @@ impl AppState {
             None => {
                 m.count_route(&route.name, &local_name);
                 let cost = header_money(&parts.headers, "x-frugal-cost-usd");
+                self.record_routing_saving(&route, kind, &answer, cost, started.1);
                 let mut response = if c.stream {
                     let Some((text, reason, usage)) = answer_parts(&answer, kind) else {
                         return ApiError::Internal("the first tier's answer is unreadable".into())
@@ -1137,6 +1172,17 @@ impl Ctx {
         total
     }
 
+    /// What a cache hit saved, for the ledger.
+    fn saved(&self) -> Option<(frugal_cost::Money, frugal_cost::Lever)> {
+        match self.cache {
+            CacheUse::Hit(saved, HitKind::Exact) => Some((saved, frugal_cost::Lever::Cache)),
+            CacheUse::Hit(saved, HitKind::Semantic) => {
+                Some((saved, frugal_cost::Lever::SemanticCache))
+            }
+            _ => None,
+        }
+    }
+
     /// Writes this request to the ledger as a call priced by its tokens (an upstream's).
     fn record_call(&self, usage: Usage, cached: u64, cost: frugal_cost::Money, failed: bool) {
         self.state.inner.metrics.add_spend(&self.model, cost);
@@ -1150,6 +1196,7 @@ impl Ctx {
                 completion_tokens: usage.completion_tokens as u64,
                 cost,
                 failed,
+                saved: self.saved(),
             });
         }
     }
@@ -1186,6 +1233,7 @@ impl Ctx {
             prompt_tokens: usage.prompt_tokens as u64,
             completion_tokens: usage.completion_tokens as u64,
             engine,
+            saved: self.saved(),
         });
         let cost = meter.cost(engine);
         s.metrics.add_spend(&self.model, cost);

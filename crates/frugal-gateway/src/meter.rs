@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use frugal_cost::money::HourlyRate;
-use frugal_cost::{Capacity, Event, Kind, Ledger, Money, Outcome};
+use frugal_cost::{Capacity, Event, Kind, Ledger, Lever, Money, Outcome};
 
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
 const IDLE_EVERY: Duration = Duration::from_secs(60);
@@ -33,6 +33,8 @@ pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub engine: Duration,
+    /// A cache answered: what the call it replaced cost, and which cache.
+    pub saved: Option<(Money, Lever)>,
 }
 
 /// One finished call to an upstream, priced by its tokens.
@@ -47,11 +49,23 @@ pub struct Call {
     pub cost: Money,
     /// The call failed: recorded as a failed outcome, serving no request.
     pub failed: bool,
+    pub saved: Option<(Money, Lever)>,
+}
+
+/// A saving apart from any call: a cascade's cheap tier answered, so its dearest tier's
+/// call (`saved`, priced on the same tokens) was not made.
+#[derive(Debug, Clone)]
+pub struct Saving {
+    pub started: SystemTime,
+    /// The route.
+    pub model: String,
+    pub saved: Money,
 }
 
 enum Record {
     Engine(Usage),
     Upstream(Call),
+    Saving(Saving),
 }
 
 #[derive(Clone)]
@@ -92,11 +106,19 @@ impl Meter {
         self.send(Record::Upstream(call));
     }
 
+    pub fn record_saving(&self, saving: Saving) {
+        self.send(Record::Saving(saving));
+    }
+
     fn send(&self, record: Record) {
         if self.tx.send(record).is_err() {
             tracing::warn!("the ledger writer has stopped; usage not recorded");
         }
     }
+}
+
+fn split(saved: Option<(Money, Lever)>) -> (Money, Option<Lever>) {
+    saved.map_or((Money::ZERO, None), |(m, l)| (m, Some(l)))
 }
 
 fn epoch_ms(t: SystemTime) -> i64 {
@@ -129,6 +151,7 @@ impl Writer {
             match rx.recv_timeout(FLUSH_EVERY) {
                 Ok(Record::Engine(usage)) => self.add(usage),
                 Ok(Record::Upstream(call)) => self.add_call(call),
+                Ok(Record::Saving(saving)) => self.add_saving(saving),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     self.idle();
@@ -160,6 +183,7 @@ impl Writer {
         e.requests = 1;
         e.input_tokens = u.prompt_tokens;
         e.output_tokens = u.completion_tokens;
+        (e.saved, e.lever) = split(u.saved);
         self.pending.push(e);
     }
 
@@ -177,6 +201,21 @@ impl Writer {
         e.input_tokens = c.prompt_tokens;
         e.cached_input_tokens = c.cached_tokens;
         e.output_tokens = c.completion_tokens;
+        (e.saved, e.lever) = split(c.saved);
+        self.pending.push(e);
+    }
+
+    /// A row of its own that serves no request and costs nothing: only the saving.
+    fn add_saving(&mut self, s: Saving) {
+        let mut e = Event::new(
+            epoch_ms(s.started),
+            Kind::Inference,
+            self.config.workload.clone(),
+            Money::ZERO,
+        );
+        e.model = Some(s.model);
+        e.saved = s.saved;
+        e.lever = Some(Lever::Routing);
         self.pending.push(e);
     }
 

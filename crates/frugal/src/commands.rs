@@ -342,6 +342,48 @@ fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
     print_report(&report, &ledger)
 }
 
+/// What each lever saved, per workload and model, against what the requests would have cost
+/// without them.
+fn print_savings(out: &mut impl Write, r: &Report) -> Result<()> {
+    let lines: Vec<_> = r
+        .inference
+        .iter()
+        .filter(|l| l.saved.total() > Money::ZERO)
+        .collect();
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut t = table::new(&[
+        "workload",
+        "model",
+        "cache>",
+        "semantic cache>",
+        "routing>",
+        "saved>",
+        "without them>",
+        "cut>",
+    ]);
+    for l in lines {
+        let saved = l.saved.total();
+        let without = l.cost + l.idle_cost + saved;
+        t.add_row(vec![
+            l.workload.clone().unwrap_or_default(),
+            l.model.clone().unwrap_or_else(|| "-".into()),
+            usd(l.saved.cache),
+            usd(l.saved.semantic_cache),
+            usd(l.saved.routing),
+            usd(saved),
+            usd(without),
+            pct(saved.as_f64() / without.as_f64().max(1e-12)),
+        ]);
+    }
+    writeln!(
+        out,
+        "\nSaved by the levers (what the calls they replaced would have cost)\n{t}"
+    )?;
+    Ok(())
+}
+
 fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let span = match (r.first_ms, r.last_ms) {
@@ -438,6 +480,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
             out,
             "\nInference: cost per unit (idle capacity charged to its workload)\n{t}"
         )?;
+        print_savings(&mut out, r)?;
     }
 
     if !r.training.is_empty() {

@@ -135,7 +135,14 @@ fn gateway(url: &str) -> Server {
 /// The gateway with `extra` appended to its frugal.toml.
 fn gateway_with(url: &str, extra: &str) -> Server {
     // $1 per million input tokens, $2 per million output tokens.
-    let prices = "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n";
+    gateway_priced(
+        url,
+        extra,
+        "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n",
+    )
+}
+
+fn gateway_priced(url: &str, extra: &str, prices: &str) -> Server {
     let config = format!(
         "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 1\nretries = 2\n{extra}"
     );
@@ -221,6 +228,57 @@ fn cascade_routes_accept_confident_answers_and_escalate_the_rest() {
     let (status, _, body) = ask("sure", "x", r#","stream":true,"logprobs":true"#);
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("does not stream logprobs"), "{body}");
+}
+
+#[test]
+fn the_ledger_and_the_report_say_what_routing_and_the_cache_saved() {
+    let (url, calls) = mock_upstream();
+    // A dear upstream: the cheap tier's answer saves far more than it costs.
+    let prices = "[[model]]\nname = \"mock-price\"\ninput = 1000.0\noutput = 2000.0\n";
+    let route =
+        "[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\n";
+    let server = gateway_priced(&url, route, prices);
+    let body = r#"{"model":"auto","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":12,"temperature":0}"#;
+    let (status, head, _) = server.request("POST", "/v1/chat/completions", body);
+    assert_eq!(status, 200);
+    assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
+    let routing = server.metric("frugal_saved_usd_total{lever=\"routing\"}");
+    assert!(routing > 0.001, "the upstream call not made: {routing}");
+    // Asked again: the cache answers the local tier; routing saves the upstream again.
+    let (_, head, _) = server.request("POST", "/v1/chat/completions", body);
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let (_, dir) = server.stop();
+    let ledger = dir.path().join("ledger.sqlite");
+    let db = rusqlite::Connection::open(&ledger).unwrap();
+    let levers: Vec<(i64, i64)> = db
+        .prepare("SELECT lever, saved FROM events WHERE lever IS NOT NULL ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let cache = frugal_cost::Lever::Cache.code();
+    let routing = frugal_cost::Lever::Routing.code();
+    assert_eq!(
+        levers.iter().filter(|(l, _)| *l == routing).count(),
+        2,
+        "{levers:?}"
+    );
+    assert_eq!(
+        levers.iter().filter(|(l, _)| *l == cache).count(),
+        1,
+        "{levers:?}"
+    );
+    assert!(levers.iter().all(|(_, saved)| *saved > 0), "{levers:?}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--ledger")
+        .arg(&ledger)
+        .arg("report")
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("Saved by the levers"), "{report}");
 }
 
 #[test]
