@@ -466,8 +466,14 @@ impl Aws {
         }
     }
 
-    async fn instance_action(&mut self) -> Result<Option<Notice>, NoticeError> {
-        let (url, Some(body)) = self.get(AWS_INSTANCE_ACTION_PATH).await? else {
+    /// GETs `path`: `None` on a 404, else its JSON body as `T` with the RFC 3339 time that
+    /// `time` picks from it (named, for the error).
+    async fn get_timed<T: serde::de::DeserializeOwned>(
+        &mut self,
+        path: &str,
+        time: impl Fn(&T) -> (&'static str, &str),
+    ) -> Result<Option<(String, T, chrono::DateTime<chrono::FixedOffset>)>, NoticeError> {
+        let (url, Some(body)) = self.get(path).await? else {
             return Ok(None);
         };
         let parse_error = |reason: String| NoticeError::Parse {
@@ -475,10 +481,22 @@ impl Aws {
             reason,
             body: excerpt(&body),
         };
-        let ia: AwsInstanceAction =
-            serde_json::from_str(&body).map_err(|e| parse_error(e.to_string()))?;
-        let time = chrono::DateTime::parse_from_rfc3339(ia.time.trim())
-            .map_err(|e| parse_error(format!("time {:?}: {e}", ia.time)))?;
+        let value: T = serde_json::from_str(&body).map_err(|e| parse_error(e.to_string()))?;
+        let (field, text) = time(&value);
+        let at = chrono::DateTime::parse_from_rfc3339(text.trim())
+            .map_err(|e| parse_error(format!("{field} {text:?}: {e}")))?;
+        Ok(Some((url, value, at)))
+    }
+
+    async fn instance_action(&mut self) -> Result<Option<Notice>, NoticeError> {
+        let Some((url, ia, time)) = self
+            .get_timed(AWS_INSTANCE_ACTION_PATH, |ia: &AwsInstanceAction| {
+                ("time", ia.time.as_str())
+            })
+            .await?
+        else {
+            return Ok(None);
+        };
         if !["terminate", "stop", "hibernate"]
             .iter()
             .any(|a| ia.action.eq_ignore_ascii_case(a))
@@ -496,18 +514,14 @@ impl Aws {
     }
 
     async fn rebalance(&mut self) -> Result<Option<Notice>, NoticeError> {
-        let (url, Some(body)) = self.get(AWS_REBALANCE_PATH).await? else {
+        let Some((_, rb, _)) = self
+            .get_timed(AWS_REBALANCE_PATH, |rb: &AwsRebalance| {
+                ("noticeTime", rb.notice_time.as_str())
+            })
+            .await?
+        else {
             return Ok(None);
         };
-        let parse_error = |reason: String| NoticeError::Parse {
-            url: url.clone(),
-            reason,
-            body: excerpt(&body),
-        };
-        let rb: AwsRebalance =
-            serde_json::from_str(&body).map_err(|e| parse_error(e.to_string()))?;
-        chrono::DateTime::parse_from_rfc3339(rb.notice_time.trim())
-            .map_err(|e| parse_error(format!("noticeTime {:?}: {e}", rb.notice_time)))?;
         Ok(Some(Notice {
             cloud: Cloud::Aws,
             action: Action::Rebalance,

@@ -264,55 +264,30 @@ impl CheckpointStore {
             url: url.to_string(),
             source,
         };
-        let store: Arc<dyn ObjectStore> = match scheme.as_str() {
-            "s3" | "s3a" => {
-                let mut builder = AmazonS3Builder::from_env();
+        // The same for each cloud: its builder from the environment, the options by the
+        // cloud's own key names (an unknown key is an error, not ignored as
+        // `object_store::parse_url_opts` does), then the URL and the retry policy.
+        macro_rules! build {
+            ($builder:ty, $key:ty) => {{
+                let mut builder = <$builder>::from_env();
                 for &(key, value) in &builder_options {
-                    let parsed_key: AmazonS3ConfigKey = key
+                    let parsed_key: $key = key
                         .parse()
                         .map_err(|e: object_store::Error| bad_option(key, value, e.to_string()))?;
                     builder = builder.with_config(parsed_key, value);
                 }
-                Arc::new(
-                    builder
-                        .with_url(url)
-                        .with_retry(retry)
-                        .build()
-                        .map_err(open_error)?,
-                )
-            }
-            "gs" => {
-                let mut builder = GoogleCloudStorageBuilder::from_env();
-                for &(key, value) in &builder_options {
-                    let parsed_key: GoogleConfigKey = key
-                        .parse()
-                        .map_err(|e: object_store::Error| bad_option(key, value, e.to_string()))?;
-                    builder = builder.with_config(parsed_key, value);
-                }
-                Arc::new(
-                    builder
-                        .with_url(url)
-                        .with_retry(retry)
-                        .build()
-                        .map_err(open_error)?,
-                )
-            }
-            _ => {
-                let mut builder = MicrosoftAzureBuilder::from_env();
-                for &(key, value) in &builder_options {
-                    let parsed_key: AzureConfigKey = key
-                        .parse()
-                        .map_err(|e: object_store::Error| bad_option(key, value, e.to_string()))?;
-                    builder = builder.with_config(parsed_key, value);
-                }
-                Arc::new(
-                    builder
-                        .with_url(url)
-                        .with_retry(retry)
-                        .build()
-                        .map_err(open_error)?,
-                )
-            }
+                let store = builder
+                    .with_url(url)
+                    .with_retry(retry)
+                    .build()
+                    .map_err(open_error)?;
+                Arc::new(store) as Arc<dyn ObjectStore>
+            }};
+        }
+        let store = match scheme.as_str() {
+            "s3" | "s3a" => build!(AmazonS3Builder, AmazonS3ConfigKey),
+            "gs" => build!(GoogleCloudStorageBuilder, GoogleConfigKey),
+            _ => build!(MicrosoftAzureBuilder, AzureConfigKey),
         };
         let base = prefix.clone().join(RUNS_DIR).join(run_id);
         Ok(Self::new(store, root_url, base, run_id))

@@ -235,45 +235,37 @@ pub async fn supervise<S: NoticeSource + 'static>(
         let outcome = segment.outcome;
         let reason = life.stopping.map(|s| s.reason);
         segments.push(segment);
-        match (outcome, reason) {
-            (Outcome::Completed, _) => {
-                let stored = uploader
-                    .flush(plan, Instant::now() + plan.store_wait)
-                    .await?;
-                return Ok(Summary {
-                    ending: Ending::Completed,
-                    segments,
-                    stored,
-                });
+        let ending = match (outcome, &reason) {
+            (Outcome::Completed, _) => Some(Ending::Completed),
+            (_, Some(StopReason::Signal(_))) => Some(Ending::Stopped),
+            _ => None,
+        };
+        if let Some(ending) = ending {
+            let stored = uploader
+                .flush(plan, Instant::now() + plan.store_wait)
+                .await?;
+            return Ok(Summary {
+                ending,
+                segments,
+                stored,
+            });
+        }
+        if let Some(StopReason::Notice(notice)) = reason {
+            // Save what can be saved before the machine goes, then see whether it does.
+            let deadline = instant_of(notice.deadline).max(Instant::now() + plan.poll);
+            if let Err(e) = uploader.flush(plan, deadline).await {
+                tracing::warn!("{e}");
             }
-            (_, Some(StopReason::Signal(_))) => {
-                let stored = uploader
-                    .flush(plan, Instant::now() + plan.store_wait)
-                    .await?;
-                return Ok(Summary {
-                    ending: Ending::Stopped,
-                    segments,
-                    stored,
-                });
-            }
-            (_, Some(StopReason::Notice(notice))) => {
-                // Save what can be saved before the machine goes, then see whether it does.
-                let deadline = instant_of(notice.deadline).max(Instant::now() + plan.poll);
-                if let Err(e) = uploader.flush(plan, deadline).await {
-                    tracing::warn!("{e}");
-                }
-                if let Some(n) = &notices {
-                    n.acknowledge(notice.clone());
-                    if !n.cleared(&mut signals).await {
-                        return Ok(Summary {
-                            ending: Ending::Stopped,
-                            segments,
-                            stored: uploader.state.borrow().stored,
-                        });
-                    }
+            if let Some(n) = &notices {
+                n.acknowledge(notice);
+                if !n.cleared(&mut signals).await {
+                    return Ok(Summary {
+                        ending: Ending::Stopped,
+                        segments,
+                        stored: uploader.state.borrow().stored,
+                    });
                 }
             }
-            _ => {}
         }
         if attempt > plan.max_restarts {
             let last = segments.last();

@@ -20,15 +20,7 @@ fn aws_notice_mid_run_then_a_new_machine_resumes_bit_for_bit() {
     let meta = Metadata::start();
     let shared = Shared2::new();
     let first = Machine::new();
-    let flags = [
-        "--spot",
-        "--instance",
-        "g5.xlarge",
-        "--notice",
-        "aws",
-        "--metadata-url",
-        &meta.url,
-    ];
+    let flags = [meta.spot("aws"), vec!["--instance", "g5.xlarge"]].concat();
     let mut child = first.train(&shared, &flags, &[]);
     first.wait_for_step(&mut child, 150);
     meta.preempt(Duration::from_secs(120));
@@ -104,15 +96,7 @@ fn gcp_notice_that_clears_restarts_on_the_same_machine() {
     let m = Machine::new();
     let mut child = m.train(
         &shared,
-        &[
-            "--spot",
-            "--notice",
-            "gcp",
-            "--metadata-url",
-            &meta.url,
-            "--poll",
-            "1",
-        ],
+        &[meta.spot("gcp"), vec!["--poll", "1"]].concat(),
         &[],
     );
     m.wait_for_step(&mut child, 120);
@@ -145,11 +129,7 @@ fn azure_preempt_event_is_acknowledged_once() {
     let meta = Metadata::start();
     let shared = Shared2::new();
     let m = Machine::new();
-    let mut child = m.train(
-        &shared,
-        &["--spot", "--notice", "azure", "--metadata-url", &meta.url],
-        &[],
-    );
+    let mut child = m.train(&shared, &meta.spot("azure"), &[]);
     m.wait_for_step(&mut child, 120);
     meta.preempt(Duration::from_secs(30));
     wait_until(
@@ -264,15 +244,7 @@ fn a_deadline_shorter_than_a_checkpoint_falls_back_to_the_last_complete_one() {
     let meta = Metadata::start();
     let shared = Shared2::new();
     let m = Machine::new();
-    let flags = [
-        "--spot",
-        "--notice",
-        "aws",
-        "--metadata-url",
-        &meta.url,
-        "--stop-grace",
-        "0.5",
-    ];
+    let flags = [meta.spot("aws"), vec!["--stop-grace", "0.5"]].concat();
     let mut child = m.train(&shared, &flags, &["--checkpoint-delay-ms", "4000"]);
     m.wait_for_step(&mut child, 120);
     meta.preempt(Duration::from_secs(2));
@@ -299,17 +271,7 @@ fn repeated_preemptions_spend_only_the_restart_budget() {
     let meta = Metadata::start();
     let shared = Shared2::new();
     let m = Machine::new();
-    let flags = [
-        "--spot",
-        "--notice",
-        "aws",
-        "--metadata-url",
-        &meta.url,
-        "--max-restarts",
-        "2",
-        "--keep",
-        "2",
-    ];
+    let flags = [meta.spot("aws"), vec!["--max-restarts", "2", "--keep", "2"]].concat();
     let mut child = m.train(&shared, &flags, &[]);
     let mut last = 0;
     for _ in 0..3 {

@@ -108,6 +108,11 @@ impl Metadata {
         self.changed.notify_waiters();
     }
 
+    /// `frugal train` flags for spot capacity watching `cloud`'s notices here.
+    pub fn spot<'a>(&'a self, cloud: &'a str) -> Vec<&'a str> {
+        vec!["--spot", "--notice", cloud, "--metadata-url", &self.url]
+    }
+
     pub fn acks(&self) -> Vec<String> {
         self.state.lock().unwrap().acks.clone()
     }
