@@ -164,6 +164,8 @@ pub struct Event {
     /// What `lever` saved against the call it replaced (not part of `cost`).
     pub saved: Money,
     pub lever: Option<Lever>,
+    /// The API key's tenant that made the request, where keys are in use.
+    pub tenant: Option<String>,
 }
 
 impl Event {
@@ -192,6 +194,7 @@ impl Event {
             lost_ms: 0,
             saved: Money::ZERO,
             lever: None,
+            tenant: None,
         }
     }
 

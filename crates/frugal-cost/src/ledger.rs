@@ -71,9 +71,12 @@ CREATE TRIGGER events_no_delete BEFORE DELETE ON events
     BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 "#,
     r#"
--- v2: what each lever (cache, semantic cache, routing) saved, per event and per rollup.
+-- v2: what each lever (cache, semantic cache, routing) saved, per event and per rollup;
+-- the tenant of each request, so budgets survive a restart.
 ALTER TABLE events ADD COLUMN saved INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE events ADD COLUMN lever INTEGER;
+ALTER TABLE events ADD COLUMN tenant INTEGER REFERENCES dims (id);
+CREATE INDEX events_tenant ON events (tenant, ts_ms) WHERE tenant IS NOT NULL;
 ALTER TABLE rollup ADD COLUMN saved_cache INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE rollup ADD COLUMN saved_semantic INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE rollup ADD COLUMN saved_routing INTEGER NOT NULL DEFAULT 0;
@@ -139,6 +142,7 @@ enum Axis {
     Run = 2,
     Instance = 3,
     Region = 4,
+    Tenant = 5,
 }
 
 /// A half-open time window `[since, until)` in epoch milliseconds; `None` is unbounded.
@@ -384,6 +388,27 @@ impl Ledger {
         Ok(Names(names))
     }
 
+    /// What each tenant spent in events from `since_ms` on: what budgets count.
+    pub fn tenant_spend(&self, since_ms: Millis) -> Result<Vec<(String, Money)>, LedgerError> {
+        let read_err = |source| LedgerError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT d.name, sum(e.cost) FROM events e JOIN dims d ON d.id = e.tenant
+                 WHERE e.tenant IS NOT NULL AND e.ts_ms >= ?1 GROUP BY e.tenant",
+            )
+            .map_err(read_err)?;
+        let rows = stmt
+            .query_map(params![since_ms], |r| {
+                Ok((r.get::<_, String>(0)?, Money::from_nanos(r.get(1)?)))
+            })
+            .map_err(read_err)?;
+        rows.collect::<Result<_, _>>().map_err(read_err)
+    }
+
     /// Calls `visit` for every raw event that starts in the window.
     pub fn scan(&self, window: Window, mut visit: impl FnMut(&Row)) -> Result<u64, LedgerError> {
         let read_err = |source| LedgerError::Read {
@@ -534,7 +559,7 @@ pub struct Sink<'a> {
     path: &'a Path,
     import_id: i64,
     /// Ids already known in this import, one map per axis.
-    dims: [HashMap<String, i64>; 5],
+    dims: [HashMap<String, i64>; 6],
     pending: Pending,
     rows: u64,
 }
@@ -573,15 +598,16 @@ impl Sink<'_> {
         let run = self.opt_dim(Axis::Run, e.run_id.as_deref())?;
         let instance = self.opt_dim(Axis::Instance, e.instance_type.as_deref())?;
         let region = self.opt_dim(Axis::Region, e.region.as_deref())?;
+        let tenant = self.opt_dim(Axis::Tenant, e.tenant.as_deref())?;
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.tx
             .prepare_cached(
                 "INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance,
                     region, capacity, instances, requests, input_tokens, output_tokens,
                     cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
-                    import, saved, lever)
+                    import, saved, lever, tenant)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -608,6 +634,7 @@ impl Sink<'_> {
                     self.import_id,
                     e.saved.nanos(),
                     e.lever.map(crate::event::Lever::code),
+                    tenant,
                 ])
             })
             .map_err(|err| self.write_err(err))?;
@@ -733,6 +760,38 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert_eq!(rows, [(7, 0, None), (0, 30_000_000, Some(0))]);
+    }
+
+    #[test]
+    fn spend_is_summed_per_tenant_from_a_time_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let of = |ts, cents, tenant: Option<&str>| {
+            let mut e = event(ts, cents);
+            e.tenant = tenant.map(str::to_owned);
+            e
+        };
+        ledger
+            .append(
+                "t",
+                &[
+                    of(5, 100, Some("a")),
+                    of(10, 2, Some("a")),
+                    of(11, 3, Some("a")),
+                    of(12, 4, Some("b")),
+                    of(13, 50, None),
+                ],
+            )
+            .unwrap();
+        let mut spend = ledger.tenant_spend(10).unwrap();
+        spend.sort();
+        assert_eq!(
+            spend,
+            [
+                ("a".to_owned(), Money::from_cents(5)),
+                ("b".to_owned(), Money::from_cents(4))
+            ]
+        );
     }
 
     #[test]

@@ -105,6 +105,14 @@ impl Tenant {
         Ok(())
     }
 
+    /// Starts from what the ledger says was spent this day and this month (before a restart).
+    fn preload(&self, day: Money, month: Money, now: DateTime<Utc>) {
+        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+        spend.roll(now);
+        spend.day_total = day;
+        spend.month_total = month;
+    }
+
     /// Adds a finished request's cost.
     pub fn spend(&self, cost: Money, now: DateTime<Utc>) {
         let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
@@ -112,6 +120,15 @@ impl Tenant {
         spend.day_total += cost;
         spend.month_total += cost;
     }
+}
+
+/// Midnight UTC of `now`'s day and the first of its month: where budgets start counting.
+pub fn period_starts(now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
+    let day = next_day(now) - Duration::days(1);
+    let month = NaiveDate::from_ymd_opt(now.year(), now.month(), 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map_or(day, |t| Utc.from_utc_datetime(&t));
+    (day, month)
 }
 
 fn next_day(now: DateTime<Utc>) -> DateTime<Utc> {
@@ -156,6 +173,26 @@ impl Keys {
             by_hash.insert(k.sha256.to_ascii_lowercase(), tenant.clone());
         }
         Keys { by_hash }
+    }
+
+    /// Each tenant's spend so far this day and month, from `spent_since(start)` (the
+    /// ledger's), so a restart does not hand out a budget again.
+    pub fn preload<E>(
+        &self,
+        now: DateTime<Utc>,
+        spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
+    ) -> Result<(), E> {
+        if self.by_hash.is_empty() {
+            return Ok(());
+        }
+        let (day_start, month_start) = period_starts(now);
+        let day: HashMap<String, Money> = spent_since(day_start)?.into_iter().collect();
+        let month: HashMap<String, Money> = spent_since(month_start)?.into_iter().collect();
+        let spent = |m: &HashMap<String, Money>, t: &str| m.get(t).copied().unwrap_or(Money::ZERO);
+        for t in self.by_hash.values() {
+            t.preload(spent(&day, &t.name), spent(&month, &t.name), now);
+        }
+        Ok(())
     }
 
     /// The tenant of the request's bearer key; `None` when no keys are configured.

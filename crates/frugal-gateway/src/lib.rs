@@ -1197,6 +1197,7 @@ impl Ctx {
                 cost,
                 failed,
                 saved: self.saved(),
+                tenant: self.tenant.as_ref().map(|t| t.name.clone()),
             });
         }
     }
@@ -1234,6 +1235,7 @@ impl Ctx {
             completion_tokens: usage.completion_tokens as u64,
             engine,
             saved: self.saved(),
+            tenant: self.tenant.as_ref().map(|t| t.name.clone()),
         });
         let cost = meter.cost(engine);
         s.metrics.add_spend(&self.model, cost);

@@ -27,7 +27,7 @@ pub struct MeterConfig {
 }
 
 /// One finished request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Usage {
     pub started: SystemTime,
     pub prompt_tokens: u64,
@@ -35,6 +35,8 @@ pub struct Usage {
     pub engine: Duration,
     /// A cache answered: what the call it replaced cost, and which cache.
     pub saved: Option<(Money, Lever)>,
+    /// The API key's tenant, for budgets that outlive a restart.
+    pub tenant: Option<String>,
 }
 
 /// One finished call to an upstream, priced by its tokens.
@@ -50,6 +52,7 @@ pub struct Call {
     /// The call failed: recorded as a failed outcome, serving no request.
     pub failed: bool,
     pub saved: Option<(Money, Lever)>,
+    pub tenant: Option<String>,
 }
 
 /// A saving apart from any call: a cascade's cheap tier answered, so its dearest tier's
@@ -184,6 +187,7 @@ impl Writer {
         e.input_tokens = u.prompt_tokens;
         e.output_tokens = u.completion_tokens;
         (e.saved, e.lever) = split(u.saved);
+        e.tenant = u.tenant;
         self.pending.push(e);
     }
 
@@ -202,6 +206,7 @@ impl Writer {
         e.cached_input_tokens = c.cached_tokens;
         e.output_tokens = c.completion_tokens;
         (e.saved, e.lever) = split(c.saved);
+        e.tenant = c.tenant;
         self.pending.push(e);
     }
 

@@ -160,6 +160,14 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         }
         _ => None,
     };
+    let keys = Keys::new(&keys);
+    if meter.is_some() {
+        // Budgets count what the ledger already has for this day and month.
+        let ledger = frugal_cost::Ledger::open(&config.ledger)?;
+        keys.preload(chrono::Utc::now(), |start| {
+            ledger.tenant_spend(start.timestamp_millis())
+        })?;
+    }
     let state = AppState::new(Parts {
         engine,
         tokenizer,
@@ -171,7 +179,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         shared,
         upstreams,
         routes,
-        keys: Keys::new(&keys),
+        keys,
     });
     runtime.block_on(async {
         let addr = format!("{host}:{port}");

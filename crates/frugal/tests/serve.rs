@@ -471,6 +471,18 @@ fn keys_tenants_and_budgets() {
     assert!(outcomes.len() - ok >= 8);
     // Other tenants are unaffected.
     assert_eq!(call("key-a", sampled).0, 200);
+
+    // A restart does not hand the budget out again: the ledger remembers what was spent.
+    let (_, dir) = server.stop();
+    let server = Server::start_in(dir, &[("frugal.toml", &config)], &[]);
+    let auth = |key: &str| format!("Authorization: Bearer {key}\r\n");
+    let (status, _, text) =
+        server.request_with("POST", "/v1/chat/completions", sampled, &auth("key-small"));
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains("daily budget of `small`"), "{text}");
+    let (status, _, _) =
+        server.request_with("POST", "/v1/chat/completions", sampled, &auth("key-a"));
+    assert_eq!(status, 200);
 }
 
 #[test]

@@ -59,7 +59,11 @@ impl Server {
     /// With `files` (name, text) written to the server's own folder first; a
     /// `frugal.toml` among them is its config.
     pub fn start_with_files(files: &[(&str, &str)], extra: &[&str]) -> Server {
-        let dir = tempfile::tempdir().unwrap();
+        Server::start_in(tempfile::tempdir().unwrap(), files, extra)
+    }
+
+    /// In `dir` (a stopped server's, to start again over its ledger).
+    pub fn start_in(dir: tempfile::TempDir, files: &[(&str, &str)], extra: &[&str]) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_frugal"));
         for (name, text) in files {
             let path = dir.path().join(name);
