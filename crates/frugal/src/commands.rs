@@ -504,7 +504,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
                 l.segments.to_string(),
                 l.preemptions.to_string(),
                 format!("{:.1}", l.duration_ms as f64 / 3.6e6),
-                format!("{:.0}", l.lost_ms as f64 / 6e4),
+                format!("{:.1}", l.lost_ms as f64 / 6e4),
                 usd(l.cost),
                 l.on_demand_cost.map(usd).unwrap_or_else(|| "-".into()),
                 l.saving.map(usd).unwrap_or_else(|| "-".into()),

@@ -262,8 +262,13 @@ fn a_deadline_shorter_than_a_checkpoint_falls_back_to_the_last_complete_one() {
         lost_ms >= 100,
         "the work since step 100 is lost: {lost_ms} ms"
     );
+    // The report says how much work was lost.
     let report = shared.report(&[]);
     assert!(report.contains("lost min"), "{report}");
+    let json: serde_json::Value = serde_json::from_str(&shared.report(&["--json"])).unwrap();
+    let run = &json["training"][0];
+    assert!(run["lost_ms"].as_i64().unwrap() >= 100, "{json}");
+    assert!(run["lost_cost"].as_i64().is_some(), "{json}");
 }
 
 #[test]
