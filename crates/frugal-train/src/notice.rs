@@ -568,6 +568,21 @@ pub struct Gcp {
 }
 
 impl Gcp {
+    /// A GET with `Metadata-Flavor: Google` whose answer must be a genuine, successful one.
+    async fn get_google(&self, url: &str, timeout: Duration) -> Result<Reply, NoticeError> {
+        let req = self
+            .http
+            .client
+            .get(url)
+            .header(GCP_FLAVOR_HEADER, GCP_FLAVOR);
+        let reply = self.http.fetch("GET", url, req, timeout).await?;
+        require_google(&reply, url)?;
+        if reply.status != 200 {
+            return Err(reply.status_error("GET", url));
+        }
+        Ok(reply)
+    }
+
     /// A source for the metadata server at `base_url` (normally
     /// [`GCP_BASE`]), long-polling for up to `wait` per [`check`](NoticeSource::check).
     pub fn new(base_url: &str, wait: Duration) -> Result<Self, NoticeError> {
@@ -649,16 +664,7 @@ impl NoticeSource for Gcp {
         } else {
             (plain, self.http.timeout)
         };
-        let req = self
-            .http
-            .client
-            .get(&url)
-            .header(GCP_FLAVOR_HEADER, GCP_FLAVOR);
-        let reply = self.http.fetch("GET", &url, req, timeout).await?;
-        require_google(&reply, &url)?;
-        if reply.status != 200 {
-            return Err(reply.status_error("GET", &url));
-        }
+        let reply = self.get_google(&url, timeout).await?;
         let preempted = match reply.body.trim() {
             "TRUE" => true,
             "FALSE" => false,
@@ -1003,16 +1009,7 @@ async fn probe_aws(base: &str, timeout: Duration) -> Result<AnySource, NoticeErr
 async fn probe_gcp(base: &str, timeout: Duration) -> Result<AnySource, NoticeError> {
     let gcp = Gcp::new(base, GCP_DEFAULT_WAIT)?;
     let url = format!("{}{GCP_ROOT_PATH}", gcp.base);
-    let req = gcp
-        .http
-        .client
-        .get(&url)
-        .header(GCP_FLAVOR_HEADER, GCP_FLAVOR);
-    let reply = gcp.http.fetch("GET", &url, req, timeout).await?;
-    require_google(&reply, &url)?;
-    if reply.status != 200 {
-        return Err(reply.status_error("GET", &url));
-    }
+    gcp.get_google(&url, timeout).await?;
     Ok(AnySource::Gcp(gcp))
 }
 

@@ -1094,6 +1094,17 @@ fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    /// Steps of the store's complete checkpoints, newest first.
+    async fn complete_steps(store: &CheckpointStore) -> Vec<u64> {
+        store
+            .complete()
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.step)
+            .collect()
+    }
+
     use std::collections::{BTreeMap, BTreeSet, HashMap};
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1194,13 +1205,7 @@ mod tests {
 
         let dir200 = write_checkpoint(&ckpts, 200, 2);
         store.upload(200, &dir200).await.unwrap();
-        let steps: Vec<u64> = store
-            .complete()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = complete_steps(&store).await;
         assert_eq!(steps, [200, 100]);
         let (restored, path) = store.restore_newest(&dest).await.unwrap().unwrap();
         assert_eq!(restored.step, 200);
@@ -1251,13 +1256,7 @@ mod tests {
         std::fs::create_dir_all(&stray).unwrap();
         std::fs::write(stray.join("model.bin"), b"partial").unwrap();
 
-        let steps: Vec<u64> = store
-            .complete()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = complete_steps(&store).await;
         assert_eq!(steps, [100]);
         let dest = tmp.path().join("restored");
         let (restored, path) = store.restore_newest(&dest).await.unwrap().unwrap();
@@ -1295,13 +1294,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(MANIFEST_NAME), b"{not json").unwrap();
 
-        let steps: Vec<u64> = store
-            .complete()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = complete_steps(&store).await;
         assert_eq!(steps, [100]);
     }
 
@@ -1370,13 +1363,7 @@ mod tests {
         std::fs::remove_file(step_dir(&store_root, 50).join(MANIFEST_NAME)).unwrap();
 
         assert_eq!(store.prune(2).await.unwrap(), 3);
-        let steps: Vec<u64> = store
-            .complete()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = complete_steps(&store).await;
         assert_eq!(steps, [40, 30]);
         for gone in [5, 10, 20] {
             assert!(!step_dir(&store_root, gone).exists(), "{gone} left behind");
@@ -1385,13 +1372,7 @@ mod tests {
         assert_eq!(store.prune(2).await.unwrap(), 0);
         // keep = 0 still keeps the newest.
         assert_eq!(store.prune(0).await.unwrap(), 1);
-        let steps: Vec<u64> = store
-            .complete()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = complete_steps(&store).await;
         assert_eq!(steps, [40]);
     }
 
@@ -1812,13 +1793,7 @@ mod tests {
         );
         assert!(s3.uploads.lock().unwrap().is_empty());
 
-        let steps: Vec<u64> = store
-            .complete()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = complete_steps(&store).await;
         assert_eq!(steps, [30, 20, 10]);
 
         // 30 loses its manifest: not complete, 20 is restored.
@@ -1841,13 +1816,7 @@ mod tests {
         // Prune to one: 10 stays (the newest complete), 30 (incomplete, newer) stays.
         store.upload(20, &dirs[&20]).await.unwrap();
         assert_eq!(store.prune(1).await.unwrap(), 1);
-        let steps: Vec<u64> = store
-            .complete()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = complete_steps(&store).await;
         assert_eq!(steps, [20]);
         let keys = s3.keys();
         assert!(
@@ -1902,13 +1871,7 @@ mod tests {
         // A single 503 is retried by the client.
         s3.fail_next.store(1, Ordering::SeqCst);
         store.upload(10, &dir).await.unwrap();
-        let steps: Vec<u64> = store
-            .complete()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = complete_steps(&store).await;
         assert_eq!(steps, [10]);
     }
 }

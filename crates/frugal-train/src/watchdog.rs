@@ -247,10 +247,11 @@ impl Watchdog {
     pub fn sample(&mut self, new_steps: Vec<StepMetrics>) {
         let now = Instant::now();
         self.steps.extend(new_steps.into_iter().map(|m| (now, m)));
+        let (cpu_s, read_bytes) = group_usage(self.pgid);
         let counters = Counters {
             at: now,
-            cpu_s: group_cpu_seconds(self.pgid),
-            read_bytes: group_read_bytes(self.pgid),
+            cpu_s,
+            read_bytes,
         };
         if let Some(prev) = self.last.replace(counters) {
             let seconds = counters.at.duration_since(prev.at).as_secs_f64();
@@ -416,35 +417,30 @@ fn group_stats(pgid: i32) -> Vec<(i32, Vec<String>)> {
         .collect()
 }
 
-fn group_cpu_seconds(pgid: i32) -> f64 {
+/// CPU seconds and bytes read from storage by the group's processes, in one pass over /proc.
+fn group_usage(pgid: i32) -> (f64, u64) {
     let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
         .unwrap_or(100) as f64;
-    group_stats(pgid)
-        .iter()
-        .map(|(_, f)| {
-            // utime and stime (fields 14 and 15), with the waited-for children's (16, 17).
-            (11..15)
-                .filter_map(|i| f.get(i)?.parse::<f64>().ok())
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        / ticks
-}
-
-fn group_read_bytes(pgid: i32) -> u64 {
-    group_stats(pgid)
-        .iter()
-        .filter_map(|(pid, _)| {
-            let io = fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-            io.lines()
-                .find_map(|l| l.strip_prefix("read_bytes: "))?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    let (mut cpu_ticks, mut read) = (0.0, 0);
+    for (pid, f) in group_stats(pgid) {
+        // utime and stime (fields 14 and 15), with the waited-for children's (16, 17).
+        cpu_ticks += (11..15)
+            .filter_map(|i| f.get(i)?.parse::<f64>().ok())
+            .sum::<f64>();
+        read += fs::read_to_string(format!("/proc/{pid}/io"))
+            .ok()
+            .and_then(|io| {
+                io.lines()
+                    .find_map(|l| l.strip_prefix("read_bytes: "))?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0);
+    }
+    (cpu_ticks / ticks, read)
 }
 
 #[cfg(test)]
@@ -560,13 +556,13 @@ mod tests {
     #[test]
     fn counts_this_process_groups_cpu() {
         let me = nix::unistd::getpgrp().as_raw();
-        let before = group_cpu_seconds(me);
+        let before = group_usage(me).0;
         let t = Instant::now();
         let mut x = 0u64;
         while t.elapsed() < Duration::from_millis(200) {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
         std::hint::black_box(x);
-        assert!(group_cpu_seconds(me) - before >= 0.1);
+        assert!(group_usage(me).0 - before >= 0.1);
     }
 }

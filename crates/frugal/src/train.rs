@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use frugal_cost::event::{Capacity, Event, Kind, Outcome};
 use frugal_cost::money::HourlyRate;
 use frugal_cost::{Catalog, Money};
-use frugal_train::notice::{AnySource, Aws, Azure, Bases, Cloud, Gcp, detect};
+use frugal_train::notice::{AnySource, Aws, Azure, Bases, Gcp, NoticeSource, detect};
 use frugal_train::store::CheckpointStore;
 use frugal_train::supervisor::{Ending, Plan, Segment, supervise};
 use sha2::{Digest, Sha256};
@@ -221,14 +221,9 @@ async fn notice_source(args: &TrainArgs) -> Result<Option<AnySource>> {
         NoticeArg::Azure => Some(AnySource::Azure(Azure::new(&base(&bases.azure))?)),
     };
     if let Some(s) = &source {
-        tracing::info!("watching {} preemption notices", cloud_name(s));
+        tracing::info!("watching {} preemption notices", s.cloud());
     }
     Ok(source)
-}
-
-fn cloud_name(s: &AnySource) -> Cloud {
-    use frugal_train::notice::NoticeSource;
-    s.cloud()
 }
 
 fn event(run_id: &str, p: &Pricing, s: &Segment) -> Event {
