@@ -54,6 +54,9 @@ pub enum Lever {
     SemanticCache,
     /// A cascade's cheaper tier answered: the dearest tier was not called.
     Routing,
+    /// The engine served the request in a batch with others: the saving is what its
+    /// decode steps would have cost alone.
+    Batching,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -123,10 +126,11 @@ text_enum!(Outcome, "outcome", "completed, preempted, failed, stopped", {
     "stopped" => Stopped,
 });
 
-text_enum!(Lever, "lever", "cache, semantic_cache, routing", {
+text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching", {
     "cache" | "exact_cache" => Cache,
     "semantic_cache" | "semantic" => SemanticCache,
     "routing" | "cascade" => Routing,
+    "batching" | "continuous_batching" => Batching,
 });
 
 /// One row of the ledger.

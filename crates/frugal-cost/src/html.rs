@@ -71,6 +71,7 @@ pub fn render(report: &Report, source: &str) -> String {
             per_1k_chart(report),
             money_goes(report),
             training_chart(report),
+            savings_chart(report),
             levers_section(report),
             inference_table(report),
             training_table(report),
@@ -394,6 +395,51 @@ fn training_chart(r: &Report) -> Option<String> {
     Some(section(title, note, &body))
 }
 
+/// What each workload and model paid beside what each lever saved it.
+fn savings_chart(r: &Report) -> Option<String> {
+    let levers = [
+        ("exact cache", PALETTE[1]),
+        ("semantic cache", PALETTE[2]),
+        ("routing", PALETTE[3]),
+        ("batching", PALETTE[4]),
+    ];
+    let row = |l: &InferenceLine| {
+        let s = &l.saved;
+        if s.total() <= Money::ZERO {
+            return None;
+        }
+        let paid = l.cost + l.idle_cost;
+        let mut bars = vec![bar(paid, PALETTE[0], format!("{} paid", usd(paid)))];
+        let amounts = [s.cache, s.semantic_cache, s.routing, s.batching];
+        for ((name, fill), amount) in levers.iter().zip(amounts) {
+            if amount > Money::ZERO {
+                bars.push(bar(
+                    amount,
+                    fill,
+                    format!("{} saved by {name}", usd(amount)),
+                ));
+            }
+        }
+        let label = l.model.clone().unwrap_or(NONE.to_owned());
+        let cut = s.total().as_f64() / (paid + s.total()).as_f64().max(1e-12);
+        let sub = format!(
+            "{} · {} cut",
+            l.workload.as_deref().unwrap_or(NONE),
+            pct(cut)
+        );
+        Some(BarRow { label, sub, bars })
+    };
+    let rows = some(r.inference.iter().filter_map(row).collect())?;
+    let keys: Vec<(&str, &str)> = [("paid", PALETTE[0])].into_iter().chain(levers).collect();
+    let title = "Saved by the levers";
+    let note = "What the requests cost, beside what the calls each lever replaced would have cost.";
+    Some(section(
+        title,
+        note,
+        &(hbars(&rows, title) + &legend(&keys)),
+    ))
+}
+
 fn levers_section(r: &Report) -> Option<String> {
     let row = |l: &Lever| BarRow {
         label: l.lever.to_owned(),
@@ -611,7 +657,8 @@ mod tests {
         llama.instance_type = Some("g5.xlarge".into());
         let mut idle = event(Kind::Idle, "<b>&co", None, 0, "3");
         (idle.ts_ms, idle.instance_type) = (T0 + HOUR_MS, Some("g5.xlarge".into()));
-        let small = event(Kind::Inference, "<b>&co", Some("small"), 4, "0.0032");
+        let mut small = event(Kind::Inference, "<b>&co", Some("small"), 4, "0.0032");
+        (small.saved, small.lever) = (m("0.5"), Some(crate::event::Lever::Batching));
         let mut run = event(Kind::Training, "pretrain", None, 0, "2");
         (run.run_id, run.capacity) = (Some("r1".into()), Some(Capacity::Spot));
         (run.duration_ms, run.list_cost) = (2 * HOUR_MS, Some(m("6")));
@@ -643,6 +690,7 @@ mod tests {
             "Cost per 1,000 inferences by model",
             "Where the money goes",
             "Training runs: actual vs on-demand",
+            "Saved by the levers",
             "Levers by dollars at stake",
             "Inference by workload and model",
             "<h2>Training runs</h2>",
@@ -651,6 +699,7 @@ mod tests {
         assert!(!html.contains("NaN") && !has_bare_inf(&html));
         assert!(!html.contains("width=\"-"), "no bar drawn backwards");
         assert!(html.contains("saved $4.00 · 1 preemption"));
+        assert!(html.contains("$0.50 saved by batching"));
         // llama per 1,000 requests: ($7 + $3 idle) / 1,000 x 1,000.
         assert!(html.contains(">$10.00<"));
     }

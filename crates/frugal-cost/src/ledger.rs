@@ -17,7 +17,7 @@ use crate::money::{Millis, Money};
 use crate::rollup::{self, Ids, Key, Pending, Sums};
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
 const APPLICATION_ID: i64 = 0x4652_5547;
@@ -80,6 +80,10 @@ CREATE INDEX events_tenant ON events (tenant, ts_ms) WHERE tenant IS NOT NULL;
 ALTER TABLE rollup ADD COLUMN saved_cache INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE rollup ADD COLUMN saved_semantic INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE rollup ADD COLUMN saved_routing INTEGER NOT NULL DEFAULT 0;
+"#,
+    r#"
+-- v3: what batching saved: a request's decode steps priced alone, less its share.
+ALTER TABLE rollup ADD COLUMN saved_batching INTEGER NOT NULL DEFAULT 0;
 "#,
 ];
 
@@ -745,7 +749,10 @@ mod tests {
         let mut hit = event(10, 0);
         hit.saved = Money::from_cents(3);
         hit.lever = Some(crate::event::Lever::Cache);
-        ledger.append("t", &[hit]).unwrap();
+        let mut batched = event(20, 1);
+        batched.saved = Money::from_cents(2);
+        batched.lever = Some(crate::event::Lever::Batching);
+        ledger.append("t", &[hit, batched]).unwrap();
         let version: i64 = ledger
             .conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -759,7 +766,23 @@ mod tests {
             .unwrap()
             .map(Result::unwrap)
             .collect();
-        assert_eq!(rows, [(7, 0, None), (0, 30_000_000, Some(0))]);
+        assert_eq!(
+            rows,
+            [
+                (7, 0, None),
+                (0, 30_000_000, Some(0)),
+                (10_000_000, 20_000_000, Some(3))
+            ]
+        );
+        let saved: (i64, i64) = ledger
+            .conn
+            .query_row(
+                "SELECT sum(saved_cache), sum(saved_batching) FROM rollup",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(saved, (30_000_000, 20_000_000));
     }
 
     #[test]
@@ -806,10 +829,9 @@ mod tests {
             .unwrap();
         drop(ledger);
         let err = Ledger::open(&path).err().unwrap().to_string();
-        assert!(
-            err.contains("schema version 7, newer than this frugal understands (2)"),
-            "{err}"
-        );
+        let want =
+            format!("schema version 7, newer than this frugal understands ({SCHEMA_VERSION})");
+        assert!(err.contains(&want), "{err}");
         let conn = Connection::open(&path).unwrap();
         let n: i64 = conn
             .query_row("SELECT count(*) FROM events", [], |r| r.get(0))

@@ -55,23 +55,26 @@ pub struct Savings {
     pub cache: Money,
     pub semantic_cache: Money,
     pub routing: Money,
+    pub batching: Money,
 }
 
 impl Savings {
     pub fn total(&self) -> Money {
-        self.cache + self.semantic_cache + self.routing
+        self.cache + self.semantic_cache + self.routing + self.batching
     }
 
     fn add(&mut self, s: &Sums) {
         self.cache += s.saved_cache;
         self.semantic_cache += s.saved_semantic;
         self.routing += s.saved_routing;
+        self.batching += s.saved_batching;
     }
 
     fn merge(&mut self, o: &Savings) {
         self.cache += o.cache;
         self.semantic_cache += o.semantic_cache;
         self.routing += o.routing;
+        self.batching += o.batching;
     }
 }
 

@@ -64,6 +64,7 @@ pub struct Sums {
     pub saved_cache: Money,
     pub saved_semantic: Money,
     pub saved_routing: Money,
+    pub saved_batching: Money,
     pub first_ms: Millis,
     pub last_ms: Millis,
 }
@@ -94,6 +95,7 @@ impl Default for Sums {
             saved_cache: Money::ZERO,
             saved_semantic: Money::ZERO,
             saved_routing: Money::ZERO,
+            saved_batching: Money::ZERO,
             first_ms: Millis::MAX,
             last_ms: Millis::MIN,
         }
@@ -126,11 +128,12 @@ impl Sums {
         self.saved_cache += o.saved_cache;
         self.saved_semantic += o.saved_semantic;
         self.saved_routing += o.saved_routing;
+        self.saved_batching += o.saved_batching;
     }
 
     /// All the levers saved.
     pub fn saved(&self) -> Money {
-        self.saved_cache + self.saved_semantic + self.saved_routing
+        self.saved_cache + self.saved_semantic + self.saved_routing + self.saved_batching
     }
 }
 
@@ -206,6 +209,7 @@ impl Pending {
             saved_cache: saved(Lever::Cache),
             saved_semantic: saved(Lever::SemanticCache),
             saved_routing: saved(Lever::Routing),
+            saved_batching: saved(Lever::Batching),
             first_ms: e.ts_ms,
             last_ms: e.ts_ms + duration,
         };
@@ -263,6 +267,7 @@ impl Pending {
                 s.saved_cache.nanos(),
                 s.saved_semantic.nanos(),
                 s.saved_routing.nanos(),
+                s.saved_batching.nanos(),
             ])?;
         }
         Ok(())
@@ -311,6 +316,7 @@ fn spread(ts: Millis, duration: Millis, whole: &Sums) -> Vec<(Millis, Sums)> {
             saved_cache: share(whole.saved_cache, given.saved_cache),
             saved_semantic: share(whole.saved_semantic, given.saved_semantic),
             saved_routing: share(whole.saved_routing, given.saved_routing),
+            saved_batching: share(whole.saved_batching, given.saved_batching),
             duration_ms: time(whole.duration_ms, given.duration_ms),
             instance_ms: time(whole.instance_ms, given.instance_ms),
             first_ms: from,
@@ -373,7 +379,7 @@ CREATE TABLE rollup (
 
 const UPSERT: &str = "
 INSERT INTO rollup VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)
+    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34)
 ON CONFLICT DO UPDATE SET
     events = events + excluded.events,
     requests = requests + excluded.requests,
@@ -397,6 +403,7 @@ ON CONFLICT DO UPDATE SET
     saved_cache = saved_cache + excluded.saved_cache,
     saved_semantic = saved_semantic + excluded.saved_semantic,
     saved_routing = saved_routing + excluded.saved_routing,
+    saved_batching = saved_batching + excluded.saved_batching,
     first_ms = min(first_ms, excluded.first_ms),
     last_ms = max(last_ms, excluded.last_ms)";
 
@@ -479,6 +486,8 @@ pub fn read(
             saved_cache: money(30)?,
             saved_semantic: money(31)?,
             saved_routing: money(32)?,
+            // Added by v3.
+            saved_batching: money(33)?,
         };
         visit(&key, &sums);
         n += 1;

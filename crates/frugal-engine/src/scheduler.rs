@@ -81,19 +81,35 @@ pub enum FinishReason {
     Length,
 }
 
+/// Engine time a request has used: its share of the steps it was in, and what its part of
+/// those steps would have taken with the engine to itself. The difference is what
+/// batching saved it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineTime {
+    pub shared: Duration,
+    pub alone: Duration,
+}
+
+impl EngineTime {
+    /// Time batching saved: decode steps alone, less their shares.
+    pub fn saved(&self) -> Duration {
+        self.alone.saturating_sub(self.shared)
+    }
+}
+
 /// What a request receives, in order: tokens, then `Done` or `Failed`.
 #[derive(Debug, Clone)]
 pub enum Event {
     /// A token, with the engine time this request has used so far.
-    Token(Sampled, Duration),
+    Token(Sampled, EngineTime),
     Done {
         reason: FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
-        /// Time in the queue, time to first token, and engine time this request shared.
+        /// Time in the queue, time to first token, and engine time this request used.
         queued: Duration,
         first_token: Duration,
-        engine: Duration,
+        engine: EngineTime,
     },
     Failed(String),
 }
@@ -157,6 +173,7 @@ impl Engine {
             running: Vec::new(),
             stats: stats.clone(),
             reserved: 0,
+            solo_decode: None,
         };
         std::thread::Builder::new()
             .name("frugal-scheduler".into())
@@ -229,7 +246,7 @@ struct Sequence {
     generated: usize,
     first_token: Option<Duration>,
     admitted: Instant,
-    engine: Duration,
+    engine: EngineTime,
     /// KV positions reserved for it.
     reserved: usize,
     /// Answered, and kept computing as static batching's padding.
@@ -245,7 +262,13 @@ struct Worker {
     stats: Arc<Stats>,
     /// KV positions reserved by running sequences.
     reserved: usize,
+    /// A decode step with one sequence: a moving average of the steps that had one, first
+    /// measured on a throwaway sequence when the batch first holds more than one.
+    solo_decode: Option<Duration>,
 }
+
+/// Weight of the newest solo decode step in the moving average.
+const SOLO_WEIGHT: f64 = 0.1;
 
 impl Worker {
     fn run(mut self) {
@@ -317,7 +340,7 @@ impl Worker {
                 generated: 0,
                 first_token: None,
                 admitted: Instant::now(),
-                engine: Duration::ZERO,
+                engine: EngineTime::default(),
                 reserved: need,
                 padding: false,
                 job,
@@ -370,6 +393,12 @@ impl Worker {
             }
         }
         plan.sort_by_key(|(i, _, _)| *i);
+        // Only a step shared by several sequences saved anything by batching.
+        let solo = if plan.len() > 1 {
+            self.solo_decode(&plan)
+        } else {
+            None
+        };
         let started = Instant::now();
         let result = {
             let mut chunks: Vec<Chunk<'_>> = Vec::with_capacity(plan.len());
@@ -388,6 +417,11 @@ impl Worker {
         };
         let elapsed = started.elapsed();
         let tokens_in_step: usize = plan.iter().map(|(_, t, _)| t.len()).sum();
+        if plan.len() == 1 && tokens_in_step == 1 {
+            self.solo_decode = Some(self.solo_decode.map_or(elapsed, |s| {
+                s.mul_f64(1.0 - SOLO_WEIGHT) + elapsed.mul_f64(SOLO_WEIGHT)
+            }));
+        }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         self.stats.last_batch.store(plan.len(), Ordering::Relaxed);
         let logits = match result {
@@ -409,8 +443,15 @@ impl Worker {
         let mut finished = Vec::new();
         for (i, tokens, wants) in &plan {
             let s = &mut self.running[*i];
-            // Engine time is shared by the tokens of the step.
-            s.engine += elapsed.mul_f64(tokens.len() as f64 / tokens_in_step.max(1) as f64);
+            // Engine time is shared by the tokens of the step. A decode token alone would
+            // have taken a solo step; a prefill chunk is counted at its share (it is a batch
+            // of its own already), so batching is never credited with more than it saved.
+            let share = elapsed.mul_f64(tokens.len() as f64 / tokens_in_step.max(1) as f64);
+            s.engine.shared += share;
+            s.engine.alone += match solo {
+                Some(solo) if s.next.is_some() => solo.max(share),
+                _ => share,
+            };
             if s.next.is_none() {
                 s.prefilled += tokens.len();
                 self.stats
@@ -473,6 +514,34 @@ impl Worker {
             finished = (0..self.running.len()).collect();
         }
         self.remove(&finished);
+    }
+
+    /// What a decode step of one sequence takes, for a step that batches a decode with
+    /// other work. Measured once on a throwaway sequence (a few milliseconds) if no step
+    /// has run one sequence alone yet.
+    fn solo_decode(&mut self, plan: &[(usize, Vec<u32>, bool)]) -> Option<Duration> {
+        let decodes = plan
+            .iter()
+            .filter(|(i, _, _)| self.running[*i].next.is_some());
+        if self.solo_decode.is_none() && decodes.count() > 0 {
+            let mut cache = KvCache::with_capacity(&self.model.config, 2);
+            let mut times = Vec::with_capacity(2);
+            for token in [0, 0] {
+                let started = Instant::now();
+                let mut chunk = [Chunk {
+                    tokens: &[token],
+                    cache: &mut cache,
+                    logits: true,
+                }];
+                if self.model.forward(&mut chunk).is_err() {
+                    return None;
+                }
+                times.push(started.elapsed());
+            }
+            // The second step: the first also warms the caches.
+            self.solo_decode = times.last().copied();
+        }
+        self.solo_decode
     }
 
     fn remove(&mut self, indices: &[usize]) {
@@ -549,6 +618,32 @@ mod tests {
             st.padding_tokens.load(Ordering::Relaxed),
             outs,
         )
+    }
+
+    fn engine_time(mut rx: events::UnboundedReceiver<Event>) -> EngineTime {
+        while let Some(e) = rx.blocking_recv() {
+            if let Event::Done { engine, .. } = e {
+                return engine;
+            }
+        }
+        panic!("no Done event");
+    }
+
+    #[test]
+    fn batching_is_credited_only_for_steps_shared_with_others() {
+        let e = engine(Batching::Continuous, 4, 8);
+        let alone = engine_time(e.submit(request(16)).unwrap());
+        assert!(alone.shared > Duration::ZERO);
+        assert_eq!(
+            alone.alone, alone.shared,
+            "a request served alone saved nothing"
+        );
+        let rxs: Vec<_> = (0..3).map(|_| e.submit(request(16)).unwrap()).collect();
+        for t in rxs.into_iter().map(engine_time) {
+            // Each decode step alone would have taken a whole solo step, not a third.
+            assert!(t.alone > t.shared, "{t:?}");
+            assert_eq!(t.saved(), t.alone - t.shared);
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{Value, json};
 
 use frugal_engine::sampling::SamplingParams;
-use frugal_engine::scheduler::{Engine, Event, FinishReason, Request, SubmitError};
+use frugal_engine::scheduler::{Engine, EngineTime, Event, FinishReason, Request, SubmitError};
 use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
 
@@ -854,13 +854,13 @@ impl AppState {
                 Err(e) => return self.reject(ApiError::BadRequest(e.to_string())),
             };
             ctx.recorded.reserve(64);
-            Source::Live(TextStream::new(
+            Source::Live(Box::new(TextStream::new(
                 rx,
                 self.inner.tokenizer.clone(),
                 stops,
                 top.is_some(),
                 prompt_tokens,
-            ))
+            )))
         };
         ctx.respond(source, &c).await
     }
@@ -1013,7 +1013,7 @@ enum HitKind {
 
 /// Where a response's pieces come from: the engine, or a cached answer.
 enum Source {
-    Live(TextStream),
+    Live(Box<TextStream>),
     Replay(Replay),
 }
 
@@ -1052,7 +1052,7 @@ impl Replay {
         pieces.push_back(Piece::Done {
             reason: answer.finish_reason,
             usage: answer.usage,
-            engine: std::time::Duration::ZERO,
+            engine: EngineTime::default(),
             first_token: None,
         });
         Replay { pieces, logprobs }
@@ -1127,7 +1127,7 @@ impl Ctx {
         &mut self,
         reason: FinishReason,
         usage: Usage,
-        engine: std::time::Duration,
+        engine: EngineTime,
         first: Option<std::time::Duration>,
     ) -> Option<frugal_cost::Money> {
         let cost = self.account(usage, engine, first);
@@ -1206,7 +1206,7 @@ impl Ctx {
     fn account(
         &self,
         usage: Usage,
-        engine: std::time::Duration,
+        engine: EngineTime,
         first: Option<std::time::Duration>,
     ) -> Option<frugal_cost::Money> {
         if self.settled.is_some() {
@@ -1229,15 +1229,26 @@ impl Ctx {
             self.record_call(usage, 0, frugal_cost::Money::ZERO, false);
             return Some(frugal_cost::Money::ZERO);
         }
+        // A request the engine served in a batch saved what its steps alone would have
+        // cost beyond its share.
+        let batched = meter.cost(engine.saved());
+        if batched > frugal_cost::Money::ZERO {
+            s.metrics
+                .saved_batching_nanos
+                .fetch_add(batched.nanos().max(0) as u64, Ordering::Relaxed);
+        }
+        let saved = self.saved().or_else(|| {
+            (batched > frugal_cost::Money::ZERO).then_some((batched, frugal_cost::Lever::Batching))
+        });
         meter.record(meter::Usage {
             started: self.started.1,
             prompt_tokens: usage.prompt_tokens as u64,
             completion_tokens: usage.completion_tokens as u64,
-            engine,
-            saved: self.saved(),
+            engine: engine.shared,
+            saved,
             tenant: self.tenant.as_ref().map(|t| t.name.clone()),
         });
-        let cost = meter.cost(engine);
+        let cost = meter.cost(engine.shared);
         s.metrics.add_spend(&self.model, cost);
         Some(cost)
     }

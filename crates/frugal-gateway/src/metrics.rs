@@ -60,6 +60,8 @@ pub struct Metrics {
     pub saved_semantic_nanos: AtomicU64,
     /// What cascades saved by not calling their dearest tier.
     pub saved_routing_nanos: AtomicU64,
+    /// What batching saved: requests' decode steps alone, less their shares.
+    pub saved_batching_nanos: AtomicU64,
     /// What was spent per model (the local engine's time, upstream calls), in nano-dollars.
     spend: std::sync::Mutex<std::collections::BTreeMap<String, i64>>,
     pub ttft: Histogram,
@@ -192,10 +194,11 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP frugal_saved_usd_total What each lever saved, in dollars.\n# TYPE frugal_saved_usd_total counter\nfrugal_saved_usd_total{{lever=\"cache\"}} {}\nfrugal_saved_usd_total{{lever=\"semantic-cache\"}} {}\nfrugal_saved_usd_total{{lever=\"routing\"}} {}",
+            "# HELP frugal_saved_usd_total What each lever saved, in dollars.\n# TYPE frugal_saved_usd_total counter\nfrugal_saved_usd_total{{lever=\"cache\"}} {}\nfrugal_saved_usd_total{{lever=\"semantic-cache\"}} {}\nfrugal_saved_usd_total{{lever=\"routing\"}} {}\nfrugal_saved_usd_total{{lever=\"batching\"}} {}",
             self.saved_nanos.load(Ordering::Relaxed) as f64 / 1e9,
             self.saved_semantic_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-            self.saved_routing_nanos.load(Ordering::Relaxed) as f64 / 1e9
+            self.saved_routing_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            self.saved_batching_nanos.load(Ordering::Relaxed) as f64 / 1e9
         );
         let spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
         let _ = writeln!(

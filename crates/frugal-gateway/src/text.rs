@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use frugal_engine::scheduler::{Event, FinishReason};
+use frugal_engine::scheduler::{EngineTime, Event, FinishReason};
 use frugal_engine::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::Events;
@@ -19,7 +19,7 @@ pub enum Piece {
     Done {
         reason: FinishReason,
         usage: Usage,
-        engine: Duration,
+        engine: EngineTime,
         first_token: Option<Duration>,
     },
     Failed(String),
@@ -39,7 +39,7 @@ pub struct TextStream {
     started: std::time::Instant,
     first_token: Option<Duration>,
     /// Engine time used so far, as the last token reported it.
-    engine: Duration,
+    engine: EngineTime,
     finished: Option<Piece>,
 }
 
@@ -62,7 +62,7 @@ impl TextStream {
             completion_tokens: 0,
             started: std::time::Instant::now(),
             first_token: None,
-            engine: Duration::ZERO,
+            engine: EngineTime::default(),
             finished: None,
         }
     }

@@ -359,21 +359,31 @@ fn print_savings(out: &mut impl Write, r: &Report) -> Result<()> {
         "cache>",
         "semantic cache>",
         "routing>",
+        "batching>",
         "saved>",
         "without them>",
         "cut>",
     ]);
+    // Savings are often fractions of a cent per workload: unit figures, and "-" for none.
+    let money = |m: Money| {
+        if m == Money::ZERO {
+            "-".to_owned()
+        } else {
+            unit(m)
+        }
+    };
     for l in lines {
         let saved = l.saved.total();
         let without = l.cost + l.idle_cost + saved;
         t.add_row(vec![
             l.workload.clone().unwrap_or_default(),
             l.model.clone().unwrap_or_else(|| "-".into()),
-            usd(l.saved.cache),
-            usd(l.saved.semantic_cache),
-            usd(l.saved.routing),
-            usd(saved),
-            usd(without),
+            money(l.saved.cache),
+            money(l.saved.semantic_cache),
+            money(l.saved.routing),
+            money(l.saved.batching),
+            unit(saved),
+            unit(without),
             pct(saved.as_f64() / without.as_f64().max(1e-12)),
         ]);
     }

@@ -166,7 +166,7 @@ impl Tier {
                         correct: is_correct(q, &text),
                         text,
                         logprobs,
-                        seconds: engine.as_secs_f64(),
+                        seconds: engine.shared.as_secs_f64(),
                     });
                 }
                 Event::Failed(e) => bail!("{}: {e}", self.name),

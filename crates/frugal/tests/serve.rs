@@ -11,6 +11,19 @@ use std::time::{Duration, Instant};
 
 use common::{Server, header, model, streamed_text};
 
+/// `frugal report` on the ledger a stopped server left in `dir`.
+fn ledger_report(dir: &tempfile::TempDir, args: &[&str]) -> String {
+    common::report(&dir.path().join("ledger.sqlite"), args)
+}
+
+/// Stops the server cleanly; `frugal report --json` on its ledger, and the ledger's folder.
+fn stop_and_report(server: Server) -> (serde_json::Value, tempfile::TempDir) {
+    let (status, dir) = server.stop();
+    assert!(status.success(), "{status:?}");
+    let report = serde_json::from_str(&ledger_report(&dir, &["--json"])).unwrap();
+    (report, dir)
+}
+
 #[test]
 fn the_official_openai_client_works() {
     let server = Server::start(&[]);
@@ -27,16 +40,7 @@ fn the_official_openai_client_works() {
         String::from_utf8_lossy(&out.stderr)
     );
     // Every request went to the ledger, priced at $3.60/h: a millisecond is a micro-dollar.
-    let (status, dir) = server.stop();
-    let ledger = dir.path().join("ledger.sqlite");
-    assert!(status.success(), "{status:?}");
-    let report = Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .arg("--ledger")
-        .arg(&ledger)
-        .args(["report", "--json"])
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let (report, _dir) = stop_and_report(server);
     let line = &report["inference"][0];
     assert_eq!(line["requests"], 4, "{report}");
     assert!(line["cost"].as_i64().unwrap() > 0, "{report}");
@@ -499,19 +503,7 @@ fn bench_replays_a_workload_and_counts_the_cache_answers_and_the_metered_cost() 
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .args([
-            "bench",
-            "--url",
-            &format!("http://{}/v1", server.addr),
-            "--json",
-        ])
-        .arg("--workload")
-        .arg(&workload)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = bench(&server, &["--workload", workload.to_str().unwrap()]);
     assert_eq!(
         (s["requests"].as_u64(), s["errors"].as_u64()),
         (Some(3), Some(0)),
@@ -526,4 +518,56 @@ fn bench_replays_a_workload_and_counts_the_cache_answers_and_the_metered_cost() 
     // Priced at $3.60/h, the two answers the engine computed cost something; the hit nothing.
     assert!(s["metered_cost"].as_i64().unwrap() > 0, "{s}");
     assert!(s["metered_per_1k_requests"].as_i64().unwrap() > 0, "{s}");
+}
+
+#[test]
+fn batching_savings_reach_the_metrics_and_the_report() {
+    let server = Server::start(&["--no-cache"]);
+    // One request alone, then eight at once: only the second group shares steps.
+    let (status, _) = server.json(
+        "/v1/completions",
+        r#"{"prompt":"Once upon a time","max_tokens":12,"temperature":0}"#,
+    );
+    assert_eq!(status, 200);
+    let alone = server.metric("frugal_saved_usd_total{lever=\"batching\"}");
+    assert_eq!(
+        alone, 0.0,
+        "a request served alone saved nothing by batching"
+    );
+    let args = "--concurrency 8 --requests 8 --max-tokens 24 --distinct";
+    let s = bench(&server, &args.split(' ').collect::<Vec<_>>());
+    assert_eq!(s["errors"], 0, "{s}");
+    let batched = server.metric("frugal_saved_usd_total{lever=\"batching\"}");
+    assert!(batched > 0.0, "eight streams at once shared their steps");
+    let (report, dir) = stop_and_report(server);
+    let line = &report["inference"][0];
+    assert_eq!(line["requests"], 9, "{report}");
+    let saved = line["saved"]["batching"].as_i64().unwrap();
+    // The ledger keeps what the metrics counted.
+    let counted = (batched * 1e9).round() as i64;
+    assert!(
+        saved > 0 && (saved - counted).abs() <= 1,
+        "{saved} vs {counted}: {report}"
+    );
+    let text = ledger_report(&dir, &[]);
+    assert!(
+        text.contains("Saved by the levers") && text.contains("batching"),
+        "{text}"
+    );
+}
+
+/// `frugal bench --json` against the server, with `args`: its summary.
+fn bench(server: &Server, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args([
+            "bench",
+            "--json",
+            "--url",
+            &format!("http://{}/v1", server.addr),
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
 }

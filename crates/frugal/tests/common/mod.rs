@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -213,4 +213,17 @@ pub fn streamed_text(sse: &str) -> (String, bool) {
         }
     }
     (text, done)
+}
+
+/// `frugal report` on `ledger`, with `args`: its standard output.
+pub fn report(ledger: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--ledger")
+        .arg(ledger)
+        .arg("report")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
 }

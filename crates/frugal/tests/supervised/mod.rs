@@ -9,6 +9,9 @@
     dead_code
 )]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -326,15 +329,7 @@ impl Shared2 {
     }
 
     pub fn report(&self, args: &[&str]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
-            .arg("--ledger")
-            .arg(&self.ledger)
-            .arg("report")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8(out.stdout).unwrap()
+        common::report(&self.ledger, args)
     }
 
     /// The ledger's segments.
