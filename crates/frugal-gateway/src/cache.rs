@@ -260,6 +260,14 @@ pub fn lookup(
     }
 }
 
+/// The final question of a request body (as the semantic cache reads it), if it has one.
+pub fn question_text(body: &Value) -> Option<String> {
+    let Value::Object(map) = body else {
+        return None;
+    };
+    question(&mut map.clone())
+}
+
 /// Takes the final question out of a canonical request: the last message's text when it is
 /// the user's, or a single string prompt. Other shapes (tool results, image parts, several
 /// prompts) have no semantic probe.

@@ -549,6 +549,17 @@ impl AppState {
         tenant: Option<Arc<Tenant>>,
     ) -> Response {
         let local_name = self.inner.model.clone();
+        let last = route.tiers.last().filter(|t| **t != local_name);
+        // Requests like those the cheap tier failed go straight to the last tier.
+        if let (Some(skip), Some(last)) = (&route.skip, last)
+            && let Some(text) = cache::question_text(&body)
+            && skip.skips(&text).await
+        {
+            let chain = format!("skip>{last}");
+            self.inner.metrics.count_route(&route.name, &chain);
+            let response = self.to_tier(last, kind, body, c, headers, tenant).await;
+            return with_route(response, &chain);
+        }
         let mut first = c.clone();
         first.model = None;
         first.stream = false;
@@ -571,18 +582,11 @@ impl AppState {
             .await
             .unwrap_or_default();
         let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let with_route = |mut r: Response, chain: &str| {
-            if let Ok(v) = HeaderValue::from_str(chain) {
-                r.headers_mut().insert("x-frugal-route", v);
-            }
-            r
-        };
         if !parts.status.is_success() {
             return with_route(Response::from_parts(parts, bytes.into()), &local_name);
         }
         let logprobs = token_logprobs(&answer, kind);
         let conf = route::confidence(&logprobs, route.quantile);
-        let last = route.tiers.last().filter(|t| **t != local_name);
         let m = &self.inner.metrics;
         match last.filter(|_| conf < route.threshold) {
             None => {
@@ -634,15 +638,7 @@ impl AppState {
             }
             Some(next) => {
                 m.count_route(&route.name, next);
-                let Some(up) = self.inner.upstreams.get(next).cloned() else {
-                    return ApiError::Internal(format!("route {}: no tier {next}", route.name))
-                        .into_response();
-                };
-                let mut body = body;
-                body["model"] = Value::String(next.clone());
-                let mut c = c;
-                c.model = Some(next.clone());
-                let mut response = self.call(up, kind, body, &c, headers, tenant).await;
+                let mut response = self.to_tier(next, kind, body, c, headers, tenant).await;
                 // What the request cost in all: both tiers.
                 let spent = header_money(&parts.headers, "x-frugal-cost-usd");
                 let total = header_money(response.headers(), "x-frugal-cost-usd")
@@ -656,6 +652,24 @@ impl AppState {
                 with_route(response, &format!("{local_name}>{next}"))
             }
         }
+    }
+
+    /// A cascade's request sent on to its upstream tier `next`.
+    async fn to_tier(
+        &self,
+        next: &str,
+        kind: Kind,
+        mut body: Value,
+        mut c: Common,
+        headers: &HeaderMap,
+        tenant: Option<Arc<Tenant>>,
+    ) -> Response {
+        let Some(up) = self.inner.upstreams.get(next).cloned() else {
+            return ApiError::Internal(format!("no upstream {next}")).into_response();
+        };
+        body["model"] = Value::String(next.to_owned());
+        c.model = Some(next.to_owned());
+        self.call(up, kind, body, &c, headers, tenant).await
     }
 
     /// The request's tenant (when keys are configured), if its key is valid and its
@@ -1009,6 +1023,14 @@ enum CacheUse {
 enum HitKind {
     Exact,
     Semantic,
+}
+
+/// `r` with `x-frugal-route` naming the tiers a cascade tried.
+fn with_route(mut r: Response, chain: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(chain) {
+        r.headers_mut().insert("x-frugal-route", v);
+    }
+    r
 }
 
 /// Where a response's pieces come from: the engine, or a cached answer.

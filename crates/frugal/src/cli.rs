@@ -173,6 +173,13 @@ pub struct EvalRouteArgs {
     /// Also write the held-out cost/quality curve as an HTML page with a chart
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Also write the tuning questions, labelled by whether the small tier answered them
+    /// right, as a route's skip examples (`skip_examples` in frugal.toml)
+    #[arg(long, value_name = "FILE")]
+    pub skip_examples: Option<PathBuf>,
+    /// The embedding model the skip rule votes with
+    #[arg(long, value_name = "DIR", default_value = frugal_semantic::DEFAULT_EMBEDDER)]
+    pub embedder: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -60,6 +60,14 @@ pub struct RawRoute {
     pub quantile: Option<f64>,
     /// Accept a tier's answer at or above this confidence (a logprob, <= 0).
     pub threshold: f32,
+    /// JSON lines of prompts labelled by whether the cheap tier answered them right
+    /// (`frugal eval-route --skip-examples FILE` writes them); relative to the config file.
+    pub skip_examples: Option<PathBuf>,
+    /// Skip the cheap tier when fewer than this share of the nearest examples were
+    /// answered right [default: 0.5].
+    pub skip_below: Option<f32>,
+    /// Nearest examples that vote [default: 8].
+    pub skip_k: Option<usize>,
 }
 
 /// `[[serve.key]]`: one API key, by its hash (`frugal keys new` prints the entry).
@@ -176,6 +184,9 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
     let mut serve = raw.serve;
     serve.model = serve.model.map(relative);
     serve.embedder = serve.embedder.map(relative);
+    for r in &mut serve.route {
+        r.skip_examples = r.skip_examples.take().map(relative);
+    }
     Ok(Config {
         ledger,
         price_files,

@@ -5,6 +5,11 @@
 //! signal and threshold: accept the small tier's answer at or above the threshold, else pay
 //! for the large tier too. The threshold is chosen on the tuning split as the cheapest that
 //! keeps the quality target; the held-out split reports what it keeps.
+//!
+//! With a skip rule, the questions nearest to each one (by embedding, tuning questions
+//! only) vote on whether the small tier is worth trying: below a share of right answers
+//! among them, the question goes straight to the large tier. The share to skip below is
+//! chosen on the tuning split with the threshold (leave-one-out there).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,7 +21,7 @@ use frugal_engine::sampling::SamplingParams;
 use frugal_engine::scheduler::{Engine, Event, Request, SchedulerConfig};
 use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::route::confidence;
+use frugal_gateway::route::{SkipExample, SkipRule, confidence};
 use serde::{Deserialize, Serialize};
 
 use crate::chart::{self, Chart, Mark, Series};
@@ -88,19 +93,22 @@ fn contains_phrase(hay: &str, needle: &str) -> bool {
 }
 
 pub fn read_questions(path: &Path) -> Result<Vec<Question>> {
+    read_json_lines(path, "{id, kind, question, answers, check}")
+}
+
+/// One JSON value per non-blank line; an error names the line and what was `expected`.
+pub fn read_json_lines<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    expected: &str,
+) -> Result<Vec<T>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| {
-                format!(
-                    "{} line {}: expected {{id, kind, question, answers, check}}",
-                    path.display(),
-                    i + 1
-                )
-            })
+            serde_json::from_str(l)
+                .with_context(|| format!("{} line {}: expected {expected}", path.display(), i + 1))
         })
         .collect()
 }
@@ -138,7 +146,7 @@ impl Tier {
         let prompt = self.template.render(
             &[Message {
                 role: "user".into(),
-                content: format!("{} Answer briefly.", q.question),
+                content: user_text(q),
             }],
             true,
         )?;
@@ -181,6 +189,16 @@ struct Row<'a> {
     q: &'a Question,
     small: Answered,
     large: Answered,
+    /// Share of the nearest tuning questions the small tier answered right.
+    share: f32,
+}
+
+/// Nearest questions that vote in the skip rule, as `frugal serve` defaults to.
+const SKIP_K: usize = 8;
+
+/// What a tier is asked, and what the skip rule embeds: the request's final question.
+fn user_text(q: &Question) -> String {
+    format!("{} Answer briefly.", q.question)
 }
 
 /// A confidence signal: a quantile of the token logprobs, or (for comparison) their mean.
@@ -212,27 +230,36 @@ impl Signal {
 #[derive(Debug, Clone, Copy, Serialize)]
 struct Outcome {
     threshold: f32,
+    /// Questions whose neighbours' share of right small answers is below this skip the
+    /// small tier (0: none do).
+    skip_below: f32,
+    /// Share of questions that skipped the small tier.
+    skipped: f64,
     small_share: f64,
     /// Share of questions answered correctly.
     accuracy: f64,
     /// Accuracy over the large tier's alone.
     quality: f64,
+    /// One standard error of `quality`, from the questions' count.
+    quality_se: f64,
     /// Cost over the large tier's alone.
     cost: f64,
 }
 
 /// An infinite threshold is the baseline: everything to the large tier, the small one
 /// never tried.
-fn outcome(rows: &[&Row], signal: Signal, threshold: f32) -> Outcome {
-    let (mut small, mut correct, mut cost) = (0usize, 0usize, 0f64);
+fn outcome(rows: &[&Row], signal: Signal, threshold: f32, skip_below: f32) -> Outcome {
+    let (mut small, mut skipped, mut correct, mut cost) = (0usize, 0usize, 0usize, 0f64);
     let (mut large_correct, mut large_cost) = (0usize, 0f64);
     for r in rows {
         large_correct += usize::from(r.large.correct);
         large_cost += r.large.seconds;
-        if threshold.is_finite() {
+        let skip = threshold.is_finite() && r.share < skip_below;
+        skipped += usize::from(skip);
+        if threshold.is_finite() && !skip {
             cost += r.small.seconds;
         }
-        if signal.of(&r.small.logprobs) >= threshold {
+        if !skip && signal.of(&r.small.logprobs) >= threshold {
             small += 1;
             correct += usize::from(r.small.correct);
         } else {
@@ -243,25 +270,48 @@ fn outcome(rows: &[&Row], signal: Signal, threshold: f32) -> Outcome {
     let n = rows.len().max(1) as f64;
     Outcome {
         threshold,
+        skip_below,
+        skipped: skipped as f64 / n,
         small_share: small as f64 / n,
         accuracy: correct as f64 / n,
         quality: correct as f64 / large_correct.max(1) as f64,
+        quality_se: {
+            let (p, base) = (correct as f64 / n, large_correct.max(1) as f64 / n);
+            (p * (1.0 - p) / n).sqrt() / base
+        },
         cost: cost / large_cost.max(f64::MIN_POSITIVE),
     }
 }
 
-/// The cheapest threshold on `rows` whose quality is at least `min_quality`.
-fn choose(rows: &[&Row], signal: Signal, min_quality: f64) -> Outcome {
+/// The cheapest threshold (and share to skip below, one of `skip_belows`) on `rows` whose
+/// quality is at least `min_quality` by a standard error: the cheapest of many candidates
+/// that only just pass on a split of a hundred or so questions is mostly luck, and fails
+/// on the next split.
+fn choose(rows: &[&Row], signal: Signal, min_quality: f64, skip_belows: &[f32]) -> Outcome {
     let mut candidates: Vec<f32> = rows.iter().map(|r| signal.of(&r.small.logprobs)).collect();
     candidates.push(f32::INFINITY);
     candidates.sort_by(f32::total_cmp);
     candidates.dedup();
-    candidates
-        .into_iter()
-        .map(|t| outcome(rows, signal, t))
-        .filter(|o| o.quality >= min_quality)
+    skip_belows
+        .iter()
+        .flat_map(|&b| candidates.iter().map(move |&t| (t, b)))
+        .map(|(t, b)| outcome(rows, signal, t, b))
+        .filter(|o| o.quality - o.quality_se >= min_quality)
         .min_by(|a, b| a.cost.total_cmp(&b.cost))
-        .unwrap_or_else(|| outcome(rows, signal, f32::INFINITY))
+        .unwrap_or_else(|| outcome(rows, signal, f32::INFINITY, 0.0))
+}
+
+/// Each row's share of right small answers among its `SKIP_K` nearest tuning questions
+/// (itself left out).
+fn neighbour_shares(rows: &mut [Row], vectors: &[Vec<f32>], held: &[bool], dim: usize) {
+    let tuning: Vec<usize> = (0..rows.len()).filter(|&i| !held[i]).collect();
+    for i in 0..rows.len() {
+        let examples = tuning
+            .iter()
+            .filter(|&&j| j != i)
+            .map(|&j| (vectors[j].clone(), rows[j].small.correct));
+        rows[i].share = SkipRule::new(dim, examples, SKIP_K, 0.0).share(&vectors[i]);
+    }
 }
 
 /// Tuning or held-out, by a hash of the question's id (stable across runs and files).
@@ -292,14 +342,41 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     };
     let small_answers = answers(&small)?;
     let large_answers = answers(&large)?;
-    let rows: Vec<Row> = questions
+    let mut rows: Vec<Row> = questions
         .iter()
         .zip(small_answers.into_iter().zip(large_answers))
-        .map(|(q, (small, large))| Row { q, small, large })
+        .map(|(q, (small, large))| Row {
+            q,
+            small,
+            large,
+            share: 1.0,
+        })
         .collect();
     frugal_cost::Progress::finish(&bar);
+    let embedder = crate::serve::embedder_at(&args.embedder, "")?;
+    let vectors = questions
+        .iter()
+        .map(|q| embedder.embed(&user_text(q)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let is_held: Vec<bool> = questions
+        .iter()
+        .map(|q| held_out(q, args.held_out))
+        .collect();
+    neighbour_shares(&mut rows, &vectors, &is_held, embedder.dim());
     let (held, tune): (Vec<&Row>, Vec<&Row>) =
         rows.iter().partition(|r| held_out(r.q, args.held_out));
+    if let Some(path) = &args.skip_examples {
+        let mut text = String::new();
+        for r in &tune {
+            let e = SkipExample {
+                prompt: user_text(r.q),
+                ok: r.small.correct,
+            };
+            text.push_str(&serde_json::to_string(&e)?);
+            text.push('\n');
+        }
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let mut out = std::io::stdout().lock();
     let usd = |secs: f64| secs * args.price_per_hour / 3600.0;
 
@@ -354,33 +431,45 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     ];
     let mut t = table::new(&[
         "signal",
+        "skip below>",
         "threshold>",
         "tuning quality>",
         "tuning cost>",
+        "held-out skipped>",
         "held-out small share>",
         "held-out quality>",
         "held-out cost cut>",
     ]);
+    // Shares are multiples of 1/SKIP_K: every distinct rule is one of these.
+    let skip_belows: Vec<f32> = (0..=SKIP_K).map(|i| i as f32 / SKIP_K as f32).collect();
     let mut best: Option<(Signal, Outcome, Outcome)> = None;
     for s in signals {
-        let chosen = choose(&tune, s, args.min_quality);
-        let h = outcome(&held, s, chosen.threshold);
-        t.add_row(vec![
-            s.name(),
-            format!("{:.3}", chosen.threshold),
-            pct(chosen.quality),
-            pct(chosen.cost),
-            pct(h.small_share),
-            pct(h.quality),
-            pct(1.0 - h.cost),
-        ]);
-        if best.as_ref().is_none_or(|b| chosen.cost < b.1.cost) {
-            best = Some((s, chosen, h));
+        for belows in [&skip_belows[..1], &skip_belows[..]] {
+            let chosen = choose(&tune, s, args.min_quality, belows);
+            let h = outcome(&held, s, chosen.threshold, chosen.skip_below);
+            t.add_row(vec![
+                s.name(),
+                if chosen.skip_below > 0.0 {
+                    format!("{:.3}", chosen.skip_below)
+                } else {
+                    "-".into()
+                },
+                format!("{:.3}", chosen.threshold),
+                pct(chosen.quality),
+                pct(chosen.cost),
+                pct(h.skipped),
+                pct(h.small_share),
+                pct(h.quality),
+                pct(1.0 - h.cost),
+            ]);
+            if best.as_ref().is_none_or(|b| chosen.cost < b.1.cost) {
+                best = Some((s, chosen, h));
+            }
         }
     }
     writeln!(
         out,
-        "Cascade {} -> {}: the cheapest threshold on the tuning split keeping >= {} of the large tier's accuracy",
+        "Cascade {} -> {}: the cheapest threshold on the tuning split keeping >= {} of the large tier's accuracy (by one standard error), without and with the skip rule ({SKIP_K} nearest tuning questions vote)",
         small.name,
         large.name,
         pct(args.min_quality)
@@ -389,8 +478,10 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     let Some((signal, chosen, h)) = best else {
         return Ok(());
     };
+    let skip = chosen.skip_below;
     let mut t = table::new(&[
         "threshold>",
+        "skipped>",
         "small share>",
         "accuracy>",
         "quality>",
@@ -407,13 +498,14 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     picks.sort_by(f32::total_cmp);
     picks.dedup();
     for p in picks {
-        let o = outcome(&held, signal, p);
+        let o = outcome(&held, signal, p, skip);
         t.add_row(vec![
             if p.is_infinite() {
                 "all large".into()
             } else {
                 format!("{p:.3}")
             },
+            pct(o.skipped),
             pct(o.small_share),
             pct(o.accuracy),
             pct(o.quality),
@@ -421,42 +513,82 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
         ]);
         curve.push(o);
     }
+    let rule = if skip > 0.0 {
+        format!(", skipping the small tier below a {skip:.3} share")
+    } else {
+        String::new()
+    };
     writeln!(
         out,
-        "Held-out curve, {} (chosen {:.3})",
+        "Held-out curve, {}{rule} (chosen {:.3})",
         signal.name(),
         chosen.threshold
     )?;
     writeln!(out, "{t}")?;
     writeln!(
         out,
-        "chosen: {} >= {:.3}: held-out quality {} of the large tier's at {} of its cost ({} cut)",
+        "chosen: {} >= {:.3}{rule}: held-out quality {} of the large tier's at {} of its cost ({} cut)",
         signal.name(),
         chosen.threshold,
         pct(h.quality),
         pct(h.cost),
         pct(1.0 - h.cost)
     )?;
+    if let Signal::Quantile(q) = signal {
+        let examples = args.skip_examples.as_ref().filter(|_| skip > 0.0);
+        writeln!(
+            out,
+            "\nAs a route in frugal.toml (the large tier an upstream of that name):\n[[serve.route]]\nname = \"auto\"\ntiers = [\"{}\", \"{}\"]\nquantile = {q}\nthreshold = {:.3}",
+            small.name, large.name, chosen.threshold
+        )?;
+        match examples {
+            Some(path) => writeln!(
+                out,
+                "skip_examples = \"{}\"\nskip_below = {skip:.3}\nskip_k = {SKIP_K}",
+                path.display()
+            )?,
+            None if skip > 0.0 => writeln!(
+                out,
+                "# and a skip rule: rerun with --skip-examples FILE for its examples"
+            )?,
+            None => {}
+        }
+    }
     if let Some(path) = &args.html {
-        let mut all: Vec<f32> = held.iter().map(|r| signal.of(&r.small.logprobs)).collect();
-        all.sort_by(f32::total_cmp);
-        all.dedup();
-        let points = all
-            .iter()
-            .map(|&t| outcome(&held, signal, t))
-            .map(|o| (o.cost * 100.0, o.quality * 100.0))
-            .collect();
+        let series = |below: f32, name: String, colour| {
+            let mut all: Vec<f32> = held.iter().map(|r| signal.of(&r.small.logprobs)).collect();
+            all.sort_by(f32::total_cmp);
+            all.dedup();
+            let points = all
+                .iter()
+                .map(|&t| outcome(&held, signal, t, below))
+                .map(|o| (o.cost * 100.0, o.quality * 100.0))
+                .collect();
+            Series {
+                name,
+                colour,
+                points,
+            }
+        };
+        let mut lines = vec![series(
+            0.0,
+            format!("accept the small answer at {} >= t", signal.name()),
+            "#1f77b4",
+        )];
+        if skip > 0.0 {
+            lines.push(series(
+                skip,
+                format!("the same, skipping the small tier below a {skip:.3} share"),
+                "#ff7f0e",
+            ));
+        }
         let chart = Chart {
             title: format!("Cascade {} -> {} (held-out split)", small.name, large.name),
             x_label: "cost, % of the large tier alone".into(),
             y_label: "quality, % of the large tier's accuracy".into(),
             x_range: (0.0, 160.0),
             y_range: (50.0, 110.0),
-            series: vec![Series {
-                name: format!("accept the small answer at {} >= t", signal.name()),
-                colour: "#1f77b4",
-                points,
-            }],
+            series: lines,
             marks: vec![
                 Mark {
                     label: "all to the large tier".into(),
@@ -483,7 +615,7 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     if let Some(path) = &args.json {
         let answers: Vec<serde_json::Value> = rows
             .iter()
-            .map(|r| serde_json::json!({"id": r.q.id, "held_out": held_out(r.q, args.held_out), "small": r.small, "large": r.large}))
+            .map(|r| serde_json::json!({"id": r.q.id, "kind": r.q.kind, "held_out": held_out(r.q, args.held_out), "neighbours_right": r.share, "small": r.small, "large": r.large}))
             .collect();
         let v = serde_json::json!({"signal": signal.name(), "chosen": chosen, "held_out": h, "curve": curve, "answers": answers});
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
@@ -536,6 +668,7 @@ mod tests {
             q,
             small: a(small.0, vec![-0.01, small.1], small.2),
             large: a(large.0, vec![-0.01], large.1),
+            share: 1.0,
         }
     }
 
@@ -547,14 +680,36 @@ mod tests {
             row(&qs, (false, -3.0, 1.0), (true, 4.0)), // unsure and wrong
         ];
         let refs: Vec<&Row> = rows.iter().collect();
-        let o = outcome(&refs, Signal::Quantile(0.0), -1.0);
+        let o = outcome(&refs, Signal::Quantile(0.0), -1.0, 0.0);
         assert_eq!(o.small_share, 0.5);
         assert_eq!(o.quality, 1.0);
         assert_eq!(o.cost, (1.0 + 1.0 + 4.0) / 8.0);
-        let all_large = outcome(&refs, Signal::Quantile(0.0), f32::INFINITY);
+        let all_large = outcome(&refs, Signal::Quantile(0.0), f32::INFINITY, 0.0);
         assert_eq!((all_large.small_share, all_large.quality), (0.0, 1.0));
         assert_eq!(all_large.cost, 1.0, "the small tier is not tried");
-        let c = choose(&refs, Signal::Quantile(0.0), 1.0);
+        let c = choose(&refs, Signal::Quantile(0.0), 1.0, &[0.0]);
         assert_eq!(c.threshold, -0.1);
+    }
+
+    #[test]
+    fn a_skipped_question_pays_only_for_the_large_tier() {
+        let qs = q(&["x"], Check::Contains);
+        let mut rows = [
+            row(&qs, (true, -0.1, 1.0), (true, 4.0)),
+            row(&qs, (false, -3.0, 1.0), (true, 4.0)),
+        ];
+        // The second one's neighbours were all answered wrong by the small tier.
+        rows[1].share = 0.0;
+        let refs: Vec<&Row> = rows.iter().collect();
+        let o = outcome(&refs, Signal::Quantile(0.0), -1.0, 0.5);
+        assert_eq!((o.skipped, o.small_share, o.quality), (0.5, 0.5, 1.0));
+        assert_eq!(
+            o.cost,
+            (1.0 + 4.0) / 8.0,
+            "no small attempt on the skipped one"
+        );
+        let c = choose(&refs, Signal::Quantile(0.0), 1.0, &[0.0, 0.5]);
+        // Skipping the second, any threshold that accepts the first costs the same.
+        assert_eq!((c.skip_below, c.cost), (0.5, 5.0 / 8.0));
     }
 }

@@ -2,6 +2,8 @@
 //! SIGTERM, then drain.
 
 use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use frugal_cost::money::HourlyRate;
@@ -15,7 +17,7 @@ use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::cache::{CacheConfig, ExactCache};
 use frugal_gateway::keys::{KeyConfig, Keys};
 use frugal_gateway::meter::{Meter, MeterConfig};
-use frugal_gateway::route::RouteConfig;
+use frugal_gateway::route::{RouteConfig, Skip, SkipExample};
 use frugal_gateway::semantic::{SemanticCache, SemanticConfig};
 use frugal_gateway::shared::SharedCache;
 use frugal_gateway::upstream::{Upstream, UpstreamConfig};
@@ -124,10 +126,16 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
                 .map_or(defaults.ttl, std::time::Duration::from_secs),
         })
     });
-    let semantic = match &cache {
-        Some(_) if !args.no_semantic_cache && file.semantic_cache.unwrap_or(true) => {
-            Some(semantic_cache(args, file)?)
-        }
+    let wants_semantic =
+        cache.is_some() && !args.no_semantic_cache && file.semantic_cache.unwrap_or(true);
+    // One embedder for the semantic cache and the routes' skip rules.
+    let embedder = if wants_semantic || file.route.iter().any(|r| r.skip_examples.is_some()) {
+        Some(load_embedder(args, file)?)
+    } else {
+        None
+    };
+    let semantic = match &embedder {
+        Some(e) if wants_semantic => Some(semantic_cache(e.clone(), args, file)?),
         _ => None,
     };
     let upstreams = file
@@ -139,7 +147,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     let routes = file
         .route
         .iter()
-        .map(|r| route(r, &name, &upstreams))
+        .map(|r| route(r, &name, &upstreams, embedder.as_ref()))
         .collect::<Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -286,7 +294,12 @@ fn upstream(raw: &RawUpstream, catalog: &Catalog) -> Result<Upstream> {
 /// A cascade from its `[[serve.route]]` entry: every tier but the last must be the local
 /// model (its answers carry the logprobs the confidence is read from), the last the local
 /// model or an upstream.
-fn route(raw: &RawRoute, local: &str, upstreams: &[Upstream]) -> Result<RouteConfig> {
+fn route(
+    raw: &RawRoute,
+    local: &str,
+    upstreams: &[Upstream],
+    embedder: Option<&Arc<Embedder>>,
+) -> Result<RouteConfig> {
     let what = format!("route `{}`", raw.name);
     let Some((last, first)) = raw.tiers.split_last() else {
         bail!("{what}: tiers is empty; list the models cheapest first");
@@ -306,12 +319,40 @@ fn route(raw: &RawRoute, local: &str, upstreams: &[Upstream]) -> Result<RouteCon
     if !(0.0..=1.0).contains(&quantile) || raw.threshold > 0.0 || raw.threshold.is_nan() {
         bail!("{what}: quantile must be in [0, 1] and threshold a logprob <= 0");
     }
+    let skip = match (&raw.skip_examples, embedder) {
+        (Some(path), Some(embedder)) => {
+            if last == local {
+                bail!("{what}: skip_examples needs an upstream last tier to skip to");
+            }
+            let below = raw.skip_below.unwrap_or(0.5);
+            if !(0.0..=1.0).contains(&below) {
+                bail!("{what}: skip_below is a share in [0, 1], not {below}");
+            }
+            let examples = read_skip_examples(path).with_context(|| what.clone())?;
+            let skip = Skip::new(embedder.clone(), &examples, raw.skip_k.unwrap_or(8), below)
+                .with_context(|| format!("{what}: cannot embed the skip examples"))?;
+            tracing::info!(route = %raw.name, examples = examples.len(), below, "skip rule loaded");
+            Some(Arc::new(skip))
+        }
+        _ => None,
+    };
     Ok(RouteConfig {
         name: raw.name.clone(),
         tiers: raw.tiers.clone(),
         quantile,
         threshold: raw.threshold,
+        skip,
     })
+}
+
+/// A skip rule's examples: JSON lines of `{"prompt": ..., "ok": true|false}`.
+pub fn read_skip_examples(path: &Path) -> Result<Vec<SkipExample>> {
+    let examples: Vec<SkipExample> =
+        crate::eval_route::read_json_lines(path, r#"{"prompt": TEXT, "ok": BOOL}"#)?;
+    if examples.is_empty() {
+        bail!("{} holds no examples", path.display());
+    }
+    Ok(examples)
 }
 
 /// A key from its `[[serve.key]]` entry.
@@ -339,26 +380,35 @@ fn key(raw: &RawKey) -> Result<KeyConfig> {
     })
 }
 
-/// The semantic cache with its embedder loaded; a missing embedder is an error that says how
-/// to fetch it or turn the cache off.
-fn semantic_cache(args: &ServeArgs, file: &RawServe) -> Result<SemanticCache> {
+/// The embedding model; a missing one is an error that says how to fetch it or turn the
+/// semantic cache off.
+fn load_embedder(args: &ServeArgs, file: &RawServe) -> Result<Arc<Embedder>> {
     let dir = args
         .embedder
         .clone()
         .or_else(|| file.embedder.clone())
         .unwrap_or_else(|| frugal_semantic::DEFAULT_EMBEDDER.into());
+    embedder_at(&dir, ", or --no-semantic-cache")
+}
+
+/// The embedding model in `dir`; `or` ends the advice of the missing-model error.
+pub fn embedder_at(dir: &Path, or: &str) -> Result<Arc<Embedder>> {
     if !dir.join("model.safetensors").exists() {
         bail!(
-            "no embedding model in {}: run `scripts/fetch-models.sh minilm`, pass --embedder DIR, or --no-semantic-cache",
+            "no embedding model in {}: run `scripts/fetch-models.sh minilm`, pass --embedder DIR{or}",
             dir.display()
         );
     }
-    let embedder = Embedder::load(&dir).with_context(|| {
-        format!(
-            "cannot load the semantic cache's embedder from {}",
-            dir.display()
-        )
-    })?;
+    let embedder = Embedder::load(dir)
+        .with_context(|| format!("cannot load the embedder from {}", dir.display()))?;
+    Ok(Arc::new(embedder))
+}
+
+fn semantic_cache(
+    embedder: Arc<Embedder>,
+    args: &ServeArgs,
+    file: &RawServe,
+) -> Result<SemanticCache> {
     let mut config = SemanticConfig::default();
     if let Some(t) = args.semantic_threshold.or(file.semantic_threshold) {
         if !(0.0..=1.0).contains(&t) {
@@ -369,5 +419,5 @@ fn semantic_cache(args: &ServeArgs, file: &RawServe) -> Result<SemanticCache> {
     if let Some(ttl) = args.cache_ttl.or(file.cache_ttl) {
         config.ttl = std::time::Duration::from_secs(ttl);
     }
-    Ok(SemanticCache::new(std::sync::Arc::new(embedder), config))
+    Ok(SemanticCache::new(embedder, config))
 }

@@ -451,6 +451,10 @@ fn eval_route_answers_with_both_tiers() {
         "route.json",
         "--html",
         "route.html",
+        "--embedder",
+        &repo("models/minilm"),
+        "--skip-examples",
+        "skip.jsonl",
     ]));
     let html = std::fs::read_to_string(env.path("route.html")).unwrap();
     assert!(
@@ -467,6 +471,18 @@ fn eval_route_answers_with_both_tiers() {
         serde_json::from_str(&std::fs::read_to_string(env.path("route.json")).unwrap()).unwrap();
     let answers = v["answers"].as_array().unwrap();
     assert_eq!(answers.len(), 2);
+    // The tuning questions, labelled, as a route's skip examples.
+    let skip = std::fs::read_to_string(env.path("skip.jsonl")).unwrap();
+    let tuning = answers.iter().filter(|a| a["held_out"] == false).count();
+    assert_eq!(skip.lines().count(), tuning, "{skip}");
+    for line in skip.lines() {
+        let e: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(
+            e["prompt"].as_str().unwrap().ends_with("Answer briefly."),
+            "{e}"
+        );
+        assert!(e["ok"].is_boolean(), "{e}");
+    }
     assert_eq!(answers[0]["large"]["correct"], true, "{v}");
     assert!(
         answers

@@ -452,3 +452,94 @@ fn upstream_failures_are_clear_client_errors() {
     assert!(body.contains("unreachable"), "{body}");
     assert!(server.metric("frugal_requests_total{status=\"failed\"}") >= 1.0);
 }
+
+#[test]
+fn a_skip_rule_sends_requests_like_the_cheap_tiers_failures_straight_to_the_last_tier() {
+    let (url, calls) = mock_upstream();
+    // Sums the cheap tier got wrong, capitals it got right.
+    let examples: String = [
+        ("What is 17 plus 25?", false),
+        ("What is 38 plus 46?", false),
+        ("What is 52 plus 19?", false),
+        ("What is 64 plus 27?", false),
+        ("What is the capital of Spain?", true),
+        ("What is the capital of Italy?", true),
+        ("What is the capital of Japan?", true),
+        ("What is the capital of Egypt?", true),
+    ]
+    .iter()
+    .map(|(p, ok)| format!("{{\"prompt\": \"{p}\", \"ok\": {ok}}}\n"))
+    .collect();
+    let config = format!(
+        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\nskip_examples = \"skip.jsonl\"\nskip_k = 3\n"
+    );
+    let prices = "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n";
+    let server = Server::start_with_files(
+        &[
+            ("prices.toml", prices),
+            ("frugal.toml", &config),
+            ("skip.jsonl", &examples),
+        ],
+        &["--name", "small", "--no-semantic-cache"],
+    );
+    let ask = |content: &str| {
+        let body = format!(
+            r#"{{"model":"auto","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":8,"temperature":0}}"#
+        );
+        server.request("POST", "/v1/chat/completions", &body)
+    };
+    let (status, head, body) = ask("What is 33 plus 48?");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&head, "x-frugal-route"), Some("skip>mock"), "{head}");
+    assert!(body.contains("echo: What is 33 plus 48?"), "{body}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the upstream alone answered"
+    );
+    // Like the capitals: the cheap tier answers (and its threshold accepts anything).
+    let (status, head, body) = ask("What is the capital of Peru?");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        server.metric("frugal_route_requests_total{route=\"auto\",tier=\"skip>mock\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn bad_skip_rules_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |route: &str, examples: &str| {
+        std::fs::write(dir.path().join("skip.jsonl"), examples).unwrap();
+        let config = dir.path().join("frugal.toml");
+        std::fs::write(
+            &config,
+            format!("[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n\n[[serve.route]]\nname = \"auto\"\nthreshold = -1.0\nskip_examples = \"skip.jsonl\"\n{route}"),
+        )
+        .unwrap();
+        common::serve_error(&[
+            "--config",
+            config.to_str().unwrap(),
+            "serve",
+            "--no-meter",
+            "--name",
+            "small",
+            "--embedder",
+            common::embedder().to_str().unwrap(),
+        ])
+    };
+    let good = "{\"prompt\": \"What is 1 plus 2?\", \"ok\": false}\n";
+    let err = run("tiers = [\"small\", \"small\"]\n", good);
+    assert!(
+        err.contains("skip_examples needs an upstream last tier"),
+        "{err}"
+    );
+    let err = run("tiers = [\"small\", \"mock\"]\n", "{\"prompt\": 3}\n");
+    assert!(err.contains("skip.jsonl line 1: expected"), "{err}");
+    let err = run("tiers = [\"small\", \"mock\"]\n", "\n");
+    assert!(err.contains("holds no examples"), "{err}");
+    let err = run("tiers = [\"small\", \"mock\"]\nskip_below = 2.0\n", good);
+    assert!(err.contains("skip_below is a share in [0, 1]"), "{err}");
+}
