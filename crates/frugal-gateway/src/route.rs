@@ -64,15 +64,9 @@ impl Skip {
 
     /// Whether `text` skips the cheap tier; a text that cannot be embedded does not.
     pub async fn skips(&self, text: &str) -> bool {
-        let (embedder, text) = (self.embedder.clone(), text.to_owned());
-        match tokio::task::spawn_blocking(move || embedder.embed(&text)).await {
-            Ok(Ok(v)) => self.rule.skips(&v),
-            Ok(Err(e)) => {
-                tracing::warn!("route skip rule: {e}");
-                false
-            }
-            Err(_) => false,
-        }
+        crate::semantic::embed_off_thread(&self.embedder, text, "route skip rule")
+            .await
+            .is_some_and(|v| self.rule.skips(&v))
     }
 }
 

@@ -90,15 +90,7 @@ impl SemanticCache {
     /// The question's embedding, computed off the async threads (~2 ms of CPU); `None` if
     /// it cannot be embedded (the request then just misses).
     pub async fn embed(&self, text: &str) -> Option<Vec<f32>> {
-        let (embedder, text) = (self.embedder.clone(), text.to_owned());
-        match tokio::task::spawn_blocking(move || embedder.embed(&text)).await {
-            Ok(Ok(v)) => Some(v),
-            Ok(Err(e)) => {
-                tracing::warn!("semantic cache: {e}");
-                None
-            }
-            Err(_) => None,
-        }
+        embed_off_thread(&self.embedder, text, "semantic cache").await
     }
 
     /// The first cached answer in `space` that the guard accepts for `text`.
@@ -162,6 +154,24 @@ impl SemanticCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// `text`'s embedding, computed off the async threads; `None` (logged under `what`) if it
+/// cannot be embedded.
+pub async fn embed_off_thread(
+    embedder: &Arc<Embedder>,
+    text: &str,
+    what: &str,
+) -> Option<Vec<f32>> {
+    let (embedder, text) = (embedder.clone(), text.to_owned());
+    match tokio::task::spawn_blocking(move || embedder.embed(&text)).await {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            tracing::warn!("{what}: {e}");
+            None
+        }
+        Err(_) => None,
     }
 }
 
