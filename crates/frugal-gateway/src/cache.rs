@@ -84,7 +84,7 @@ impl Answer {
 }
 
 /// Why a request does or does not go through the cache.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Lookup {
     /// Cacheable: look up (unless the client said `no-cache`) and store under this key;
     /// `probe` is the semantic cache's view when the request ends in one question.
@@ -98,12 +98,23 @@ pub enum Lookup {
 }
 
 /// A request as the semantic cache sees it: the final question, and everything else.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Probe {
     /// The exact key with the question blanked: what must match exactly.
     pub space: Arc<str>,
     /// The last user message (chat) or the prompt (completions).
     pub text: String,
+    /// The least cosine for a hit, where the model's policy sets one.
+    pub threshold: Option<f32>,
+}
+
+/// How one served name (the local model, an upstream, a route) uses the caches.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CachePolicy {
+    /// One namespace for every tenant: an answer cached for one is served to the others.
+    pub shared: bool,
+    /// The semantic cache's least cosine for a hit [default: the cache's own].
+    pub semantic_threshold: Option<f32>,
 }
 
 type Pending = watch::Receiver<Option<Arc<Answer>>>;
@@ -252,6 +263,7 @@ pub fn lookup(
     let probe = question(&mut canon).map(|text| Probe {
         space: format!("{head}{}", Value::Object(canon)).into(),
         text,
+        threshold: None,
     });
     Lookup::Key {
         key: key.into(),

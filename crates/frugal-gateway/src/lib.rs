@@ -40,7 +40,7 @@ use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
 
 use crate::api::{ChatRequest, Common, CompletionRequest, Usage};
-use crate::cache::{Answer, Claim, ExactCache, Leader, Lookup, Probe};
+use crate::cache::{Answer, CachePolicy, Claim, ExactCache, Leader, Lookup, Probe};
 use crate::error::ApiError;
 use crate::keys::{Keys, Tenant};
 use crate::meter::Meter;
@@ -77,6 +77,8 @@ struct Inner {
     upstreams: HashMap<String, Arc<Upstream>>,
     /// Cascade routes, by the name clients use.
     routes: HashMap<String, Arc<RouteConfig>>,
+    /// How each served name uses the caches; a name without one keeps the defaults.
+    policies: HashMap<String, CachePolicy>,
     keys: Keys,
     metrics: Metrics,
     started: i64,
@@ -99,6 +101,9 @@ pub struct Parts {
     /// Every tier but the last is the local model (its answers carry logprobs); the last
     /// is the local model or an upstream.
     pub routes: Vec<RouteConfig>,
+    /// Cache policies by served name (the local model, an upstream or a route); a route's
+    /// holds for every tier it calls.
+    pub policies: HashMap<String, CachePolicy>,
     /// No keys: the API is open.
     pub keys: Keys,
 }
@@ -127,6 +132,7 @@ impl AppState {
                     .into_iter()
                     .map(|r| (r.name.clone(), Arc::new(r)))
                     .collect(),
+                policies: p.policies,
                 keys: p.keys,
                 metrics: Metrics::default(),
                 started: now_s(),
@@ -408,7 +414,9 @@ impl AppState {
             && let Some(v) = sem.embed(&probe.text).await
         {
             let t = Instant::now();
-            let found = sem.find(&probe.space, &probe.text, &v).filter(|_| *read);
+            let found = sem
+                .find(&probe.space, &probe.text, &v, probe.threshold)
+                .filter(|_| *read);
             m.semantic_lookup.observe(t.elapsed().as_secs_f64());
             if let Some(found) = found {
                 return hit(found.answer, HitKind::Semantic);
@@ -461,15 +469,22 @@ impl AppState {
                 cascade: None,
             }) => {
                 let model = &self.inner.model;
-                let lookup = self.lookup(&body, kind, model, tenant.as_deref(), headers);
+                let policy = self.policy(model);
+                let lookup = self.lookup(&body, kind, model, tenant.as_deref(), headers, policy);
                 self.generate(kind, &prompt, top, common, lookup, tenant)
                     .await
             }
             Ok(Route::Upstream { up, body, common }) => {
-                self.call(up, kind, body, &common, headers, tenant).await
+                let policy = self.policy(&up.config.name);
+                self.call(up, kind, body, &common, headers, tenant, policy)
+                    .await
             }
             Err(e) => self.reject(e),
         }
+    }
+
+    fn policy(&self, name: &str) -> CachePolicy {
+        self.inner.policies.get(name).copied().unwrap_or_default()
     }
 
     /// The upstream a request names, if it names one.
@@ -516,7 +531,7 @@ impl AppState {
         let Some((_, _, usage)) = answer_parts(answer, kind) else {
             return;
         };
-        let Some(avoided) = dearest.and_then(|up| up.cost(&usage, 0)) else {
+        let Some(avoided) = dearest.and_then(|up| up.token_cost(&usage)) else {
             return;
         };
         let saved = avoided - cost.unwrap_or(frugal_cost::Money::ZERO);
@@ -550,6 +565,7 @@ impl AppState {
     ) -> Response {
         let local_name = self.inner.model.clone();
         let last = route.tiers.last().filter(|t| **t != local_name);
+        let policy = self.policy(&route.name);
         // Requests like those the cheap tier failed go straight to the last tier.
         if let (Some(skip), Some(last)) = (&route.skip, last)
             && let Some(text) = cache::question_text(&body)
@@ -557,7 +573,9 @@ impl AppState {
         {
             let chain = format!("skip>{last}");
             self.inner.metrics.count_route(&route.name, &chain);
-            let response = self.to_tier(last, kind, body, c, headers, tenant).await;
+            let response = self
+                .to_tier(last, kind, body, c, headers, tenant, policy)
+                .await;
             return with_route(response, &chain);
         }
         let mut first = c.clone();
@@ -565,7 +583,14 @@ impl AppState {
         first.stream = false;
         let mut first_body = body.clone();
         first_body["model"] = Value::String(local_name.clone());
-        let lookup = self.lookup(&first_body, kind, &local_name, tenant.as_deref(), headers);
+        let lookup = self.lookup(
+            &first_body,
+            kind,
+            &local_name,
+            tenant.as_deref(),
+            headers,
+            policy,
+        );
         let started = (Instant::now(), SystemTime::now());
         let reply = self
             .generate(
@@ -638,7 +663,9 @@ impl AppState {
             }
             Some(next) => {
                 m.count_route(&route.name, next);
-                let mut response = self.to_tier(next, kind, body, c, headers, tenant).await;
+                let mut response = self
+                    .to_tier(next, kind, body, c, headers, tenant, policy)
+                    .await;
                 // What the request cost in all: both tiers.
                 let spent = header_money(&parts.headers, "x-frugal-cost-usd");
                 let total = header_money(response.headers(), "x-frugal-cost-usd")
@@ -655,6 +682,7 @@ impl AppState {
     }
 
     /// A cascade's request sent on to its upstream tier `next`.
+    #[allow(clippy::too_many_arguments)]
     async fn to_tier(
         &self,
         next: &str,
@@ -663,13 +691,14 @@ impl AppState {
         mut c: Common,
         headers: &HeaderMap,
         tenant: Option<Arc<Tenant>>,
+        policy: CachePolicy,
     ) -> Response {
         let Some(up) = self.inner.upstreams.get(next).cloned() else {
             return ApiError::Internal(format!("no upstream {next}")).into_response();
         };
         body["model"] = Value::String(next.to_owned());
         c.model = Some(next.to_owned());
-        self.call(up, kind, body, &c, headers, tenant).await
+        self.call(up, kind, body, &c, headers, tenant, policy).await
     }
 
     /// The request's tenant (when keys are configured), if its key is valid and its
@@ -682,7 +711,8 @@ impl AppState {
         Ok(tenant)
     }
 
-    /// How a request meets the cache: entries are namespaced by tenant.
+    /// How a request meets the cache: entries are namespaced by tenant unless the policy
+    /// shares them.
     fn lookup(
         &self,
         body: &Value,
@@ -690,6 +720,7 @@ impl AppState {
         model: &str,
         tenant: Option<&Tenant>,
         headers: &HeaderMap,
+        policy: CachePolicy,
     ) -> Lookup {
         if self.inner.cache.is_none() {
             return Lookup::Bypass;
@@ -697,8 +728,18 @@ impl AppState {
         let control = headers
             .get(header::CACHE_CONTROL)
             .and_then(|v| v.to_str().ok());
-        let namespace = tenant.map_or("", |t| t.name.as_str());
-        cache::lookup(body, kind.path(), model, namespace, control)
+        let namespace = match tenant {
+            Some(t) if !policy.shared => t.name.as_str(),
+            _ => "",
+        };
+        let mut lookup = cache::lookup(body, kind.path(), model, namespace, control);
+        if let Lookup::Key {
+            probe: Some(probe), ..
+        } = &mut lookup
+        {
+            probe.threshold = policy.semantic_threshold;
+        }
+        lookup
     }
 
     fn reject(&self, e: ApiError) -> Response {
@@ -881,6 +922,7 @@ impl AppState {
 
     /// One request to an upstream: from the cache if it can be, else passed through, and
     /// metered and cached once it has completed.
+    #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
         up: Arc<Upstream>,
@@ -889,9 +931,17 @@ impl AppState {
         c: &Common,
         headers: &HeaderMap,
         tenant: Option<Arc<Tenant>>,
+        policy: CachePolicy,
     ) -> Response {
         let started = (Instant::now(), SystemTime::now());
-        let lookup = self.lookup(&body, kind, &up.config.name, tenant.as_deref(), headers);
+        let lookup = self.lookup(
+            &body,
+            kind,
+            &up.config.name,
+            tenant.as_deref(),
+            headers,
+            policy,
+        );
         let mut ctx = Ctx {
             state: self.clone(),
             kind,
@@ -917,21 +967,23 @@ impl AppState {
                 .respond(Source::Replay(Replay::new(&answer, false)), c)
                 .await;
         }
+        let ticket = up.occupy();
         match up.send(kind.path(), body, c.stream).await {
             Err(e) => {
-                ctx.fail_call(&up, None);
+                ctx.fail_call(&up, None, ticket.finish());
                 e.into_response()
             }
             Ok(Reply::Json(v)) => {
                 let (usage, cached) = upstream::usage_of(&v).unwrap_or_default();
-                let cost = up.cost(&usage, cached);
+                let share = ticket.finish();
+                let cost = up.cost(&usage, cached, share);
                 if let Some((text, reason)) = plain_answer(&v, kind) {
                     ctx.record(&text, &[]);
-                    ctx.finish_call(reason, usage, cached, cost);
+                    ctx.finish_call(reason, usage, cached, cost, share);
                 } else {
                     ctx.recorded.clear();
                     ctx.cache = CacheUse::Bypass;
-                    ctx.finish_call(FinishReason::Stop, usage, cached, cost);
+                    ctx.finish_call(FinishReason::Stop, usage, cached, cost, share);
                 }
                 let mut response = Json(v).into_response();
                 response.headers_mut().extend(ctx.headers(cost));
@@ -940,7 +992,9 @@ impl AppState {
             Ok(Reply::Stream(resp)) => {
                 let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
                 let headers = ctx.headers(None);
-                let mut response = ctx.pass_stream(up, resp, include_usage).into_response();
+                let mut response = ctx
+                    .pass_stream(up, ticket, resp, include_usage)
+                    .into_response();
                 response.headers_mut().extend(headers);
                 response
             }
@@ -1206,7 +1260,14 @@ impl Ctx {
     }
 
     /// Writes this request to the ledger as a call priced by its tokens (an upstream's).
-    fn record_call(&self, usage: Usage, cached: u64, cost: frugal_cost::Money, failed: bool) {
+    fn record_call(
+        &self,
+        usage: Usage,
+        cached: u64,
+        cost: frugal_cost::Money,
+        failed: bool,
+        share: std::time::Duration,
+    ) {
         self.state.inner.metrics.add_spend(&self.model, cost);
         if let Some(meter) = &self.state.inner.meter {
             meter.record_call(meter::Call {
@@ -1218,6 +1279,7 @@ impl Ctx {
                 completion_tokens: usage.completion_tokens as u64,
                 cost,
                 failed,
+                share: Some(share),
                 saved: self.saved(),
                 tenant: self.tenant.as_ref().map(|t| t.name.clone()),
             });
@@ -1248,7 +1310,13 @@ impl Ctx {
         let meter = s.meter.as_ref()?;
         if self.model != s.model {
             // An upstream's answer from the cache: no call, no cost.
-            self.record_call(usage, 0, frugal_cost::Money::ZERO, false);
+            self.record_call(
+                usage,
+                0,
+                frugal_cost::Money::ZERO,
+                false,
+                std::time::Duration::ZERO,
+            );
             return Some(frugal_cost::Money::ZERO);
         }
         // A request the engine served in a batch saved what its steps alone would have
@@ -1282,6 +1350,7 @@ impl Ctx {
         usage: Usage,
         cached: u64,
         cost: Option<frugal_cost::Money>,
+        share: std::time::Duration,
     ) {
         self.count_ok();
         self.record_call(
@@ -1289,17 +1358,20 @@ impl Ctx {
             cached,
             cost.unwrap_or(frugal_cost::Money::ZERO),
             false,
+            share,
         );
         self.store(reason, usage, cost);
     }
 
     /// A failed upstream call: counted, and a ledger row (with the usage seen, if any) so
     /// the failure is on record.
-    fn fail_call(&self, up: &Upstream, usage: Option<(Usage, u64)>) {
+    fn fail_call(&self, up: &Upstream, usage: Option<(Usage, u64)>, share: std::time::Duration) {
         self.count_failure();
         let (usage, cached) = usage.unwrap_or_default();
-        let cost = up.cost(&usage, cached).unwrap_or(frugal_cost::Money::ZERO);
-        self.record_call(usage, cached, cost, true);
+        let cost = up
+            .cost(&usage, cached, share)
+            .unwrap_or(frugal_cost::Money::ZERO);
+        self.record_call(usage, cached, cost, true, share);
     }
 
     async fn respond(self, source: Source, c: &Common) -> Response {
@@ -1319,12 +1391,15 @@ impl Ctx {
     fn pass_stream(
         self,
         up: Arc<Upstream>,
+        ticket: upstream::Ticket,
         resp: reqwest::Response,
         include_usage: bool,
     ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
         struct Pass {
             ctx: Ctx,
             up: Arc<Upstream>,
+            /// Taken when the call ends; a client gone mid-stream drops it unbilled.
+            ticket: Option<upstream::Ticket>,
             events: std::pin::Pin<Box<dyn Stream<Item = Result<String, String>> + Send>>,
             usage: Option<(Usage, u64)>,
             reason: Option<FinishReason>,
@@ -1338,14 +1413,22 @@ impl Ctx {
                     self.ctx.cache = CacheUse::Bypass;
                 }
                 let (usage, cached) = self.usage.unwrap_or_default();
-                let cost = self.up.cost(&usage, cached);
+                let share = self.share();
+                let cost = self.up.cost(&usage, cached, share);
                 let reason = self.reason.unwrap_or(FinishReason::Stop);
-                self.ctx.finish_call(reason, usage, cached, cost);
+                self.ctx.finish_call(reason, usage, cached, cost, share);
+            }
+
+            fn share(&mut self) -> std::time::Duration {
+                self.ticket
+                    .take()
+                    .map_or(std::time::Duration::ZERO, upstream::Ticket::finish)
             }
 
             fn fail(&mut self, message: String) -> Vec<SseEvent> {
                 self.done = true;
-                self.ctx.fail_call(&self.up, self.usage);
+                let share = self.share();
+                self.ctx.fail_call(&self.up, self.usage, share);
                 tracing::warn!(upstream = %self.up.config.name, error = %message, "stream failed");
                 let body = json!({ "error": { "message": message, "type": "upstream_error" } });
                 vec![
@@ -1388,6 +1471,7 @@ impl Ctx {
         let pass = Pass {
             ctx: self,
             up,
+            ticket: Some(ticket),
             events: Box::pin(upstream::sse_events(resp)),
             usage: None,
             reason: None,

@@ -3,8 +3,10 @@
 //! A writer thread owns the ledger and appends in batches (one transaction each), so a
 //! request never waits on the disk. Each request is charged its share of engine time at
 //! the machine's hourly price; once a minute the machine time no request used is written
-//! as idle capacity, so the report's cost per 1,000 inferences includes it.
+//! as idle capacity, so the report's cost per 1,000 inferences includes it. Upstreams priced
+//! by the hour are machines too: their calls' shares are their busy time, the rest is idle.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,6 +26,17 @@ pub struct MeterConfig {
     pub rate: HourlyRate,
     pub instance_type: Option<String>,
     pub capacity: Option<Capacity>,
+    /// Upstreams priced by the hour, whose idle time is recorded like the engine's.
+    pub machines: Vec<Machine>,
+}
+
+/// A self-hosted upstream's machine.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    /// The upstream's name, as its calls are recorded.
+    pub model: String,
+    pub rate: HourlyRate,
+    pub instance_type: Option<String>,
 }
 
 /// One finished request.
@@ -51,6 +64,8 @@ pub struct Call {
     pub cost: Money,
     /// The call failed: recorded as a failed outcome, serving no request.
     pub failed: bool,
+    /// On an upstream priced by the hour: the call's share of the machine's time.
+    pub share: Option<Duration>,
     pub saved: Option<(Money, Lever)>,
     pub tenant: Option<String>,
 }
@@ -136,31 +151,60 @@ struct Writer {
     /// Engine time used since the last idle record, and when that was.
     busy: Duration,
     since: (Instant, SystemTime),
+    /// The local engine's machine.
+    engine: Machine,
+    /// Each hourly upstream's machine and its time used since the last idle record.
+    machines: HashMap<String, (Machine, Duration)>,
 }
 
 impl Writer {
     fn new(ledger: Ledger, config: MeterConfig) -> Writer {
         Writer {
             ledger,
-            config,
             pending: Vec::new(),
             busy: Duration::ZERO,
             since: (Instant::now(), SystemTime::now()),
+            engine: Machine {
+                model: config.model.clone(),
+                rate: config.rate,
+                instance_type: config.instance_type.clone(),
+            },
+            machines: config
+                .machines
+                .iter()
+                .map(|m| (m.model.clone(), (m.clone(), Duration::ZERO)))
+                .collect(),
+            config,
         }
     }
 
     fn run(mut self, rx: mpsc::Receiver<Record>) {
         loop {
-            match rx.recv_timeout(FLUSH_EVERY) {
-                Ok(Record::Engine(usage)) => self.add(usage),
-                Ok(Record::Upstream(call)) => self.add_call(call),
-                Ok(Record::Saving(saving)) => self.add_saving(saving),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    self.idle();
-                    self.flush();
-                    return;
+            let first = rx.recv_timeout(FLUSH_EVERY);
+            let stopped = match first {
+                Ok(record) => {
+                    self.take(record);
+                    // Group commit: everything that queued up while the last transaction
+                    // was being synced goes into the next one, so a busy server pays one
+                    // transaction (and fsync) per batch, not per request. No record waits
+                    // for a batch to fill: durability is as before, a crash loses only
+                    // the records not yet committed (queued, or in the transaction being
+                    // written), and a committed one survives a power cut.
+                    loop {
+                        match rx.try_recv() {
+                            Ok(record) => self.take(record),
+                            Err(mpsc::TryRecvError::Empty) => break false,
+                            Err(mpsc::TryRecvError::Disconnected) => break true,
+                        }
+                    }
                 }
+                Err(mpsc::RecvTimeoutError::Timeout) => false,
+                Err(mpsc::RecvTimeoutError::Disconnected) => true,
+            };
+            if stopped {
+                self.idle();
+                self.flush();
+                return;
             }
             if self.since.0.elapsed() >= IDLE_EVERY {
                 self.idle();
@@ -169,20 +213,29 @@ impl Writer {
         }
     }
 
-    fn event(&self, kind: Kind, ts_ms: i64, duration: Duration) -> Event {
+    fn take(&mut self, record: Record) {
+        match record {
+            Record::Engine(usage) => self.add(usage),
+            Record::Upstream(call) => self.add_call(call),
+            Record::Saving(saving) => self.add_saving(saving),
+        }
+    }
+
+    /// Time on `machine`, at its rate.
+    fn event(&self, kind: Kind, ts_ms: i64, duration: Duration, machine: &Machine) -> Event {
         let duration_ms = duration.as_millis() as i64;
-        let cost = self.config.rate.cost(duration_ms, 1).unwrap_or(Money::ZERO);
+        let cost = machine.rate.cost(duration_ms, 1).unwrap_or(Money::ZERO);
         let mut e = Event::new(ts_ms, kind, self.config.workload.clone(), cost);
         e.duration_ms = duration_ms;
-        e.model = Some(self.config.model.clone());
-        e.instance_type = self.config.instance_type.clone();
+        e.model = Some(machine.model.clone());
+        e.instance_type.clone_from(&machine.instance_type);
         e.capacity = self.config.capacity;
         e
     }
 
     fn add(&mut self, u: Usage) {
         self.busy += u.engine;
-        let mut e = self.event(Kind::Inference, epoch_ms(u.started), u.engine);
+        let mut e = self.event(Kind::Inference, epoch_ms(u.started), u.engine, &self.engine);
         e.requests = 1;
         e.input_tokens = u.prompt_tokens;
         e.output_tokens = u.completion_tokens;
@@ -199,6 +252,11 @@ impl Writer {
             c.cost,
         );
         e.duration_ms = c.duration.as_millis() as i64;
+        if let Some((machine, busy)) = self.machines.get_mut(&c.model) {
+            *busy += c.share.unwrap_or_default();
+            e.instance_type.clone_from(&machine.instance_type);
+            e.capacity = self.config.capacity;
+        }
         e.model = Some(c.model);
         e.requests = u64::from(!c.failed);
         e.outcome = c.failed.then_some(Outcome::Failed);
@@ -228,8 +286,20 @@ impl Writer {
     fn idle(&mut self) {
         let elapsed = self.since.0.elapsed();
         let idle = elapsed.saturating_sub(self.busy);
+        let ts_ms = epoch_ms(self.since.1);
         if idle > Duration::ZERO {
-            let e = self.event(Kind::Idle, epoch_ms(self.since.1), idle);
+            let e = self.event(Kind::Idle, ts_ms, idle, &self.engine);
+            self.pending.push(e);
+        }
+        let mut idles = Vec::new();
+        for (machine, busy) in self.machines.values_mut() {
+            let idle = elapsed.saturating_sub(std::mem::take(busy));
+            if idle.as_millis() > 0 {
+                idles.push((machine.clone(), idle));
+            }
+        }
+        for (machine, idle) in idles {
+            let e = self.event(Kind::Idle, ts_ms, idle, &machine);
             self.pending.push(e);
         }
         self.busy = Duration::ZERO;

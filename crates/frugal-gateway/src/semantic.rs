@@ -93,8 +93,19 @@ impl SemanticCache {
         embed_off_thread(&self.embedder, text, "semantic cache").await
     }
 
-    /// The first cached answer in `space` that the guard accepts for `text`.
-    pub fn find(&self, space: &str, text: &str, v: &[f32]) -> Option<Found> {
+    /// The first cached answer in `space` that the guard accepts for `text`, at `threshold`
+    /// if given, else the cache's own.
+    pub fn find(
+        &self,
+        space: &str,
+        text: &str,
+        v: &[f32],
+        threshold: Option<f32>,
+    ) -> Option<Found> {
+        let guard = Guard {
+            threshold: threshold.unwrap_or(self.config.guard.threshold),
+            ..self.config.guard
+        };
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let near = state.spaces.get(space)?.search(v, CANDIDATES);
         for n in near {
@@ -105,7 +116,7 @@ impl SemanticCache {
                 state.remove(n.id);
                 continue;
             }
-            if self.config.guard.judge(text, &e.text, n.score) == Verdict::Same {
+            if guard.judge(text, &e.text, n.score) == Verdict::Same {
                 return Some(Found {
                     answer: e.answer.clone(),
                     similarity: n.score,
@@ -223,7 +234,7 @@ mod tests {
 
     async fn get(c: &SemanticCache, space: &str, q: &str) -> Option<String> {
         let v = c.embed(q).await.unwrap();
-        c.find(space, q, &v).map(|f| f.answer.text())
+        c.find(space, q, &v, None).map(|f| f.answer.text())
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! Upstream backends: any OpenAI-compatible server (vLLM, TGI, llama.cpp, hosted APIs)
-//! behind the gateway, priced per token.
+//! behind the gateway, priced per token (hosted APIs) or by the hour of the machine that
+//! serves it (self-hosted servers).
 //!
 //! One pooled reqwest client per upstream. A request is retried, with exponential backoff
 //! (or the upstream's Retry-After, capped), on connection errors, 429 and 5xx, as long as
@@ -7,10 +8,12 @@
 //! through as they came. Streams are passed through chunk by chunk, with usage asked for
 //! (`stream_options.include_usage`) so every call is metered.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use frugal_cost::Money;
 use frugal_cost::catalog::ModelPrice;
+use frugal_cost::money::HourlyRate;
 use futures_util::{Stream, StreamExt};
 use serde_json::{Value, json};
 
@@ -29,7 +32,8 @@ pub struct UpstreamConfig {
     /// The upstream's own name for the model.
     pub model: String,
     pub api_key: Option<String>,
-    pub price: Option<ModelPrice>,
+    /// Unpriced calls are recorded at $0.
+    pub pricing: Option<Pricing>,
     /// Whole-request limit (for streams: until the first byte of the body).
     pub timeout: Duration,
     pub connect_timeout: Duration,
@@ -46,7 +50,7 @@ impl UpstreamConfig {
             url: url.trim_end_matches('/').to_owned(),
             model: name.to_owned(),
             api_key: None,
-            price: None,
+            pricing: None,
             timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(5),
             retries: 2,
@@ -55,9 +59,87 @@ impl UpstreamConfig {
     }
 }
 
+/// How an upstream's calls are priced.
+#[derive(Debug, Clone)]
+pub enum Pricing {
+    /// Per token, at the price files' `[[model]]` prices (hosted APIs).
+    Tokens(ModelPrice),
+    /// By the hour of the machine serving it (a self-hosted server, frugal's alone): each
+    /// call pays for the time it was in flight, split evenly with the calls in flight beside
+    /// it, and the time none was in flight is the meter's idle capacity.
+    Hourly {
+        rate: HourlyRate,
+        instance_type: Option<String>,
+    },
+}
+
 pub struct Upstream {
     pub config: UpstreamConfig,
     client: reqwest::Client,
+    clock: Arc<Mutex<Clock>>,
+}
+
+/// Processor-sharing time of one upstream: `share` grows by dt / n while n calls are in
+/// flight, so a call's share of the machine is the growth between its start and its end,
+/// and the shares of all calls add up to the time any was in flight.
+#[derive(Debug)]
+struct Clock {
+    in_flight: u32,
+    last: Instant,
+    share: Duration,
+}
+
+impl Clock {
+    fn advance(&mut self, now: Instant) {
+        if self.in_flight > 0 {
+            self.share += now.saturating_duration_since(self.last) / self.in_flight;
+        }
+        self.last = now;
+    }
+
+    /// A call starts: the mark its share is counted from.
+    fn begin(&mut self, now: Instant) -> Duration {
+        self.advance(now);
+        self.in_flight += 1;
+        self.share
+    }
+
+    /// The call that started at `mark` ends: its share.
+    fn end(&mut self, mark: Duration, now: Instant) -> Duration {
+        self.advance(now);
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.share.saturating_sub(mark)
+    }
+}
+
+/// One call's hold on its upstream, from before its first byte is sent until its answer has
+/// ended; dropped unfinished (a client gone mid-stream), it lets go unbilled.
+pub struct Ticket {
+    clock: Arc<Mutex<Clock>>,
+    start: Duration,
+    open: bool,
+}
+
+impl Ticket {
+    /// Lets go of the upstream: the call's share of its time.
+    pub fn finish(mut self) -> Duration {
+        self.close()
+    }
+
+    fn close(&mut self) -> Duration {
+        if !self.open {
+            return Duration::ZERO;
+        }
+        self.open = false;
+        let mut c = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        c.end(self.start, Instant::now())
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.close();
+    }
 }
 
 /// What an upstream answered.
@@ -75,18 +157,69 @@ impl Upstream {
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .map_err(|e| ApiError::Internal(format!("cannot build an HTTP client: {e}")))?;
-        Ok(Upstream { config, client })
+        let clock = Clock {
+            in_flight: 0,
+            last: Instant::now(),
+            share: Duration::ZERO,
+        };
+        Ok(Upstream {
+            config,
+            client,
+            clock: Arc::new(Mutex::new(clock)),
+        })
     }
 
-    /// Cost of a call's usage at this upstream's prices.
-    pub fn cost(&self, usage: &Usage, cached: u64) -> Option<Money> {
-        let price = self.config.price.as_ref()?;
-        let (input, output) = price.cost(
-            usage.prompt_tokens as u64,
-            cached,
-            usage.completion_tokens as u64,
-        )?;
-        Some(input + output)
+    /// Takes a place among the calls in flight; the ticket's `finish` says what share of
+    /// the upstream's time the call had.
+    pub fn occupy(&self) -> Ticket {
+        let start = self
+            .clock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .begin(Instant::now());
+        Ticket {
+            clock: self.clock.clone(),
+            start,
+            open: true,
+        }
+    }
+
+    /// The machine's hourly price, for an upstream priced by the hour.
+    pub fn hourly(&self) -> Option<(HourlyRate, Option<&str>)> {
+        match &self.config.pricing {
+            Some(Pricing::Hourly {
+                rate,
+                instance_type,
+            }) => Some((*rate, instance_type.as_deref())),
+            _ => None,
+        }
+    }
+
+    /// Cost of a call: its tokens at the upstream's prices, or its `share` of the machine's
+    /// time at its hourly price.
+    pub fn cost(&self, usage: &Usage, cached: u64, share: Duration) -> Option<Money> {
+        match self.config.pricing.as_ref()? {
+            Pricing::Tokens(price) => {
+                let (input, output) = price.cost(
+                    usage.prompt_tokens as u64,
+                    cached,
+                    usage.completion_tokens as u64,
+                )?;
+                Some(input + output)
+            }
+            Pricing::Hourly { rate, .. } => {
+                rate.0.mul_div(share.as_micros() as i128, 3_600_000_000)
+            }
+        }
+    }
+
+    /// What the same tokens cost at per-token prices, if it has them (a cascade's saving is
+    /// priced so; an hourly machine's price of a call depends on the load beside it).
+    pub fn token_cost(&self, usage: &Usage) -> Option<Money> {
+        match self.config.pricing {
+            Some(Pricing::Tokens(_)) => self.cost(usage, 0, Duration::ZERO),
+            _ => None,
+        }
     }
 
     /// Sends `body` (the client's, with the upstream's model name) to `endpoint`
@@ -281,5 +414,53 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_in_flight_together_split_the_time_and_the_shares_add_up() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut c = Clock {
+            in_flight: 0,
+            last: t0,
+            share: Duration::ZERO,
+        };
+        // Idle for 100 ms, then A alone for 100 ms, A and B together for 200 ms, B alone
+        // for 100 ms.
+        let a = c.begin(at(100));
+        let b = c.begin(at(200));
+        let a = c.end(a, at(400));
+        let b = c.end(b, at(500));
+        assert_eq!(a, Duration::from_millis(200));
+        assert_eq!(b, Duration::from_millis(200));
+        // Together, exactly the 400 ms some call was in flight; the first 100 ms are idle.
+        assert_eq!(a + b, Duration::from_millis(400));
+        assert_eq!(c.in_flight, 0);
+    }
+
+    #[test]
+    fn an_hourly_upstream_prices_the_share_and_a_dropped_ticket_lets_go() {
+        let mut config = UpstreamConfig::new("self-hosted", "http://127.0.0.1:9/v1");
+        config.pricing = Some(Pricing::Hourly {
+            rate: HourlyRate(Money::from_cents(360_000)),
+            instance_type: None,
+        });
+        let up = Upstream::new(config).unwrap();
+        let usage = Usage::default();
+        // $3,600 an hour is $1 a second, $0.25 for a quarter of one.
+        assert_eq!(
+            up.cost(&usage, 0, Duration::from_millis(250)),
+            Some(Money::from_cents(25))
+        );
+        assert_eq!(up.token_cost(&usage), None, "no per-token price to save");
+        let dropped = up.occupy();
+        assert_eq!(up.clock.lock().unwrap().in_flight, 1);
+        drop(dropped);
+        assert_eq!(up.clock.lock().unwrap().in_flight, 0);
     }
 }

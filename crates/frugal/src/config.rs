@@ -37,6 +37,8 @@ pub struct RawServe {
     pub cache_redis: Option<String>,
     pub semantic_cache: Option<bool>,
     pub semantic_threshold: Option<f32>,
+    /// The local model's cache is one for every tenant [default: false, one per tenant].
+    pub shared_cache: Option<bool>,
     /// Relative to the config file.
     pub embedder: Option<PathBuf>,
     /// OpenAI-compatible servers served beside the local model.
@@ -68,6 +70,10 @@ pub struct RawRoute {
     pub skip_below: Option<f32>,
     /// Nearest examples that vote [default: 8].
     pub skip_k: Option<usize>,
+    /// The semantic cache's least cosine for this route [default: `[serve]`'s].
+    pub semantic_threshold: Option<f32>,
+    /// One cache for every tenant on this route [default: false].
+    pub shared_cache: Option<bool>,
 }
 
 /// `[[serve.key]]`: one API key, by its hash (`frugal keys new` prints the entry).
@@ -95,8 +101,16 @@ pub struct RawUpstream {
     pub api_key_env: Option<String>,
     /// The `[[model]]` of the price files that prices its tokens [default: `model`].
     pub price: Option<String>,
+    /// A self-hosted server: USD per hour of its machine, which its calls share...
+    pub price_per_hour: Option<String>,
+    /// ...or the machine's instance type, priced on demand from the catalog.
+    pub instance: Option<String>,
     pub timeout_s: Option<u64>,
     pub retries: Option<u32>,
+    /// The semantic cache's least cosine for this model [default: `[serve]`'s].
+    pub semantic_threshold: Option<f32>,
+    /// One cache for every tenant on this model [default: false].
+    pub shared_cache: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,6 +1,7 @@
 //! `frugal serve`: load the model, start the engine and the meter, listen until Ctrl-C or
 //! SIGTERM, then drain.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,13 +15,13 @@ use frugal_engine::quant::WeightType;
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::cache::{CacheConfig, ExactCache};
+use frugal_gateway::cache::{CacheConfig, CachePolicy, ExactCache};
 use frugal_gateway::keys::{KeyConfig, Keys};
-use frugal_gateway::meter::{Meter, MeterConfig};
+use frugal_gateway::meter::{Machine, Meter, MeterConfig};
 use frugal_gateway::route::{RouteConfig, Skip, SkipExample};
 use frugal_gateway::semantic::{SemanticCache, SemanticConfig};
 use frugal_gateway::shared::SharedCache;
-use frugal_gateway::upstream::{Upstream, UpstreamConfig};
+use frugal_gateway::upstream::{Pricing, Upstream, UpstreamConfig};
 use frugal_gateway::{AppState, Parts};
 use frugal_semantic::Embedder;
 
@@ -97,6 +98,11 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         },
     )?;
     let (rate, instance_type) = machine_rate(catalog, price_per_hour, instance)?;
+    let upstreams = file
+        .upstream
+        .iter()
+        .map(|u| upstream(u, catalog))
+        .collect::<Result<Vec<_>>>()?;
     let meter = if args.no_meter {
         None
     } else {
@@ -111,6 +117,17 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             rate,
             instance_type,
             capacity: Some(Capacity::OnDemand),
+            machines: upstreams
+                .iter()
+                .filter_map(|u| {
+                    let (rate, instance_type) = u.hourly()?;
+                    Some(Machine {
+                        model: u.config.name.clone(),
+                        rate,
+                        instance_type: instance_type.map(str::to_owned),
+                    })
+                })
+                .collect(),
         })?)
     };
     let cache = (!args.no_cache && file.cache.unwrap_or(true)).then(|| {
@@ -138,12 +155,8 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         Some(e) if wants_semantic => Some(semantic_cache(e.clone(), args, file)?),
         _ => None,
     };
-    let upstreams = file
-        .upstream
-        .iter()
-        .map(|u| upstream(u, catalog))
-        .collect::<Result<Vec<_>>>()?;
     let keys = file.key.iter().map(key).collect::<Result<Vec<_>>>()?;
+    let policies = policies(file, &name)?;
     let routes = file
         .route
         .iter()
@@ -187,6 +200,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         shared,
         upstreams,
         routes,
+        policies,
         keys,
     });
     runtime.block_on(async {
@@ -273,15 +287,35 @@ fn upstream(raw: &RawUpstream, catalog: &Catalog) -> Result<Upstream> {
             )
         })?);
     }
-    let price = raw.price.as_deref().unwrap_or(&config.model);
-    config.price = catalog.model(price).ok().cloned();
-    if config.price.is_none() {
-        tracing::warn!(
-            upstream = %raw.name,
-            price,
-            "no [[model]] price for this upstream in the price files: its calls are recorded at $0"
-        );
-    }
+    config.pricing = if raw.price_per_hour.is_some() || raw.instance.is_some() {
+        if raw.price.is_some() {
+            bail!(
+                "upstream `{}`: price (per token) and price_per_hour or instance (per hour) exclude each other",
+                raw.name
+            );
+        }
+        let (rate, instance_type) = machine_rate(
+            catalog,
+            raw.price_per_hour.as_deref(),
+            raw.instance.as_deref(),
+        )
+        .with_context(|| format!("upstream `{}`", raw.name))?;
+        Some(Pricing::Hourly {
+            rate,
+            instance_type,
+        })
+    } else {
+        let price = raw.price.as_deref().unwrap_or(&config.model);
+        let found = catalog.model(price).ok().cloned();
+        if found.is_none() {
+            tracing::warn!(
+                upstream = %raw.name,
+                price,
+                "no [[model]] price for this upstream in the price files: its calls are recorded at $0"
+            );
+        }
+        found.map(Pricing::Tokens)
+    };
     if let Some(t) = raw.timeout_s {
         config.timeout = std::time::Duration::from_secs(t);
     }
@@ -289,6 +323,34 @@ fn upstream(raw: &RawUpstream, catalog: &Catalog) -> Result<Upstream> {
         config.retries = r;
     }
     Upstream::new(config).map_err(|e| anyhow::anyhow!("upstream `{}`: {e}", raw.name))
+}
+
+/// Each served name's cache policy: the local model's from `[serve]`, then each upstream's
+/// and route's own.
+fn policies(file: &RawServe, local: &str) -> Result<HashMap<String, CachePolicy>> {
+    let entries = std::iter::once((local, file.shared_cache, None))
+        .chain(
+            file.upstream
+                .iter()
+                .map(|u| (u.name.as_str(), u.shared_cache, u.semantic_threshold)),
+        )
+        .chain(
+            file.route
+                .iter()
+                .map(|r| (r.name.as_str(), r.shared_cache, r.semantic_threshold)),
+        );
+    entries
+        .map(|(name, shared, threshold)| {
+            if let Some(t) = threshold.filter(|t| !(0.0..=1.0).contains(t)) {
+                bail!("`{name}`: semantic_threshold must be a cosine between 0 and 1, not {t}");
+            }
+            let policy = CachePolicy {
+                shared: shared.unwrap_or(false),
+                semantic_threshold: threshold,
+            };
+            Ok((name.to_owned(), policy))
+        })
+        .collect()
 }
 
 /// A cascade from its `[[serve.route]]` entry: every tier but the last must be the local

@@ -83,6 +83,7 @@ async fn answer(body: Value, call: usize) -> Response {
                 .into_response();
         }
         "slow" => tokio::time::sleep(Duration::from_secs(5)).await,
+        p if p.starts_with("pause") => tokio::time::sleep(Duration::from_millis(400)).await,
         "malformed" => return (StatusCode::OK, "{\"choices\": [").into_response(),
         _ => {}
     }
@@ -542,4 +543,141 @@ fn bad_skip_rules_are_refused() {
     assert!(err.contains("holds no examples"), "{err}");
     let err = run("tiers = [\"small\", \"mock\"]\nskip_below = 2.0\n", good);
     assert!(err.contains("skip_below is a share in [0, 1]"), "{err}");
+}
+
+/// A chat request to `model`.
+fn ask_model(model: &str, content: &str) -> String {
+    format!(
+        r#"{{"model":"{model}","messages":[{{"role":"user","content":"{content}"}}],"temperature":0}}"#
+    )
+}
+
+#[test]
+fn a_self_hosted_upstream_is_priced_by_the_hour_its_calls_share() {
+    let (url, _) = mock_upstream();
+    // $3,600 an hour: a second of the machine is a dollar.
+    let hosted = format!(
+        "[[serve.upstream]]\nname = \"hosted\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice_per_hour = \"3600\"\ntimeout_s = 5\n"
+    );
+    let server = gateway_with(&url, &hosted);
+    let timed = |content: &str| {
+        let t = std::time::Instant::now();
+        let (status, head, body) = server.request(
+            "POST",
+            "/v1/chat/completions",
+            &ask_model("hosted", content),
+        );
+        assert_eq!(status, 200, "{body}");
+        let cost: f64 = header(&head, "x-frugal-cost-usd").unwrap().parse().unwrap();
+        (cost, t.elapsed().as_secs_f64())
+    };
+    // Alone, a call pays for all the time it held the machine (the mock takes 0.4 s).
+    let (alone, wall) = timed("pause alone");
+    assert!((0.39..=wall).contains(&alone), "{alone} for {wall} s");
+    // Two at once split the time they were in flight together.
+    let t = std::time::Instant::now();
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| timed("pause one").0);
+        let b = s.spawn(|| timed("pause two").0);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let both = t.elapsed().as_secs_f64();
+    assert!(a >= 0.15 && b >= 0.15, "{a} {b}");
+    assert!(
+        (0.39..=both + 0.001).contains(&(a + b)),
+        "the two calls' shares ({a} + {b}) add up to the time either was in flight, within {both} s"
+    );
+    // The time no call held the machine is idle capacity in the ledger, at its price.
+    let (_, dir) = server.stop();
+    let db = rusqlite::Connection::open(dir.path().join("ledger.sqlite")).unwrap();
+    let (busy, idle): (i64, i64) = db
+        .query_row(
+            "SELECT sum(CASE WHEN e.kind = ?1 THEN e.cost END), sum(CASE WHEN e.kind = ?2 THEN e.cost END)
+             FROM events e JOIN dims d ON d.id = e.model WHERE d.name = 'hosted'",
+            [frugal_cost::Kind::Inference.code(), frugal_cost::Kind::Idle.code()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let busy = busy as f64 / 1e9;
+    assert!((busy - (alone + a + b)).abs() < 1e-6, "{busy}");
+    assert!(idle > 0, "the machine's idle time is on the bill");
+}
+
+#[test]
+fn bad_upstream_prices_and_cache_policies_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("frugal.toml");
+    std::fs::write(
+        &config,
+        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\nprice = \"gpt-4o-mini\"\nprice_per_hour = \"2.0\"\n",
+    )
+    .unwrap();
+    let err = common::serve_error(&["--config", config.to_str().unwrap(), "serve", "--no-meter"]);
+    assert!(
+        err.contains("upstream `mock`: price (per token) and price_per_hour or instance (per hour) exclude each other"),
+        "{err}"
+    );
+    std::fs::write(
+        &config,
+        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\ninstance = \"no-such-machine\"\n",
+    )
+    .unwrap();
+    let err = common::serve_error(&["--config", config.to_str().unwrap(), "serve", "--no-meter"]);
+    assert!(
+        err.contains("upstream `mock`") && err.contains("no-such-machine"),
+        "{err}"
+    );
+    std::fs::write(
+        &config,
+        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\nsemantic_threshold = 1.5\n",
+    )
+    .unwrap();
+    let err = common::serve_error(&[
+        "--config",
+        config.to_str().unwrap(),
+        "serve",
+        "--no-meter",
+        "--no-semantic-cache",
+    ]);
+    assert!(
+        err.contains("`mock`: semantic_threshold must be a cosine between 0 and 1, not 1.5"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cache_policies_share_entries_across_tenants_and_set_a_models_semantic_threshold() {
+    use frugal_gateway::keys::hash_key;
+    let (url, calls) = mock_upstream();
+    let extra = format!(
+        "[[serve.upstream]]\nname = \"shared\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nshared_cache = true\nsemantic_threshold = 0.8\n\n[[serve.key]]\ntenant = \"a\"\nsha256 = \"{}\"\n\n[[serve.key]]\ntenant = \"b\"\nsha256 = \"{}\"\n",
+        hash_key("key-a"),
+        hash_key("key-b"),
+    );
+    let server = gateway_with(&url, &extra);
+    let cache = |key: &str, model: &str, content: &str| {
+        let auth = format!("Authorization: Bearer {key}\r\n");
+        let (status, head, body) = server.request_with(
+            "POST",
+            "/v1/chat/completions",
+            &ask_model(model, content),
+            &auth,
+        );
+        assert_eq!(status, 200, "{body}");
+        header(&head, "x-frugal-cache").unwrap().to_owned()
+    };
+    let question = "How do I learn to cook?";
+    // By default each tenant has its own entries...
+    assert_eq!(cache("key-a", "mock", question), "miss");
+    assert_eq!(cache("key-b", "mock", question), "miss");
+    // ...and a model whose cache is shared answers one tenant from another's call.
+    assert_eq!(cache("key-a", "shared", question), "miss");
+    assert_eq!(cache("key-b", "shared", question), "hit-exact");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // The same question in other words: under the default threshold a miss, under the
+    // shared model's own 0.8 a semantic hit.
+    let other_words = "How can I learn cooking?";
+    assert_eq!(cache("key-a", "mock", other_words), "miss");
+    assert_eq!(cache("key-b", "shared", other_words), "hit-semantic");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
