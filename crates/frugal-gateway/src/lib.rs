@@ -384,18 +384,19 @@ impl Kind {
 impl AppState {
     /// The cache's answer, or the right (or duty) to produce it: a miss leads its key, and
     /// a request identical to one being answered waits for that answer.
-    async fn consult(&self, lookup: &Lookup) -> (CacheUse, Option<Arc<Answer>>) {
+    /// `model`: the served name the answer is credited to.
+    async fn consult(&self, lookup: &Lookup, model: &str) -> (CacheUse, Option<Arc<Answer>>) {
         let (Lookup::Key { key, read, probe }, Some(cache)) = (lookup, &self.inner.cache) else {
             return (CacheUse::Bypass, None);
         };
         let m = &self.inner.metrics;
         let hit = |answer: Arc<Answer>, how: HitKind| {
-            let (count, saved) = match how {
-                HitKind::Exact => (&m.cache_hits, &m.saved_nanos),
-                HitKind::Semantic => (&m.semantic_hits, &m.saved_semantic_nanos),
+            let (count, lever) = match how {
+                HitKind::Exact => (&m.cache_hits, frugal_cost::Lever::Cache),
+                HitKind::Semantic => (&m.semantic_hits, frugal_cost::Lever::SemanticCache),
             };
             count.fetch_add(1, Ordering::Relaxed);
-            saved.fetch_add(answer.cost.nanos().max(0) as u64, Ordering::Relaxed);
+            m.add_saving(lever, model, answer.cost);
             (CacheUse::Hit(answer.cost, how), Some(answer))
         };
         if *read && let Some(answer) = cache.get(key) {
@@ -538,8 +539,7 @@ impl AppState {
         if saved > frugal_cost::Money::ZERO {
             self.inner
                 .metrics
-                .saved_routing_nanos
-                .fetch_add(saved.nanos().max(0) as u64, Ordering::Relaxed);
+                .add_saving(frugal_cost::Lever::Routing, &route.name, saved);
             meter.record_saving(meter::Saving {
                 started,
                 model: route.name.clone(),
@@ -882,7 +882,7 @@ impl AppState {
             Err(e) => return self.reject(e),
         };
         let id = kind.response_id(started);
-        let (cache_use, hit) = self.consult(&lookup).await;
+        let (cache_use, hit) = self.consult(&lookup, &self.inner.model).await;
         let mut ctx = Ctx {
             state: self.clone(),
             kind,
@@ -959,7 +959,7 @@ impl AppState {
         } else {
             lookup
         };
-        let (cache_use, hit) = self.consult(&lookup).await;
+        let (cache_use, hit) = self.consult(&lookup, &up.config.name).await;
         ctx.cache = cache_use;
         if let Some(answer) = hit {
             ctx.id = kind.response_id(started);
@@ -1324,8 +1324,7 @@ impl Ctx {
         let batched = meter.cost(engine.saved());
         if batched > frugal_cost::Money::ZERO {
             s.metrics
-                .saved_batching_nanos
-                .fetch_add(batched.nanos().max(0) as u64, Ordering::Relaxed);
+                .add_saving(frugal_cost::Lever::Batching, &self.model, batched);
         }
         let saved = self.saved().or_else(|| {
             (batched > frugal_cost::Money::ZERO).then_some((batched, frugal_cost::Lever::Batching))

@@ -4,6 +4,8 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use frugal_cost::Lever;
+
 /// Bucket upper bounds in seconds; the sub-millisecond ones are for cache hits.
 const BUCKETS: [f64; 18] = [
     0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -54,14 +56,9 @@ pub struct Metrics {
     pub cache_hits: AtomicU64,
     pub semantic_hits: AtomicU64,
     pub cache_misses: AtomicU64,
-    /// What exact-cache hits saved, in nano-dollars.
-    pub saved_nanos: AtomicU64,
-    /// What semantic-cache hits saved, in nano-dollars.
-    pub saved_semantic_nanos: AtomicU64,
-    /// What cascades saved by not calling their dearest tier.
-    pub saved_routing_nanos: AtomicU64,
-    /// What batching saved: requests' decode steps alone, less their shares.
-    pub saved_batching_nanos: AtomicU64,
+    /// What each lever saved per served name (the model a cache hit replayed, the route
+    /// whose cheap tier answered, the local model for batching), in nano-dollars.
+    saved: std::sync::Mutex<std::collections::BTreeMap<(Lever, String), i64>>,
     /// What was spent per model (the local engine's time, upstream calls), in nano-dollars.
     spend: std::sync::Mutex<std::collections::BTreeMap<String, i64>>,
     pub ttft: Histogram,
@@ -89,6 +86,11 @@ impl Metrics {
     pub fn add_spend(&self, model: &str, cost: frugal_cost::Money) {
         let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
         *spend.entry(model.to_owned()).or_default() += cost.nanos();
+    }
+
+    pub fn add_saving(&self, lever: Lever, model: &str, saved: frugal_cost::Money) {
+        let mut map = self.saved.lock().unwrap_or_else(|p| p.into_inner());
+        *map.entry((lever, model.to_owned())).or_default() += saved.nanos();
     }
 
     pub fn count_route(&self, route: &str, tier: &str) {
@@ -194,12 +196,18 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP frugal_saved_usd_total What each lever saved, in dollars.\n# TYPE frugal_saved_usd_total counter\nfrugal_saved_usd_total{{lever=\"cache\"}} {}\nfrugal_saved_usd_total{{lever=\"semantic-cache\"}} {}\nfrugal_saved_usd_total{{lever=\"routing\"}} {}\nfrugal_saved_usd_total{{lever=\"batching\"}} {}",
-            self.saved_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-            self.saved_semantic_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-            self.saved_routing_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-            self.saved_batching_nanos.load(Ordering::Relaxed) as f64 / 1e9
+            "# HELP frugal_saved_usd_total What each lever saved, per model or route, in dollars.\n# TYPE frugal_saved_usd_total counter"
         );
+        let saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
+        for ((lever, model), nanos) in saved.iter() {
+            let _ = writeln!(
+                out,
+                "frugal_saved_usd_total{{lever=\"{}\",model=\"{model}\"}} {}",
+                lever.as_str(),
+                *nanos as f64 / 1e9
+            );
+        }
+        drop(saved);
         let spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
         let _ = writeln!(
             out,

@@ -170,7 +170,7 @@ fn the_exact_cache_replays_deterministic_answers() {
         server.metric("frugal_cache_requests_total{result=\"hit-exact\"}"),
         6.0
     );
-    assert!(server.metric("frugal_saved_usd_total{lever=\"cache\"}") > 0.0);
+    assert!(server.saved("cache") > 0.0);
 }
 
 #[test]
@@ -214,7 +214,7 @@ fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
         1.0
     );
     assert_eq!(server.metric("frugal_semantic_search_seconds_count"), 6.0);
-    assert!(server.metric("frugal_saved_usd_total{lever=\"semantic-cache\"}") > 0.0);
+    assert!(server.saved("semantic_cache") > 0.0);
     let model = common::model();
     let name = model.file_stem().unwrap().to_string_lossy();
     let spent = server.metric(&format!("frugal_spend_usd_total{{model=\"{name}\"}}"));
@@ -529,7 +529,7 @@ fn batching_savings_reach_the_metrics_and_the_report() {
         r#"{"prompt":"Once upon a time","max_tokens":12,"temperature":0}"#,
     );
     assert_eq!(status, 200);
-    let alone = server.metric("frugal_saved_usd_total{lever=\"batching\"}");
+    let alone = server.saved("batching");
     assert_eq!(
         alone, 0.0,
         "a request served alone saved nothing by batching"
@@ -537,7 +537,7 @@ fn batching_savings_reach_the_metrics_and_the_report() {
     let args = "--concurrency 8 --requests 8 --max-tokens 24 --distinct";
     let s = bench(&server, &args.split(' ').collect::<Vec<_>>());
     assert_eq!(s["errors"], 0, "{s}");
-    let batched = server.metric("frugal_saved_usd_total{lever=\"batching\"}");
+    let batched = server.saved("batching");
     assert!(batched > 0.0, "eight streams at once shared their steps");
     let (report, dir) = stop_and_report(server);
     let line = &report["inference"][0];

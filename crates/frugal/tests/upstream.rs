@@ -243,7 +243,7 @@ fn the_ledger_and_the_report_say_what_routing_and_the_cache_saved() {
     let (status, head, _) = server.request("POST", "/v1/chat/completions", body);
     assert_eq!(status, 200);
     assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
-    let routing = server.metric("frugal_saved_usd_total{lever=\"routing\"}");
+    let routing = server.metric("frugal_saved_usd_total{lever=\"routing\",model=\"auto\"}");
     assert!(routing > 0.001, "the upstream call not made: {routing}");
     // Asked again: the cache answers the local tier; routing saves the upstream again.
     let (_, head, _) = server.request("POST", "/v1/chat/completions", body);

@@ -163,6 +163,16 @@ impl Server {
             .unwrap_or(f64::NAN)
     }
 
+    /// What `lever` saved, over every model and route (0 before it saved anything).
+    pub fn saved(&self, lever: &str) -> f64 {
+        let (_, _, body) = self.request("GET", "/metrics", "");
+        let prefix = format!("frugal_saved_usd_total{{lever=\"{lever}\",model=");
+        body.lines()
+            .filter(|l| l.starts_with(&prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    }
+
     /// SIGTERM, then wait for a clean exit; hands back the folder with the ledger.
     pub fn stop(mut self) -> (std::process::ExitStatus, tempfile::TempDir) {
         Command::new("kill")
