@@ -3,7 +3,9 @@
 # directly, through `frugal serve` (exact cache and metering on; every prompt distinct, so each
 # request goes upstream) and through LiteLLM's proxy, at several concurrency levels.
 # Needs nginx and LiteLLM (`pip install 'litellm[proxy]'`, or LITELLM=path/to/litellm).
-# Env: LEVELS="1 8 32", REQUESTS=2000, LITELLM_REQUESTS=600, LITELLM_WORKERS=2.
+# Env: LEVELS="1 8 32", REQUESTS=2000, LITELLM_REQUESTS=600, LITELLM_WORKERS=2;
+# NO_LITELLM=1 measures nginx and frugal only; FRUGAL_ARGS adds flags to `frugal serve`;
+# FRUGAL=path picks the binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LEVELS=${LEVELS:-"1 8 32"}
@@ -11,7 +13,8 @@ REQUESTS=${REQUESTS:-2000}
 LITELLM_REQUESTS=${LITELLM_REQUESTS:-600}
 LITELLM_WORKERS=${LITELLM_WORKERS:-2}
 LITELLM=${LITELLM:-litellm}
-FRUGAL=./target/release/frugal
+NO_LITELLM=${NO_LITELLM:-}
+FRUGAL=${FRUGAL:-./target/release/frugal}
 work=$(mktemp -d)
 chmod 755 "$work" # nginx workers read the canned stream
 pids=()
@@ -62,7 +65,7 @@ name = "mock"
 url = "http://127.0.0.1:18081/v1"
 price = "mock-price"
 TOML
-$FRUGAL --config "$work/frugal.toml" --ledger "$work/ledger.sqlite" serve --port 18082 --no-semantic-cache & pids+=($!)
+$FRUGAL --config "$work/frugal.toml" --ledger "$work/ledger.sqlite" serve --port 18082 --no-semantic-cache ${FRUGAL_ARGS:-} & pids+=($!)
 frugal_pid=$!
 
 cat > "$work/litellm.yaml" <<YAML
@@ -73,15 +76,20 @@ model_list:
       api_base: http://127.0.0.1:18081/v1
       api_key: none
 YAML
-# No keys on either gateway; LiteLLM must be told that is intended, and that it is offline.
-LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY=true LITELLM_LOCAL_MODEL_COST_MAP=True \
-  "$LITELLM" --config "$work/litellm.yaml" --port 18083 --num_workers "$LITELLM_WORKERS" > "$work/litellm.log" 2>&1 & pids+=($!)
-litellm_pid=$!
+litellm_pid=
+if [ -z "$NO_LITELLM" ]; then
+  # No keys on either gateway; LiteLLM must be told that is intended, and that it is offline.
+  LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY=true LITELLM_LOCAL_MODEL_COST_MAP=True \
+    "$LITELLM" --config "$work/litellm.yaml" --port 18083 --num_workers "$LITELLM_WORKERS" > "$work/litellm.log" 2>&1 & pids+=($!)
+  litellm_pid=$!
+fi
 
 wait_http() { for _ in $(seq 1 300); do curl -s -o /dev/null "$1" && return 0; sleep 0.2; done; echo "no answer from $1" >&2; exit 1; }
 wait_http http://127.0.0.1:18081/v1/completions
 wait_http http://127.0.0.1:18082/health
-wait_http http://127.0.0.1:18083/health/liveliness
+[ -n "$NO_LITELLM" ] || wait_http http://127.0.0.1:18083/health/liveliness
+targets="direct frugal"
+[ -n "$NO_LITELLM" ] || targets="$targets litellm"
 
 rss_mb() { # total resident memory of a process tree, MB
   local total=0 p
@@ -93,7 +101,7 @@ rss_mb() { # total resident memory of a process tree, MB
 
 out=$work/results.jsonl
 for c in $LEVELS; do
-  for target in direct frugal litellm; do
+  for target in $targets; do
     case $target in
       direct) url=http://127.0.0.1:18081/v1; n=$REQUESTS ;;
       frugal) url=http://127.0.0.1:18082/v1; n=$REQUESTS ;;
@@ -110,14 +118,27 @@ print(json.dumps({"target": sys.argv[1], "concurrency": int(sys.argv[2]), "rps":
 PY
   done
 done
-echo "RSS after the runs: frugal $(rss_mb "$frugal_pid") MB, litellm $(rss_mb "$litellm_pid") MB (all its processes)"
+if [ -n "$NO_LITELLM" ]; then
+  echo "RSS after the runs: frugal $(rss_mb "$frugal_pid") MB"
+else
+  echo "RSS after the runs: frugal $(rss_mb "$frugal_pid") MB, litellm $(rss_mb "$litellm_pid") MB (all its processes)"
+fi
 python3 - "$out" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {(r["target"], r["concurrency"]): r for r in rows}
-print(f"{'conc':>4} | {'direct p50/p99 ms':>18} | {'frugal p50/p99 ms':>18} {'added p50/p99':>14} {'req/s':>8} | {'litellm p50/p99 ms':>19} {'added p50/p99':>14} {'req/s':>7} | frugal/litellm req/s")
+litellm = any(r["target"] == "litellm" for r in rows)
+head = f"{'conc':>4} | {'direct p50/p99 ms':>18} | {'frugal p50/p99 ms':>18} {'added p50/p99':>14} {'req/s':>8}"
+if litellm:
+    head += f" | {'litellm p50/p99 ms':>19} {'added p50/p99':>14} {'req/s':>7} | frugal/litellm req/s"
+print(head)
 for c in sorted({r["concurrency"] for r in rows}):
-    d, f, l = by[("direct", c)], by[("frugal", c)], by[("litellm", c)]
-    print(f"{c:>4} | {d['p50_ms']:8.2f}/{d['p99_ms']:8.2f} | {f['p50_ms']:8.2f}/{f['p99_ms']:8.2f} {f['p50_ms']-d['p50_ms']:6.2f}/{f['p99_ms']-d['p99_ms']:6.2f} {f['rps']:8.0f} | "
-          f"{l['p50_ms']:8.2f}/{l['p99_ms']:9.2f} {l['p50_ms']-d['p50_ms']:6.1f}/{l['p99_ms']-d['p99_ms']:6.1f} {l['rps']:7.0f} | {f['rps']/max(l['rps'],1e-9):.1f}x")
+    d, f = by[("direct", c)], by[("frugal", c)]
+    line = (f"{c:>4} | {d['p50_ms']:8.2f}/{d['p99_ms']:8.2f} | {f['p50_ms']:8.2f}/{f['p99_ms']:8.2f} "
+            f"{f['p50_ms']-d['p50_ms']:6.2f}/{f['p99_ms']-d['p99_ms']:6.2f} {f['rps']:8.0f}")
+    if litellm:
+        l = by[("litellm", c)]
+        line += (f" | {l['p50_ms']:8.2f}/{l['p99_ms']:9.2f} {l['p50_ms']-d['p50_ms']:6.1f}/{l['p99_ms']-d['p99_ms']:6.1f} "
+                 f"{l['rps']:7.0f} | {f['rps']/max(l['rps'],1e-9):.1f}x")
+    print(line)
 PY

@@ -165,9 +165,13 @@ pub async fn serve(
             tracing::debug!("TCP_NODELAY: {e}");
         }
     });
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
+    // The accept loop runs on a worker, not in the caller's `block_on`: there every
+    // connection cost two cross-thread wakeups (the I/O driver waking the blocked thread,
+    // which then handed the connection to a worker).
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown);
+    tokio::spawn(server.into_future())
         .await
+        .map_err(std::io::Error::other)?
 }
 
 fn now_s() -> i64 {
