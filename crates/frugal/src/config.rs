@@ -37,6 +37,8 @@ pub struct RawServe {
     pub cache_redis: Option<String>,
     pub semantic_cache: Option<bool>,
     pub semantic_threshold: Option<f32>,
+    /// Questions the semantic cache holds at most [default: 10,000].
+    pub semantic_entries: Option<usize>,
     /// The local model's cache is one for every tenant [default: false, one per tenant].
     pub shared_cache: Option<bool>,
     /// Relative to the config file.

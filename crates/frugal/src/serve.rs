@@ -481,5 +481,11 @@ fn semantic_cache(
     if let Some(ttl) = args.cache_ttl.or(file.cache_ttl) {
         config.ttl = std::time::Duration::from_secs(ttl);
     }
+    if let Some(n) = file.semantic_entries {
+        if n == 0 {
+            bail!("semantic_entries must be at least 1; `semantic_cache = false` turns it off");
+        }
+        config.max_entries = n;
+    }
     Ok(SemanticCache::new(embedder, config))
 }

@@ -643,6 +643,16 @@ fn bad_upstream_prices_and_cache_policies_are_refused() {
         err.contains("`mock`: semantic_threshold must be a cosine between 0 and 1, not 1.5"),
         "{err}"
     );
+    std::fs::write(&config, "[serve]\nsemantic_entries = 0\n").unwrap();
+    let err = common::serve_error(&[
+        "--config",
+        config.to_str().unwrap(),
+        "serve",
+        "--no-meter",
+        "--embedder",
+        common::embedder().to_str().unwrap(),
+    ]);
+    assert!(err.contains("semantic_entries must be at least 1"), "{err}");
 }
 
 #[test]
