@@ -607,52 +607,38 @@ fn a_self_hosted_upstream_is_priced_by_the_hour_its_calls_share() {
 fn bad_upstream_prices_and_cache_policies_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("frugal.toml");
-    std::fs::write(
-        &config,
-        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\nprice = \"gpt-4o-mini\"\nprice_per_hour = \"2.0\"\n",
-    )
-    .unwrap();
-    let err = common::serve_error(&["--config", config.to_str().unwrap(), "serve", "--no-meter"]);
-    assert!(
-        err.contains("upstream `mock`: price (per token) and price_per_hour or instance (per hour) exclude each other"),
-        "{err}"
-    );
-    std::fs::write(
-        &config,
-        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\ninstance = \"no-such-machine\"\n",
-    )
-    .unwrap();
-    let err = common::serve_error(&["--config", config.to_str().unwrap(), "serve", "--no-meter"]);
-    assert!(
-        err.contains("upstream `mock`") && err.contains("no-such-machine"),
-        "{err}"
-    );
-    std::fs::write(
-        &config,
-        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\nsemantic_threshold = 1.5\n",
-    )
-    .unwrap();
-    let err = common::serve_error(&[
-        "--config",
-        config.to_str().unwrap(),
-        "serve",
-        "--no-meter",
-        "--no-semantic-cache",
-    ]);
-    assert!(
-        err.contains("`mock`: semantic_threshold must be a cosine between 0 and 1, not 1.5"),
-        "{err}"
-    );
-    std::fs::write(&config, "[serve]\nsemantic_entries = 0\n").unwrap();
-    let err = common::serve_error(&[
-        "--config",
-        config.to_str().unwrap(),
-        "serve",
-        "--no-meter",
-        "--embedder",
-        common::embedder().to_str().unwrap(),
-    ]);
-    assert!(err.contains("semantic_entries must be at least 1"), "{err}");
+    let upstream = "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n";
+    let embedder = common::embedder();
+    let cases = [
+        (
+            format!("{upstream}price = \"gpt-4o-mini\"\nprice_per_hour = \"2.0\"\n"),
+            "upstream `mock`: price (per token) and price_per_hour or instance (per hour) exclude each other",
+        ),
+        (
+            format!("{upstream}instance = \"no-such-machine\"\n"),
+            "no-such-machine",
+        ),
+        (
+            format!("{upstream}semantic_threshold = 1.5\n"),
+            "`mock`: semantic_threshold must be a cosine between 0 and 1, not 1.5",
+        ),
+        (
+            "[serve]\nsemantic_entries = 0\n".to_owned(),
+            "semantic_entries must be at least 1",
+        ),
+    ];
+    for (text, want) in cases {
+        std::fs::write(&config, &text).unwrap();
+        let err = common::serve_error(&[
+            "--config",
+            config.to_str().unwrap(),
+            "serve",
+            "--no-meter",
+            "--embedder",
+            embedder.to_str().unwrap(),
+        ]);
+        assert!(err.contains(want), "{text}: {err}");
+    }
 }
 
 #[test]
