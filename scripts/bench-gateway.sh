@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Gateway overhead, side by side: a fixed streamed completion from nginx on loopback, asked
-# directly, through `frugal serve` (exact cache and metering on; every prompt distinct, so each
-# request goes upstream) and through LiteLLM's proxy, at several concurrency levels.
+# directly, through `frugal serve --no-model` (a gateway only: exact cache and metering on;
+# every prompt distinct, so each request goes upstream) and through LiteLLM's proxy, at
+# several concurrency levels.
 # Needs nginx and LiteLLM (`pip install 'litellm[proxy]'`, or LITELLM=path/to/litellm).
 # Env: LEVELS="1 8 32", REQUESTS=2000, LITELLM_REQUESTS=600, LITELLM_WORKERS=2, WARMUP=3000
 # (unrecorded requests to each target first; LiteLLM gets a tenth);
@@ -67,7 +68,7 @@ name = "mock"
 url = "http://127.0.0.1:18081/v1"
 price = "mock-price"
 TOML
-$FRUGAL --config "$work/frugal.toml" --ledger "$work/ledger.sqlite" serve --port 18082 --no-semantic-cache ${FRUGAL_ARGS:-} & pids+=($!)
+$FRUGAL --config "$work/frugal.toml" --ledger "$work/ledger.sqlite" serve --port 18082 --no-model --no-semantic-cache ${FRUGAL_ARGS:-} & pids+=($!)
 frugal_pid=$!
 
 cat > "$work/litellm.yaml" <<YAML

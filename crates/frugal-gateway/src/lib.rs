@@ -63,11 +63,10 @@ pub struct AppState {
 }
 
 struct Inner {
-    engine: Engine,
-    tokenizer: Arc<Tokenizer>,
-    template: ChatTemplate,
+    /// None: a gateway for its upstreams only.
+    local: Option<Local>,
+    /// The local model's name, as clients use it.
     model: String,
-    stop_tokens: Vec<u32>,
     meter: Option<Meter>,
     cache: Option<ExactCache>,
     semantic: Option<SemanticCache>,
@@ -84,11 +83,29 @@ struct Inner {
     started: i64,
 }
 
+/// The model the gateway runs itself.
+pub struct Local {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    stop_tokens: Vec<u32>,
+}
+
+impl Local {
+    pub fn new(engine: Engine, tokenizer: Tokenizer, template: ChatTemplate) -> Local {
+        Local {
+            engine,
+            stop_tokens: tokenizer.end_of_generation().to_vec(),
+            tokenizer: Arc::new(tokenizer),
+            template,
+        }
+    }
+}
+
 /// What a gateway is made of.
 pub struct Parts {
-    pub engine: Engine,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
+    /// None: only the upstreams are served.
+    pub local: Option<Local>,
     /// The local model's name, as clients use it.
     pub model: String,
     pub meter: Option<Meter>,
@@ -110,14 +127,10 @@ pub struct Parts {
 
 impl AppState {
     pub fn new(p: Parts) -> AppState {
-        let stop_tokens = p.tokenizer.end_of_generation().to_vec();
         AppState {
             inner: Arc::new(Inner {
-                engine: p.engine,
-                tokenizer: Arc::new(p.tokenizer),
-                template: p.template,
+                local: p.local,
                 model: p.model,
-                stop_tokens,
                 meter: p.meter,
                 semantic: p.cache.as_ref().and(p.semantic),
                 shared: p.cache.as_ref().and(p.shared).map(Arc::new),
@@ -192,7 +205,9 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
         .chain(s.inner.routes.keys())
         .collect();
     names.sort();
-    let data: Vec<api::Model> = std::iter::once(&s.inner.model)
+    let local = s.inner.local.as_ref().map(|_| &s.inner.model);
+    let data: Vec<api::Model> = local
+        .into_iter()
         .chain(names)
         .map(|id| api::Model {
             id: id.clone(),
@@ -205,18 +220,20 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
-    let st = s.inner.engine.stats();
-    let gauges = Gauges {
-        waiting: st.waiting.load(Ordering::Relaxed),
-        running: st.running.load(Ordering::Relaxed),
-        batch: st.last_batch.load(Ordering::Relaxed),
-        kv_reserved: st.kv_reserved.load(Ordering::Relaxed),
-        prompt_tokens: st.prompt_tokens.load(Ordering::Relaxed),
-        generated_tokens: st.generated_tokens.load(Ordering::Relaxed),
-        padding_tokens: st.padding_tokens.load(Ordering::Relaxed),
-        steps: st.steps.load(Ordering::Relaxed),
-    };
-    let mut text = s.inner.metrics.render(&gauges);
+    let gauges = s.inner.local.as_ref().map(|l| {
+        let st = l.engine.stats();
+        Gauges {
+            waiting: st.waiting.load(Ordering::Relaxed),
+            running: st.running.load(Ordering::Relaxed),
+            batch: st.last_batch.load(Ordering::Relaxed),
+            kv_reserved: st.kv_reserved.load(Ordering::Relaxed),
+            prompt_tokens: st.prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: st.generated_tokens.load(Ordering::Relaxed),
+            padding_tokens: st.padding_tokens.load(Ordering::Relaxed),
+            steps: st.steps.load(Ordering::Relaxed),
+        }
+    });
+    let mut text = s.inner.metrics.render(gauges.as_ref());
     if let Some(shared) = &s.inner.shared {
         use std::fmt::Write;
         let _ = write!(
@@ -281,10 +298,11 @@ async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Res
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
-        let prompt =
-            s.inner.template.render(&messages, true).map_err(|e| {
-                ApiError::BadRequest(format!("cannot apply the chat template: {e}"))
-            })?;
+        let prompt = s
+            .local(&req.common)?
+            .template
+            .render(&messages, true)
+            .map_err(|e| ApiError::BadRequest(format!("cannot apply the chat template: {e}")))?;
         let top = match (req.logprobs, req.top_logprobs) {
             (false, Some(_)) => {
                 return Err(ApiError::InvalidParam {
@@ -317,6 +335,7 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
                 common: req.common,
             });
         }
+        s.local(&req.common)?;
         let mut prompts = req.prompt.into_vec();
         if prompts.len() != 1 {
             return Err(ApiError::InvalidParam {
@@ -490,6 +509,22 @@ impl AppState {
 
     fn policy(&self, name: &str) -> CachePolicy {
         self.inner.policies.get(name).copied().unwrap_or_default()
+    }
+
+    /// The local model, if the request may be answered by it: it names it, "default" or
+    /// nothing, or a cascade route (which starts at it).
+    fn local(&self, c: &Common) -> Result<&Local, ApiError> {
+        let named = c.model.as_deref();
+        let ok = match named {
+            None | Some("default") => true,
+            Some(m) => m == self.inner.model || self.inner.routes.contains_key(m),
+        };
+        match &self.inner.local {
+            Some(local) if ok => Ok(local),
+            _ => Err(ApiError::UnknownModel(
+                named.unwrap_or("default").to_owned(),
+            )),
+        }
     }
 
     /// The upstream a request names, if it names one.
@@ -760,14 +795,8 @@ impl AppState {
         prompt: &str,
         top: Option<usize>,
         c: &Common,
-    ) -> Result<(Request, Vec<String>), ApiError> {
-        if let Some(m) = c
-            .model
-            .as_ref()
-            .filter(|m| **m != self.inner.model && *m != "default")
-        {
-            return Err(ApiError::UnknownModel(m.clone()));
-        }
+    ) -> Result<(Request, Vec<String>, &Local), ApiError> {
+        let local = self.local(c)?;
         if c.n.is_some_and(|n| n != 1) {
             return Err(ApiError::InvalidParam {
                 param: "n",
@@ -789,14 +818,14 @@ impl AppState {
                 });
             }
         }
-        let tok = &self.inner.tokenizer;
+        let tok = &local.tokenizer;
         let mut tokens = tok
             .encode(prompt)
             .map_err(|e| ApiError::BadRequest(format!("cannot tokenize the prompt: {e}")))?;
         if let Some(bos) = tok.bos().filter(|_| tok.add_bos_token()) {
             tokens.insert(0, bos);
         }
-        let ctx = self.inner.engine.context_len();
+        let ctx = local.engine.context_len();
         if tokens.len() >= ctx {
             return Err(ApiError::ContextLength(format!(
                 "the prompt is {} tokens; this model's context holds {ctx} tokens",
@@ -864,10 +893,10 @@ impl AppState {
                 seed: c.seed.map(|s| s as u64),
                 top_logprobs: top.unwrap_or(0),
             },
-            stop_tokens: self.inner.stop_tokens.clone(),
+            stop_tokens: local.stop_tokens.clone(),
             ignore_eos: c.ignore_eos,
         };
-        Ok((request, stops))
+        Ok((request, stops, local))
     }
 
     async fn generate(
@@ -881,7 +910,7 @@ impl AppState {
     ) -> Response {
         let started = (Instant::now(), SystemTime::now());
         // Validated before the cache is read: a hit must not answer what a miss refuses.
-        let (request, stops) = match self.request(prompt, top, &c) {
+        let (request, stops, local) = match self.request(prompt, top, &c) {
             Ok(r) => r,
             Err(e) => return self.reject(e),
         };
@@ -902,7 +931,7 @@ impl AppState {
             Source::Replay(Replay::new(&answer, top.is_some()))
         } else {
             let prompt_tokens = request.prompt.len();
-            let rx = match self.inner.engine.submit(request) {
+            let rx = match local.engine.submit(request) {
                 Ok(rx) => rx,
                 Err(e @ SubmitError::Overloaded(_)) => {
                     return self.reject(ApiError::Overloaded(e.to_string()));
@@ -915,7 +944,7 @@ impl AppState {
             ctx.recorded.reserve(64);
             Source::Live(Box::new(TextStream::new(
                 rx,
-                self.inner.tokenizer.clone(),
+                local.tokenizer.clone(),
                 stops,
                 top.is_some(),
                 prompt_tokens,

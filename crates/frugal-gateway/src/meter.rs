@@ -22,18 +22,17 @@ const IDLE_EVERY: Duration = Duration::from_secs(60);
 pub struct MeterConfig {
     pub ledger: PathBuf,
     pub workload: String,
-    pub model: String,
-    pub rate: HourlyRate,
-    pub instance_type: Option<String>,
+    /// The local engine's machine; None when the gateway serves only upstreams.
+    pub engine: Option<Machine>,
     pub capacity: Option<Capacity>,
     /// Upstreams priced by the hour, whose idle time is recorded like the engine's.
     pub machines: Vec<Machine>,
 }
 
-/// A self-hosted upstream's machine.
+/// A machine frugal pays for by the hour: the local engine's, or a self-hosted upstream's.
 #[derive(Debug, Clone)]
 pub struct Machine {
-    /// The upstream's name, as its calls are recorded.
+    /// The model it serves, as its requests are recorded.
     pub model: String,
     pub rate: HourlyRate,
     pub instance_type: Option<String>,
@@ -98,7 +97,10 @@ impl Meter {
     pub fn start(config: MeterConfig) -> Result<Meter, frugal_cost::ledger::LedgerError> {
         let ledger = Ledger::open(&config.ledger)?;
         let (tx, rx) = mpsc::channel();
-        let rate = config.rate;
+        let rate = config
+            .engine
+            .as_ref()
+            .map_or(HourlyRate(Money::ZERO), |m| m.rate);
         std::thread::Builder::new()
             .name("frugal-meter".into())
             .spawn(move || Writer::new(ledger, config).run(rx))
@@ -152,7 +154,7 @@ struct Writer {
     busy: Duration,
     since: (Instant, SystemTime),
     /// The local engine's machine.
-    engine: Machine,
+    engine: Option<Machine>,
     /// Each hourly upstream's machine and its time used since the last idle record.
     machines: HashMap<String, (Machine, Duration)>,
 }
@@ -164,11 +166,7 @@ impl Writer {
             pending: Vec::new(),
             busy: Duration::ZERO,
             since: (Instant::now(), SystemTime::now()),
-            engine: Machine {
-                model: config.model.clone(),
-                rate: config.rate,
-                instance_type: config.instance_type.clone(),
-            },
+            engine: config.engine.clone(),
             machines: config
                 .machines
                 .iter()
@@ -234,8 +232,11 @@ impl Writer {
     }
 
     fn add(&mut self, u: Usage) {
+        let Some(engine) = &self.engine else {
+            return;
+        };
         self.busy += u.engine;
-        let mut e = self.event(Kind::Inference, epoch_ms(u.started), u.engine, &self.engine);
+        let mut e = self.event(Kind::Inference, epoch_ms(u.started), u.engine, engine);
         e.requests = 1;
         e.input_tokens = u.prompt_tokens;
         e.output_tokens = u.completion_tokens;
@@ -287,8 +288,8 @@ impl Writer {
         let elapsed = self.since.0.elapsed();
         let idle = elapsed.saturating_sub(self.busy);
         let ts_ms = epoch_ms(self.since.1);
-        if idle > Duration::ZERO {
-            let e = self.event(Kind::Idle, ts_ms, idle, &self.engine);
+        if let Some(engine) = self.engine.as_ref().filter(|_| idle > Duration::ZERO) {
+            let e = self.event(Kind::Idle, ts_ms, idle, engine);
             self.pending.push(e);
         }
         let mut idles = Vec::new();

@@ -100,8 +100,17 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    pub fn render(&self, g: &Gauges) -> String {
+    /// The metrics as Prometheus text; `g`, the local engine's gauges, when there is one.
+    pub fn render(&self, g: Option<&Gauges>) -> String {
         let mut out = String::new();
+        if let Some(g) = g {
+            Self::render_engine(&mut out, g);
+        }
+        self.render_requests(&mut out);
+        out
+    }
+
+    fn render_engine(out: &mut String, g: &Gauges) {
         let gauge = |out: &mut String, name: &str, help: &str, kind: &str, v: f64| {
             let _ = writeln!(
                 out,
@@ -109,61 +118,64 @@ impl Metrics {
             );
         };
         gauge(
-            &mut out,
+            out,
             "frugal_queue_depth",
             "Requests waiting for admission.",
             "gauge",
             g.waiting as f64,
         );
         gauge(
-            &mut out,
+            out,
             "frugal_running_sequences",
             "Sequences in the running batch.",
             "gauge",
             g.running as f64,
         );
         gauge(
-            &mut out,
+            out,
             "frugal_batch_size",
             "Sequences in the last forward step.",
             "gauge",
             g.batch as f64,
         );
         gauge(
-            &mut out,
+            out,
             "frugal_kv_reserved_positions",
             "KV-cache positions reserved.",
             "gauge",
             g.kv_reserved as f64,
         );
         gauge(
-            &mut out,
+            out,
             "frugal_prompt_tokens_total",
             "Prompt tokens prefilled.",
             "counter",
             g.prompt_tokens as f64,
         );
         gauge(
-            &mut out,
+            out,
             "frugal_generated_tokens_total",
             "Tokens generated.",
             "counter",
             g.generated_tokens as f64,
         );
         gauge(
-            &mut out,
+            out,
             "frugal_padding_tokens_total",
             "Tokens computed as static batching's padding (only with --batching static).",
             "counter",
             g.padding_tokens as f64,
         );
         gauge(
-            &mut out,
+            out,
             "frugal_engine_steps_total",
             "Forward steps run.",
             "counter",
             g.steps as f64,
         );
+    }
+
+    fn render_requests(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "# HELP frugal_requests_total Requests by outcome.\n# TYPE frugal_requests_total counter"
@@ -238,24 +250,23 @@ impl Metrics {
         self.semantic_lookup.render(
             "frugal_semantic_search_seconds",
             "Semantic cache index search and guard, per lookup.",
-            &mut out,
+            out,
         );
         self.ttft.render(
             "frugal_time_to_first_token_seconds",
             "Time to first token.",
-            &mut out,
+            out,
         );
         self.tpot.render(
             "frugal_time_per_output_token_seconds",
             "Time per output token after the first.",
-            &mut out,
+            out,
         );
         self.latency.render(
             "frugal_request_duration_seconds",
             "Whole request time.",
-            &mut out,
+            out,
         );
-        out
     }
 }
 

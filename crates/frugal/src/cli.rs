@@ -325,8 +325,11 @@ pub struct ReportArgs {
 pub struct ServeArgs {
     /// GGUF model file (llama or qwen2 family) [default: [serve] model in frugal.toml, else
     /// models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_model")]
     pub model: Option<PathBuf>,
+    /// Run no model here: a gateway for the [[serve.upstream]] servers only
+    #[arg(long)]
+    pub no_model: bool,
     /// Name clients use for the model [default: the file name without .gguf]
     #[arg(long)]
     pub name: Option<String>,

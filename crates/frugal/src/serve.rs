@@ -22,7 +22,7 @@ use frugal_gateway::route::{RouteConfig, Skip, SkipExample};
 use frugal_gateway::semantic::{SemanticCache, SemanticConfig};
 use frugal_gateway::shared::SharedCache;
 use frugal_gateway::upstream::{Pricing, Upstream, UpstreamConfig};
-use frugal_gateway::{AppState, Parts};
+use frugal_gateway::{AppState, Local, Parts};
 use frugal_semantic::Embedder;
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
@@ -31,17 +31,6 @@ use crate::config::{Config, RawKey, RawRoute, RawServe, RawUpstream};
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
     let file = &config.serve;
-    let model_path = args
-        .model
-        .clone()
-        .or_else(|| file.model.clone())
-        .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
-    if !model_path.exists() {
-        bail!(
-            "no model at {}: run `make models` (or scripts/fetch-models.sh) for the default, or pass --model FILE.gguf",
-            model_path.display()
-        );
-    }
     let price_per_hour = args
         .price_per_hour
         .as_deref()
@@ -58,45 +47,21 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .clone()
         .or_else(|| file.workload.clone())
         .unwrap_or_else(|| "serve".into());
-    let started = std::time::Instant::now();
-    let options = LoadOptions {
-        requantize: args.quant.map(|q| match q {
-            QuantArg::Q8_0 => WeightType::Q8_0,
-            QuantArg::Q4_0 => WeightType::Q4_0,
-        }),
-        threads: args.threads,
+    let local = if args.no_model {
+        if file.upstream.is_empty() {
+            bail!("--no-model serves the [[serve.upstream]] servers, and frugal.toml names none");
+        }
+        if let Some(r) = file.route.first() {
+            bail!(
+                "route `{}`: a cascade starts at the local model; drop --no-model or the route",
+                r.name
+            );
+        }
+        None
+    } else {
+        Some(start_local(args, file)?)
     };
-    let (model, tokenizer, template) = load_model(&model_path, options)?;
-    let name = args
-        .name
-        .clone()
-        .or_else(|| file.name.clone())
-        .unwrap_or_else(|| {
-            model_path
-                .file_stem()
-                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
-        });
-    tracing::info!(
-        model = %name,
-        weights_mb = model.weight_bytes() / 1_000_000,
-        secs = started.elapsed().as_secs_f64(),
-        "model loaded"
-    );
-    let ctx = model.config.ctx_len;
-    let engine = Engine::start(
-        model,
-        SchedulerConfig {
-            batching: match args.batching {
-                BatchingArg::Continuous => Batching::Continuous,
-                BatchingArg::Static => Batching::Static,
-                BatchingArg::Drain => Batching::Drain,
-            },
-            max_batch: args.max_batch.or(file.max_batch).unwrap_or(16),
-            max_queue: args.max_queue.or(file.max_queue).unwrap_or(256),
-            kv_positions: ctx.max(4096) * 4,
-            ..SchedulerConfig::default()
-        },
-    )?;
+    let name = local.as_ref().map_or_else(String::new, |(_, n)| n.clone());
     let (rate, instance_type) = machine_rate(catalog, price_per_hour, instance)?;
     let upstreams = file
         .upstream
@@ -113,9 +78,11 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         Some(Meter::start(MeterConfig {
             ledger: config.ledger.clone(),
             workload,
-            model: name.clone(),
-            rate,
-            instance_type,
+            engine: local.is_some().then(|| Machine {
+                model: name.clone(),
+                rate,
+                instance_type,
+            }),
             capacity: Some(Capacity::OnDemand),
             machines: upstreams
                 .iter()
@@ -189,11 +156,14 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             ledger.tenant_spend(start.timestamp_millis())
         })?;
     }
+    let what = if local.is_some() {
+        format!("{name} (machine at {}/h)", rate.0)
+    } else {
+        format!("a gateway to {} upstream(s)", upstreams.len())
+    };
     let state = AppState::new(Parts {
-        engine,
-        tokenizer,
-        template,
-        model: name.clone(),
+        local: local.map(|(l, _)| l),
+        model: name,
         meter,
         cache,
         semantic,
@@ -211,12 +181,66 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         let local = listener.local_addr()?;
         writeln!(
             std::io::stderr(),
-            "frugal serve: {name} on http://{local}/v1 (machine at {}/h); Ctrl-C to stop",
-            rate.0
+            "frugal serve: {what} on http://{local}/v1; Ctrl-C to stop"
         )?;
         frugal_gateway::serve(listener, state, shutdown_signal()).await?;
         Ok::<_, anyhow::Error>(())
     })
+}
+
+/// Loads the local model and starts its engine; its name as clients use it.
+fn start_local(args: &ServeArgs, file: &RawServe) -> Result<(Local, String)> {
+    let model_path = args
+        .model
+        .clone()
+        .or_else(|| file.model.clone())
+        .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
+    if !model_path.exists() {
+        bail!(
+            "no model at {}: run `make models` (or scripts/fetch-models.sh) for the default, or pass --model FILE.gguf",
+            model_path.display()
+        );
+    }
+    let started = std::time::Instant::now();
+    let options = LoadOptions {
+        requantize: args.quant.map(|q| match q {
+            QuantArg::Q8_0 => WeightType::Q8_0,
+            QuantArg::Q4_0 => WeightType::Q4_0,
+        }),
+        threads: args.threads,
+    };
+    let (model, tokenizer, template) = load_model(&model_path, options)?;
+    let name = args
+        .name
+        .clone()
+        .or_else(|| file.name.clone())
+        .unwrap_or_else(|| {
+            model_path
+                .file_stem()
+                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+        });
+    tracing::info!(
+        model = %name,
+        weights_mb = model.weight_bytes() / 1_000_000,
+        secs = started.elapsed().as_secs_f64(),
+        "model loaded"
+    );
+    let ctx = model.config.ctx_len;
+    let engine = Engine::start(
+        model,
+        SchedulerConfig {
+            batching: match args.batching {
+                BatchingArg::Continuous => Batching::Continuous,
+                BatchingArg::Static => Batching::Static,
+                BatchingArg::Drain => Batching::Drain,
+            },
+            max_batch: args.max_batch.or(file.max_batch).unwrap_or(16),
+            max_queue: args.max_queue.or(file.max_queue).unwrap_or(256),
+            kv_positions: ctx.max(4096) * 4,
+            ..SchedulerConfig::default()
+        },
+    )?;
+    Ok((Local::new(engine, tokenizer, template), name))
 }
 
 /// A GGUF file's weights, tokenizer and chat template.

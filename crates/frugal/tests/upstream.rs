@@ -604,6 +604,62 @@ fn a_self_hosted_upstream_is_priced_by_the_hour_its_calls_share() {
 }
 
 #[test]
+fn a_gateway_with_no_model_of_its_own_serves_its_upstreams() {
+    let (url, calls) = mock_upstream();
+    let config = format!(
+        "[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\n"
+    );
+    let server = Server::start_with_files(&[("frugal.toml", &config)], &["--no-model"]);
+    let (status, _, models) = server.request("GET", "/v1/models", "");
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"].as_array().unwrap().len(), 1, "{models}");
+    assert_eq!(models["data"][0]["id"], "mock");
+    for _ in 0..2 {
+        let (status, _, body) = server.request("POST", "/v1/chat/completions", &chat("hello", ""));
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the second from the cache");
+    // There is no local model to fall back on.
+    let (status, _, body) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("default"), "{body}");
+    let (_, _, metrics) = server.request("GET", "/metrics", "");
+    assert!(!metrics.contains("frugal_queue_depth"), "{metrics}");
+    assert!(
+        metrics.contains("frugal_requests_total{status=\"ok\"} 2"),
+        "{metrics}"
+    );
+    // Nothing to serve, or a cascade with no local tier: refused at start.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("frugal.toml");
+    let route =
+        "[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1.0\n";
+    for (text, want) in [
+        (String::new(), "frugal.toml names none"),
+        (
+            format!("{config}{route}"),
+            "route `auto`: a cascade starts at the local model",
+        ),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .arg("--config")
+            .arg(&path)
+            .args(["serve", "--no-meter", "--no-model"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{err}");
+    }
+}
+
+#[test]
 fn bad_upstream_prices_and_cache_policies_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("frugal.toml");

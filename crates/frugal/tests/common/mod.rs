@@ -75,8 +75,12 @@ impl Server {
         let mut child = command
             .arg("--ledger")
             .arg(dir.path().join("ledger.sqlite"))
-            .args(["serve", "--port", "0", "--price-per-hour", "3.6", "--model"])
-            .arg(model())
+            .args(["serve", "--port", "0", "--price-per-hour", "3.6"])
+            .args(if extra.contains(&"--no-model") {
+                vec![]
+            } else {
+                vec![std::ffi::OsString::from("--model"), model().into()]
+            })
             .arg("--embedder")
             .arg(embedder())
             .args(extra)
