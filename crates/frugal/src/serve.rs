@@ -129,8 +129,15 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .iter()
         .map(|r| route(r, &name, &upstreams, embedder.as_ref()))
         .collect::<Result<Vec<_>>>()?;
+    // Beside a local model the engine's threads take the cores and two async workers carry
+    // the HTTP; a gateway alone uses them all.
+    let workers = if local.is_some() {
+        2
+    } else {
+        std::thread::available_parallelism().map_or(2, usize::from)
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
