@@ -10,8 +10,9 @@ pub const DEFAULT_EMBEDDER: &str = "models/minilm";
 pub mod embed;
 pub mod eval;
 pub mod guard;
+pub mod hnsw;
 pub mod index;
 
 pub use embed::{EmbedError, Embedder, Encoding};
 pub use guard::{Guard, Verdict, Veto};
-pub use index::FlatIndex;
+pub use index::{FlatIndex, VectorIndex};
