@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use frugal_semantic::{Embedder, FlatIndex, Guard, Verdict};
+use frugal_semantic::{Embedder, Guard, Verdict, VectorIndex};
 
 use crate::cache::Answer;
 
@@ -46,7 +46,7 @@ pub struct SemanticCache {
 
 #[derive(Default)]
 struct State {
-    spaces: HashMap<Arc<str>, FlatIndex>,
+    spaces: HashMap<Arc<str>, VectorIndex>,
     entries: HashMap<u64, Entry>,
     order: VecDeque<u64>,
     next: u64,
@@ -140,7 +140,7 @@ impl SemanticCache {
         state
             .spaces
             .entry(space.clone())
-            .or_insert_with(|| FlatIndex::new(dim))
+            .or_insert_with(|| VectorIndex::new(dim))
             .add(id, v);
         state.entries.insert(
             id,
