@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use frugal_semantic::hnsw::{Hnsw, HnswParams};
 use frugal_semantic::index::FlatIndex;
+use frugal_semantic::synthetic::{DIM, Rng, Topics};
 use frugal_semantic::{DEFAULT_EMBEDDER, Embedder};
 use rayon::prelude::*;
 
-const DIM: usize = 384;
 /// Topics: a few hundred, each a patch of `AXES` directions.
 const CENTRES: usize = 300;
 const K: usize = 4;
@@ -41,7 +41,7 @@ fn main() {
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let mut rng = Rng(n as u64);
-        let centres = Clusters::new(&mut rng, CENTRES);
+        let centres = Topics::new(&mut rng, CENTRES);
         let points: Vec<Vec<f32>> = (0..n).map(|_| centres.point(&mut rng)).collect();
         let queries: Vec<Vec<f32>> = (0..queries_for(n))
             .map(|_| centres.point(&mut rng))
@@ -172,66 +172,4 @@ fn qqp() -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         .collect();
     let queries = all.split_off(all.len() - 1000);
     (all, queries)
-}
-
-/// Centres with some directions of spread each, plus a little noise in all directions:
-/// points on low-dimensional patches, as sentence embeddings lie, not isotropic noise.
-struct Clusters {
-    centres: Vec<Vec<f32>>,
-    axes: Vec<Vec<Vec<f32>>>,
-}
-
-const AXES: usize = 32;
-
-impl Clusters {
-    fn new(rng: &mut Rng, n: usize) -> Clusters {
-        let centres = (0..n).map(|_| rng.unit()).collect();
-        let axes = (0..n)
-            .map(|_| (0..AXES).map(|_| rng.unit()).collect())
-            .collect();
-        Clusters { centres, axes }
-    }
-
-    fn point(&self, rng: &mut Rng) -> Vec<f32> {
-        let c = (rng.next() % self.centres.len() as u64) as usize;
-        let mut v = self.centres[c].clone();
-        for axis in &self.axes[c] {
-            let w = 0.25 * rng.normal();
-            for (x, a) in v.iter_mut().zip(axis) {
-                *x += w * a;
-            }
-        }
-        for x in &mut v {
-            *x += 0.5 / (DIM as f32).sqrt() * rng.normal();
-        }
-        normalized(v)
-    }
-}
-
-/// splitmix64, with normal draws (Box-Muller).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn normal(&mut self) -> f32 {
-        let u = ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64;
-        let v = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-    }
-
-    fn unit(&mut self) -> Vec<f32> {
-        normalized((0..DIM).map(|_| self.normal()).collect())
-    }
-}
-
-fn normalized(v: Vec<f32>) -> Vec<f32> {
-    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    v.into_iter().map(|x| x / n).collect()
 }

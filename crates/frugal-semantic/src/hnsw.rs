@@ -661,68 +661,13 @@ mod tests {
 
     use super::*;
     use crate::index::FlatIndex;
+    use crate::synthetic::{DIM, Rng, Topics};
 
-    const DIM: usize = 384;
-
-    /// splitmix64, with normal draws (Box-Muller).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        fn normal(&mut self) -> f32 {
-            let u = ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64;
-            let v = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-            ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-        }
-
-        fn unit(&mut self) -> Vec<f32> {
-            normalized((0..DIM).map(|_| self.normal()).collect())
-        }
-
-        /// `v` moved by noise of norm `by`.
-        fn jitter(&mut self, v: &[f32], by: f32) -> Vec<f32> {
-            let s = by / (DIM as f32).sqrt();
-            normalized(v.iter().map(|x| x + s * self.normal()).collect())
-        }
-    }
-
-    fn normalized(v: Vec<f32>) -> Vec<f32> {
-        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        v.into_iter().map(|x| x / n).collect()
-    }
-
-    /// Topics as the benchmark draws them: a centre and 32 directions of spread each, plus a
-    /// little noise in every direction (sentence embeddings lie on such low-dimensional
-    /// patches; isotropic noise is the hard case `random_vectors` covers).
-    struct Topics(Vec<(Vec<f32>, Vec<Vec<f32>>)>);
-
-    impl Topics {
-        fn new(rng: &mut Rng, n: usize) -> Topics {
-            Topics(
-                (0..n)
-                    .map(|_| (rng.unit(), (0..32).map(|_| rng.unit()).collect()))
-                    .collect(),
-            )
-        }
-
-        fn point(&self, rng: &mut Rng) -> Vec<f32> {
-            let (centre, axes) = &self.0[(rng.next() % self.0.len() as u64) as usize];
-            let mut v = centre.clone();
-            for axis in axes {
-                let w = 0.25 * rng.normal();
-                for (x, a) in v.iter_mut().zip(axis) {
-                    *x += w * a;
-                }
-            }
-            rng.jitter(&v, 0.5)
-        }
+    /// Recall@1 and @10 of the graph on 200 queries about the same topics.
+    fn assert_topic_recall(g: &Hnsw, flat: &FlatIndex, topics: &Topics, rng: &mut Rng) {
+        let queries: Vec<Vec<f32>> = (0..200).map(|_| topics.point(rng)).collect();
+        let (r1, r10) = (recall(g, flat, &queries, 1), recall(g, flat, &queries, 10));
+        assert!(r1 >= 0.95 && r10 >= 0.9, "recall@1 {r1}, recall@10 {r10}");
     }
 
     /// Mean recall@k of the graph against a flat scan of the same entries.
@@ -755,12 +700,7 @@ mod tests {
         let topics = Topics::new(&mut rng, 300);
         let points: Vec<Vec<f32>> = (0..20_000).map(|_| topics.point(&mut rng)).collect();
         let (g, flat) = build(&points);
-        let queries: Vec<Vec<f32>> = (0..200).map(|_| topics.point(&mut rng)).collect();
-        let (r1, r10) = (
-            recall(&g, &flat, &queries, 1),
-            recall(&g, &flat, &queries, 10),
-        );
-        assert!(r1 >= 0.95 && r10 >= 0.9, "recall@1 {r1}, recall@10 {r10}");
+        assert_topic_recall(&g, &flat, &topics, &mut rng);
     }
 
     /// Isotropic random vectors are the worst case: a random query's nearest entries are
@@ -837,12 +777,7 @@ mod tests {
             "{bytes} -> {}",
             g.bytes_per_entry()
         );
-        let queries: Vec<Vec<f32>> = (0..200).map(|_| topics.point(&mut rng)).collect();
-        let (r1, r10) = (
-            recall(&g, &flat, &queries, 1),
-            recall(&g, &flat, &queries, 10),
-        );
-        assert!(r1 >= 0.95 && r10 >= 0.9, "recall@1 {r1}, recall@10 {r10}");
+        assert_topic_recall(&g, &flat, &topics, &mut rng);
     }
 
     #[test]

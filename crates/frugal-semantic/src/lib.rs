@@ -12,6 +12,8 @@ pub mod eval;
 pub mod guard;
 pub mod hnsw;
 pub mod index;
+#[doc(hidden)]
+pub mod synthetic;
 
 pub use embed::{EmbedError, Embedder, Encoding};
 pub use guard::{Guard, Verdict, Veto};
