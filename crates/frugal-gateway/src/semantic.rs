@@ -14,7 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use frugal_semantic::{Embedder, Guard, Verdict, VectorIndex};
+use frugal_semantic::{Embedder, Guard, VectorIndex, Verdict};
 
 use crate::cache::Answer;
 
