@@ -104,13 +104,11 @@ rss_mb() { # total resident memory of a process tree, MB
 
 # Unrecorded warm-up of every target: a freshly started gateway's first requests pay for
 # first-touch page faults and its upstream pool filling (measured: p50 ~0.5 ms, not ~0.35).
+url_of() { case $1 in direct) echo http://127.0.0.1:18081/v1 ;; frugal) echo http://127.0.0.1:18082/v1 ;; litellm) echo http://127.0.0.1:18083/v1 ;; esac; }
 for target in $targets; do
-  case $target in
-    direct) url=http://127.0.0.1:18081/v1 ;; frugal) url=http://127.0.0.1:18082/v1 ;; litellm) url=http://127.0.0.1:18083/v1 ;;
-  esac
   n=$WARMUP; [ "$target" = litellm ] && n=$((WARMUP / 10))
   if [ "$n" -gt 0 ]; then
-    $FRUGAL bench --url "$url" --model mock --concurrency 8 --requests "$n" \
+    $FRUGAL bench --url "$(url_of "$target")" --model mock --concurrency 8 --requests "$n" \
       --prompt-tokens 32 --max-tokens 4 --distinct --timeout 30 --json > /dev/null
   fi
 done
@@ -118,12 +116,8 @@ done
 out=$work/results.jsonl
 for c in $LEVELS; do
   for target in $targets; do
-    case $target in
-      direct) url=http://127.0.0.1:18081/v1; n=$REQUESTS ;;
-      frugal) url=http://127.0.0.1:18082/v1; n=$REQUESTS ;;
-      litellm) url=http://127.0.0.1:18083/v1; n=$LITELLM_REQUESTS ;;
-    esac
-    $FRUGAL bench --url "$url" --model mock --concurrency "$c" --requests "$n" \
+    n=$REQUESTS; [ "$target" = litellm ] && n=$LITELLM_REQUESTS
+    $FRUGAL bench --url "$(url_of "$target")" --model mock --concurrency "$c" --requests "$n" \
       --prompt-tokens 32 --max-tokens 4 --distinct --timeout 30 --json > "$work/one.json"
     python3 - "$target" "$c" "$work/one.json" >> "$out" <<'PY'
 import json, sys

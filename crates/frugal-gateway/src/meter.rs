@@ -153,10 +153,8 @@ struct Writer {
     /// Engine time used since the last idle record, and when that was.
     busy: Duration,
     since: (Instant, SystemTime),
-    /// The local engine's machine.
-    engine: Option<Machine>,
-    /// Each hourly upstream's machine and its time used since the last idle record.
-    machines: HashMap<String, (Machine, Duration)>,
+    /// Each hourly upstream's time used since the last idle record, by its name.
+    upstream_busy: HashMap<String, Duration>,
 }
 
 impl Writer {
@@ -166,12 +164,7 @@ impl Writer {
             pending: Vec::new(),
             busy: Duration::ZERO,
             since: (Instant::now(), SystemTime::now()),
-            engine: config.engine.clone(),
-            machines: config
-                .machines
-                .iter()
-                .map(|m| (m.model.clone(), (m.clone(), Duration::ZERO)))
-                .collect(),
+            upstream_busy: HashMap::new(),
             config,
         }
     }
@@ -232,7 +225,8 @@ impl Writer {
     }
 
     fn add(&mut self, u: Usage) {
-        let Some(engine) = &self.engine else {
+        // Only the local engine's requests come here.
+        let Some(engine) = &self.config.engine else {
             return;
         };
         self.busy += u.engine;
@@ -253,8 +247,8 @@ impl Writer {
             c.cost,
         );
         e.duration_ms = c.duration.as_millis() as i64;
-        if let Some((machine, busy)) = self.machines.get_mut(&c.model) {
-            *busy += c.share.unwrap_or_default();
+        if let Some(machine) = self.config.machines.iter().find(|m| m.model == c.model) {
+            *self.upstream_busy.entry(c.model.clone()).or_default() += c.share.unwrap_or_default();
             e.instance_type.clone_from(&machine.instance_type);
             e.capacity = self.config.capacity;
         }
@@ -288,21 +282,26 @@ impl Writer {
         let elapsed = self.since.0.elapsed();
         let idle = elapsed.saturating_sub(self.busy);
         let ts_ms = epoch_ms(self.since.1);
-        if let Some(engine) = self.engine.as_ref().filter(|_| idle > Duration::ZERO) {
+        if let Some(engine) = self
+            .config
+            .engine
+            .as_ref()
+            .filter(|_| idle > Duration::ZERO)
+        {
             let e = self.event(Kind::Idle, ts_ms, idle, engine);
             self.pending.push(e);
         }
-        let mut idles = Vec::new();
-        for (machine, busy) in self.machines.values_mut() {
-            let idle = elapsed.saturating_sub(std::mem::take(busy));
-            if idle.as_millis() > 0 {
-                idles.push((machine.clone(), idle));
-            }
-        }
-        for (machine, idle) in idles {
-            let e = self.event(Kind::Idle, ts_ms, idle, &machine);
-            self.pending.push(e);
-        }
+        let busy = std::mem::take(&mut self.upstream_busy);
+        let idles: Vec<Event> = self
+            .config
+            .machines
+            .iter()
+            .filter_map(|m| {
+                let idle = elapsed.saturating_sub(busy.get(&m.model).copied().unwrap_or_default());
+                (idle.as_millis() > 0).then(|| self.event(Kind::Idle, ts_ms, idle, m))
+            })
+            .collect();
+        self.pending.extend(idles);
         self.busy = Duration::ZERO;
         self.since = (Instant::now(), SystemTime::now());
     }

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::api::Usage;
 use crate::error::ApiError;
+use crate::meter::Machine;
 
 /// Longest wait between tries, whatever Retry-After says.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -76,7 +77,8 @@ pub enum Pricing {
 pub struct Upstream {
     pub config: UpstreamConfig,
     client: reqwest::Client,
-    clock: Arc<Mutex<Clock>>,
+    /// Only an upstream priced by the hour keeps time: a per-token one's calls take no lock.
+    clock: Option<Arc<Mutex<Clock>>>,
 }
 
 /// Processor-sharing time of one upstream: `share` grows by dt / n while n calls are in
@@ -115,24 +117,22 @@ impl Clock {
 /// One call's hold on its upstream, from before its first byte is sent until its answer has
 /// ended; dropped unfinished (a client gone mid-stream), it lets go unbilled.
 pub struct Ticket {
-    clock: Arc<Mutex<Clock>>,
+    /// Taken when the hold ends; none on an upstream that keeps no time.
+    clock: Option<Arc<Mutex<Clock>>>,
     start: Duration,
-    open: bool,
 }
 
 impl Ticket {
-    /// Lets go of the upstream: the call's share of its time.
+    /// Lets go of the upstream: the call's share of its time (zero where none is kept).
     pub fn finish(mut self) -> Duration {
         self.close()
     }
 
     fn close(&mut self) -> Duration {
-        if !self.open {
-            return Duration::ZERO;
-        }
-        self.open = false;
-        let mut c = self.clock.lock().unwrap_or_else(|p| p.into_inner());
-        c.end(self.start, Instant::now())
+        self.clock.take().map_or(Duration::ZERO, |clock| {
+            let mut c = clock.lock().unwrap_or_else(|p| p.into_inner());
+            c.end(self.start, Instant::now())
+        })
     }
 }
 
@@ -157,40 +157,45 @@ impl Upstream {
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .map_err(|e| ApiError::Internal(format!("cannot build an HTTP client: {e}")))?;
-        let clock = Clock {
-            in_flight: 0,
-            last: Instant::now(),
-            share: Duration::ZERO,
-        };
+        let clock = matches!(config.pricing, Some(Pricing::Hourly { .. })).then(|| {
+            Arc::new(Mutex::new(Clock {
+                in_flight: 0,
+                last: Instant::now(),
+                share: Duration::ZERO,
+            }))
+        });
         Ok(Upstream {
             config,
             client,
-            clock: Arc::new(Mutex::new(clock)),
+            clock,
         })
     }
 
     /// Takes a place among the calls in flight; the ticket's `finish` says what share of
     /// the upstream's time the call had.
     pub fn occupy(&self) -> Ticket {
-        let start = self
-            .clock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .begin(Instant::now());
+        let start = self.clock.as_ref().map_or(Duration::ZERO, |c| {
+            c.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .begin(Instant::now())
+        });
         Ticket {
             clock: self.clock.clone(),
             start,
-            open: true,
         }
     }
 
-    /// The machine's hourly price, for an upstream priced by the hour.
-    pub fn hourly(&self) -> Option<(HourlyRate, Option<&str>)> {
+    /// The machine the meter records idle time for, for an upstream priced by the hour.
+    pub fn machine(&self) -> Option<Machine> {
         match &self.config.pricing {
             Some(Pricing::Hourly {
                 rate,
                 instance_type,
-            }) => Some((*rate, instance_type.as_deref())),
+            }) => Some(Machine {
+                model: self.config.name.clone(),
+                rate: *rate,
+                instance_type: instance_type.clone(),
+            }),
             _ => None,
         }
     }
@@ -459,8 +464,9 @@ mod tests {
         );
         assert_eq!(up.token_cost(&usage), None, "no per-token price to save");
         let dropped = up.occupy();
-        assert_eq!(up.clock.lock().unwrap().in_flight, 1);
+        let clock = up.clock.as_ref().unwrap();
+        assert_eq!(clock.lock().unwrap().in_flight, 1);
         drop(dropped);
-        assert_eq!(up.clock.lock().unwrap().in_flight, 0);
+        assert_eq!(clock.lock().unwrap().in_flight, 0);
     }
 }

@@ -84,17 +84,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
                 instance_type,
             }),
             capacity: Some(Capacity::OnDemand),
-            machines: upstreams
-                .iter()
-                .filter_map(|u| {
-                    let (rate, instance_type) = u.hourly()?;
-                    Some(Machine {
-                        model: u.config.name.clone(),
-                        rate,
-                        instance_type: instance_type.map(str::to_owned),
-                    })
-                })
-                .collect(),
+            machines: upstreams.iter().filter_map(Upstream::machine).collect(),
         })?)
     };
     let cache = (!args.no_cache && file.cache.unwrap_or(true)).then(|| {
@@ -372,12 +362,12 @@ fn policies(file: &RawServe, local: &str) -> Result<HashMap<String, CachePolicy>
         );
     entries
         .map(|(name, shared, threshold)| {
-            if let Some(t) = threshold.filter(|t| !(0.0..=1.0).contains(t)) {
-                bail!("`{name}`: semantic_threshold must be a cosine between 0 and 1, not {t}");
-            }
             let policy = CachePolicy {
                 shared: shared.unwrap_or(false),
-                semantic_threshold: threshold,
+                semantic_threshold: threshold
+                    .map(cosine_threshold)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("`{name}`: {e}"))?,
             };
             Ok((name.to_owned(), policy))
         })
@@ -504,10 +494,7 @@ fn semantic_cache(
 ) -> Result<SemanticCache> {
     let mut config = SemanticConfig::default();
     if let Some(t) = args.semantic_threshold.or(file.semantic_threshold) {
-        if !(0.0..=1.0).contains(&t) {
-            bail!("semantic_threshold must be a cosine between 0 and 1, not {t}");
-        }
-        config.guard.threshold = t;
+        config.guard.threshold = cosine_threshold(t)?;
     }
     if let Some(ttl) = args.cache_ttl.or(file.cache_ttl) {
         config.ttl = std::time::Duration::from_secs(ttl);
@@ -519,4 +506,12 @@ fn semantic_cache(
         config.max_entries = n;
     }
     Ok(SemanticCache::new(embedder, config))
+}
+
+/// A semantic threshold, checked: a cosine in [0, 1].
+fn cosine_threshold(t: f32) -> Result<f32> {
+    if !(0.0..=1.0).contains(&t) {
+        bail!("semantic_threshold must be a cosine between 0 and 1, not {t}");
+    }
+    Ok(t)
 }
