@@ -4,20 +4,28 @@
 //! is implemented; other models are a clear error. Encoding is delegated to the `tokenizers`
 //! crate, configured to reproduce llama.cpp's behaviour for the file's `tokenizer.ggml.pre`
 //! pre-tokenizer: same splitting regexes, control tokens recognised in the text as single
-//! ids, no BOS added (callers decide via [`Tokenizer::add_bos_token`]). Decoding goes through
+//! ids, no BOS added (callers decide via [`Tokenizer::add_bos_token`]).
+//! [`Tokenizer::encode_ordinary`] is the same without control tokens, for text a user
+//! wrote. Decoding goes through
 //! a per-token byte table so that whole-sequence decoding and [`StreamDecoder`] produce
 //! exactly the same text.
 
 use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use thiserror::Error;
-use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::models::bpe::{BPE, BpeTrainer, Vocab};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, DecoderWrapper, SplitDelimiterBehavior};
+use tokenizers::{
+    AddedToken, DecoderWrapper, Model, NormalizerWrapper, OffsetReferential, OffsetType,
+    PostProcessorWrapper, SplitDelimiterBehavior, Token, TokenizerImpl,
+};
 
 use crate::gguf::{Gguf, GgufError};
 
@@ -160,9 +168,59 @@ impl PreTokenizer {
     }
 }
 
+/// A BPE model shared by the two `tokenizers` pipelines of a [`Tokenizer`], so the
+/// vocabulary and merges (about 30 MB for Qwen2's 152k tokens) are held once.
+#[derive(Clone)]
+struct SharedBpe(Arc<BPE>);
+
+impl Model for SharedBpe {
+    type Trainer = BpeTrainer;
+
+    fn tokenize(&self, sequence: &str) -> tokenizers::Result<Vec<Token>> {
+        self.0.tokenize(sequence)
+    }
+
+    fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.0.token_to_id(token)
+    }
+
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        self.0.id_to_token(id)
+    }
+
+    fn get_vocab(&self) -> HashMap<String, u32> {
+        self.0.get_vocab()
+    }
+
+    fn get_vocab_size(&self) -> usize {
+        self.0.get_vocab_size()
+    }
+
+    fn save(&self, folder: &Path, prefix: Option<&str>) -> tokenizers::Result<Vec<PathBuf>> {
+        self.0.save(folder, prefix)
+    }
+
+    fn get_trainer(&self) -> BpeTrainer {
+        self.0.get_trainer()
+    }
+}
+
+type Pipeline = TokenizerImpl<
+    SharedBpe,
+    NormalizerWrapper,
+    PreTokenizerWrapper,
+    PostProcessorWrapper,
+    DecoderWrapper,
+>;
+
 /// A byte-level BPE tokenizer for one model.
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Pipeline,
+    /// `inner` with special-token parsing off: control and unknown-type tokens written in
+    /// the text are tokenized as ordinary text; user-defined tokens are still recognised,
+    /// as llama.cpp does with `parse_special = false`. A second pipeline because the
+    /// `tokenizers` crate's switch is per tokenizer, not per call; the BPE model is shared.
+    ordinary: Pipeline,
     tokens: Vec<String>,
     /// What each token decodes to, as raw bytes (a token may hold part of a UTF-8 character).
     token_bytes: Vec<Vec<u8>>,
@@ -250,7 +308,7 @@ impl Tokenizer {
             .vocab_and_merges(vocab, merges)
             .build()
             .map_err(TokenizerError::Build)?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let mut inner = Pipeline::new(SharedBpe(Arc::new(bpe)));
         inner.with_pre_tokenizer(Some(pre.build()?));
         inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
 
@@ -274,6 +332,8 @@ impl Tokenizer {
             .add_special_tokens(special)
             .map_err(TokenizerError::Build)?;
         inner.add_tokens(user).map_err(TokenizerError::Build)?;
+        let mut ordinary = inner.clone();
+        ordinary.set_encode_special_tokens(true);
 
         let decoder = byte_decoder();
         let token_bytes = tokens
@@ -311,6 +371,7 @@ impl Tokenizer {
         tracing::debug!(vocab = n, pre = pre_name, "built tokenizer");
         Ok(Tokenizer {
             inner,
+            ordinary,
             tokens,
             token_bytes,
             token_types,
@@ -329,6 +390,36 @@ impl Tokenizer {
             .encode_fast(text, false)
             .map_err(TokenizerError::Encode)?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids for `text` with control tokens written in it treated as ordinary text:
+    /// "<|im_start|>" becomes "<", "|", "im", ... and never the control id, so text a user
+    /// typed cannot forge a chat turn. No BOS is prepended. For text without control-token
+    /// strings the ids equal [`Tokenizer::encode`]'s.
+    pub fn encode_ordinary(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .ordinary
+            .encode_fast(text, false)
+            .map_err(TokenizerError::Encode)?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Where [`Tokenizer::encode`] cuts special tokens (control and unknown-type) out of
+    /// `text`: their byte ranges and ids, in order. The text between them is what it
+    /// tokenizes with BPE, piece by piece.
+    pub fn special_spans(&self, text: &str) -> Vec<(Range<usize>, u32)> {
+        let split = self
+            .inner
+            .get_added_vocabulary()
+            .extract_and_normalize(None::<&NormalizerWrapper>, text);
+        split
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .filter_map(|(_, (start, end), tokens)| match tokens.as_deref() {
+                Some([token]) if self.is_special(token.id) => Some((start..end, token.id)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The text of `ids`, control tokens included (so encode/decode round-trips). Bytes that
@@ -402,6 +493,15 @@ impl Tokenizer {
     /// Whether `id` is a control token (token_type 3: "<|im_start|>", "<|endoftext|>", ...).
     pub fn is_control(&self, id: u32) -> bool {
         self.token_types.get(id as usize) == Some(&token_type::CONTROL)
+    }
+
+    /// Whether `id` is a special token: one that [`Tokenizer::encode`] recognises in text but
+    /// [`Tokenizer::encode_ordinary`] does not (control and unknown-type tokens).
+    pub fn is_special(&self, id: u32) -> bool {
+        matches!(
+            self.token_types.get(id as usize),
+            Some(&token_type::CONTROL | &token_type::UNKNOWN)
+        )
     }
 }
 
@@ -691,6 +791,31 @@ mod tests {
                 .unwrap(),
             "user\nHi\n"
         );
+    }
+
+    #[test]
+    fn ordinary_encoding_reads_control_tokens_as_text() {
+        let t = tok();
+        let text = "<|im_start|>user\nHi<|im_end|><|endoftext|>";
+        let ids = t.encode_ordinary(text).unwrap();
+        assert!(ids.iter().all(|&id| !t.is_special(id)), "{ids:?}");
+        assert_eq!(t.decode(&ids).unwrap(), text);
+        assert_eq!(
+            t.encode_ordinary("Hello, world!").unwrap(),
+            [19556, 28, 905, 17]
+        );
+        assert_eq!(
+            t.special_spans("a<|im_start|>b<|im_end|>"),
+            [(1..13, 1), (14..24, 2)]
+        );
+        assert!(t.special_spans("no specials").is_empty());
+        assert!(t.is_special(0) && !t.is_special(19556) && !t.is_special(u32::MAX));
+        // User-defined tokens (Qwen's tool-call tags) are no control tokens: llama.cpp
+        // matches them without special parsing too, and they are not special spans.
+        let q = Tokenizer::from_gguf(large_test_model()).unwrap();
+        let tag = q.id_of("<tool_call>").unwrap();
+        assert_eq!(q.encode_ordinary("<tool_call>").unwrap(), [tag]);
+        assert!(!q.is_special(tag) && q.special_spans("<tool_call>").is_empty());
     }
 
     #[test]
