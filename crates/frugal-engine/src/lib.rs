@@ -1,8 +1,9 @@
 //! frugal-engine: a local LLM engine for llama-family GGUF models.
 //!
-//! `gguf` reads model files, `tokenizer` and `template` turn chat messages into tokens,
-//! `quant` holds the quantized weight formats and their matrix kernels, `model` runs the
-//! batched forward pass. It knows nothing of HTTP or money.
+//! `gguf` reads model files, `tokenizer` and `template` turn chat messages into tokens and
+//! `prompt` combines them into a model's input (message contents cannot forge special
+//! tokens there), `quant` holds the quantized weight formats and their matrix kernels,
+//! `model` runs the batched forward pass. It knows nothing of HTTP or money.
 
 /// The default model, relative to the repository root; `scripts/fetch-models.sh` fetches it.
 pub const DEFAULT_MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -12,6 +13,7 @@ pub const LARGE_MODEL: &str = "models/qwen2.5/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M
 
 pub mod gguf;
 pub mod model;
+pub mod prompt;
 pub mod quant;
 pub mod sampling;
 pub mod scheduler;

@@ -4,9 +4,9 @@
 //! is implemented; other models are a clear error. Encoding is delegated to the `tokenizers`
 //! crate, configured to reproduce llama.cpp's behaviour for the file's `tokenizer.ggml.pre`
 //! pre-tokenizer: same splitting regexes, control tokens recognised in the text as single
-//! ids, no BOS added (callers decide via [`Tokenizer::add_bos_token`]).
-//! [`Tokenizer::encode_ordinary`] is the same without control tokens, for text a user
-//! wrote. Decoding goes through
+//! ids, no BOS added (callers decide via [`Tokenizer::add_bos_token`], or use
+//! [`crate::prompt`], which does). [`Tokenizer::encode_ordinary`] is the same without
+//! control tokens, for text a user wrote. Decoding goes through
 //! a per-token byte table so that whole-sequence decoding and [`StreamDecoder`] produce
 //! exactly the same text.
 
