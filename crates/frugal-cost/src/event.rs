@@ -42,6 +42,9 @@ pub enum Outcome {
     Failed,
     /// Stopped on purpose (checkpoint and exit, early stop).
     Stopped,
+    /// Abandoned by its client part-way (a request whose client left mid-answer): what was
+    /// produced until then is billed.
+    Cancelled,
 }
 
 /// What saved money on a request, against the call it replaced.
@@ -119,11 +122,12 @@ text_enum!(Capacity, "capacity type", "on_demand, spot, reserved_1y, reserved_3y
     "reserved_3y" => Reserved3y,
 });
 
-text_enum!(Outcome, "outcome", "completed, preempted, failed, stopped", {
+text_enum!(Outcome, "outcome", "completed, preempted, failed, stopped, cancelled", {
     "completed" | "done" => Completed,
     "preempted" | "interrupted" => Preempted,
     "failed" | "crashed" => Failed,
     "stopped" => Stopped,
+    "cancelled" | "canceled" => Cancelled,
 });
 
 text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching", {

@@ -219,6 +219,13 @@ impl HourlyRate {
         self.0
             .mul_div(i128::from(duration_ms) * i128::from(instances), MS_PER_HOUR)
     }
+
+    /// Cost of one instance for `time`, to the microsecond: the resolution every request's
+    /// share of a machine is priced at.
+    pub fn cost_of(self, time: std::time::Duration) -> Option<Money> {
+        let micros = i128::try_from(time.as_micros()).ok()?;
+        self.0.mul_div(micros, MS_PER_HOUR * 1000)
+    }
 }
 
 /// A price per million tokens.

@@ -61,6 +61,9 @@ pub struct Answer {
     pub usage: Usage,
     /// What the call cost: each hit saves this much.
     pub cost: Money,
+    /// Each token's logprob as the model produced it, so a cascade can judge a cached
+    /// answer as it judged the fresh one; `None` where unknown (an upstream's answer).
+    pub judged: Option<Vec<f32>>,
 }
 
 impl Answer {
@@ -501,6 +504,7 @@ mod tests {
                 total_tokens: 4,
             },
             cost: Money::from_nanos(1_000),
+            judged: None,
         }
     }
 

@@ -3,10 +3,13 @@
 //! Keys are configured by their SHA-256 only (`frugal keys new` makes one and prints the
 //! hash to configure), so a leaked config leaks no key, and no key is ever logged. Each key
 //! belongs to a tenant: the tenant namespaces the cache (one tenant's answer never reaches
-//! another) and carries optional daily and monthly budgets in dollars, checked at admission
-//! against what its finished requests cost. A request admitted while the budget had room
-//! still completes, so the overshoot is bounded by the requests in flight when it ran out.
-//! Spend is kept in memory per period (UTC day, UTC month).
+//! another) and carries optional daily and monthly budgets in dollars. At admission a
+//! request reserves its worst-case cost (its prompt and `max_tokens` at the model's prices,
+//! see [`crate::backend::Plan`]), and is refused once spend plus reservations reach a budget;
+//! when it settles, the reservation becomes its real cost. So a tenant overshoots a budget by
+//! at most the one reservation that found room last. Failed and abandoned requests are charged
+//! what they spent, as the ledger records them. Spend is kept in memory per period (UTC day,
+//! UTC month) and preloaded from the ledger at start.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -54,13 +57,14 @@ pub struct Tenant {
     spend: Mutex<Spend>,
 }
 
-/// Spend in the current day and month.
+/// Spend in the current day and month, and what requests in flight have reserved.
 #[derive(Debug, Default)]
 struct Spend {
     day: Option<NaiveDate>,
     day_total: Money,
     month: Option<(i32, u32)>,
     month_total: Money,
+    reserved: Money,
 }
 
 impl Spend {
@@ -80,19 +84,33 @@ impl Spend {
 }
 
 impl Tenant {
-    /// Refuses a request once a budget is spent, naming it and when it resets.
+    /// Refuses a request once a budget is spent (or reserved by requests in flight),
+    /// naming it and when it resets.
     pub fn admit(&self, now: DateTime<Utc>) -> Result<(), ApiError> {
         let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+        self.check(&mut spend, now)
+    }
+
+    fn check(&self, spend: &mut Spend, now: DateTime<Utc>) -> Result<(), ApiError> {
         spend.roll(now);
         let checks = [
             ("daily", self.daily, spend.day_total, next_day(now)),
             ("monthly", self.monthly, spend.month_total, next_month(now)),
         ];
         for (period, limit, spent, resets) in checks {
-            if let Some(limit) = limit.filter(|l| spent >= *l) {
+            let committed = spent + spend.reserved;
+            if let Some(limit) = limit.filter(|l| committed >= *l) {
+                let held = if spend.reserved > Money::ZERO {
+                    format!(
+                        " (${} more held by requests in flight)",
+                        spend.reserved.to_string_places(6)
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(ApiError::Budget {
                     message: format!(
-                        "the {period} budget of `{}` is spent: ${} of ${}; it resets at {}",
+                        "the {period} budget of `{}` is spent: ${} of ${}{held}; it resets at {}",
                         self.name,
                         spent.to_string_places(6),
                         limit.to_string_places(2),
@@ -103,6 +121,22 @@ impl Tenant {
             }
         }
         Ok(())
+    }
+
+    /// Admits a request whose cost can reach `worst`, holding that much of the budgets until
+    /// it settles.
+    pub fn reserve(
+        self: &Arc<Self>,
+        worst: Money,
+        now: DateTime<Utc>,
+    ) -> Result<Reservation, ApiError> {
+        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+        self.check(&mut spend, now)?;
+        spend.reserved += worst;
+        Ok(Reservation {
+            tenant: self.clone(),
+            held: worst,
+        })
     }
 
     /// Starts from what the ledger says was spent this day and this month (before a restart).
@@ -119,6 +153,33 @@ impl Tenant {
         spend.roll(now);
         spend.day_total += cost;
         spend.month_total += cost;
+    }
+}
+
+/// Part of a tenant's budgets held for a request in flight.
+#[derive(Debug)]
+pub struct Reservation {
+    tenant: Arc<Tenant>,
+    held: Money,
+}
+
+impl Reservation {
+    /// The request settled at `cost`: the hold becomes that spend.
+    pub fn settle(mut self, cost: Money, now: DateTime<Utc>) {
+        self.release();
+        self.tenant.spend(cost, now);
+    }
+
+    fn release(&mut self) {
+        let held = std::mem::replace(&mut self.held, Money::ZERO);
+        let mut spend = self.tenant.spend.lock().unwrap_or_else(|p| p.into_inner());
+        spend.reserved = (spend.reserved - held).max(Money::ZERO);
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -316,5 +377,34 @@ mod tests {
             "{message}"
         );
         t.admit(at("2027-01-01T00:00:00Z")).unwrap();
+    }
+
+    #[test]
+    fn reservations_bound_the_overshoot_to_one_worst_case() {
+        let keys = Keys::new(&[KeyConfig {
+            tenant: "a".into(),
+            sha256: hash_key("k"),
+            daily: Some(Money::from_cents(100)),
+            monthly: None,
+        }]);
+        let t = keys.by_hash[&hash_key("k")].clone();
+        let now = at("2026-12-03T10:00:00Z");
+        // Three requests of up to $0.60 each arrive at once: the first two find room (the
+        // second overshoots by at most its own reservation), the third does not.
+        let a = t.reserve(Money::from_cents(60), now).unwrap();
+        let b = t.reserve(Money::from_cents(60), now).unwrap();
+        let Err(ApiError::Budget { message, .. }) = t.reserve(Money::from_cents(60), now) else {
+            panic!("reservations fill the budget")
+        };
+        assert!(message.contains("held by requests in flight"), "{message}");
+        // They settle at their real cost; the holds are released.
+        a.settle(Money::from_cents(10), now);
+        b.settle(Money::from_cents(15), now);
+        let c = t.reserve(Money::from_cents(60), now).unwrap();
+        // Dropped unsettled (a task that died): the hold goes, nothing is spent.
+        drop(c);
+        let spend = t.spend.lock().unwrap();
+        assert_eq!(spend.reserved, Money::ZERO);
+        assert_eq!(spend.day_total, Money::from_cents(25));
     }
 }

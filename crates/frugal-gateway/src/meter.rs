@@ -1,14 +1,17 @@
-//! Metering: every finished request, and the engine's idle time, into the usage ledger.
+//! Metering: every settled request, and the machines' idle time, into the usage ledger.
 //!
 //! A writer thread owns the ledger and appends in batches (one transaction each), so a
-//! request never waits on the disk. Each request is charged its share of engine time at
-//! the machine's hourly price; once a minute the machine time no request used is written
-//! as idle capacity, so the report's cost per 1,000 inferences includes it. Upstreams priced
-//! by the hour are machines too: their calls' shares are their busy time, the rest is idle.
+//! request never waits on the disk. The channel to it is bounded: when the disk falls behind
+//! (or is full), settling requests wait for room instead of the queue growing without end or
+//! rows being dropped. Every machine frugal pays for by the hour (the local engine, a
+//! self-hosted upstream) accumulates its requests' busy time; once a minute the time no
+//! request used is written as idle capacity, so the report's cost per 1,000 inferences
+//! includes it. [`Meter::close`] drains the queue and joins the writer: what was settled
+//! before a shutdown is in the ledger when the process exits.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use frugal_cost::money::HourlyRate;
@@ -16,16 +19,20 @@ use frugal_cost::{Capacity, Event, Kind, Ledger, Lever, Money, Outcome};
 
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
 const IDLE_EVERY: Duration = Duration::from_secs(60);
+/// Rows queued for the writer at most; past it, settling waits (back-pressure).
+const QUEUE: usize = 16_384;
+/// Rows kept in memory at most while the ledger cannot be written; past it, the writer
+/// stops taking rows, so the queue fills and requests wait until the disk takes them.
+const PENDING_MAX: usize = 100_000;
 
-/// What the meter needs to price a request.
+/// What the meter needs to write rows.
 #[derive(Debug, Clone)]
 pub struct MeterConfig {
     pub ledger: PathBuf,
     pub workload: String,
-    /// The local engine's machine; None when the gateway serves only upstreams.
-    pub engine: Option<Machine>,
     pub capacity: Option<Capacity>,
-    /// Upstreams priced by the hour, whose idle time is recorded like the engine's.
+    /// Machines paid by the hour (the local engine's, self-hosted upstreams'), whose idle
+    /// time is recorded.
     pub machines: Vec<Machine>,
 }
 
@@ -38,34 +45,32 @@ pub struct Machine {
     pub instance_type: Option<String>,
 }
 
-/// One finished request.
-#[derive(Debug, Clone)]
-pub struct Usage {
-    pub started: SystemTime,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub engine: Duration,
-    /// A cache answered: what the call it replaced cost, and which cache.
-    pub saved: Option<(Money, Lever)>,
-    /// The API key's tenant, for budgets that outlive a restart.
-    pub tenant: Option<String>,
+impl Machine {
+    /// `time` on this machine, priced to the microsecond.
+    pub fn cost(&self, time: Duration) -> Money {
+        self.rate.cost_of(time).unwrap_or(Money::ZERO)
+    }
 }
 
-/// One finished call to an upstream, priced by its tokens.
+/// One settled request (or call): what it spent and how it ended.
 #[derive(Debug, Clone)]
-pub struct Call {
+pub struct Row {
     pub started: SystemTime,
     pub duration: Duration,
+    /// The served name it was billed under.
     pub model: String,
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
     pub cost: Money,
-    /// The call failed: recorded as a failed outcome, serving no request.
-    pub failed: bool,
-    /// On an upstream priced by the hour: the call's share of the machine's time.
-    pub share: Option<Duration>,
+    /// Time it held a machine paid by the hour (the engine's share, an upstream's share).
+    pub busy: Option<Duration>,
+    /// `None`: answered in full. `Failed` rows serve no request; `Cancelled` ones were left
+    /// by their client part-way, billed for what was produced.
+    pub outcome: Option<Outcome>,
+    /// What a lever saved on it, once.
     pub saved: Option<(Money, Lever)>,
+    /// The API key's tenant, for budgets that outlive a restart.
     pub tenant: Option<String>,
 }
 
@@ -77,18 +82,24 @@ pub struct Saving {
     /// The route.
     pub model: String,
     pub saved: Money,
+    pub tenant: Option<String>,
 }
 
 enum Record {
-    Engine(Usage),
-    Upstream(Call),
+    Row(Row),
     Saving(Saving),
 }
 
+/// A cheap, cloneable handle to the ledger writer.
 #[derive(Clone)]
 pub struct Meter {
-    tx: mpsc::Sender<Record>,
-    rate: HourlyRate,
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    /// `None` once closed.
+    tx: Mutex<Option<mpsc::SyncSender<Record>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Meter {
@@ -96,34 +107,24 @@ impl Meter {
     /// writer thread.
     pub fn start(config: MeterConfig) -> Result<Meter, frugal_cost::ledger::LedgerError> {
         let ledger = Ledger::open(&config.ledger)?;
-        let (tx, rx) = mpsc::channel();
-        let rate = config
-            .engine
-            .as_ref()
-            .map_or(HourlyRate(Money::ZERO), |m| m.rate);
-        std::thread::Builder::new()
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let writer = std::thread::Builder::new()
             .name("frugal-meter".into())
             .spawn(move || Writer::new(ledger, config).run(rx))
             .map_err(|e| frugal_cost::ledger::LedgerError::Unwritable {
                 path: PathBuf::new(),
                 source: e,
             })?;
-        Ok(Meter { tx, rate })
+        Ok(Meter {
+            inner: Arc::new(Shared {
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(writer)),
+            }),
+        })
     }
 
-    /// The cost of `engine` time at the machine's rate.
-    pub fn cost(&self, engine: Duration) -> Money {
-        self.rate
-            .cost(engine.as_millis() as i64, 1)
-            .unwrap_or(Money::ZERO)
-    }
-
-    pub fn record(&self, usage: Usage) {
-        self.send(Record::Engine(usage));
-    }
-
-    pub fn record_call(&self, call: Call) {
-        self.send(Record::Upstream(call));
+    pub fn record(&self, row: Row) {
+        self.send(Record::Row(row));
     }
 
     pub fn record_saving(&self, saving: Saving) {
@@ -131,8 +132,33 @@ impl Meter {
     }
 
     fn send(&self, record: Record) {
-        if self.tx.send(record).is_err() {
-            tracing::warn!("the ledger writer has stopped; usage not recorded");
+        // The sender is cloned out of the lock: a full queue blocks this sender only.
+        let tx = self
+            .inner
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match tx {
+            Some(tx) if tx.send(record).is_ok() => {}
+            _ => tracing::error!("the ledger writer has stopped; a settled request is not recorded"),
+        }
+    }
+
+    /// Stops taking rows, writes every queued one and the idle time so far, and waits for
+    /// the writer to finish.
+    pub fn close(&self) {
+        drop(self.inner.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = writer
+            && w.join().is_err()
+        {
+            tracing::error!("the ledger writer panicked");
         }
     }
 }
@@ -150,11 +176,9 @@ struct Writer {
     ledger: Ledger,
     config: MeterConfig,
     pending: Vec<Event>,
-    /// Engine time used since the last idle record, and when that was.
-    busy: Duration,
+    /// Each machine's busy time since the last idle record, by its model, and when that was.
+    busy: HashMap<String, Duration>,
     since: (Instant, SystemTime),
-    /// Each hourly upstream's time used since the last idle record, by its name.
-    upstream_busy: HashMap<String, Duration>,
 }
 
 impl Writer {
@@ -162,39 +186,41 @@ impl Writer {
         Writer {
             ledger,
             pending: Vec::new(),
-            busy: Duration::ZERO,
+            busy: HashMap::new(),
             since: (Instant::now(), SystemTime::now()),
-            upstream_busy: HashMap::new(),
             config,
         }
     }
 
     fn run(mut self, rx: mpsc::Receiver<Record>) {
         loop {
-            let first = rx.recv_timeout(FLUSH_EVERY);
-            let stopped = match first {
-                Ok(record) => {
-                    self.take(record);
-                    // Group commit: everything that queued up while the last transaction
-                    // was being synced goes into the next one, so a busy server pays one
-                    // transaction (and fsync) per batch, not per request. No record waits
-                    // for a batch to fill: durability is as before, a crash loses only
-                    // the records not yet committed (queued, or in the transaction being
-                    // written), and a committed one survives a power cut.
-                    loop {
-                        match rx.try_recv() {
-                            Ok(record) => self.take(record),
-                            Err(mpsc::TryRecvError::Empty) => break false,
-                            Err(mpsc::TryRecvError::Disconnected) => break true,
+            // While the ledger cannot be written and too much is pending, take nothing: the
+            // bounded queue then holds settling requests back instead of rows piling up.
+            let stopped = if self.pending.len() >= PENDING_MAX {
+                std::thread::sleep(FLUSH_EVERY);
+                false
+            } else {
+                match rx.recv_timeout(FLUSH_EVERY) {
+                    Ok(record) => {
+                        self.take(record);
+                        // Group commit: everything that queued up while the last transaction
+                        // was being synced goes into the next one, so a busy server pays one
+                        // transaction (and fsync) per batch, not per request.
+                        loop {
+                            match rx.try_recv() {
+                                Ok(record) => self.take(record),
+                                Err(mpsc::TryRecvError::Empty) => break false,
+                                Err(mpsc::TryRecvError::Disconnected) => break true,
+                            }
                         }
                     }
+                    Err(mpsc::RecvTimeoutError::Timeout) => false,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => true,
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => false,
-                Err(mpsc::RecvTimeoutError::Disconnected) => true,
             };
             if stopped {
                 self.idle();
-                self.flush();
+                self.flush_until_written();
                 return;
             }
             if self.since.0.elapsed() >= IDLE_EVERY {
@@ -206,60 +232,36 @@ impl Writer {
 
     fn take(&mut self, record: Record) {
         match record {
-            Record::Engine(usage) => self.add(usage),
-            Record::Upstream(call) => self.add_call(call),
+            Record::Row(row) => self.add(row),
             Record::Saving(saving) => self.add_saving(saving),
         }
     }
 
-    /// Time on `machine`, at its rate.
-    fn event(&self, kind: Kind, ts_ms: i64, duration: Duration, machine: &Machine) -> Event {
-        let duration_ms = duration.as_millis() as i64;
-        let cost = machine.rate.cost(duration_ms, 1).unwrap_or(Money::ZERO);
-        let mut e = Event::new(ts_ms, kind, self.config.workload.clone(), cost);
-        e.duration_ms = duration_ms;
-        e.model = Some(machine.model.clone());
-        e.instance_type.clone_from(&machine.instance_type);
-        e.capacity = self.config.capacity;
-        e
+    fn machine(&self, model: &str) -> Option<&Machine> {
+        self.config.machines.iter().find(|m| m.model == model)
     }
 
-    fn add(&mut self, u: Usage) {
-        // Only the local engine's requests come here.
-        let Some(engine) = &self.config.engine else {
-            return;
-        };
-        self.busy += u.engine;
-        let mut e = self.event(Kind::Inference, epoch_ms(u.started), u.engine, engine);
-        e.requests = 1;
-        e.input_tokens = u.prompt_tokens;
-        e.output_tokens = u.completion_tokens;
-        (e.saved, e.lever) = split(u.saved);
-        e.tenant = u.tenant;
-        self.pending.push(e);
-    }
-
-    fn add_call(&mut self, c: Call) {
+    fn add(&mut self, r: Row) {
         let mut e = Event::new(
-            epoch_ms(c.started),
+            epoch_ms(r.started),
             Kind::Inference,
             self.config.workload.clone(),
-            c.cost,
+            r.cost,
         );
-        e.duration_ms = c.duration.as_millis() as i64;
-        if let Some(machine) = self.config.machines.iter().find(|m| m.model == c.model) {
-            *self.upstream_busy.entry(c.model.clone()).or_default() += c.share.unwrap_or_default();
+        e.duration_ms = r.duration.as_millis() as i64;
+        if let Some(machine) = self.machine(&r.model) {
             e.instance_type.clone_from(&machine.instance_type);
             e.capacity = self.config.capacity;
+            *self.busy.entry(r.model.clone()).or_default() += r.busy.unwrap_or_default();
         }
-        e.model = Some(c.model);
-        e.requests = u64::from(!c.failed);
-        e.outcome = c.failed.then_some(Outcome::Failed);
-        e.input_tokens = c.prompt_tokens;
-        e.cached_input_tokens = c.cached_tokens;
-        e.output_tokens = c.completion_tokens;
-        (e.saved, e.lever) = split(c.saved);
-        e.tenant = c.tenant;
+        e.model = Some(r.model);
+        e.requests = u64::from(r.outcome != Some(Outcome::Failed));
+        e.outcome = r.outcome;
+        e.input_tokens = r.prompt_tokens;
+        e.cached_input_tokens = r.cached_tokens;
+        e.output_tokens = r.completion_tokens;
+        (e.saved, e.lever) = split(r.saved);
+        e.tenant = r.tenant;
         self.pending.push(e);
     }
 
@@ -274,52 +276,142 @@ impl Writer {
         e.model = Some(s.model);
         e.saved = s.saved;
         e.lever = Some(Lever::Routing);
+        e.tenant = s.tenant;
         self.pending.push(e);
     }
 
-    /// The machine time since the last record that no request used.
+    /// Each machine's time since the last record that no request used.
     fn idle(&mut self) {
         let elapsed = self.since.0.elapsed();
-        let idle = elapsed.saturating_sub(self.busy);
         let ts_ms = epoch_ms(self.since.1);
-        if let Some(engine) = self
-            .config
-            .engine
-            .as_ref()
-            .filter(|_| idle > Duration::ZERO)
-        {
-            let e = self.event(Kind::Idle, ts_ms, idle, engine);
-            self.pending.push(e);
-        }
-        let busy = std::mem::take(&mut self.upstream_busy);
+        let busy = std::mem::take(&mut self.busy);
         let idles: Vec<Event> = self
             .config
             .machines
             .iter()
             .filter_map(|m| {
                 let idle = elapsed.saturating_sub(busy.get(&m.model).copied().unwrap_or_default());
-                (idle.as_millis() > 0).then(|| self.event(Kind::Idle, ts_ms, idle, m))
+                (idle > Duration::ZERO).then(|| {
+                    let mut e = Event::new(
+                        ts_ms,
+                        Kind::Idle,
+                        self.config.workload.clone(),
+                        m.cost(idle),
+                    );
+                    e.duration_ms = idle.as_millis() as i64;
+                    e.model = Some(m.model.clone());
+                    e.instance_type.clone_from(&m.instance_type);
+                    e.capacity = self.config.capacity;
+                    e
+                })
             })
             .collect();
         self.pending.extend(idles);
-        self.busy = Duration::ZERO;
         self.since = (Instant::now(), SystemTime::now());
     }
 
-    fn flush(&mut self) {
+    /// Appends what is pending; kept for the next round if the ledger refuses (a full disk
+    /// may clear up).
+    fn flush(&mut self) -> bool {
         if self.pending.is_empty() {
-            return;
+            return true;
         }
         match self.ledger.append("frugal serve", &self.pending) {
-            Ok(_) => self.pending.clear(),
-            // Kept for the next round: a full disk may clear up; bounded so it cannot grow
-            // without end.
+            Ok(_) => {
+                self.pending.clear();
+                true
+            }
             Err(e) => {
-                tracing::error!(error = %e, kept = self.pending.len(), "cannot write usage to the ledger");
-                if self.pending.len() > 100_000 {
-                    self.pending.drain(..50_000);
-                }
+                tracing::error!(error = %e, kept = self.pending.len(), "cannot write usage to the ledger; will retry");
+                false
             }
         }
+    }
+
+    /// At shutdown: a few more tries before giving up on what is pending, and saying so.
+    fn flush_until_written(&mut self) {
+        for _ in 0..20 {
+            if self.flush() {
+                return;
+            }
+            std::thread::sleep(FLUSH_EVERY);
+        }
+        tracing::error!(
+            lost = self.pending.len(),
+            "the ledger could not be written before shutdown; these rows are lost"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn row(model: &str, cost: Money, busy: Option<Duration>, outcome: Option<Outcome>) -> Row {
+        Row {
+            started: SystemTime::now(),
+            duration: Duration::from_millis(5),
+            model: model.into(),
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            completion_tokens: 3,
+            cost,
+            busy,
+            outcome,
+            saved: None,
+            tenant: Some("t".into()),
+        }
+    }
+
+    #[test]
+    fn close_writes_every_queued_row_and_the_idle_time_before_it_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sqlite");
+        let meter = Meter::start(MeterConfig {
+            ledger: path.clone(),
+            workload: "w".into(),
+            capacity: Some(Capacity::OnDemand),
+            machines: vec![Machine {
+                model: "m".into(),
+                rate: HourlyRate(Money::from_cents(360_000)),
+                instance_type: None,
+            }],
+        })
+        .unwrap();
+        for _ in 0..1000 {
+            meter.record(row("m", Money::from_nanos(7), Some(Duration::from_micros(1500)), None));
+        }
+        meter.record(row("m", Money::ZERO, None, Some(Outcome::Cancelled)));
+        meter.record(row("up", Money::ZERO, None, Some(Outcome::Failed)));
+        meter.close();
+        meter.record(row("m", Money::ZERO, None, None));
+        let ledger = Ledger::open(&path).unwrap();
+        let mut rows = Vec::new();
+        ledger
+            .scan(frugal_cost::ledger::Window::default(), |r| rows.push(*r))
+            .unwrap();
+        let inference: Vec<_> = rows.iter().filter(|e| e.kind == Kind::Inference).collect();
+        assert_eq!(inference.len(), 1002, "every row before close, none after");
+        assert_eq!(
+            inference.iter().map(|e| e.requests).sum::<u64>(),
+            1001,
+            "a failed call serves no request"
+        );
+        assert!(inference.iter().any(|e| e.outcome == Some(Outcome::Cancelled)));
+        assert!(rows.iter().any(|e| e.kind == Kind::Idle));
+    }
+
+    #[test]
+    fn machine_time_is_priced_to_the_microsecond() {
+        let m = Machine {
+            model: "m".into(),
+            rate: HourlyRate(Money::from_cents(360_000)),
+            instance_type: None,
+        };
+        // $3,600 an hour is a micro-dollar per microsecond.
+        assert_eq!(m.cost(Duration::from_micros(1500)), Money::from_nanos(1_500_000));
+        assert_eq!(m.cost(Duration::from_nanos(999)), Money::from_nanos(999));
     }
 }

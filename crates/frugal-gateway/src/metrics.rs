@@ -52,6 +52,8 @@ impl Histogram {
 pub struct Metrics {
     pub requests_ok: AtomicU64,
     pub requests_failed: AtomicU64,
+    /// Left by their client part-way (billed for what was produced).
+    pub requests_cancelled: AtomicU64,
     pub requests_rejected: AtomicU64,
     pub cache_hits: AtomicU64,
     pub semantic_hits: AtomicU64,
@@ -183,6 +185,7 @@ impl Metrics {
         for (status, c) in [
             ("ok", &self.requests_ok),
             ("failed", &self.requests_failed),
+            ("cancelled", &self.requests_cancelled),
             ("rejected", &self.requests_rejected),
         ] {
             let _ = writeln!(

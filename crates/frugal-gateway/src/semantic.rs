@@ -152,6 +152,60 @@ impl SemanticCache {
             },
         );
         state.order.push_back(id);
+        // Entries that expired on lookup leave their ids behind here; compacting once stale
+        // ids outnumber live ones keeps the list bounded at amortized O(1) per insert.
+        if state.order.len() > 2 * state.entries.len() + 64 {
+            let State { order, entries, .. } = &mut *state;
+            order.retain(|id| entries.contains_key(id));
+        }
+    }
+
+    /// The question's embedding and the first cached answer the guard accepts, computed off
+    /// the async threads (the embedding is ~2 ms of CPU; the scan and the guard hold the
+    /// index's lock). `None` for the embedding if it cannot be computed (the request misses).
+    pub async fn lookup(
+        self: &Arc<Self>,
+        space: Arc<str>,
+        text: String,
+        threshold: Option<f32>,
+        read: bool,
+    ) -> (Option<Vec<f32>>, Option<Found>, Duration) {
+        let this = self.clone();
+        let work = move || {
+            let v = match this.embedder.embed(&text) {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("semantic cache: {e}");
+                    return (None, None, Duration::ZERO);
+                }
+            };
+            let t = Instant::now();
+            let found = if read {
+                this.find(&space, &text, &v, threshold)
+            } else {
+                None
+            };
+            (Some(v), found, t.elapsed())
+        };
+        tokio::task::spawn_blocking(work)
+            .await
+            .unwrap_or((None, None, Duration::ZERO))
+    }
+
+    /// Inserts off the async threads when there are some (a graph relink can take a while).
+    pub fn insert_later(self: &Arc<Self>, space: Arc<str>, text: String, v: Vec<f32>, answer: Arc<Answer>) {
+        let this = self.clone();
+        let work = move || this.insert(space, text, &v, answer);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(work)),
+            Err(_) => work(),
+        }
+    }
+
+    /// Ids in the eviction order, live or stale.
+    #[cfg(test)]
+    fn order_len(&self) -> usize {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).order.len()
     }
 
     /// Entries held.
@@ -220,6 +274,7 @@ mod tests {
             finish_reason: FinishReason::Stop,
             usage: Usage::default(),
             cost: Money::from_nanos(1000),
+            judged: None,
         })
     }
 
@@ -293,5 +348,22 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(60)).await;
         assert_eq!(get(&c, "s", "Who wrote Hamlet?").await, None);
         assert!(c.is_empty());
+    }
+
+    #[tokio::test]
+    async fn ids_of_expired_entries_do_not_pile_up_in_the_eviction_order() {
+        let c = cache(SemanticConfig {
+            ttl: Duration::from_millis(1),
+            ..SemanticConfig::default()
+        });
+        let q = "Who wrote Hamlet?";
+        let v = c.embed(q).await.unwrap();
+        for _ in 0..500 {
+            c.insert("s".into(), q.into(), &v, answer("Shakespeare"));
+            std::thread::sleep(Duration::from_millis(2));
+            // The lookup finds the entry expired and removes it.
+            assert!(c.find("s", q, &v, None).is_none());
+        }
+        assert!(c.order_len() <= 2 * c.len() + 65, "{}", c.order_len());
     }
 }

@@ -37,16 +37,34 @@ struct Stored {
     finish: String,
     usage: [usize; 3],
     cost_nanos: i64,
+    #[serde(default)]
+    judged: Option<Vec<f32>>,
+}
+
+/// `url` as it may be shown: its password (and any user name) replaced, so no secret
+/// reaches a log or an error message.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://***@{host}{path}"),
+        None => url.to_owned(),
+    }
 }
 
 impl SharedCache {
     /// Connects (and checks the server answers) before serving starts.
     pub async fn connect(url: &str, ttl: Duration) -> Result<SharedCache, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("cache_redis {url}: {e}"))?;
+        let shown = redact_url(url);
+        // The client's own errors may quote the URL: they are shown with it redacted.
+        let hide = |e: redis::RedisError| e.to_string().replace(url, &shown);
+        let client = redis::Client::open(url).map_err(|e| format!("cache_redis {shown}: {}", hide(e)))?;
         let conn = tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
             .await
-            .map_err(|_| format!("cache_redis {url}: no answer within 5 s"))?
-            .map_err(|e| format!("cache_redis {url}: {e}"))?;
+            .map_err(|_| format!("cache_redis {shown}: no answer within 5 s"))?
+            .map_err(|e| format!("cache_redis {shown}: {}", hide(e)))?;
         Ok(SharedCache {
             conn,
             ttl,
@@ -108,6 +126,7 @@ impl SharedCache {
                 total_tokens: stored.usage[2],
             },
             cost: Money::from_nanos(stored.cost_nanos),
+            judged: stored.judged,
         }))
     }
 
@@ -126,6 +145,7 @@ impl SharedCache {
                 answer.usage.total_tokens,
             ],
             cost_nanos: answer.cost.nanos(),
+            judged: answer.judged.clone(),
         };
         let Ok(bytes) = serde_json::to_vec(&stored) else {
             return;
@@ -140,5 +160,23 @@ impl SharedCache {
                 Err(_) => this.failed("write", "timed out"),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redact_url;
+
+    #[test]
+    fn urls_are_shown_without_their_secrets() {
+        assert_eq!(
+            redact_url("redis://:hunter2@cache.internal:6379/0"),
+            "redis://***@cache.internal:6379/0"
+        );
+        assert_eq!(
+            redact_url("rediss://user:pw@h/1?x=y@z"),
+            "rediss://***@h/1?x=y@z"
+        );
+        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }
 }

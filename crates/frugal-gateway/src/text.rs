@@ -1,15 +1,20 @@
 //! From engine tokens to response text: UTF-8-safe incremental decoding, stop sequences
 //! (text that could still become a stop sequence is held back until it cannot), and
-//! per-token logprobs.
+//! per-token logprobs. And [`Source`]: where a rendered answer's pieces come from, the
+//! engine or a cached answer.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use frugal_engine::scheduler::{EngineTime, Event, FinishReason};
 use frugal_engine::tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::Events;
 use crate::api::{TokenLogprob, TopLogprob, Usage};
+use crate::cache::Answer;
+
+/// Engine events, for the text layer.
+pub(crate) type Events = tokio::sync::mpsc::UnboundedReceiver<Event>;
 
 pub enum Piece {
     Text {
@@ -21,6 +26,8 @@ pub enum Piece {
         usage: Usage,
         engine: EngineTime,
         first_token: Option<Duration>,
+        /// Each generated token's logprob, which a cascade judges; `None` where unknown.
+        judged: Option<Vec<f32>>,
     },
     Failed(String),
 }
@@ -40,6 +47,8 @@ pub struct TextStream {
     first_token: Option<Duration>,
     /// Engine time used so far, as the last token reported it.
     engine: EngineTime,
+    /// The logprob of each token generated so far (one float each: the cascade's evidence).
+    chosen: Vec<f32>,
     finished: Option<Piece>,
 }
 
@@ -63,8 +72,14 @@ impl TextStream {
             started: std::time::Instant::now(),
             first_token: None,
             engine: EngineTime::default(),
+            chosen: Vec::new(),
             finished: None,
         }
+    }
+
+    /// Tokens and engine time used so far: what a request left part-way is billed for.
+    pub fn progress(&self) -> (Usage, EngineTime) {
+        (self.usage(), self.engine)
     }
 
     pub fn wants_logprobs(&self) -> bool {
@@ -93,6 +108,7 @@ impl TextStream {
                 Some(Event::Token(sampled, engine)) => {
                     self.completion_tokens += 1;
                     self.engine = engine;
+                    self.chosen.push(sampled.logprob);
                     self.first_token
                         .get_or_insert_with(|| self.started.elapsed());
                     let logprobs = if self.logprobs {
@@ -119,6 +135,7 @@ impl TextStream {
                             usage: self.usage(),
                             engine: self.engine,
                             first_token: self.first_token,
+                            judged: Some(std::mem::take(&mut self.chosen)),
                         });
                         return Piece::Text { text, logprobs };
                     }
@@ -139,11 +156,13 @@ impl TextStream {
                     self.completion_tokens = completion_tokens;
                     let text = std::mem::take(&mut self.held);
                     self.rx = None;
+                    self.engine = engine;
                     self.finished = Some(Piece::Done {
                         reason,
                         usage: self.usage(),
                         engine,
                         first_token: Some(first_token),
+                        judged: Some(std::mem::take(&mut self.chosen)),
                     });
                     if !text.is_empty() {
                         return Piece::Text {
@@ -197,5 +216,60 @@ impl TextStream {
                 })
                 .collect(),
         }
+    }
+}
+
+/// Where a response's pieces come from: the engine, or a cached answer.
+pub enum Source {
+    Live(Box<TextStream>),
+    Replay(Replay),
+}
+
+impl Source {
+    pub async fn next(&mut self) -> Piece {
+        match self {
+            Source::Live(t) => t.next().await,
+            Source::Replay(r) => r.next(),
+        }
+    }
+
+    pub fn wants_logprobs(&self) -> bool {
+        match self {
+            Source::Live(t) => t.wants_logprobs(),
+            Source::Replay(r) => r.logprobs,
+        }
+    }
+}
+
+/// A cached answer's pieces in their first chunking, then its end; free of engine time.
+pub struct Replay {
+    pieces: VecDeque<Piece>,
+    logprobs: bool,
+}
+
+impl Replay {
+    pub fn new(answer: &Answer, logprobs: bool) -> Replay {
+        let mut pieces: VecDeque<Piece> = answer
+            .chunks
+            .iter()
+            .map(|c| Piece::Text {
+                text: c.text.clone(),
+                logprobs: if logprobs { c.logprobs.clone() } else { Vec::new() },
+            })
+            .collect();
+        pieces.push_back(Piece::Done {
+            reason: answer.finish_reason,
+            usage: answer.usage,
+            engine: EngineTime::default(),
+            first_token: None,
+            judged: answer.judged.clone(),
+        });
+        Replay { pieces, logprobs }
+    }
+
+    fn next(&mut self) -> Piece {
+        self.pieces
+            .pop_front()
+            .unwrap_or_else(|| Piece::Failed("the cached answer has ended".into()))
     }
 }

@@ -21,10 +21,14 @@ use crate::api::Usage;
 use crate::error::ApiError;
 use crate::meter::Machine;
 
-/// Longest wait between tries, whatever Retry-After says.
+/// Longest wait between tries by default, whatever Retry-After says.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// Largest answer body read from an upstream by default; past it the call is a 502.
+const MAX_BODY: usize = 32 << 20;
+/// Largest single SSE event by default; past it the stream is broken off.
+const MAX_EVENT: usize = 4 << 20;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct UpstreamConfig {
     /// The name clients ask for.
     pub name: String,
@@ -42,6 +46,32 @@ pub struct UpstreamConfig {
     pub retries: u32,
     /// First backoff; doubled each try.
     pub backoff: Duration,
+    /// Longest wait between tries, whatever the upstream's Retry-After asks.
+    pub max_backoff: Duration,
+    /// Largest answer body (and SSE event) read from the upstream.
+    pub max_body: usize,
+}
+
+/// Written out by hand: the API key must never reach a log through `{:?}`.
+impl std::fmt::Debug for UpstreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamConfig")
+            .field("name", &self.name)
+            .field("url", &crate::shared::redact_url(&self.url))
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("pricing", &self.pricing)
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How far an upstream's stream may go.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest single event.
+    pub max_event: usize,
 }
 
 impl UpstreamConfig {
@@ -56,8 +86,27 @@ impl UpstreamConfig {
             connect_timeout: Duration::from_secs(5),
             retries: 2,
             backoff: Duration::from_millis(200),
+            max_backoff: MAX_BACKOFF,
+            max_body: MAX_BODY,
         }
     }
+}
+
+/// A `Retry-After` value: seconds (a decimal, as some servers send) or an HTTP date,
+/// clamped to `[0, max]`. Garbage (`-1`, `inf`, `NaN`, `1e300`, a date in the past) never
+/// panics: a negative or past wait is no wait, anything too long or not finite is `max`.
+pub fn retry_after(value: &str, max: Duration, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<f64>() {
+        if secs.is_nan() {
+            return Some(max);
+        }
+        let secs = secs.clamp(0.0, max.as_secs_f64());
+        return Some(Duration::try_from_secs_f64(secs).map_or(max, |d| d.min(max)));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    let wait = (at.with_timezone(&chrono::Utc) - now).to_std().unwrap_or(Duration::ZERO);
+    Some(wait.min(max))
 }
 
 /// How an upstream's calls are priced.
@@ -171,6 +220,12 @@ impl Upstream {
         })
     }
 
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_event: self.config.max_body.min(MAX_EVENT),
+        }
+    }
+
     /// Takes a place among the calls in flight; the ticket's `finish` says what share of
     /// the upstream's time the call had.
     pub fn occupy(&self) -> Ticket {
@@ -261,7 +316,7 @@ impl Upstream {
                     if stream {
                         return Ok(Reply::Stream(resp));
                     }
-                    let bytes = resp.bytes().await.map_err(|e| lost(name, &e))?;
+                    let bytes = read_capped(resp, self.config.max_body, name).await?;
                     return serde_json::from_slice(&bytes)
                         .map(Reply::Json)
                         .map_err(|e| ApiError::Upstream {
@@ -275,9 +330,12 @@ impl Upstream {
                         .headers()
                         .get(reqwest::header::RETRY_AFTER)
                         .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.parse::<f64>().ok())
-                        .map(Duration::from_secs_f64);
-                    let text = resp.text().await.unwrap_or_default();
+                        .and_then(|v| retry_after(v, self.config.max_backoff, chrono::Utc::now()));
+                    // An error body is read only as far as a message needs.
+                    let text = read_capped(resp, 64 << 10, name)
+                        .await
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                        .unwrap_or_default();
                     let message = upstream_message(&text);
                     if !(status.as_u16() == 429 || status.is_server_error()) {
                         // The client's mistake, as the upstream said it.
@@ -315,10 +373,36 @@ impl Upstream {
                 return Err(error);
             }
             tries += 1;
-            let pause = retry_after.unwrap_or(wait).min(MAX_BACKOFF);
+            let pause = retry_after.unwrap_or(wait).min(self.config.max_backoff);
             tracing::warn!(upstream = %name, try_ = tries, ?pause, error = %error, "retrying");
             tokio::time::sleep(pause).await;
         }
+    }
+}
+
+/// The body, refused past `max` bytes (a 502 that says so) instead of held in memory.
+async fn read_capped(
+    mut resp: reqwest::Response,
+    max: usize,
+    name: &str,
+) -> Result<Vec<u8>, ApiError> {
+    if resp.content_length().is_some_and(|n| n > max as u64) {
+        return Err(too_large(name, max));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| lost(name, &e))? {
+        if body.len() + chunk.len() > max {
+            return Err(too_large(name, max));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+fn too_large(name: &str, max: usize) -> ApiError {
+    ApiError::Upstream {
+        status: 502,
+        message: format!("upstream `{name}` sent an answer larger than {max} bytes"),
     }
 }
 
@@ -366,12 +450,16 @@ pub fn usage_of(v: &Value) -> Option<(Usage, u64)> {
 }
 
 /// The `data:` payloads of an SSE body, one per event, as they arrive; an error once the
-/// connection drops before `[DONE]`.
-pub fn sse_events(resp: reqwest::Response) -> impl Stream<Item = Result<String, String>> {
+/// connection drops before `[DONE]`, or an event outgrows `limits.max_event`.
+pub fn sse_events(
+    resp: reqwest::Response,
+    limits: Limits,
+) -> impl Stream<Item = Result<String, String>> {
     let body = resp.bytes_stream();
+    let max_event = limits.max_event;
     futures_util::stream::unfold(
         (body, Vec::<u8>::new(), false),
-        |(mut body, mut buf, ended)| async move {
+        move |(mut body, mut buf, ended)| async move {
             if ended {
                 return None;
             }
@@ -388,6 +476,14 @@ pub fn sse_events(resp: reqwest::Response) -> impl Stream<Item = Result<String, 
                         continue;
                     }
                     return Some((Ok(data.join("\n")), (body, buf, false)));
+                }
+                if buf.len() > max_event {
+                    return Some((
+                        Err(format!(
+                            "the upstream sent an event larger than {max_event} bytes"
+                        )),
+                        (body, buf, true),
+                    ));
                 }
                 match body.next().await {
                     Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
@@ -425,6 +521,39 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_retry_after_is_a_bounded_wait() {
+        let max = Duration::from_secs(10);
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-05T10:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let wait = |v: &str| retry_after(v, max, now);
+        assert_eq!(wait("2"), Some(Duration::from_secs(2)));
+        assert_eq!(wait("0.5"), Some(Duration::from_millis(500)));
+        assert_eq!(wait("-1"), Some(Duration::ZERO));
+        for huge in ["inf", "+inf", "1e300", "99999999999999999999", "NaN", "-nan"] {
+            assert_eq!(wait(huge), Some(max), "{huge}");
+        }
+        assert_eq!(wait("-inf"), Some(Duration::ZERO));
+        assert_eq!(
+            wait("Sat, 05 Dec 2026 10:00:03 GMT"),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(wait("Sat, 05 Dec 2026 09:00:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(wait("Sun, 06 Dec 2026 10:00:00 GMT"), Some(max));
+        assert_eq!(wait("soon"), None);
+        assert_eq!(wait(""), None);
+    }
+
+    #[test]
+    fn the_config_never_prints_its_key() {
+        let mut c = UpstreamConfig::new("gpt", "https://user:pw@api.example.com/v1");
+        c.api_key = Some("sk-secret-123".into());
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("sk-secret-123") && !shown.contains("pw@"), "{shown}");
+        assert!(shown.contains("api.example.com"), "{shown}");
+    }
 
     #[test]
     fn calls_in_flight_together_split_the_time_and_the_shares_add_up() {

@@ -393,6 +393,13 @@ pub struct ServeArgs {
     /// [default: models/minilm]
     #[arg(long, value_name = "DIR")]
     pub embedder: Option<PathBuf>,
+    /// Also serve /metrics, without a key, on this address (e.g. 127.0.0.1:9090); with
+    /// keys configured, /metrics on the API port needs one
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Seconds requests in flight may take to finish after Ctrl-C or SIGTERM [default: 30]
+    #[arg(long, value_name = "SECONDS")]
+    pub drain_timeout: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

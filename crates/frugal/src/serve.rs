@@ -47,6 +47,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .clone()
         .or_else(|| file.workload.clone())
         .unwrap_or_else(|| "serve".into());
+    let (rate, instance_type) = machine_rate(catalog, price_per_hour, instance)?;
     let local = if args.no_model {
         if file.upstream.is_empty() {
             bail!("--no-model serves the [[serve.upstream]] servers, and frugal.toml names none");
@@ -59,10 +60,11 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         }
         None
     } else {
-        Some(start_local(args, file)?)
+        Some(start_local(args, file, rate, instance_type)?)
     };
-    let name = local.as_ref().map_or_else(String::new, |(_, n)| n.clone());
-    let (rate, instance_type) = machine_rate(catalog, price_per_hour, instance)?;
+    let name = local
+        .as_ref()
+        .map_or_else(String::new, |l| l.machine.model.clone());
     let upstreams = file
         .upstream
         .iter()
@@ -78,13 +80,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         Some(Meter::start(MeterConfig {
             ledger: config.ledger.clone(),
             workload,
-            engine: local.is_some().then(|| Machine {
-                model: name.clone(),
-                rate,
-                instance_type,
-            }),
             capacity: Some(Capacity::OnDemand),
-            machines: upstreams.iter().filter_map(Upstream::machine).collect(),
+            machines: local
+                .iter()
+                .map(|l| l.machine.clone())
+                .chain(upstreams.iter().filter_map(Upstream::machine))
+                .collect(),
         })?)
     };
     let cache = (!args.no_cache && file.cache.unwrap_or(true)).then(|| {
@@ -153,14 +154,13 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             ledger.tenant_spend(start.timestamp_millis())
         })?;
     }
-    let what = if local.is_some() {
-        format!("{name} (machine at {}/h)", rate.0)
+    let what = if let Some(l) = &local {
+        format!("{name} (machine at {}/h)", l.machine.rate.0)
     } else {
         format!("a gateway to {} upstream(s)", upstreams.len())
     };
     let state = AppState::new(Parts {
-        local: local.map(|(l, _)| l),
-        model: name,
+        local,
         meter,
         cache,
         semantic,
@@ -170,23 +170,45 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         policies,
         keys,
     });
-    runtime.block_on(async {
+    let drain = std::time::Duration::from_secs(args.drain_timeout.unwrap_or(30));
+    let meter = state.meter();
+    let served = runtime.block_on(async {
         let addr = format!("{host}:{port}");
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
+        if let Some(addr) = &args.metrics_addr {
+            let metrics = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--metrics-addr)"))?;
+            frugal_gateway::serve_metrics(metrics, state.clone());
+        }
         writeln!(
             std::io::stderr(),
             "frugal serve: {what} on http://{local}/v1; Ctrl-C to stop"
         )?;
-        frugal_gateway::serve(listener, state, shutdown_signal()).await?;
+        let app = frugal_gateway::router(state);
+        frugal_gateway::serve(listener, app, shutdown_signal(), drain).await?;
         Ok::<_, anyhow::Error>(())
-    })
+    });
+    // HTTP is drained; what was cut off settles as its tasks are dropped with the runtime,
+    // then the meter writes every settled row before the process exits.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    if let Some(meter) = meter {
+        meter.close();
+    }
+    served
 }
 
-/// Loads the local model and starts its engine; its name as clients use it.
-fn start_local(args: &ServeArgs, file: &RawServe) -> Result<(Local, String)> {
+
+/// Loads the local model and starts its engine, priced at `rate`.
+fn start_local(
+    args: &ServeArgs,
+    file: &RawServe,
+    rate: HourlyRate,
+    instance_type: Option<String>,
+) -> Result<Local> {
     let model_path = args
         .model
         .clone()
@@ -237,7 +259,12 @@ fn start_local(args: &ServeArgs, file: &RawServe) -> Result<(Local, String)> {
             ..SchedulerConfig::default()
         },
     )?;
-    Ok((Local::new(engine, tokenizer, template), name))
+    let machine = Machine {
+        model: name,
+        rate,
+        instance_type,
+    };
+    Ok(Local::new(engine, tokenizer, template, machine))
 }
 
 /// A GGUF file's weights, tokenizer and chat template.

@@ -1,0 +1,268 @@
+//! Backends: what produces an answer. The local engine and upstream servers implement
+//! [`Backend`]; the pipeline ([`crate::pipeline`]) runs any of them the same way (consult the
+//! caches, produce, settle), so a new kind of backend (a pool of replicas) plugs in here
+//! without a path of its own.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use futures_util::Stream;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+
+use frugal_cost::Money;
+use frugal_engine::scheduler::{Engine, EngineTime, SubmitError};
+use frugal_engine::template::ChatTemplate;
+use frugal_engine::tokenizer::Tokenizer;
+
+use crate::error::ApiError;
+use crate::meter::Machine;
+use crate::text::{Source, TextStream};
+use crate::upstream::{Pricing, Reply, Ticket, Upstream};
+use crate::validate::{self, EngineRun, Job};
+
+/// What an upstream may answer when a request names no `max_tokens`, for the worst case a
+/// budget holds back (hosted APIs default to the model's whole output window).
+const ASSUMED_MAX_TOKENS: u64 = 4096;
+
+pub trait Backend: Send + Sync {
+    /// The name clients ask for and the ledger records.
+    fn name(&self) -> &str;
+
+    /// Checks `job` for this backend: what it will run, and the most it can cost.
+    fn prepare(&self, job: &Job) -> Result<Plan, ApiError>;
+
+    /// `prepare` takes CPU worth moving off the async threads (tokenizing a prompt).
+    fn prepare_is_heavy(&self) -> bool {
+        false
+    }
+
+    /// Starts producing the answer. What the work holds (a machine paid by the hour) is put
+    /// on `work` before anything else, so it is billed however the request ends.
+    fn produce<'a>(
+        &'a self,
+        job: &'a Job,
+        plan: Plan,
+        work: &'a mut Work,
+    ) -> BoxFuture<'a, Result<Output, ApiError>>;
+
+    /// What `work` cost. Called once per settled request.
+    fn price(&self, work: &Work) -> Priced;
+}
+
+/// A job checked by its backend.
+pub struct Plan {
+    /// The most the request can cost: what a tenant's budget holds back until it settles.
+    pub worst_case: Money,
+    /// Prompt tokens, where the backend counts them before it runs.
+    pub prompt_tokens: Option<u64>,
+    pub(crate) engine: Option<EngineRun>,
+}
+
+/// What a request has spent so far; the pipeline settles it once.
+#[derive(Default)]
+pub struct Work {
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    /// The counts are the backend's own (false: estimates for a call cut short).
+    pub counted: bool,
+    /// The local engine's time.
+    pub engine: EngineTime,
+    /// An hourly machine held since the call began; the pipeline ends the hold and puts
+    /// the call's share of the machine in `share`.
+    pub hold: Option<Ticket>,
+    pub share: Duration,
+}
+
+/// A price: what the work cost, the machine time it used (on a machine paid by the hour),
+/// and what batching saved it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Priced {
+    pub cost: Money,
+    pub busy: Option<Duration>,
+    pub batching_saved: Money,
+}
+
+/// What a backend produces.
+pub enum Output {
+    /// Pieces of text the gateway renders (the engine's, or a cached answer's).
+    Pieces(Source),
+    /// An upstream's whole answer.
+    Json(Value),
+    /// An upstream's stream: the `data:` payloads as they arrive.
+    Events(Pin<Box<dyn Stream<Item = Result<String, String>> + Send>>),
+}
+
+/// The model the gateway runs itself.
+pub struct Local {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    stop_tokens: Vec<u32>,
+    /// Its name and hourly price.
+    pub machine: Machine,
+    /// Recent cost per token in nano-dollars (a moving average), for the worst case of a
+    /// request before it runs: the engine is priced by time, not by token.
+    per_token: AtomicI64,
+}
+
+impl Local {
+    pub fn new(
+        engine: Engine,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        machine: Machine,
+    ) -> Local {
+        Local {
+            engine,
+            stop_tokens: tokenizer.end_of_generation().to_vec(),
+            tokenizer: Arc::new(tokenizer),
+            template,
+            machine,
+            per_token: AtomicI64::new(0),
+        }
+    }
+
+    /// Validates `job` into what the engine runs.
+    pub fn engine_request(&self, job: &Job) -> Result<EngineRun, ApiError> {
+        validate::engine_request(
+            &self.tokenizer,
+            &self.template,
+            &self.stop_tokens,
+            self.engine.context_len(),
+            job,
+        )
+    }
+}
+
+impl Backend for Local {
+    fn name(&self) -> &str {
+        &self.machine.model
+    }
+
+    fn prepare(&self, job: &Job) -> Result<Plan, ApiError> {
+        let run = self.engine_request(job)?;
+        let tokens = (run.request.prompt.len() + run.request.max_tokens) as i64;
+        // Twice the recent average per token: decode is dearer per token than prefill, and
+        // a batch may be slower than the recent ones.
+        let per_token = self.per_token.load(Ordering::Relaxed).max(0);
+        Ok(Plan {
+            worst_case: Money::from_nanos(per_token.saturating_mul(tokens).saturating_mul(2)),
+            prompt_tokens: Some(run.request.prompt.len() as u64),
+            engine: Some(run),
+        })
+    }
+
+    fn prepare_is_heavy(&self) -> bool {
+        true
+    }
+
+    fn produce<'a>(
+        &'a self,
+        job: &'a Job,
+        plan: Plan,
+        _work: &'a mut Work,
+    ) -> BoxFuture<'a, Result<Output, ApiError>> {
+        Box::pin(async move {
+            let Some(EngineRun { request, stops }) = plan.engine else {
+                return Err(ApiError::Internal("the job was not prepared for the engine".into()));
+            };
+            let prompt_tokens = request.prompt.len();
+            let rx = self.engine.submit(request).map_err(|e| match e {
+                SubmitError::Overloaded(_) => ApiError::Overloaded(e.to_string()),
+                SubmitError::TooLong { .. } => ApiError::ContextLength(e.to_string()),
+                SubmitError::EmptyPrompt => ApiError::BadRequest(e.to_string()),
+                SubmitError::Stopped => ApiError::Internal(e.to_string()),
+            })?;
+            Ok(Output::Pieces(Source::Live(Box::new(TextStream::new(
+                rx,
+                self.tokenizer.clone(),
+                stops,
+                job.top.is_some(),
+                prompt_tokens,
+            )))))
+        })
+    }
+
+    fn price(&self, work: &Work) -> Priced {
+        let cost = self.machine.cost(work.engine.shared);
+        let tokens = work.prompt_tokens + work.completion_tokens;
+        if tokens > 0 {
+            let now = cost.nanos() / tokens as i64;
+            let old = self.per_token.load(Ordering::Relaxed);
+            let avg = if old == 0 { now } else { (old * 7 + now) / 8 };
+            self.per_token.store(avg, Ordering::Relaxed);
+        }
+        Priced {
+            cost,
+            busy: Some(work.engine.shared),
+            batching_saved: self.machine.cost(work.engine.saved()),
+        }
+    }
+}
+
+impl Backend for Upstream {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn prepare(&self, job: &Job) -> Result<Plan, ApiError> {
+        let worst_case = match &self.config.pricing {
+            // Every prompt byte a token, every alternative its whole max_tokens.
+            Some(Pricing::Tokens(price)) => {
+                let output = job.n() * job.max_tokens().unwrap_or(ASSUMED_MAX_TOKENS);
+                price
+                    .cost(job.prompt_bytes(), 0, output)
+                    .map_or(Money::ZERO, |(i, o)| i + o)
+            }
+            // A call cannot hold the machine longer than its timeout, times its tries.
+            Some(Pricing::Hourly { rate, .. }) => rate
+                .cost_of(self.config.timeout * (self.config.retries + 1))
+                .unwrap_or(Money::ZERO),
+            None => Money::ZERO,
+        };
+        Ok(Plan {
+            worst_case,
+            prompt_tokens: None,
+            engine: None,
+        })
+    }
+
+    fn produce<'a>(
+        &'a self,
+        job: &'a Job,
+        _plan: Plan,
+        work: &'a mut Work,
+    ) -> BoxFuture<'a, Result<Output, ApiError>> {
+        Box::pin(async move {
+            work.hold = Some(self.occupy());
+            let reply = self
+                .send(job.kind.path(), job.body.clone(), job.common.stream)
+                .await?;
+            Ok(match reply {
+                Reply::Json(v) => Output::Json(v),
+                Reply::Stream(resp) => {
+                    Output::Events(Box::pin(crate::upstream::sse_events(resp, self.limits())))
+                }
+            })
+        })
+    }
+
+    fn price(&self, work: &Work) -> Priced {
+        let usage = crate::api::Usage {
+            prompt_tokens: work.prompt_tokens as usize,
+            completion_tokens: work.completion_tokens as usize,
+            total_tokens: (work.prompt_tokens + work.completion_tokens) as usize,
+        };
+        Priced {
+            cost: self
+                .cost(&usage, work.cached_tokens, work.share)
+                .unwrap_or(Money::ZERO),
+            busy: self.machine().map(|_| work.share),
+            batching_saved: Money::ZERO,
+        }
+    }
+}

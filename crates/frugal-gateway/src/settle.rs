@@ -1,0 +1,273 @@
+//! Settling: one place where a request's bill is written, whatever way it ends.
+//!
+//! A [`Bill`] is opened when a request is admitted and owned by whatever carries the request
+//! on (the handler's future, or the response stream). It settles exactly once: explicitly
+//! when the answer completes or fails, and from `Drop` on every other exit (the client left
+//! mid-stream, a timeout dropped the future, a task panicked and unwound), in which case the
+//! row is marked `cancelled` and billed for the tokens and machine time used so far.
+//! Settling writes the ledger row, turns the tenant's reservation into the real cost, counts
+//! the metrics, and keeps a completed answer in the caches.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use frugal_cost::{Lever, Money, Outcome};
+use frugal_engine::scheduler::FinishReason;
+
+use crate::api::{TokenLogprob, Usage};
+use crate::backend::{Backend, Priced, Work};
+use crate::cache::{self, Answer, Leader, Probe};
+use crate::keys::{Reservation, Tenant};
+use crate::meter;
+use crate::state::AppState;
+
+/// How a request met the caches.
+pub enum CacheUse {
+    /// Served from a cache: the answer, which saved what it first cost.
+    Hit(Arc<Answer>, HitKind),
+    /// Not found: the answer is stored (and handed to identical requests waiting for it)
+    /// when it completes, if this request leads its key; and kept in the semantic cache
+    /// under the probe and its embedding.
+    Miss(Option<Leader>, Option<(Probe, Vec<f32>)>),
+    Bypass,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitKind {
+    Exact,
+    Semantic,
+}
+
+impl CacheUse {
+    /// The `x-frugal-cache` value.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CacheUse::Hit(_, HitKind::Exact) => "hit-exact",
+            CacheUse::Hit(_, HitKind::Semantic) => "hit-semantic",
+            CacheUse::Miss(..) => "miss",
+            CacheUse::Bypass => "bypass",
+        }
+    }
+
+    /// What a hit saved, and which cache it was.
+    pub fn saved(&self) -> Option<(Money, Lever)> {
+        match self {
+            CacheUse::Hit(a, HitKind::Exact) => Some((a.cost, Lever::Cache)),
+            CacheUse::Hit(a, HitKind::Semantic) => Some((a.cost, Lever::SemanticCache)),
+            _ => None,
+        }
+    }
+}
+
+/// How a request ended.
+pub enum End {
+    /// Answered in full. `cacheable`: a plain one-choice answer the caches can replay.
+    Completed {
+        reason: FinishReason,
+        first_token: Option<Duration>,
+        judged: Option<Vec<f32>>,
+        cacheable: bool,
+    },
+    Failed,
+    Cancelled,
+}
+
+/// One request's bill; see the module doc.
+pub struct Bill {
+    state: AppState,
+    backend: Arc<dyn Backend>,
+    pub started: (Instant, SystemTime),
+    tenant: Option<Arc<Tenant>>,
+    reservation: Option<Reservation>,
+    pub cache: CacheUse,
+    pub work: Work,
+    /// The answer's chunks so far, kept when it is to be cached.
+    recorded: Vec<cache::Chunk>,
+    /// Set once settled: what the request cost.
+    settled: Option<Money>,
+}
+
+impl Bill {
+    pub fn new(
+        state: AppState,
+        backend: Arc<dyn Backend>,
+        tenant: Option<Arc<Tenant>>,
+        reservation: Option<Reservation>,
+    ) -> Bill {
+        Bill {
+            state,
+            backend,
+            started: (Instant::now(), SystemTime::now()),
+            tenant,
+            reservation,
+            cache: CacheUse::Bypass,
+            work: Work::default(),
+            recorded: Vec::new(),
+            settled: None,
+        }
+    }
+
+    /// The served name the request is billed under.
+    pub fn model(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// What the request cost, once settled.
+    pub fn cost(&self) -> Option<Money> {
+        self.settled
+    }
+
+    /// Keeps a piece of the answer if it will be cached.
+    pub fn record(&mut self, text: &str, logprobs: &[TokenLogprob]) {
+        if matches!(self.cache, CacheUse::Miss(Some(_), _)) {
+            self.recorded.push(cache::Chunk {
+                text: text.to_owned(),
+                logprobs: logprobs.to_vec(),
+            });
+        }
+    }
+
+    /// Tokens a backend reported (or that were counted) so far.
+    pub fn count(&mut self, usage: Usage, cached: u64, counted: bool) {
+        self.work.prompt_tokens = usage.prompt_tokens as u64;
+        self.work.completion_tokens = usage.completion_tokens as u64;
+        self.work.cached_tokens = cached;
+        self.work.counted = counted;
+    }
+
+    /// Settles the request (once; later calls return the first cost): the ledger row, the
+    /// tenant's spend, metrics, and a completed answer into the caches.
+    pub fn settle(&mut self, end: End) -> Money {
+        if let Some(cost) = self.settled {
+            return cost;
+        }
+        let share = self
+            .work
+            .hold
+            .take()
+            .map_or(Duration::ZERO, crate::upstream::Ticket::finish);
+        self.work.share = share;
+        let hit = matches!(self.cache, CacheUse::Hit(..));
+        // A cache hit used no backend: nothing to price.
+        let priced = if hit {
+            Priced::default()
+        } else {
+            self.backend.price(&self.work)
+        };
+        self.settled = Some(priced.cost);
+        let elapsed = self.started.0.elapsed();
+        let inner = &self.state.inner;
+        let m = &inner.metrics;
+        let model = self.backend.name().to_owned();
+        m.add_spend(&model, priced.cost);
+        if priced.batching_saved > Money::ZERO {
+            m.add_saving(Lever::Batching, &model, priced.batching_saved);
+        }
+        let outcome = match &end {
+            End::Completed { first_token, .. } => {
+                m.requests_ok.fetch_add(1, Ordering::Relaxed);
+                m.latency.observe(elapsed.as_secs_f64());
+                if let Some(first) = first_token {
+                    m.ttft.observe(first.as_secs_f64());
+                    if self.work.completion_tokens > 1 {
+                        let rest = elapsed.saturating_sub(*first).as_secs_f64();
+                        m.tpot.observe(rest / (self.work.completion_tokens - 1) as f64);
+                    }
+                }
+                None
+            }
+            End::Failed => {
+                m.requests_failed.fetch_add(1, Ordering::Relaxed);
+                Some(Outcome::Failed)
+            }
+            End::Cancelled => {
+                m.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(model, "request left part-way; billed for what was produced");
+                Some(Outcome::Cancelled)
+            }
+        };
+        let now = chrono::Utc::now();
+        match (self.reservation.take(), &self.tenant) {
+            (Some(r), _) => r.settle(priced.cost, now),
+            (None, Some(t)) => t.spend(priced.cost, now),
+            (None, None) => {}
+        }
+        // One lever per row: a cache hit's saving, else batching's.
+        let saved = self.cache.saved().or_else(|| {
+            (priced.batching_saved > Money::ZERO).then_some((priced.batching_saved, Lever::Batching))
+        });
+        if let Some(meter) = &inner.meter {
+            meter.record(meter::Row {
+                started: self.started.1,
+                duration: elapsed,
+                model,
+                prompt_tokens: self.work.prompt_tokens,
+                cached_tokens: self.work.cached_tokens,
+                completion_tokens: self.work.completion_tokens,
+                cost: priced.cost,
+                busy: priced.busy,
+                outcome,
+                saved,
+                tenant: self.tenant.as_ref().map(|t| t.name.clone()),
+            });
+        }
+        if let End::Completed {
+            reason,
+            judged,
+            cacheable: true,
+            ..
+        } = end
+        {
+            self.store(reason, judged, priced.cost);
+        }
+        priced.cost
+    }
+
+    /// Keeps the recorded answer if the request missed the cache and leads its key.
+    fn store(&mut self, reason: FinishReason, judged: Option<Vec<f32>>, cost: Money) {
+        let inner = &self.state.inner;
+        let (CacheUse::Miss(leader, fill), Some(cache)) = (&mut self.cache, &inner.cache) else {
+            return;
+        };
+        let Some(leader) = leader.take() else {
+            return;
+        };
+        let key = leader.key().clone();
+        let answer = leader.fulfil(
+            cache,
+            Answer {
+                chunks: std::mem::take(&mut self.recorded),
+                finish_reason: reason,
+                usage: Usage {
+                    prompt_tokens: self.work.prompt_tokens as usize,
+                    completion_tokens: self.work.completion_tokens as usize,
+                    total_tokens: (self.work.prompt_tokens + self.work.completion_tokens) as usize,
+                },
+                cost,
+                judged,
+            },
+        );
+        if let Some(shared) = &inner.shared {
+            shared.put(&key, &answer);
+        }
+        if let (Some((probe, v)), Some(sem)) = (fill.take(), &inner.semantic) {
+            sem.insert_later(probe.space, probe.text, v, answer);
+        }
+    }
+
+    /// Closes a bill for a request that was refused before any work (the engine's queue
+    /// was full): no row, and the reservation goes back.
+    pub fn discard(mut self) {
+        self.settled = Some(Money::ZERO);
+        drop(self.reservation.take());
+    }
+}
+
+impl Drop for Bill {
+    fn drop(&mut self) {
+        if self.settled.is_none() {
+            self.settle(End::Cancelled);
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The gateway's state: what it serves (the local model, upstreams, routes), its caches,
+//! keys and meter, and how a request's model name resolves to a backend.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::{HeaderMap, header};
+
+use crate::backend::{Backend, Local};
+use crate::cache::{self, CachePolicy, ExactCache, Lookup};
+use crate::error::ApiError;
+use crate::keys::{Keys, Tenant};
+use crate::meter::Meter;
+use crate::metrics::Metrics;
+use crate::route::RouteConfig;
+use crate::semantic::SemanticCache;
+use crate::shared::SharedCache;
+use crate::upstream::Upstream;
+use crate::validate::{Job, Kind};
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    /// None: a gateway for its upstreams only.
+    pub local: Option<Arc<Local>>,
+    pub meter: Option<Meter>,
+    pub cache: Option<ExactCache>,
+    pub semantic: Option<Arc<SemanticCache>>,
+    /// The exact cache shared with other replicas.
+    pub shared: Option<Arc<SharedCache>>,
+    /// OpenAI-compatible servers behind the gateway, by the name clients use.
+    pub upstreams: HashMap<String, Arc<Upstream>>,
+    /// Cascade routes, by the name clients use.
+    pub routes: HashMap<String, Arc<RouteConfig>>,
+    /// How each served name uses the caches; a name without one keeps the defaults.
+    pub policies: HashMap<String, CachePolicy>,
+    pub keys: Keys,
+    pub metrics: Metrics,
+    pub started: i64,
+}
+
+/// What a gateway is made of.
+#[derive(Default)]
+pub struct Parts {
+    /// None: only the upstreams are served.
+    pub local: Option<Local>,
+    pub meter: Option<Meter>,
+    pub cache: Option<ExactCache>,
+    /// Needs `cache`: its entries share the exact cache's answers and rules.
+    pub semantic: Option<SemanticCache>,
+    /// Needs `cache`: the exact cache's second level, shared with other replicas.
+    pub shared: Option<SharedCache>,
+    pub upstreams: Vec<Upstream>,
+    /// Every tier but the last is the local model (its answers carry logprobs); the last
+    /// is the local model or an upstream.
+    pub routes: Vec<RouteConfig>,
+    /// Cache policies by served name (the local model, an upstream or a route); a route's
+    /// holds for every tier it calls.
+    pub policies: HashMap<String, CachePolicy>,
+    /// No keys: the API is open.
+    pub keys: Keys,
+}
+
+/// Where a request's model name leads.
+pub(crate) enum Target {
+    Backend(Arc<dyn Backend>),
+    Cascade(Arc<RouteConfig>),
+}
+
+impl AppState {
+    pub fn new(p: Parts) -> AppState {
+        AppState {
+            inner: Arc::new(Inner {
+                local: p.local.map(Arc::new),
+                meter: p.meter,
+                semantic: p.cache.as_ref().and(p.semantic).map(Arc::new),
+                shared: p.cache.as_ref().and(p.shared).map(Arc::new),
+                cache: p.cache,
+                upstreams: p
+                    .upstreams
+                    .into_iter()
+                    .map(|u| (u.config.name.clone(), Arc::new(u)))
+                    .collect(),
+                routes: p
+                    .routes
+                    .into_iter()
+                    .map(|r| (r.name.clone(), Arc::new(r)))
+                    .collect(),
+                policies: p.policies,
+                keys: p.keys,
+                metrics: Metrics::default(),
+                started: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64),
+            }),
+        }
+    }
+
+    /// The meter, for the caller to close once serving has stopped.
+    pub fn meter(&self) -> Option<Meter> {
+        self.inner.meter.clone()
+    }
+
+    /// The local model's name as clients use it ("" without one).
+    pub fn local_name(&self) -> &str {
+        self.inner.local.as_ref().map_or("", |l| &l.machine.model)
+    }
+
+    pub(crate) fn local(&self) -> Option<Arc<dyn Backend>> {
+        self.inner
+            .local
+            .clone()
+            .map(|l| -> Arc<dyn Backend> { l })
+    }
+
+    pub(crate) fn upstream(&self, name: &str) -> Option<Arc<dyn Backend>> {
+        self.inner
+            .upstreams
+            .get(name)
+            .cloned()
+            .map(|u| -> Arc<dyn Backend> { u })
+    }
+
+    /// The backend or route a request names: the local model by its name, "default" or no
+    /// name; an upstream; a cascade route.
+    pub(crate) fn target(&self, job: &Job) -> Result<Target, ApiError> {
+        let unknown = || ApiError::UnknownModel(job.model().unwrap_or("default").to_owned());
+        let Some(name) = job.model() else {
+            return self.local().map(Target::Backend).ok_or_else(unknown);
+        };
+        if let Some(route) = self.inner.routes.get(name) {
+            if job.common.stream && job.top.is_some() {
+                // Its first tier's answer is judged before it is sent.
+                return Err(ApiError::InvalidParam {
+                    param: "logprobs",
+                    message: format!(
+                        "route {} does not stream logprobs; ask without stream",
+                        route.name
+                    ),
+                });
+            }
+            return Ok(Target::Cascade(route.clone()));
+        }
+        if name == self.local_name() {
+            return self.local().map(Target::Backend).ok_or_else(unknown);
+        }
+        self.upstream(name).map(Target::Backend).ok_or_else(unknown)
+    }
+
+    pub(crate) fn policy(&self, name: &str) -> CachePolicy {
+        self.inner.policies.get(name).copied().unwrap_or_default()
+    }
+
+    /// The request's tenant (when keys are configured), if its key is valid and its
+    /// budgets have room.
+    pub(crate) fn admit(&self, headers: &HeaderMap) -> Result<Option<Arc<Tenant>>, ApiError> {
+        let tenant = self.inner.keys.authenticate(headers)?;
+        if let Some(t) = &tenant {
+            t.admit(chrono::Utc::now())?;
+        }
+        Ok(tenant)
+    }
+
+    /// How a request meets the cache, as `model` (the served name its answer is kept
+    /// under): entries are namespaced by tenant unless the policy shares them.
+    pub(crate) fn lookup(
+        &self,
+        job: &Job,
+        model: &str,
+        tenant: Option<&Tenant>,
+        headers: &HeaderMap,
+        policy: CachePolicy,
+    ) -> Lookup {
+        if self.inner.cache.is_none() {
+            return Lookup::Bypass;
+        }
+        // Logprobs are not parsed from upstreams, so such answers are not kept.
+        if self.inner.upstreams.contains_key(model)
+            && job.body["logprobs"].as_bool().unwrap_or(false)
+        {
+            return Lookup::Bypass;
+        }
+        let control = headers
+            .get(header::CACHE_CONTROL)
+            .and_then(|v| v.to_str().ok());
+        let namespace = match tenant {
+            Some(t) if !policy.shared => t.name.as_str(),
+            _ => "",
+        };
+        let kind: Kind = job.kind;
+        let mut lookup = cache::lookup(&job.body, kind.path(), model, namespace, control);
+        if let Lookup::Key {
+            probe: Some(probe), ..
+        } = &mut lookup
+        {
+            probe.threshold = policy.semantic_threshold;
+        }
+        lookup
+    }
+}
