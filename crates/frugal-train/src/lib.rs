@@ -7,3 +7,6 @@ pub mod notice;
 pub mod store;
 pub mod supervisor;
 pub mod watchdog;
+
+#[cfg(test)]
+mod testing;
