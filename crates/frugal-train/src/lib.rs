@@ -4,6 +4,7 @@
 
 pub mod contract;
 pub mod notice;
+pub mod pricing;
 pub mod store;
 pub mod supervisor;
 pub mod watchdog;
