@@ -62,8 +62,9 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         Some(start_local(args, file)?)
     };
     let name = local.as_ref().map_or_else(String::new, |(_, n)| n.clone());
-    // Only a local model runs on this machine: a gateway's machine costs nothing here.
-    let this_machine = local.as_ref().map(|_| {
+    // Only a local model runs on this machine (a gateway's costs nothing here), and only a
+    // meter records what it costs.
+    let this_machine = local.as_ref().filter(|_| !args.no_meter).map(|_| {
         let mut bases = frugal_train::notice::Bases::default();
         if let Some(url) = &args.metadata_url {
             (bases.aws, bases.gcp, bases.azure) = (url.clone(), url.clone(), url.clone());
