@@ -298,6 +298,28 @@ impl Catalog {
             })
     }
 
+    /// The cheapest instance on demand with at least `vcpus` vCPUs and `memory_gib` GiB of
+    /// memory, in the region `instance(type, None)` picks for its type (so one provider's
+    /// cheapest far region does not win); offers that do not say their size are left out.
+    /// Ties go to the first name in order.
+    pub fn cheapest_with(&self, vcpus: f64, memory_gib: f64) -> Option<&InstanceOffer> {
+        self.instances
+            .iter()
+            .filter(|o| o.vcpus.is_some_and(|v| v >= vcpus))
+            .filter(|o| o.memory_gib.is_some_and(|m| m >= memory_gib))
+            .filter(|o| {
+                self.instance(&o.instance_type, None)
+                    .is_ok_and(|d| std::ptr::eq(d, *o))
+            })
+            .min_by(|a, b| {
+                (a.on_demand, &a.provider, &a.instance_type).cmp(&(
+                    b.on_demand,
+                    &b.provider,
+                    &b.instance_type,
+                ))
+            })
+    }
+
     pub fn model(&self, name: &str) -> Result<&ModelPrice, CatalogError> {
         self.models
             .get(&name.to_lowercase())
@@ -678,6 +700,55 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("priced in: us-east-1"), "{err}");
+    }
+
+    #[test]
+    fn cheapest_instance_of_a_size() {
+        let c = Catalog::builtin().unwrap();
+        let o = c.cheapest_with(16.0, 64.0).unwrap();
+        assert!(
+            o.vcpus.unwrap() >= 16.0 && o.memory_gib.unwrap() >= 64.0,
+            "{o:?}"
+        );
+        assert!(
+            std::ptr::eq(o, c.instance(&o.instance_type, None).unwrap()),
+            "in its default region: {o:?}"
+        );
+        for other in c.instances() {
+            let fits = other.vcpus.is_some_and(|v| v >= 16.0)
+                && other.memory_gib.is_some_and(|m| m >= 64.0);
+            let default = std::ptr::eq(other, c.instance(&other.instance_type, None).unwrap());
+            assert!(
+                !(fits && default) || other.on_demand >= o.on_demand,
+                "{other:?} is cheaper than {o:?}"
+            );
+        }
+        // Bigger asks cost more; an impossible one finds nothing.
+        let big = c.cheapest_with(96.0, 700.0).unwrap();
+        assert!(big.on_demand > o.on_demand);
+        assert!(c.cheapest_with(1e6, 1.0).is_none());
+
+        // A user's entry that says its size competes; one that does not, does not.
+        let mut c = Catalog::builtin().unwrap();
+        c.extend_from_toml(
+            r#"
+            [[instance]]
+            provider = "onprem"
+            instance_type = "box-16"
+            region = "dc1"
+            vcpus = 16
+            memory_gib = 64
+            on_demand = 0.10
+            [[instance]]
+            provider = "onprem"
+            instance_type = "box-unsized"
+            region = "dc1"
+            on_demand = 0.01
+            "#,
+            PriceSource::Builtin,
+        )
+        .unwrap();
+        assert_eq!(c.cheapest_with(16.0, 64.0).unwrap().instance_type, "box-16");
     }
 
     #[test]

@@ -3,7 +3,12 @@
 //! accelerator idles. The command's side of it is a small contract (docs/training.md).
 
 pub mod contract;
+pub mod machine;
 pub mod notice;
+pub mod pricing;
 pub mod store;
 pub mod supervisor;
 pub mod watchdog;
+
+#[cfg(test)]
+mod testing;

@@ -14,7 +14,9 @@
 //! * [`Gcp`]: `GET /computeMetadata/v1/instance/preempted`, long-polled with
 //!   `wait_for_change`/`last_etag` so a preemption is seen as soon as it is set.
 //! * [`Azure`]: Scheduled Events, `GET /metadata/scheduledevents`, and the
-//!   `StartRequests` POST to acknowledge.
+//!   `StartRequests` POST to acknowledge. The document lists events for every VM of the
+//!   availability set or scale set, so only those naming this VM (its name read once from
+//!   `GET /metadata/instance/compute/name`) are acted on and acknowledged.
 //!
 //! [`detect`] probes all three concurrently and returns the source of the
 //! cloud that answers. Metadata requests never go through a proxy.
@@ -49,6 +51,8 @@ pub const GCP_PREEMPTION_GRACE: Duration = Duration::from_secs(30);
 pub const GCP_DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// Scheduled Events API version spoken by [`Azure`].
 pub const AZURE_API_VERSION: &str = "2020-07-01";
+/// Instance metadata API version [`Azure`] reads the VM's name with.
+pub const AZURE_IMDS_API_VERSION: &str = "2021-02-01";
 
 const AWS_TOKEN_PATH: &str = "/latest/api/token";
 const AWS_TOKEN_TTL_HEADER: &str = "X-aws-ec2-metadata-token-ttl-seconds";
@@ -61,6 +65,7 @@ const GCP_ROOT_PATH: &str = "/computeMetadata/v1/";
 const GCP_PREEMPTED_PATH: &str = "/computeMetadata/v1/instance/preempted";
 const AZURE_HEADER: &str = "Metadata";
 const AZURE_EVENTS_PATH: &str = "/metadata/scheduledevents";
+const AZURE_NAME_PATH: &str = "/metadata/instance/compute/name";
 /// How much of a response body an error message quotes.
 const BODY_EXCERPT: usize = 200;
 
@@ -208,10 +213,10 @@ struct Http {
     timeout: Duration,
 }
 
-struct Reply {
+pub(crate) struct Reply {
     status: u16,
     headers: HeaderMap,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Reply {
@@ -446,7 +451,10 @@ impl Aws {
 
     /// GETs `path` with the session token: the body on 200, `None` on 404.
     /// A 401 (token expired or revoked) drops the token and retries once.
-    async fn get(&mut self, path: &str) -> Result<(String, Option<String>), NoticeError> {
+    pub(crate) async fn get(
+        &mut self,
+        path: &str,
+    ) -> Result<(String, Option<String>), NoticeError> {
         let url = format!("{}{path}", self.base);
         let mut retried = false;
         loop {
@@ -558,7 +566,7 @@ impl NoticeSource for Aws {
 #[derive(Debug)]
 pub struct Gcp {
     http: Http,
-    base: String,
+    pub(crate) base: String,
     wait_secs: u64,
     /// Whether the current value has been read once (later calls long-poll).
     read_once: bool,
@@ -569,7 +577,11 @@ pub struct Gcp {
 
 impl Gcp {
     /// A GET with `Metadata-Flavor: Google` whose answer must be a genuine, successful one.
-    async fn get_google(&self, url: &str, timeout: Duration) -> Result<Reply, NoticeError> {
+    pub(crate) async fn get_google(
+        &self,
+        url: &str,
+        timeout: Duration,
+    ) -> Result<Reply, NoticeError> {
         let req = self
             .http
             .client
@@ -700,9 +712,22 @@ impl NoticeSource for Gcp {
 #[derive(Debug)]
 pub struct Azure {
     http: Http,
+    base: String,
     url: String,
-    vm_name: Option<String>,
+    vm_name: VmName,
+    /// Events [`check`](NoticeSource::check) returned: the only ones acknowledged.
+    ours: HashSet<String>,
     acked: HashSet<String>,
+}
+
+/// Which VM's events count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum VmName {
+    /// Not read yet: the first [`check`](NoticeSource::check) reads it from IMDS.
+    Unread,
+    Known(String),
+    /// IMDS would not say (logged once): every event counts.
+    Unreadable,
 }
 
 #[derive(Deserialize)]
@@ -750,8 +775,10 @@ impl Azure {
         let base = normalize_base(base_url)?;
         Ok(Self {
             http: Http::new(Cloud::Azure)?,
+            base: base.clone(),
             url: format!("{base}{AZURE_EVENTS_PATH}?api-version={AZURE_API_VERSION}"),
-            vm_name: None,
+            vm_name: VmName::Unread,
+            ours: HashSet::new(),
             acked: HashSet::new(),
         })
     }
@@ -762,11 +789,68 @@ impl Azure {
         self
     }
 
-    /// Only events whose `Resources` name this VM count (ASCII case ignored,
-    /// as Azure resource names are); events listing no resources still count.
+    /// This VM's name, instead of reading it from IMDS at the first check.
+    /// Only events whose `Resources` name it count (ASCII case ignored, as
+    /// Azure resource names are); events listing no resources still count.
     pub fn with_vm_name(mut self, name: impl Into<String>) -> Self {
-        self.vm_name = Some(name.into());
+        self.vm_name = VmName::Known(name.into());
         self
+    }
+
+    /// The VM name events are matched against, once read; `None` while every
+    /// event counts (not read yet, or unreadable).
+    pub fn vm_name(&self) -> Option<&str> {
+        match &self.vm_name {
+            VmName::Known(n) => Some(n),
+            VmName::Unread | VmName::Unreadable => None,
+        }
+    }
+
+    /// Reads this VM's name from IMDS, once. When IMDS will not say, it says
+    /// so once and every event counts from then on: acting on another VM's
+    /// eviction costs a needless checkpoint (and an early acknowledgement of
+    /// that VM's event), missing our own costs the work since the last
+    /// checkpoint, so a wrong guess errs on the side of acting.
+    async fn learn_vm_name(&mut self) {
+        if self.vm_name != VmName::Unread {
+            return;
+        }
+        self.vm_name = match self.read_vm_name().await {
+            Ok(name) => {
+                info!(vm = %name, "acting on Azure scheduled events for this VM only");
+                VmName::Known(name)
+            }
+            Err(e) => {
+                warn!(
+                    "cannot read this VM's name ({e}): acting on every Azure Preempt or \
+                     Terminate event, whichever VM it names, as missing our own is worse"
+                );
+                VmName::Unreadable
+            }
+        };
+    }
+
+    async fn read_vm_name(&self) -> Result<String, NoticeError> {
+        self.instance_text(AZURE_NAME_PATH).await
+    }
+
+    /// One word of the instance metadata, `GET {path}?api-version=..&format=text`
+    /// (`path` under `/metadata/instance/`).
+    pub(crate) async fn instance_text(&self, path: &str) -> Result<String, NoticeError> {
+        let url = format!(
+            "{}{path}?api-version={AZURE_IMDS_API_VERSION}&format=text",
+            self.base
+        );
+        let req = self.http.client.get(&url).header(AZURE_HEADER, "true");
+        let reply = self.http.fetch("GET", &url, req, self.http.timeout).await?;
+        if reply.status != 200 {
+            return Err(reply.status_error("GET", &url));
+        }
+        let word = reply.body.trim();
+        if word.is_empty() || word.contains(char::is_whitespace) {
+            return Err(reply.parse_error(&url, "expected one word"));
+        }
+        Ok(word.to_string())
     }
 
     async fn document(&self) -> Result<AzureDocument, NoticeError> {
@@ -783,8 +867,8 @@ impl Azure {
 
     fn concerns_us(&self, event: &AzureEvent) -> bool {
         match &self.vm_name {
-            None => true,
-            Some(name) => {
+            VmName::Unread | VmName::Unreadable => true,
+            VmName::Known(name) => {
                 event.resources.is_empty()
                     || event
                         .resources
@@ -800,13 +884,15 @@ impl NoticeSource for Azure {
         Cloud::Azure
     }
 
-    /// The `Preempt` or `Terminate` event (for this VM, when a name is set)
-    /// with the earliest `NotBefore`. Other event types (Freeze, Reboot,
-    /// Redeploy) are ignored. An empty `NotBefore` (started events) means now;
-    /// an unparsable one is taken as now too (with a warning), so a real
+    /// The `Preempt` or `Terminate` event for this VM (every VM when its name
+    /// cannot be read, see [`with_vm_name`](Azure::with_vm_name)) with the
+    /// earliest `NotBefore`. Other event types (Freeze, Reboot, Redeploy) are
+    /// ignored. An empty `NotBefore` (started events) means now; an
+    /// unparsable one is taken as now too (with a warning), so a real
     /// eviction is never missed over a date format.
     async fn check(&mut self) -> Result<Option<Notice>, NoticeError> {
         let doc = self.document().await?;
+        self.learn_vm_name().await;
         let now = SystemTime::now();
         let mut best: Option<Notice> = None;
         for ev in &doc.events {
@@ -848,17 +934,28 @@ impl NoticeSource for Azure {
                 event_id: Some(ev.event_id.clone()),
             });
         }
+        if let Some(id) = best.as_ref().and_then(|n| n.event_id.as_ref()) {
+            self.ours.insert(id.clone());
+        }
         Ok(best)
     }
 
     /// POSTs `{"StartRequests": [{"EventId": ..}]}` for the notice's event,
-    /// once per event: later calls for the same event (and calls for notices
-    /// of other clouds) do nothing. A failed POST may be retried.
+    /// once per event: later calls for the same event, calls for notices of
+    /// other clouds, and events [`check`](NoticeSource::check) did not return
+    /// (another VM's) do nothing. A failed POST may be retried.
     async fn acknowledge(&mut self, notice: &Notice) -> Result<(), NoticeError> {
         let Some(id) = notice.event_id.as_deref() else {
             return Ok(());
         };
         if notice.cloud != Cloud::Azure || self.acked.contains(id) {
+            return Ok(());
+        }
+        if !self.ours.contains(id) {
+            debug!(
+                event = id,
+                "not acknowledging an event this source did not act on"
+            );
             return Ok(());
         }
         let body = AzureStartRequests {
@@ -1036,35 +1133,9 @@ mod tests {
     use serde_json::{Value, json};
     use tokio::sync::watch;
 
+    use crate::testing::{closed_port, serve, silent_port};
+
     type Params = Query<HashMap<String, String>>;
-
-    async fn serve(router: Router) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        format!("http://{addr}")
-    }
-
-    /// A loopback URL where nothing listens (connections are refused).
-    async fn closed_port() -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        format!("http://{addr}")
-    }
-
-    /// A loopback URL that accepts connections and never answers.
-    async fn silent_port() -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((sock, _)) = listener.accept().await {
-                held.push(sock);
-            }
-        });
-        format!("http://{addr}")
-    }
 
     fn header(headers: &HeaderMap, name: &str) -> Option<String> {
         headers
@@ -1493,6 +1564,9 @@ mod tests {
         incarnation: u64,
         events: Vec<Value>,
         posts: Vec<Value>,
+        /// What `compute/name` answers; `None`: 404.
+        vm_name: Option<String>,
+        name_reads: u32,
     }
 
     type AzureState = Arc<Mutex<AzureMock>>;
@@ -1548,11 +1622,36 @@ mod tests {
         StatusCode::OK.into_response()
     }
 
+    async fn azure_name(
+        State(s): State<AzureState>,
+        headers: HeaderMap,
+        Query(q): Params,
+    ) -> Response {
+        if let Some(r) = azure_checks(&headers, &q) {
+            return r;
+        }
+        if q.get("format").map(String::as_str) != Some("text") {
+            return StatusCode::BAD_REQUEST.into_response();
+        }
+        let mut m = s.lock().unwrap();
+        m.name_reads += 1;
+        match m.vm_name.clone() {
+            Some(name) => name.into_response(),
+            None => StatusCode::NOT_FOUND.into_response(),
+        }
+    }
+
+    /// Scheduled Events and `compute/name` (this VM is `vm1`).
     async fn azure_mock() -> (String, AzureState) {
         let state = AzureState::default();
-        state.lock().unwrap().incarnation = 1;
+        {
+            let mut m = state.lock().unwrap();
+            m.incarnation = 1;
+            m.vm_name = Some("vm1".to_string());
+        }
         let router = Router::new()
             .route(AZURE_EVENTS_PATH, get(azure_get).post(azure_post))
+            .route(AZURE_NAME_PATH, get(azure_name))
             .with_state(state.clone());
         (serve(router).await, state)
     }
@@ -1640,10 +1739,10 @@ mod tests {
         }
         let mut mine = Azure::new(&base).unwrap().with_vm_name("VM1");
         assert_eq!(mine.check().await.unwrap(), None, "event for another VM");
-        let mut any = Azure::new(&base).unwrap();
         assert_eq!(
-            any.check().await.unwrap().unwrap().action,
-            Action::Terminate
+            state.lock().unwrap().name_reads,
+            0,
+            "a given name is not read"
         );
 
         state
@@ -1653,6 +1752,67 @@ mod tests {
             .push(azure_event("T-mine", "Terminate", "vm1"));
         let n = mine.check().await.unwrap().unwrap();
         assert_eq!(n.event_id.as_deref(), Some("T-mine"));
+        assert_eq!(n.action, Action::Terminate);
+    }
+
+    #[tokio::test]
+    async fn azure_acts_only_on_events_for_this_vm() {
+        let (base, state) = azure_mock().await;
+        let mut azure = Azure::new(&base).unwrap();
+        assert_eq!(azure.vm_name(), None, "read at the first check");
+        state
+            .lock()
+            .unwrap()
+            .events
+            .push(azure_event("P-other", "Preempt", "vm2"));
+        assert_eq!(azure.check().await.unwrap(), None, "another VM's eviction");
+        assert_eq!(azure.check().await.unwrap(), None);
+        assert_eq!(azure.vm_name(), Some("vm1"));
+
+        // Another VM's event is never acknowledged, even when asked to.
+        let theirs = Notice {
+            cloud: Cloud::Azure,
+            action: Action::Terminate,
+            deadline: SystemTime::now(),
+            detail: String::new(),
+            event_id: Some("P-other".to_string()),
+        };
+        azure.acknowledge(&theirs).await.unwrap();
+        assert!(state.lock().unwrap().posts.is_empty());
+
+        state
+            .lock()
+            .unwrap()
+            .events
+            .push(azure_event("P-mine", "Preempt", "VM1"));
+        let n = azure.check().await.unwrap().unwrap();
+        assert_eq!(n.event_id.as_deref(), Some("P-mine"));
+        azure.acknowledge(&n).await.unwrap();
+        let m = state.lock().unwrap();
+        assert_eq!(
+            m.posts,
+            vec![json!({"StartRequests": [{"EventId": "P-mine"}]})]
+        );
+        assert_eq!(m.name_reads, 1, "the name is read once");
+    }
+
+    #[tokio::test]
+    async fn azure_without_its_name_acts_on_every_event() {
+        let (base, state) = azure_mock().await;
+        {
+            let mut m = state.lock().unwrap();
+            m.vm_name = None; // compute/name answers 404
+            m.events.push(azure_event("P-other", "Preempt", "vm2"));
+        }
+        let mut azure = Azure::new(&base).unwrap();
+        let n = azure.check().await.unwrap().unwrap();
+        assert_eq!(n.event_id.as_deref(), Some("P-other"));
+        assert_eq!(azure.vm_name(), None);
+        azure.acknowledge(&n).await.unwrap();
+        assert_eq!(azure.check().await.unwrap().unwrap().event_id, n.event_id);
+        let m = state.lock().unwrap();
+        assert_eq!(m.posts.len(), 1);
+        assert_eq!(m.name_reads, 1, "tried once, not at every check");
     }
 
     #[tokio::test]

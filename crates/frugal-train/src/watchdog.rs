@@ -5,6 +5,13 @@
 //! time over the machine's cores stands in for it) and the CPU and I/O of the trainer's
 //! process group from /proc, and reads the step timings the trainer appends to its metrics
 //! file. From a window of both it names the cause of idle time and the fix to try.
+//!
+//! Idle time has two kinds of cause. The run idles by itself (it waits for data, syncs with
+//! the host, or runs batches too small to fill the device), or the host is contended: other
+//! processes, or the hypervisor (steal time), take the cores the run would use. The machine's
+//! CPU counters (/proc/stat, all CPUs) against the run's own CPU time tell them apart: when
+//! the host has no idle core left and a good part of it went to others or to steal, the
+//! run's idling is the host's doing, and the fix is the host's, not the batch size.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -22,6 +29,9 @@ const BUSY: f64 = 0.75;
 const STALL_SHARE: f64 = 0.2;
 /// Host CPU use, as a share of all cores, above which the host is the bottleneck.
 const HOST_SATURATED: f64 = 0.9;
+/// Share of the cores other processes and steal must take, on a host with no idle core
+/// left, for the run's idle time to be the host's contention rather than its own.
+const CONTENDED: f64 = 0.25;
 /// How much history a diagnosis looks at.
 const WINDOW: Duration = Duration::from_secs(30);
 /// What a diagnosis needs before it speaks.
@@ -101,12 +111,99 @@ struct Gpus {
     count: u32,
 }
 
-/// Cumulative counters of the trainer's process group at one instant.
+/// Cumulative counters of the trainer's process group, and the host's, at one instant.
 #[derive(Debug, Clone, Copy)]
 struct Counters {
     at: Instant,
     cpu_s: f64,
     read_bytes: u64,
+    /// `None` where /proc/stat cannot be read.
+    host: Option<HostTicks>,
+}
+
+/// The `cpu` line of /proc/stat (all CPUs together), in clock ticks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostTicks {
+    /// user, nice, system, irq, softirq: some process (or the kernel for it) ran.
+    pub busy: u64,
+    /// idle and iowait: nothing to run.
+    pub idle: u64,
+    /// Time the hypervisor gave this VM's CPUs to someone else.
+    pub steal: u64,
+    /// The number of CPUs (`cpuN` lines).
+    pub cpus: u32,
+}
+
+impl HostTicks {
+    /// Parses /proc/stat; `None` without a well-formed `cpu` line.
+    pub fn parse(stat: &str) -> Option<HostTicks> {
+        let mut lines = stat.lines();
+        let fields: Vec<u64> = lines
+            .find_map(|l| l.strip_prefix("cpu "))?
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        // user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is
+        // already in user and nice.
+        let f = |i: usize| fields.get(i).copied().unwrap_or(0);
+        if fields.len() < 4 {
+            return None;
+        }
+        let cpus = stat
+            .lines()
+            .filter(|l| {
+                l.strip_prefix("cpu")
+                    .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+            })
+            .count();
+        Some(HostTicks {
+            busy: f(0) + f(1) + f(2) + f(5) + f(6),
+            idle: f(3) + f(4),
+            steal: f(7),
+            cpus: u32::try_from(cpus).unwrap_or(u32::MAX).max(1),
+        })
+    }
+
+    fn read() -> Option<HostTicks> {
+        HostTicks::parse(&fs::read_to_string("/proc/stat").ok()?)
+    }
+}
+
+/// The host's CPUs over an interval, in cores (a core's worth of time per second).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostLoad {
+    pub cpus: f64,
+    /// What processes other than the run's used.
+    pub others: f64,
+    /// What the hypervisor took.
+    pub steal: f64,
+    /// What nobody used.
+    pub idle: f64,
+}
+
+impl HostLoad {
+    /// The load between two readings, given the run's own CPU seconds over them; `None` when
+    /// no tick passed.
+    pub fn between(a: HostTicks, b: HostTicks, own_cpu_s: f64, ticks_per_s: f64) -> Option<Self> {
+        let busy = b.busy.saturating_sub(a.busy) as f64;
+        let idle = b.idle.saturating_sub(a.idle) as f64;
+        let steal = b.steal.saturating_sub(a.steal) as f64;
+        let total = busy + idle + steal;
+        if total <= 0.0 || ticks_per_s <= 0.0 {
+            return None;
+        }
+        let cpus = f64::from(b.cpus);
+        // Ticks of all CPUs together: the interval's wall time is total / cpus.
+        let wall_s = total / cpus / ticks_per_s;
+        let cores = |ticks: f64| ticks / total * cpus;
+        Some(HostLoad {
+            cpus,
+            others: (cores(busy) - own_cpu_s / wall_s).max(0.0),
+            steal: cores(steal),
+            idle: cores(idle),
+        })
+    }
 }
 
 /// What one interval between two samples measured.
@@ -119,6 +216,7 @@ struct Interval {
     /// The process group's CPU use as a share of all cores.
     host_cpu: f64,
     read_bytes: u64,
+    host: Option<HostLoad>,
 }
 
 /// Why the accelerator idles.
@@ -127,6 +225,8 @@ pub enum Cause {
     DataStarved,
     SyncStalls,
     HostCpuBound,
+    /// Other processes or the hypervisor take the cores the run would use.
+    HostContention,
     SmallBatch,
 }
 
@@ -145,6 +245,11 @@ impl Cause {
                 "move preprocessing out of the training process (more loader workers, \
                  pre-tokenized data) or use an instance with more vCPUs"
             }
+            Cause::HostContention => {
+                "give the run the machine: stop, move or renice the other work on it (or pin \
+                 it to other cores); with steal time, the hypervisor's other tenants take the \
+                 CPU: move to a dedicated or larger instance"
+            }
             Cause::SmallBatch => {
                 "raise the batch size (scale the learning rate with it) so each step fills \
                  the accelerator, or fuse kernels (torch.compile, CUDA graphs)"
@@ -159,6 +264,7 @@ impl fmt::Display for Cause {
             Cause::DataStarved => "data loading starves it",
             Cause::SyncStalls => "host-device syncs stall it",
             Cause::HostCpuBound => "the host CPU is saturated",
+            Cause::HostContention => "host contention",
             Cause::SmallBatch => "the batch is too small",
         })
     }
@@ -192,6 +298,7 @@ pub struct Watchdog {
     /// Whether a saturated host CPU is a cause (not when the CPU is the accelerator).
     host_is_apart: bool,
     cores: f64,
+    ticks_per_s: f64,
     pgid: i32,
     last: Option<Counters>,
     intervals: VecDeque<Interval>,
@@ -214,6 +321,7 @@ impl Watchdog {
             host_is_apart: gpus.is_some(),
             gpus,
             cores,
+            ticks_per_s: clock_ticks(),
             pgid: 0,
             last: None,
             intervals: VecDeque::new(),
@@ -252,6 +360,7 @@ impl Watchdog {
             at: now,
             cpu_s,
             read_bytes,
+            host: HostTicks::read(),
         };
         if let Some(prev) = self.last.replace(counters) {
             let seconds = counters.at.duration_since(prev.at).as_secs_f64();
@@ -269,6 +378,9 @@ impl Watchdog {
                     device,
                     host_cpu,
                     read_bytes: counters.read_bytes.saturating_sub(prev.read_bytes),
+                    host: prev.host.zip(counters.host).and_then(|(a, b)| {
+                        HostLoad::between(a, b, counters.cpu_s - prev.cpu_s, self.ticks_per_s)
+                    }),
                 });
             }
         }
@@ -350,6 +462,19 @@ impl Watchdog {
                     self.cores
                 ),
             )
+        } else if let Some(load) = self.contention() {
+            (
+                Cause::HostContention,
+                format!(
+                    "other processes used {:.1} of {} cores, steal {:.0}%, the run {:.1}, \
+                     {:.1} idle, {per_step}",
+                    load.others,
+                    load.cpus,
+                    load.steal / load.cpus * 100.0,
+                    host * self.cores,
+                    load.idle
+                ),
+            )
         } else {
             (
                 Cause::SmallBatch,
@@ -362,6 +487,41 @@ impl Watchdog {
             evidence,
         })
     }
+}
+
+impl Watchdog {
+    /// The host's load over the window when it is contended: no idle core left, and other
+    /// processes and steal took at least [`CONTENDED`] of the run's cores. `None` when the
+    /// host had room the run left unused (its idling is its own), or /proc/stat is unread.
+    fn contention(&self) -> Option<HostLoad> {
+        let measured: Vec<(f64, HostLoad)> = self
+            .intervals
+            .iter()
+            .filter_map(|i| Some((i.seconds, i.host?)))
+            .collect();
+        let span: f64 = measured.iter().map(|(s, _)| s).sum();
+        if span <= 0.0 {
+            return None;
+        }
+        let mean =
+            |f: fn(&HostLoad) -> f64| measured.iter().map(|(s, l)| f(l) * s).sum::<f64>() / span;
+        let load = HostLoad {
+            cpus: mean(|l| l.cpus),
+            others: mean(|l| l.others),
+            steal: mean(|l| l.steal),
+            idle: mean(|l| l.idle),
+        };
+        let cores = self.cores.min(load.cpus);
+        let full = load.idle <= (1.0 - HOST_SATURATED) * cores;
+        (full && load.others + load.steal >= CONTENDED * cores).then_some(load)
+    }
+}
+
+fn clock_ticks() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64
 }
 
 fn gpus() -> Option<Gpus> {
@@ -419,10 +579,7 @@ fn group_stats(pgid: i32) -> Vec<(i32, Vec<String>)> {
 
 /// CPU seconds and bytes read from storage by the group's processes, in one pass over /proc.
 fn group_usage(pgid: i32) -> (f64, u64) {
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
+    let ticks = clock_ticks();
     let (mut cpu_ticks, mut read) = (0.0, 0);
     for (pid, f) in group_stats(pgid) {
         // utime and stime (fields 14 and 15), with the waited-for children's (16, 17).
@@ -462,7 +619,19 @@ mod tests {
 
     /// A watchdog fed synthetic intervals: `device` busy share, `host` CPU share.
     fn fed(device: f64, host: f64, gpu: bool, steps: &[StepMetrics]) -> Watchdog {
+        fed_on(None, device, host, gpu, steps)
+    }
+
+    /// The same on a 2-core machine whose CPUs did `load`.
+    fn fed_on(
+        load: Option<HostLoad>,
+        device: f64,
+        host: f64,
+        gpu: bool,
+        steps: &[StepMetrics],
+    ) -> Watchdog {
         let mut w = Watchdog::with_gpus(None);
+        w.cores = 2.0;
         w.host_is_apart = gpu;
         let now = Instant::now();
         for _ in 0..5 {
@@ -472,6 +641,7 @@ mod tests {
                 device,
                 host_cpu: host,
                 read_bytes: 0,
+                host: load,
             });
         }
         w.steps.extend(steps.iter().cloned().map(|m| (now, m)));
@@ -511,6 +681,91 @@ mod tests {
             cause(fed(0.5, 0.95, false, &steps(0.0, 0.0))),
             Some(Cause::SmallBatch)
         );
+    }
+
+    /// Two cores: `others` and `steal` in cores, the rest the run's (`run` cores) or idle.
+    fn two_cores(run: f64, others: f64, steal: f64) -> Option<HostLoad> {
+        Some(HostLoad {
+            cpus: 2.0,
+            others,
+            steal,
+            idle: (2.0 - run - others - steal).max(0.0),
+        })
+    }
+
+    #[test]
+    fn tells_host_contention_from_the_runs_own_idling() {
+        let diagnose = |load, run: f64, gpu, steps: &[StepMetrics]| {
+            fed_on(load, run / 2.0, run / 2.0, gpu, steps)
+                .diagnose()
+                .unwrap()
+        };
+        let quiet = steps(0.0, 0.0);
+        // Another build takes 1.4 of the 2 cores: the healthy run gets 0.6 (busy 30%).
+        let d = diagnose(two_cores(0.6, 1.4, 0.0), 0.6, false, &quiet);
+        assert_eq!(d.cause, Cause::HostContention);
+        let text = d.to_string();
+        assert!(
+            text.contains("host contention (other processes used 1.4 of 2 cores, steal 0%"),
+            "{text}"
+        );
+        assert!(!text.contains("batch is too small"), "{text}");
+        // The hypervisor takes 0.8 of the cores.
+        let d = diagnose(two_cores(1.2, 0.0, 0.8), 1.2, false, &quiet);
+        assert_eq!(d.cause, Cause::HostContention);
+        assert!(d.evidence.contains("steal 40%"), "{}", d.evidence);
+        // With a GPU the host feeds it: others on its cores idle it too.
+        let d = diagnose(two_cores(0.6, 1.4, 0.0), 0.6, true, &quiet);
+        assert_eq!(d.cause, Cause::HostContention);
+
+        // A core lies idle: the run idles by itself, whatever else runs.
+        let d = diagnose(two_cores(0.6, 0.9, 0.0), 0.6, false, &quiet);
+        assert_eq!(d.cause, Cause::SmallBatch, "{d}");
+        // The host is full, but nearly all of it is the run's.
+        let d = diagnose(two_cores(1.4, 0.4, 0.0), 1.4, false, &quiet);
+        assert_eq!(d.cause, Cause::SmallBatch, "{d}");
+        // Waits in the step timings are the run's own, contended host or not.
+        let d = diagnose(two_cores(0.6, 1.4, 0.0), 0.6, false, &steps(0.06, 0.0));
+        assert_eq!(d.cause, Cause::DataStarved);
+        // No host counters (no /proc/stat): no contention is claimed.
+        let d = diagnose(None, 0.6, false, &quiet);
+        assert_eq!(d.cause, Cause::SmallBatch);
+    }
+
+    #[test]
+    fn reads_the_hosts_cpu_counters() {
+        let stat = "cpu  100 10 50 800 20 5 5 10 7 0\n\
+                    cpu0 50 5 25 400 10 3 2 5 0 0\n\
+                    cpu1 50 5 25 400 10 2 3 5 0 0\n\
+                    intr 1 2 3\nctxt 99\n";
+        let a = HostTicks::parse(stat).unwrap();
+        assert_eq!(
+            a,
+            HostTicks {
+                busy: 170,
+                idle: 820,
+                steal: 10,
+                cpus: 2
+            }
+        );
+        assert_eq!(HostTicks::parse("intr 1\n"), None);
+        assert_eq!(HostTicks::parse("cpu  1 2 x\n"), None);
+
+        // One second on 2 CPUs at 100 ticks/s: 200 ticks. 150 busy, 20 stolen, 30 idle; the
+        // run used 0.5 CPU-seconds of the 1.5 busy.
+        let b = HostTicks {
+            busy: a.busy + 150,
+            idle: a.idle + 30,
+            steal: a.steal + 20,
+            cpus: 2,
+        };
+        let load = HostLoad::between(a, b, 0.5, 100.0).unwrap();
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-9;
+        assert!(close(load.others, 1.0), "{load:?}");
+        assert!(close(load.steal, 0.2), "{load:?}");
+        assert!(close(load.idle, 0.3), "{load:?}");
+        assert_eq!(HostLoad::between(a, a, 0.0, 100.0), None);
+        assert!(HostTicks::read().is_some(), "this Linux has /proc/stat");
     }
 
     #[test]

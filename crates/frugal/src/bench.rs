@@ -21,6 +21,7 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
         catalog,
         args.price_per_hour.as_deref(),
         args.instance.as_deref(),
+        None,
     )?;
     let load = match (&args.workload, &args.trace) {
         (Some(path), _) => Load::Open {

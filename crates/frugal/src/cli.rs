@@ -361,6 +361,10 @@ pub struct ServeArgs {
     /// Price this machine as a catalog instance type (e.g. g5.xlarge)
     #[arg(long)]
     pub instance: Option<String>,
+    /// Base URL of the cloud metadata endpoints that name this machine's instance type when
+    /// neither price is given (tests point it at a fake one)
+    #[arg(long, value_name = "URL", hide = true)]
+    pub metadata_url: Option<String>,
     /// Workload name in the ledger [default: serve]
     #[arg(long)]
     pub workload: Option<String>,

@@ -47,7 +47,17 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .clone()
         .or_else(|| file.workload.clone())
         .unwrap_or_else(|| "serve".into());
-    let (rate, instance_type) = machine_rate(catalog, price_per_hour, instance)?;
+    // Only a local model runs on this machine (a gateway's costs nothing here), and only a
+    // meter records what it costs.
+    let this_machine = (!args.no_model && !args.no_meter).then(|| {
+        let mut bases = frugal_train::notice::Bases::default();
+        if let Some(url) = &args.metadata_url {
+            (bases.aws, bases.gcp, bases.azure) = (url.clone(), url.clone(), url.clone());
+        }
+        bases
+    });
+    let (rate, instance_type) =
+        machine_rate(catalog, price_per_hour, instance, this_machine.as_ref())?;
     let local = if args.no_model {
         if file.upstream.is_empty() {
             bail!("--no-model serves the [[serve.upstream]] servers, and frugal.toml names none");
@@ -280,11 +290,14 @@ pub fn load_model(
     Ok((model, tokenizer, template))
 }
 
-/// The machine's hourly price: given, from the catalog, or nothing (costs then read $0).
+/// The machine's hourly price: given, from the catalog, or, for this machine (`this_machine`:
+/// the metadata services to ask), its instance type's from the cloud's metadata or the
+/// cheapest catalog instance as big as it, said at start; else nothing (costs read $0).
 pub fn machine_rate(
     catalog: &Catalog,
     price_per_hour: Option<&str>,
     instance: Option<&str>,
+    this_machine: Option<&frugal_train::notice::Bases>,
 ) -> Result<(HourlyRate, Option<String>)> {
     if let Some(text) = price_per_hour {
         let price: Money = text
@@ -299,7 +312,27 @@ pub fn machine_rate(
         let offer = catalog.instance(instance, None)?;
         return Ok((offer.on_demand, Some(offer.instance_type.clone())));
     }
-    Ok((HourlyRate(Money::ZERO), None))
+    let Some(bases) = this_machine else {
+        return Ok((HourlyRate(Money::ZERO), None));
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let found = runtime.block_on(frugal_train::machine::this_machine_rate(
+        catalog,
+        bases,
+        frugal_train::machine::DETECT_TIMEOUT,
+    ));
+    // A name lookup of a metadata host may still be running: don't wait for it.
+    runtime.shutdown_background();
+    writeln!(
+        std::io::stderr(),
+        "frugal serve: pricing this machine at ${}/h: {}; --price-per-hour overrides it",
+        found.rate.0.to_string_places(3),
+        found.reason
+    )?;
+    Ok((found.rate, found.instance_type))
 }
 
 async fn shutdown_signal() {
@@ -346,6 +379,7 @@ fn upstream(raw: &RawUpstream, catalog: &Catalog) -> Result<Upstream> {
             catalog,
             raw.price_per_hour.as_deref(),
             raw.instance.as_deref(),
+            None,
         )
         .with_context(|| format!("upstream `{}`", raw.name))?;
         Some(Pricing::Hourly {

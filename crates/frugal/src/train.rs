@@ -1,13 +1,13 @@
-//! `frugal train -- CMD`: the supervisor, priced into the ledger.
+//! `frugal train -- CMD`: the flags into a plan and a pricing, the supervisor run, and its
+//! summary printed. Pricing is `frugal_train::pricing`'s.
 
 use std::io::Write;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use frugal_cost::event::{Capacity, Event, Kind, Outcome};
-use frugal_cost::money::HourlyRate;
-use frugal_cost::{Catalog, Money};
+use frugal_cost::{Capacity, Catalog, Money};
 use frugal_train::notice::{AnySource, Aws, Azure, Bases, Gcp, NoticeSource, detect};
+use frugal_train::pricing::{Pricing, Request};
 use frugal_train::store::CheckpointStore;
 use frugal_train::supervisor::{Ending, Plan, Segment, supervise};
 use sha2::{Digest, Sha256};
@@ -27,15 +27,6 @@ pub const EXIT_RESUMABLE: u8 = 75;
 pub struct Stopped {
     run: String,
     checkpoint: String,
-}
-
-/// What the run's capacity costs an hour, and what it would cost on demand.
-struct Pricing {
-    capacity: Capacity,
-    rate: HourlyRate,
-    on_demand: Option<HourlyRate>,
-    instance_type: Option<String>,
-    region: Option<String>,
 }
 
 pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
@@ -87,7 +78,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         let source = notice_source(args).await?;
         let record = |s: &Segment| {
             ledger
-                .append("frugal train", &[event(&run_id, &pricing, s)])
+                .append("frugal train", &[pricing.event(&run_id, s)])
                 .map(|_| ())
                 .map_err(|e| format!("{e:#}"))
         };
@@ -137,58 +128,36 @@ fn parse_signal(name: &str) -> Result<nix::sys::signal::Signal> {
     })
 }
 
+/// The run's pricing from the flags; the library prices it.
 fn pricing(catalog: &Catalog, args: &TrainArgs) -> Result<Pricing> {
-    let capacity = if args.spot {
-        Capacity::Spot
-    } else {
-        Capacity::OnDemand
-    };
-    if let Some(text) = &args.price_per_hour {
-        let price: Money = text
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))?;
-        if price.is_negative() {
-            bail!("--price-per-hour: a price cannot be negative");
+    let price_per_hour = match &args.price_per_hour {
+        Some(text) => {
+            let price: Money = text
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))?;
+            if price.is_negative() {
+                bail!("--price-per-hour: a price cannot be negative");
+            }
+            Some(price)
         }
-        let on_demand = match (&args.instance, capacity) {
-            (_, Capacity::OnDemand) => Some(HourlyRate(price)),
-            (Some(i), _) => Some(catalog.instance(i, args.region.as_deref())?.on_demand),
-            (None, _) => None,
-        };
-        return Ok(Pricing {
-            capacity,
-            rate: HourlyRate(price),
-            on_demand,
-            instance_type: args.instance.clone(),
-            region: args.region.clone(),
-        });
-    }
-    let Some(instance) = &args.instance else {
+        None => None,
+    };
+    if price_per_hour.is_none() && args.instance.is_none() {
         tracing::warn!(
             "no --instance or --price-per-hour: the run's segments cost $0 in the ledger"
         );
-        return Ok(Pricing {
-            capacity,
-            rate: HourlyRate(Money::ZERO),
-            on_demand: None,
-            instance_type: None,
-            region: args.region.clone(),
-        });
+    }
+    let request = Request {
+        capacity: if args.spot {
+            Capacity::Spot
+        } else {
+            Capacity::OnDemand
+        },
+        price_per_hour,
+        instance: args.instance.as_deref(),
+        region: args.region.as_deref(),
     };
-    let offer = catalog.instance(instance, args.region.as_deref())?;
-    let rate = offer.price(capacity).with_context(|| {
-        format!(
-            "the catalog has no {capacity} price for {} in {}: give --price-per-hour",
-            offer.instance_type, offer.region
-        )
-    })?;
-    Ok(Pricing {
-        capacity,
-        rate,
-        on_demand: Some(offer.on_demand),
-        instance_type: Some(offer.instance_type.clone()),
-        region: Some(offer.region.clone()),
-    })
+    Ok(Pricing::new(catalog, &request)?)
 }
 
 async fn notice_source(args: &TrainArgs) -> Result<Option<AnySource>> {
@@ -226,24 +195,6 @@ async fn notice_source(args: &TrainArgs) -> Result<Option<AnySource>> {
     Ok(source)
 }
 
-fn event(run_id: &str, p: &Pricing, s: &Segment) -> Event {
-    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    let duration_ms = ms(s.duration());
-    let ts_ms = ms(s.started.duration_since(UNIX_EPOCH).unwrap_or_default());
-    let cost = p.rate.cost(duration_ms, 1).unwrap_or(Money::ZERO);
-    let mut e = Event::new(ts_ms, Kind::Training, run_id, cost);
-    e.duration_ms = duration_ms;
-    e.run_id = Some(run_id.to_owned());
-    e.instance_type = p.instance_type.clone();
-    e.region = p.region.clone();
-    e.capacity = Some(p.capacity);
-    e.list_cost = p.on_demand.and_then(|r| r.cost(duration_ms, 1));
-    e.outcome = Some(s.outcome);
-    e.lost_ms = ms(s.lost);
-    e.utilization = s.utilization;
-    e
-}
-
 fn print_summary(
     out: &mut impl Write,
     run_id: &str,
@@ -261,14 +212,8 @@ fn print_summary(
         "busy>",
         "cost>",
     ]);
-    let mut total = Money::ZERO;
-    let mut on_demand = Some(Money::ZERO);
-    let mut lost = Duration::ZERO;
     for s in segments {
-        let e = event(run_id, p, s);
-        total += e.cost;
-        on_demand = on_demand.zip(e.list_cost).map(|(a, b)| a + b);
-        lost += s.lost;
+        let e = p.event(run_id, s);
         let opt = |v: Option<u64>| v.map_or_else(|| "-".into(), |v| v.to_string());
         t.add_row(vec![
             s.attempt.to_string(),
@@ -284,20 +229,19 @@ fn print_summary(
         ]);
     }
     writeln!(out, "Run {run_id}\n{t}")?;
-    let preemptions = segments
-        .iter()
-        .filter(|s| s.outcome == Outcome::Preempted)
-        .count();
+    let total = p.run_cost(run_id, segments);
     write!(
         out,
-        "{} segment(s), {preemptions} preemption(s), {:.1} minutes lost; cost {total} ({})",
+        "{} segment(s), {} preemption(s), {:.1} minutes lost; cost {} ({})",
         segments.len(),
-        lost.as_secs_f64() / 60.0,
+        total.preemptions,
+        total.lost.as_secs_f64() / 60.0,
+        total.cost,
         p.capacity
     )?;
-    match on_demand {
+    match total.on_demand {
         Some(od) if p.capacity != Capacity::OnDemand => {
-            writeln!(out, ", {od} on demand (saved {})", od - total)?;
+            writeln!(out, ", {od} on demand (saved {})", od - total.cost)?;
         }
         _ => writeln!(out)?,
     }

@@ -125,12 +125,29 @@ fn gcp_notice_that_clears_restarts_on_the_same_machine() {
 }
 
 #[test]
-fn azure_preempt_event_is_acknowledged_once() {
+fn azure_acts_on_this_vms_preempt_event_only_and_acknowledges_it_once() {
     let meta = Metadata::start();
     let shared = Shared2::new();
     let m = Machine::new();
     let mut child = m.train(&shared, &meta.spot("azure"), &[]);
     m.wait_for_step(&mut child, 120);
+
+    // Another VM of the scale set is evicted: not ours to act on.
+    meta.preempt_vm("vm-2", Duration::from_secs(30));
+    let seen = meta.azure_reads();
+    wait_until(
+        Duration::from_secs(30),
+        || meta.azure_reads() >= seen + 5,
+        || "the supervisor stopped polling Scheduled Events".into(),
+    );
+    assert!(meta.acks().is_empty(), "acknowledged another VM's event");
+    assert!(
+        shared.stored().iter().all(|s| s % 100 == 0),
+        "checkpointed on another VM's event: {:?}",
+        shared.stored()
+    );
+
+    // This VM's turn.
     meta.preempt(Duration::from_secs(30));
     wait_until(
         Duration::from_secs(30),
@@ -140,6 +157,13 @@ fn azure_preempt_event_is_acknowledged_once() {
     meta.clear();
     let out = finish(child);
     assert!(out.status.success());
+    let log = stderr(&out);
+    assert!(log.contains("azure notice"), "{log}");
+    assert!(
+        !log.contains("E-vm-2"),
+        "acted on another VM's event: {log}"
+    );
+    assert_eq!(resumed_from(&log).len(), 1, "{log}");
     let acks = meta.acks();
     assert_eq!(acks.len(), 1, "{acks:?}");
     assert!(acks[0].contains("E-1"), "{acks:?}");

@@ -47,8 +47,15 @@ struct Clouds {
     notice: Option<SystemTime>,
     /// Azure StartRequests bodies received.
     acks: Vec<String>,
+    /// The VM an Azure event names (`Resources`); `None`: this one, [`AZURE_VM`].
+    azure_target: Option<String>,
+    /// Scheduled Events documents served.
+    azure_reads: u64,
     gcp_version: u64,
 }
+
+/// The name of the VM the Azure metadata says this is.
+pub const AZURE_VM: &str = "vm-1";
 
 #[derive(Clone)]
 pub struct Metadata {
@@ -80,6 +87,7 @@ impl Metadata {
                 "/metadata/scheduledevents",
                 get(azure_events).post(azure_ack),
             )
+            .route("/metadata/instance/compute/name", get(azure_name))
             .with_state(shared);
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -96,16 +104,32 @@ impl Metadata {
 
     /// Announces a preemption `left` from now.
     pub fn preempt(&self, left: Duration) {
+        self.announce(None, left);
+    }
+
+    /// Announces, on Azure, the preemption of `vm` (another VM of the scale set) `left` from now.
+    pub fn preempt_vm(&self, vm: &str, left: Duration) {
+        self.announce(Some(vm.to_owned()), left);
+    }
+
+    fn announce(&self, azure_target: Option<String>, left: Duration) {
         let mut s = self.state.lock().unwrap();
         s.notice = Some(SystemTime::now() + left);
+        s.azure_target = azure_target;
         s.gcp_version += 1;
         drop(s);
         self.changed.notify_waiters();
     }
 
+    /// Scheduled Events documents served so far.
+    pub fn azure_reads(&self) -> u64 {
+        self.state.lock().unwrap().azure_reads
+    }
+
     pub fn clear(&self) {
         let mut s = self.state.lock().unwrap();
         s.notice = None;
+        s.azure_target = None;
         s.gcp_version += 1;
         drop(s);
         self.changed.notify_waiters();
@@ -192,20 +216,33 @@ async fn azure_events(State((state, _)): State<Shared>, headers: HeaderMap) -> R
     if headers.get("metadata").is_none_or(|v| v != "true") {
         return StatusCode::BAD_REQUEST.into_response();
     }
-    let events = match state.lock().unwrap().notice {
+    let mut s = state.lock().unwrap();
+    s.azure_reads += 1;
+    let (vm, id) = match &s.azure_target {
+        Some(vm) => (vm.clone(), format!("E-{vm}")),
+        None => (AZURE_VM.to_owned(), "E-1".to_owned()),
+    };
+    let events = match s.notice {
         Some(at) => {
             let not_before = chrono::DateTime::<chrono::Utc>::from(at)
                 .format("%a, %d %b %Y %H:%M:%S GMT")
                 .to_string();
             format!(
-                r#"[{{"EventId": "E-1", "EventType": "Preempt", "ResourceType": "VirtualMachine",
-                    "Resources": ["vm-1"], "EventStatus": "Scheduled", "NotBefore": "{not_before}",
+                r#"[{{"EventId": "{id}", "EventType": "Preempt", "ResourceType": "VirtualMachine",
+                    "Resources": ["{vm}"], "EventStatus": "Scheduled", "NotBefore": "{not_before}",
                     "Description": "spot eviction", "EventSource": "Platform", "DurationInSeconds": -1}}]"#
             )
         }
         None => "[]".into(),
     };
     format!(r#"{{"DocumentIncarnation": 1, "Events": {events}}}"#).into_response()
+}
+
+async fn azure_name(headers: HeaderMap) -> Response {
+    if headers.get("metadata").is_none_or(|v| v != "true") {
+        return StatusCode::BAD_REQUEST.into_response();
+    }
+    AZURE_VM.into_response()
 }
 
 async fn azure_ack(State((state, _)): State<Shared>, body: String) -> StatusCode {

@@ -1,0 +1,102 @@
+//! End-to-end: `frugal serve` with no price prices its machine from the cloud's metadata
+//! (a fake AWS endpoint here), or, off the clouds, from the catalog, and says which.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, put};
+
+/// An AWS IMDSv2 endpoint saying this is a g5.xlarge, on a runtime of its own.
+fn fake_aws() -> (String, tokio::runtime::Runtime) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/latest/api/token", put(|| async { "tok" }))
+        .route(
+            "/latest/meta-data/instance-type",
+            get(|h: HeaderMap| async move {
+                if h.get("x-aws-ec2-metadata-token")
+                    .is_some_and(|t| t == "tok")
+                {
+                    "g5.xlarge".into_response()
+                } else {
+                    StatusCode::UNAUTHORIZED.into_response()
+                }
+            }),
+        );
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    runtime.spawn(async move { axum::serve(listener, app).await });
+    (url, runtime)
+}
+
+/// `frugal serve` with no price and `metadata_url`: its pricing line, once it listens.
+fn pricing_line(metadata_url: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--ledger")
+        .arg(dir.path().join("ledger.sqlite"))
+        .args(["serve", "--port", "0", "--no-cache", "--model"])
+        .arg(common::model())
+        .args(["--metadata-url", metadata_url])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pricing = None;
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("pricing this machine") {
+            pricing = Some(line);
+        } else if line.contains("http://") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    pricing.expect("no pricing line before the server listened")
+}
+
+#[test]
+fn serve_without_a_price_prices_its_machine_and_says_how() {
+    let (url, _runtime) = fake_aws();
+    let line = pricing_line(&url);
+    assert!(
+        line.contains(
+            "pricing this machine at $1.006/h: aws g5.xlarge from the instance metadata; \
+             --price-per-hour overrides it"
+        ),
+        "{line}"
+    );
+
+    // Off the clouds: nothing listens there. The answer comes within the detection timeout.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let started = Instant::now();
+    let line = pricing_line(&closed);
+    assert!(
+        line.contains("no cloud metadata: the cheapest catalog instance with >= "),
+        "{line}"
+    );
+    assert!(line.contains("--price-per-hour overrides it"), "{line}");
+    assert!(!line.contains("at $0.000/h"), "{line}");
+    eprintln!("off the clouds, after {:?}: {line}", started.elapsed());
+}
