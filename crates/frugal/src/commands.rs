@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use frugal_cost::catalog::InstanceOffer;
 use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
+use frugal_cost::ledger::PriorImport;
 use frugal_cost::report::{Report, pct, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
@@ -63,13 +64,43 @@ pub fn run(cli: Cli) -> Result<()> {
             if let Some(check) = check {
                 writeln!(out, "integrity {check}")?;
             }
-            Ok(())
+            print_files(&mut out, &info.files)
         }
         Command::Report(args) => report(&config, &catalog, &args),
         Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
         Command::Bench(args) => crate::bench::run(&catalog, &args),
         Command::Keys(KeysCommand::New(args)) => new_key(&args),
     }
+}
+
+/// Files imported, newest last; only the latest few, `--json` has them all.
+fn print_files(out: &mut impl Write, files: &[PriorImport]) -> Result<()> {
+    const SHOWN: usize = 10;
+    if files.is_empty() {
+        return Ok(());
+    }
+    let mut t = table::new(&["imported", "sha256", "format", "rows>", "file"]);
+    for f in files.iter().skip(files.len().saturating_sub(SHOWN)) {
+        t.add_row(vec![
+            date(f.at_ms),
+            f.sha256
+                .as_deref()
+                .map_or("-", |s| s.get(..12).unwrap_or(s))
+                .to_owned(),
+            f.format.clone(),
+            thousands(f.rows),
+            f.source.clone(),
+        ]);
+    }
+    writeln!(out, "\nFiles imported\n{t}")?;
+    if files.len() > SHOWN {
+        writeln!(
+            out,
+            "the latest {SHOWN} of {}; --json lists all",
+            files.len()
+        )?;
+    }
+    Ok(())
 }
 
 fn new_key(args: &NewKeyArgs) -> Result<()> {
@@ -116,6 +147,7 @@ fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) 
     let options = ImportOptions {
         format,
         skip_invalid: args.skip_invalid,
+        allow_duplicates: args.allow_duplicates,
     };
     let mut summaries = Vec::new();
     for file in &args.files {
@@ -128,7 +160,7 @@ fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) 
             let mut err = std::io::stderr().lock();
             writeln!(
                 err,
-                "imported {} events ({}) from {} as {} in {:.2}s{}{}",
+                "imported {} events ({}) from {} as {} in {:.2}s{}{}{}",
                 thousands(summary.imported),
                 usd(summary.cost),
                 file.display(),
@@ -144,6 +176,14 @@ fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) 
                 },
                 if summary.invalid_total > 0 {
                     format!("; left out {} bad rows", summary.invalid_total)
+                } else {
+                    String::new()
+                },
+                if summary.duplicates > 0 {
+                    format!(
+                        "; {} of them imported before (--allow-duplicates)",
+                        thousands(summary.duplicates)
+                    )
                 } else {
                     String::new()
                 },
