@@ -142,10 +142,7 @@ fn short_sha(sha256: Option<&str>) -> &str {
 }
 
 fn utc_minute(ms: Millis) -> String {
-    DateTime::from_timestamp_millis(ms).map_or_else(
-        || ms.to_string(),
-        |d| d.format("%Y-%m-%d %H:%M UTC").to_string(),
-    )
+    crate::present::utc(ms, "%Y-%m-%d %H:%M UTC")
 }
 
 fn list(rows: &[RowError], total: u64) -> String {
