@@ -46,10 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let path = dir.path().join("ledger.sqlite");
     let mut ledger = Ledger::open(&path)?;
-    let options = ImportOptions {
-        format: None,
-        skip_invalid: false,
-    };
+    let options = ImportOptions::default();
     let started = Instant::now();
     let summary = import_file(&mut ledger, &catalog, &csv, options, &NoProgress)?;
     let secs = started.elapsed().as_secs_f64();

@@ -1,15 +1,19 @@
 //! The HTML report: one self-contained file (inline CSS and SVG, no scripts, no network),
 //! so it opens offline and can be attached to a ticket or an e-mail as it is.
 //!
-//! This module owns the page: its layout, its charts and how numbers read on it. Every
-//! figure comes from `Report` as built; nothing here adds money up. Chart values are
-//! floats clamped at zero, so a credit cannot draw a bar backwards or an empty axis divide.
-
-use chrono::DateTime;
+//! This module owns the page: its layout and which charts it draws; how they are drawn and
+//! how numbers read on it is `present`'s. Every figure comes from `Report` as built;
+//! nothing here adds money up.
 
 use crate::event::Kind;
 use crate::money::{Millis, Money};
-use crate::report::{InferenceLine, Item, Lever, Report, RunLine, Series, pct, utilization_note};
+use crate::present::page::{document, esc};
+use crate::present::svg::{
+    AXIS, BarRow, END, GRID, INSIDE, MIDDLE, WIDTH, axis_label, bar, hbars, line, nice_axis, open,
+    pos, rect, text,
+};
+use crate::present::{pct, thousands, usd_f64, usd_unit, utc};
+use crate::report::{InferenceLine, Item, Lever, Report, RunLine, Series, utilization_note};
 
 /// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
 const PALETTE: [&str; 8] = [
@@ -17,18 +21,7 @@ const PALETTE: [&str; 8] = [
 ];
 /// For the figure a bar is compared against (the on-demand list price).
 const MUTED: &str = "#bab0ac";
-/// Charts are drawn in this width and scaled to the page by their viewBox.
-const WIDTH: f64 = 960.0;
-/// Rough advance of one label character, to size label columns without measuring a font.
-const CHAR_W: f64 = 6.8;
-const BAR_H: f64 = 18.0;
-const BAR_GAP: f64 = 4.0;
 const DAY_MS: Millis = 86_400_000;
-const END: &str = " text-anchor=\"end\"";
-const MIDDLE: &str = " text-anchor=\"middle\"";
-const LABEL: &str = " class=\"lbl\" text-anchor=\"end\"";
-const SUB: &str = " class=\"sub\" text-anchor=\"end\"";
-const INSIDE: &str = " class=\"in\" text-anchor=\"middle\"";
 const NONE: &str = "–";
 
 const STYLE: &str = "
@@ -56,11 +49,7 @@ footer{font-size:12px;margin-top:24px}
 /// Renders the whole report; `source` names the ledger it was read from.
 pub fn render(report: &Report, source: &str) -> String {
     let mut out = String::with_capacity(64 * 1024);
-    out.push_str("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
-    out.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
-    out.push_str("<title>frugal report</title>\n<style>");
-    out.push_str(STYLE);
-    out.push_str("</style>\n</head>\n<body>\n<main>\n");
+    out.push_str("<main>\n");
     out.push_str(&header(report, source));
     if report.events == 0 {
         out.push_str("<p class=\"empty\">No events in this window: nothing to chart.</p>\n");
@@ -79,8 +68,8 @@ pub fn render(report: &Report, source: &str) -> String {
         sections.iter().flatten().for_each(|s| out.push_str(s));
     }
     out.push_str("<footer>Written by frugal. Money is summed exactly; charts are drawn from ");
-    out.push_str("rounded dollars.</footer>\n</main>\n</body>\n</html>\n");
-    out
+    out.push_str("rounded dollars.</footer>\n</main>\n");
+    document("frugal report", STYLE, &out)
 }
 
 fn header(r: &Report, source: &str) -> String {
@@ -89,7 +78,7 @@ fn header(r: &Report, source: &str) -> String {
         (Some(a), Some(b)) => format!("{} – {} UTC", utc(a, minute), utc(b, minute)),
         _ => "no events in this window".to_owned(),
     };
-    let (source, events) = (esc(source), count(r.events));
+    let (source, events) = (esc(source), thousands(r.events));
     let meta = format!("Ledger <code>{source}</code> · {span} · {events} events");
     format!("<header>\n<h1>frugal report</h1>\n<p class=\"meta\">{meta}</p>\n</header>\n")
 }
@@ -104,10 +93,17 @@ fn tiles(r: &Report) -> String {
         Some(u) => utilization_note(u).unwrap_or("capacity fully used".to_owned()),
         None => "no capacity with a known utilization".to_owned(),
     };
-    let (events, util) = (count(r.events), utilization.map_or(NONE.to_owned(), pct));
+    let (events, util) = (
+        thousands(r.events),
+        utilization.map_or(NONE.to_owned(), pct),
+    );
     let tiles = [
-        ("Total spent", usd(r.total), format!("{events} events")),
-        ("Waste", usd(r.waste), format!("{waste_share} of spend")),
+        ("Total spent", usd_unit(r.total), format!("{events} events")),
+        (
+            "Waste",
+            usd_unit(r.waste),
+            format!("{waste_share} of spend"),
+        ),
         ("Utilization", util, note),
     ];
     let mut out = String::from("<div class=\"tiles\">\n");
@@ -156,28 +152,6 @@ fn legend(items: &[(impl AsRef<str>, &str)]) -> String {
     out
 }
 
-/// An SVG `<text>`; `content` is escaped here.
-fn text(x: f64, y: f64, attrs: &str, content: &str) -> String {
-    let content = esc(content);
-    format!("<text x=\"{x:.1}\" y=\"{y:.1}\"{attrs}>{content}</text>\n")
-}
-
-/// An SVG `<rect>` that names itself on hover.
-fn rect(x: f64, y: f64, w: f64, h: f64, fill: &str, title: &str) -> String {
-    let title = esc(title);
-    let at = format!("x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"{h:.1}\"");
-    format!("<rect {at} fill=\"{fill}\"><title>{title}</title></rect>\n")
-}
-
-fn line(class: &str, (x1, y1): (f64, f64), (x2, y2): (f64, f64)) -> String {
-    let at = format!("x1=\"{x1:.1}\" y1=\"{y1:.1}\" x2=\"{x2:.1}\" y2=\"{y2:.1}\"");
-    format!("<line class=\"{class}\" {at}/>\n")
-}
-
-fn svg_open(height: f64, label: &str) -> String {
-    format!("<svg viewBox=\"0 0 {WIDTH} {height:.0}\" role=\"img\" aria-label=\"{label}\">\n")
-}
-
 fn cost_over_time(s: &Series) -> Option<String> {
     let n = s.buckets;
     let value = |v: &[f64], i: usize| pos(v.get(i).copied());
@@ -190,10 +164,10 @@ fn cost_over_time(s: &Series) -> Option<String> {
     let bottom = top + plot_h;
     let (axis_top, step) = nice_axis(max);
     let y = |v: f64| bottom - v / axis_top * plot_h;
-    let mut svg = svg_open(bottom + 30.0, "cost over time by workload");
+    let mut svg = open(WIDTH, bottom + 30.0, "", "cost over time by workload");
     for k in 0..=(axis_top / step).round() as usize {
         let v = k as f64 * step;
-        svg.push_str(&line("grid", (left, y(v)), (left + plot_w, y(v))));
+        svg.push_str(&line(GRID, (left, y(v)), (left + plot_w, y(v))));
         svg.push_str(&text(left - 8.0, y(v) + 4.0, END, &axis_label(v, step)));
     }
     let slot = plot_w / n as f64;
@@ -220,7 +194,7 @@ fn cost_over_time(s: &Series) -> Option<String> {
         for (j, (name, values)) in s.lines.iter().enumerate() {
             let v = value(values, i);
             if v > 0.0 {
-                let title = format!("{name}, {when}: {}", dollars(v));
+                let title = format!("{name}, {when}: {}", usd_f64(v));
                 let (y1, h) = (y(acc + v), v / axis_top * plot_h);
                 svg.push_str(&rect(x, y1, bar_w, h, colour(j), &title));
             }
@@ -232,7 +206,7 @@ fn cost_over_time(s: &Series) -> Option<String> {
             svg.push_str(&text(tx, bottom + 20.0, MIDDLE, &when));
         }
     }
-    svg.push_str(&line("axis", (left, bottom), (left + plot_w, bottom)));
+    svg.push_str(&line(AXIS, (left, bottom), (left + plot_w, bottom)));
     svg.push_str("</svg>\n");
     let key = |(j, (name, _)): (usize, &(String, Vec<f64>))| (name.clone(), colour(j));
     let names: Vec<(String, &str)> = s.lines.iter().enumerate().map(key).collect();
@@ -241,69 +215,12 @@ fn cost_over_time(s: &Series) -> Option<String> {
     Some(section(title, &note, &(svg + &legend(&names))))
 }
 
-/// A bar of a horizontal bar chart, with `text` drawn past its end.
-struct Bar {
-    value: f64,
-    fill: &'static str,
-    text: String,
-}
-
-fn bar(value: Money, fill: &'static str, text: String) -> Bar {
-    let value = value.as_f64();
-    Bar { value, fill, text }
-}
-
-/// A labelled group of one or more bars; `sub` is a second, smaller label line.
-struct BarRow {
-    label: String,
-    sub: String,
-    bars: Vec<Bar>,
-}
-
-/// Horizontal bars on one shared scale: every chart of named rows draws with this.
-fn hbars(rows: &[BarRow], label: &str) -> String {
-    let chars = |r: &BarRow| r.label.chars().count().max(r.sub.chars().count());
-    let longest = rows.iter().map(chars).max().unwrap_or(0);
-    let label_w = (longest as f64 * CHAR_W + 24.0).clamp(120.0, 380.0);
-    let max_chars = ((label_w - 24.0) / CHAR_W).round() as usize;
-    let bars = rows.iter().flat_map(|r| &r.bars);
-    let max = bars.map(|b| pos(Some(b.value))).fold(0.0, f64::max);
-    // Room past the longest bar for its value text; a floor of a nano-dollar keeps an
-    // all-zero chart finite (0 x scale, never 0 / 0).
-    let scale = (WIDTH - label_w - 200.0) / max.max(1e-9);
-    let mut body = String::new();
-    let mut y0 = 4.0;
-    for row in rows {
-        let n = row.bars.len() as f64;
-        let bars_h = n * BAR_H + (n - 1.0).max(0.0) * BAR_GAP;
-        let h = bars_h.max(if row.sub.is_empty() { BAR_H } else { 34.0 });
-        let label_y = y0 + h / 2.0 + if row.sub.is_empty() { 4.5 } else { -3.0 };
-        let x = label_w - 12.0;
-        let (label, sub) = (clip(&row.label, max_chars), clip(&row.sub, max_chars));
-        body.push_str(&text(x, label_y, LABEL, &label));
-        if !sub.is_empty() {
-            body.push_str(&text(x, label_y + 15.0, SUB, &sub));
-        }
-        let mut by = y0 + (h - bars_h) / 2.0;
-        for b in &row.bars {
-            let w = pos(Some(b.value)) * scale;
-            let title = format!("{}: {}", row.label, b.text);
-            body.push_str(&rect(label_w, by, w, BAR_H, b.fill, &title));
-            body.push_str(&text(label_w + w + 6.0, by + 13.0, "", &b.text));
-            by += BAR_H + BAR_GAP;
-        }
-        y0 += h + 14.0;
-    }
-    let axis = line("axis", (label_w, 0.0), (label_w, y0 - 10.0));
-    format!("{}{axis}{body}</svg>\n", svg_open(y0 - 6.0, label))
-}
-
 fn per_1k_chart(r: &Report) -> Option<String> {
     let row = |m: &InferenceLine| {
         let per_1k = m.per_1k?;
         let label = m.model.clone().unwrap_or(NONE.to_owned());
-        let sub = format!("{} requests", count(m.requests));
-        let bars = vec![bar(per_1k, PALETTE[0], usd(per_1k))];
+        let sub = format!("{} requests", thousands(m.requests));
+        let bars = vec![bar(per_1k, PALETTE[0], usd_unit(per_1k))];
         Some(BarRow { label, sub, bars })
     };
     let mut rows = some(r.models.iter().filter_map(row).collect())?;
@@ -321,12 +238,12 @@ fn money_goes(r: &Report) -> Option<String> {
     if sum <= 0.0 {
         return None;
     }
-    let mut svg = svg_open(40.0, "spend by area");
+    let mut svg = open(WIDTH, 40.0, "", "spend by area");
     let (mut x, mut names) = (0.0, Vec::new());
     for a in &r.areas {
         let colour = area_colour(a.area);
-        let idle_label = format!("{} idle capacity {}", a.area, usd(a.idle));
-        let label = format!("{} {} · {}", a.area, usd(a.cost), pct(a.share));
+        let idle_label = format!("{} idle capacity {}", a.area, usd_unit(a.idle));
+        let label = format!("{} {} · {}", a.area, usd_unit(a.cost), pct(a.share));
         let parts = [
             (a.cost - a.idle, colour, &label),
             (a.idle, kind_colour(Kind::Idle), &idle_label),
@@ -341,7 +258,7 @@ fn money_goes(r: &Report) -> Option<String> {
             svg.push_str(&text((start + x) / 2.0, 25.0, INSIDE, &pct(a.share)));
         }
         let idle = match a.idle > Money::ZERO {
-            true => format!(" · {} of it idle", usd(a.idle)),
+            true => format!(" · {} of it idle", usd_unit(a.idle)),
             false => String::new(),
         };
         names.push((format!("{label}{idle}"), colour));
@@ -351,7 +268,14 @@ fn money_goes(r: &Report) -> Option<String> {
     }
     svg.push_str("</svg>\n");
     let mut body = svg + &legend(&names);
-    let item = |i: &Item| vec![i.kind.to_string(), esc(&i.name), usd(i.cost), pct(i.share)];
+    let item = |i: &Item| {
+        vec![
+            i.kind.to_string(),
+            esc(&i.name),
+            usd_unit(i.cost),
+            pct(i.share),
+        ]
+    };
     let items: Vec<Vec<String>> = r.top_items.iter().map(item).collect();
     if !items.is_empty() {
         body.push_str(&table("kind|largest items|cost>|share>", &items));
@@ -372,7 +296,7 @@ fn area_colour(area: &str) -> &'static str {
 fn training_chart(r: &Report) -> Option<String> {
     let row = |t: &RunLine| {
         let saving = match t.saving {
-            Some(s) => format!("saved {}", usd(s)),
+            Some(s) => format!("saved {}", usd_unit(s)),
             None => "no on-demand price".to_owned(),
         };
         let preempted = match t.preemptions {
@@ -380,9 +304,9 @@ fn training_chart(r: &Report) -> Option<String> {
             1 => "1 preemption".to_owned(),
             n => format!("{n} preemptions"),
         };
-        let mut bars = vec![bar(t.cost, PALETTE[0], usd(t.cost))];
+        let mut bars = vec![bar(t.cost, PALETTE[0], usd_unit(t.cost))];
         if let Some(od) = t.on_demand_cost {
-            bars.push(bar(od, MUTED, format!("{} on demand", usd(od))));
+            bars.push(bar(od, MUTED, format!("{} on demand", usd_unit(od))));
         }
         let (label, sub) = (t.run.clone(), format!("{saving} · {preempted}"));
         BarRow { label, sub, bars }
@@ -409,14 +333,14 @@ fn savings_chart(r: &Report) -> Option<String> {
             return None;
         }
         let paid = l.cost + l.idle_cost;
-        let mut bars = vec![bar(paid, PALETTE[0], format!("{} paid", usd(paid)))];
+        let mut bars = vec![bar(paid, PALETTE[0], format!("{} paid", usd_unit(paid)))];
         let amounts = [s.cache, s.semantic_cache, s.routing, s.batching];
         for ((name, fill), amount) in levers.iter().zip(amounts) {
             if amount > Money::ZERO {
                 bars.push(bar(
                     amount,
                     fill,
-                    format!("{} saved by {name}", usd(amount)),
+                    format!("{} saved by {name}", usd_unit(amount)),
                 ));
             }
         }
@@ -444,12 +368,12 @@ fn levers_section(r: &Report) -> Option<String> {
     let row = |l: &Lever| BarRow {
         label: l.lever.to_owned(),
         sub: String::new(),
-        bars: vec![bar(l.dollars, PALETTE[2], usd(l.dollars))],
+        bars: vec![bar(l.dollars, PALETTE[2], usd_unit(l.dollars))],
     };
     let rows = some(r.levers.iter().map(row).collect())?;
     let cell = |(i, l): (usize, &Lever)| {
         let (n, lever, basis) = ((i + 1).to_string(), esc(l.lever), esc(&l.basis));
-        vec![n, lever, usd(l.dollars), basis, esc(l.action)]
+        vec![n, lever, usd_unit(l.dollars), basis, esc(l.action)]
     };
     let cells: Vec<Vec<String>> = r.levers.iter().enumerate().map(cell).collect();
     let title = "Levers by dollars at stake";
@@ -459,11 +383,11 @@ fn levers_section(r: &Report) -> Option<String> {
 }
 
 fn inference_table(r: &Report) -> Option<String> {
-    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd);
+    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd_unit);
     let row = |l: &InferenceLine| {
         let names = [&l.workload, &l.model].map(|n| esc(n.as_deref().unwrap_or(NONE)));
-        let counts = [l.requests, l.input_tokens, l.output_tokens].map(count);
-        let costs = [l.cost, l.idle_cost].map(usd);
+        let counts = [l.requests, l.input_tokens, l.output_tokens].map(thousands);
+        let costs = [l.cost, l.idle_cost].map(usd_unit);
         let units = [l.per_1k, l.per_m_input, l.per_m_output, l.per_m_tokens].map(opt);
         let util = l.utilization.map_or(NONE.to_owned(), pct);
         [&names[..], &counts, &costs, &units, &[util]].concat()
@@ -477,7 +401,7 @@ fn inference_table(r: &Report) -> Option<String> {
 }
 
 fn training_table(r: &Report) -> Option<String> {
-    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd);
+    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd_unit);
     let row = |l: &RunLine| {
         let names = [&l.run, &l.workload].map(|n| esc(n));
         let counts = [l.segments, l.preemptions, l.failures].map(|n| n.to_string());
@@ -522,76 +446,9 @@ fn table(head: &str, rows: &[Vec<String>]) -> String {
     out
 }
 
-/// A top for the y axis at or above `max` (> 0), and a round step giving it 3 to 5 gridlines.
-fn nice_axis(max: f64) -> (f64, f64) {
-    let raw = max / 5.0;
-    let magnitude = 10f64.powf(raw.log10().floor());
-    let steps = [1.0, 2.0, 2.5, 5.0, 10.0].map(|m| m * magnitude);
-    let step = steps.into_iter().find(|s| *s >= raw);
-    let step = step.unwrap_or(10.0 * magnitude);
-    ((max / step).ceil() * step, step)
-}
-
-/// A gridline's dollars, with only the decimals its step needs.
-fn axis_label(v: f64, step: f64) -> String {
-    let places = match step {
-        s if s >= 1.0 => 0,
-        s if s >= 0.01 => 2,
-        _ => 6,
-    };
-    let text = Money::from_f64_dollars(v).map(|m| m.to_string_places(places));
-    grouped(&text.unwrap_or_else(|| format!("{v:.0}")))
-}
-
-/// Float dollars (a chart value) as money.
-fn dollars(v: f64) -> String {
-    Money::from_f64_dollars(v).map_or_else(|| format!("${v:.2}"), usd)
-}
-
-/// `$1,234.57`; amounts under a cent keep 6 decimals so unit costs stay readable.
-fn usd(m: Money) -> String {
-    let small = m.nanos() != 0 && m.nanos().unsigned_abs() < 10_000_000;
-    grouped(&m.to_string_places(if small { 6 } else { 2 }))
-}
-
-/// `-1234.5` -> `-$1,234.5`.
-fn grouped(number: &str) -> String {
-    let (sign, body) = number.strip_prefix('-').map_or(("", number), |b| ("-", b));
-    let (whole, frac) = body.split_once('.').map_or((body, ""), |(w, f)| (w, f));
-    let dot = if frac.is_empty() { "" } else { "." };
-    format!("{sign}${}{dot}{frac}", digits(whole))
-}
-
-fn count(n: u64) -> String {
-    digits(&n.to_string())
-}
-
-/// Thousands separators in a run of ASCII digits.
-fn digits(run: &str) -> String {
-    let len = run.len();
-    let mut out = String::with_capacity(len + len / 3);
-    for (i, c) in run.chars().enumerate() {
-        if i > 0 && (len - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-fn utc(ms: Millis, fmt: &str) -> String {
-    let when = DateTime::from_timestamp_millis(ms);
-    when.map_or_else(|| ms.to_string(), |d| d.format(fmt).to_string())
-}
-
 /// Charts and tables with no rows are left out.
 fn some<T>(rows: Vec<T>) -> Option<Vec<T>> {
     (!rows.is_empty()).then_some(rows)
-}
-
-/// A chart value as drawn: negatives (credits) and non-numbers draw no bar at all.
-fn pos(v: Option<f64>) -> f64 {
-    v.filter(|v| v.is_finite() && *v > 0.0).unwrap_or(0.0)
 }
 
 /// Idle in red: it is all waste, and should stand out as such.
@@ -608,20 +465,6 @@ fn colour(i: usize) -> &'static str {
     PALETTE[i % PALETTE.len()]
 }
 
-fn clip(text: &str, max_chars: usize) -> String {
-    if text.chars().count() <= max_chars {
-        return text.to_owned();
-    }
-    let kept: String = text.chars().take(max_chars.saturating_sub(1)).collect();
-    format!("{kept}…")
-}
-
-/// Text safe in HTML content and in quoted attribute values alike.
-fn esc(text: &str) -> String {
-    let amp = text.replace('&', "&amp;");
-    let tags = amp.replace('<', "&lt;").replace('>', "&gt;");
-    tags.replace('"', "&quot;").replace('\'', "&#39;")
-}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -717,31 +560,5 @@ mod tests {
         let html = render_events(&[event(Kind::Other, "credits", None, 0, "-4")]);
         assert!(html.contains("-$4.00") && !html.contains("<svg"));
         assert!(!html.contains("NaN") && !has_bare_inf(&html));
-    }
-
-    #[test]
-    fn zero_and_negative_bars_are_flat() {
-        let bars = vec![
-            bar(Money::ZERO, MUTED, "a".into()),
-            bar(m("-2"), MUTED, "b".into()),
-        ];
-        let (label, sub) = ("zero".to_owned(), String::new());
-        let svg = hbars(&[BarRow { label, sub, bars }], "t");
-        assert_eq!(svg.matches("width=\"0.0\"").count(), 2, "{svg}");
-        assert!(!svg.contains("NaN") && !has_bare_inf(&svg));
-    }
-
-    #[test]
-    fn numbers_read_well() {
-        assert_eq!(usd(m("1234.567")), "$1,234.57");
-        assert_eq!(usd(m("-1234567.891")), "-$1,234,567.89");
-        assert_eq!(usd(m("0.00009255")), "$0.000093");
-        assert_eq!(usd(Money::ZERO), "$0.00");
-        assert_eq!((count(1_000), count(999)), ("1,000".into(), "999".into()));
-        assert_eq!(esc("<a b='x'>&\""), "&lt;a b=&#39;x&#39;&gt;&amp;&quot;");
-        assert_eq!(nice_axis(315.0), (400.0, 100.0));
-        assert_eq!(nice_axis(101.0), (125.0, 25.0));
-        assert_eq!(axis_label(1200.0, 100.0), "$1,200");
-        assert_eq!(axis_label(0.5, 0.25), "$0.50");
     }
 }

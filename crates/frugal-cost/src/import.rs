@@ -5,11 +5,17 @@
 //! bad rows. Rows without a cost are priced from the catalog: by instance type, capacity
 //! and duration, or by a model's per-token prices.
 //!
+//! Nothing is billed twice unless the caller asks: a file whose content (SHA-256) was
+//! imported before is refused, and so is a file with rows an earlier file imported (billing
+//! exports often overlap). A row is known by its content, its non-empty fields by name, and
+//! which occurrence of that content in its file it is, so identical rows within one file
+//! are all kept. The ledger is in US dollars: a row in another currency is a bad row.
+//!
 //! Native columns (CSV header or JSON keys, case-insensitive): `ts` (RFC 3339,
 //! `YYYY-MM-DD HH:MM:SS[.f]` in UTC, or epoch milliseconds), `end` or `duration_s`, `kind`,
 //! `workload`, `model`, `run_id`, `instance_type`, `region`, `capacity`, `instances`,
 //! `requests`, `input_tokens`, `output_tokens`, `cached_input_tokens`, `utilization`,
-//! `cost_usd`, `outcome`, `lost_s`.
+//! `cost_usd`, `currency` (USD only), `outcome`, `lost_s`.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -20,15 +26,20 @@ use std::str::FromStr;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime};
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::Progress;
 use crate::catalog::Catalog;
 use crate::event::{Capacity, Event, Kind, Outcome};
-use crate::ledger::{Ledger, LedgerError};
+use crate::ledger::{Ledger, LedgerError, PriorImport, RowHash};
 use crate::money::{Millis, Money};
 
 /// Bad rows named in one error; the rest are counted.
 const MAX_REPORTED: usize = 20;
+/// Lines of rows imported before named in one error.
+const MAX_DUPLICATE_LINES: usize = 5;
+/// The one currency the ledger holds.
+const CURRENCY: &str = "USD";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -82,8 +93,56 @@ pub enum ImportError {
         rows: Vec<RowError>,
         total: u64,
     },
+    #[error(
+        "{path} was already imported on {} from {} (sha256 {}); nothing imported (pass --allow-duplicates to import it again)",
+        utc_minute(.prior.at_ms), .prior.source, short_sha(.prior.sha256.as_deref())
+    )]
+    AlreadyImported {
+        path: PathBuf,
+        prior: Box<PriorImport>,
+    },
+    #[error(
+        "{path}: {} already imported (the first by {} on {}); nothing imported (pass --allow-duplicates to import {} again): {}",
+        rows_text(*.total), .first.source, utc_minute(.first.at_ms),
+        if *.total == 1 { "it" } else { "them" }, lines_text(.lines, *.total)
+    )]
+    DuplicateRows {
+        path: PathBuf,
+        /// Lines of the first rows imported before.
+        lines: Vec<u64>,
+        total: u64,
+        /// The import that stored the first of them.
+        first: Box<PriorImport>,
+    },
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+}
+
+fn rows_text(total: u64) -> String {
+    match total {
+        1 => "1 row was".to_owned(),
+        n => format!("{n} rows were"),
+    }
+}
+
+fn lines_text(lines: &[u64], total: u64) -> String {
+    let named: Vec<String> = lines.iter().map(u64::to_string).collect();
+    let word = if total == 1 { "line" } else { "lines" };
+    let more = total.saturating_sub(lines.len() as u64);
+    let rest = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!("{word} {}{rest}", named.join(", "))
+}
+
+fn short_sha(sha256: Option<&str>) -> &str {
+    sha256.map_or("?", |s| s.get(..12).unwrap_or(s))
+}
+
+fn utc_minute(ms: Millis) -> String {
+    crate::present::utc(ms, "%Y-%m-%d %H:%M UTC")
 }
 
 fn list(rows: &[RowError], total: u64) -> String {
@@ -107,14 +166,20 @@ pub struct ImportSummary {
     /// Bad rows left out because the caller asked to skip them.
     pub invalid: Vec<RowError>,
     pub invalid_total: u64,
+    /// Rows imported although an earlier import stored them, because the caller allowed it.
+    pub duplicates: u64,
+    /// Hex SHA-256 of the file's content.
+    pub sha256: String,
     pub cost: Money,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct ImportOptions {
     /// `None`: from the file's name and header.
     pub format: Option<Format>,
     pub skip_invalid: bool,
+    /// Import a file, or rows, that an earlier import stored already.
+    pub allow_duplicates: bool,
 }
 
 /// Reads `path` into the ledger in one transaction.
@@ -138,6 +203,7 @@ pub fn import_file(
         Counting {
             inner: file,
             progress,
+            sha256: Sha256::new(),
         },
     );
     let format = match options.format {
@@ -151,35 +217,55 @@ pub fn import_file(
         skipped: 0,
         invalid: Vec::new(),
         invalid_total: 0,
+        duplicates: 0,
+        sha256: String::new(),
         cost: Money::ZERO,
     };
     let source = path.display().to_string();
     let result = ledger.import(&source, format.as_str(), |sink| {
         let mut bad: Vec<RowError> = Vec::new();
         let mut bad_total = 0u64;
-        let mut accept = |row: Result<Option<Event>, RowError>| -> Result<(), ImportError> {
-            match row {
+        let mut occurrences = Occurrences::default();
+        let (mut duplicate_lines, mut duplicates_total) = (Vec::new(), 0u64);
+        let mut first_duplicate = None;
+        let mut accept = |row: Parsed| -> Result<(), ImportError> {
+            match row.event {
                 Ok(Some(event)) if bad_total == 0 || options.skip_invalid => {
-                    summary.cost += event.cost;
-                    sink.push(&event)?;
+                    let hash = occurrences.row_hash(&row.content);
+                    if sink.push_row(&event, hash)? {
+                        summary.cost += event.cost;
+                    } else if options.allow_duplicates {
+                        sink.push(&event)?;
+                        summary.cost += event.cost;
+                        summary.duplicates += 1;
+                    } else {
+                        duplicates_total += 1;
+                        first_duplicate.get_or_insert(hash);
+                        if duplicate_lines.len() < MAX_DUPLICATE_LINES {
+                            duplicate_lines.push(row.line);
+                        }
+                    }
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => summary.skipped += 1,
-                Err(e) => {
+                Err(message) => {
                     bad_total += 1;
                     if bad.len() < MAX_REPORTED {
-                        bad.push(e);
+                        bad.push(RowError {
+                            line: row.line,
+                            message,
+                        });
                     }
                 }
             }
             Ok(())
         };
         match format {
-            Format::Jsonl => read_jsonl(reader, path, catalog, &mut accept)?,
+            Format::Jsonl => read_jsonl(&mut reader, path, catalog, &mut accept)?,
             Format::Csv | Format::Focus => {
                 let mut csv = csv::ReaderBuilder::new()
                     .flexible(false)
-                    .from_reader(reader);
+                    .from_reader(&mut reader);
                 let headers = csv
                     .headers()
                     .map_err(|e| ImportError::Header {
@@ -191,14 +277,27 @@ pub fn import_file(
                     path: path.to_owned(),
                     message,
                 };
+                let names = ContentNames::new(&headers);
                 if format == Format::Csv {
                     let columns = NativeColumns::new(&headers).map_err(header_err)?;
-                    read_csv(&mut csv, |rec| columns.event(rec, catalog), &mut accept)?;
+                    let parse = |rec: &_| columns.event(rec, catalog);
+                    read_csv(&mut csv, &names, parse, &mut accept)?;
                 } else {
                     let columns = FocusColumns::new(&headers).map_err(header_err)?;
-                    read_csv(&mut csv, |rec| columns.event(rec), &mut accept)?;
+                    read_csv(&mut csv, &names, |rec| columns.event(rec), &mut accept)?;
                 }
             }
+        }
+        // The file's hash covers all of it, read or not (a broken CSV stops the parse).
+        std::io::copy(&mut reader, &mut std::io::sink()).map_err(read_err)?;
+        summary.sha256 = hex(&reader.get_mut().sha256.finalize_reset());
+        if !options.allow_duplicates
+            && let Some(prior) = sink.file_imported(&summary.sha256)?
+        {
+            return Err(ImportError::AlreadyImported {
+                path: path.to_owned(),
+                prior: Box::new(prior),
+            });
         }
         if bad_total > 0 && !options.skip_invalid {
             return Err(ImportError::BadRows {
@@ -207,6 +306,22 @@ pub fn import_file(
                 total: bad_total,
             });
         }
+        if let Some(hash) = first_duplicate {
+            let first = sink.row_imported(hash)?.unwrap_or_else(|| PriorImport {
+                at_ms: 0,
+                source: "an earlier import".to_owned(),
+                format: String::new(),
+                rows: 0,
+                sha256: None,
+            });
+            return Err(ImportError::DuplicateRows {
+                path: path.to_owned(),
+                lines: duplicate_lines,
+                total: duplicates_total,
+                first: Box::new(first),
+            });
+        }
+        sink.set_file_sha256(summary.sha256.clone());
         summary.invalid = bad;
         summary.invalid_total = bad_total;
         Ok(())
@@ -217,17 +332,88 @@ pub fn import_file(
     Ok(summary)
 }
 
-/// Counts bytes read, for the progress bar.
+/// Counts bytes read, for the progress bar, and hashes them, to know the file again.
 struct Counting<'a, R> {
     inner: R,
     progress: &'a dyn Progress,
+    sha256: Sha256,
 }
 
 impl<R: Read> Read for Counting<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
+        self.sha256.update(&buf[..n]);
         self.progress.advance(n as u64);
         Ok(n)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A row as read: where it is, what it holds, and the event it makes.
+struct Parsed {
+    /// 1-based line in the file (the CSV header is line 1).
+    line: u64,
+    /// SHA-256 of the row's content; see `content_hash`.
+    content: [u8; 32],
+    event: Result<Option<Event>, String>,
+}
+
+/// The hash of a row's content: its non-empty fields as (lower-case name, value), in name
+/// order, so neither column order, quoting, line endings nor an added empty column changes it.
+fn content_hash<'a>(fields: impl Iterator<Item = (&'a str, &'a str)>) -> [u8; 32] {
+    let mut fields: Vec<(&str, &str)> = fields.filter(|(_, v)| !v.is_empty()).collect();
+    fields.sort_unstable();
+    let mut sha = Sha256::new();
+    for (name, value) in fields {
+        for part in [name, value] {
+            sha.update((part.len() as u64).to_le_bytes());
+            sha.update(part.as_bytes());
+        }
+    }
+    sha.finalize().into()
+}
+
+/// How often each content was seen so far in one file.
+#[derive(Default)]
+struct Occurrences(HashMap<u64, u32>);
+
+impl Occurrences {
+    /// The row's hash: its content and which occurrence of that content in the file it is.
+    fn row_hash(&mut self, content: &[u8; 32]) -> RowHash {
+        let mut key = [0u8; 8];
+        key.copy_from_slice(&content[..8]);
+        // A 64-bit key: two contents that share one only number their occurrences together.
+        let seen = self.0.entry(u64::from_le_bytes(key)).or_insert(0);
+        let occurrence = *seen;
+        *seen += 1;
+        let mut sha = Sha256::new();
+        sha.update(content);
+        sha.update(occurrence.to_le_bytes());
+        let mut hash = [0u8; 16];
+        hash.copy_from_slice(&sha.finalize()[..16]);
+        RowHash(hash)
+    }
+}
+
+/// The lower-case names of a CSV header's columns, for `content_hash`.
+struct ContentNames(Vec<String>);
+
+impl ContentNames {
+    fn new(headers: &csv::StringRecord) -> ContentNames {
+        ContentNames(
+            headers
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .collect(),
+        )
+    }
+
+    fn hash(&self, record: &csv::StringRecord) -> [u8; 32] {
+        let names = self.0.iter().map(String::as_str);
+        content_hash(names.zip(record.iter().map(str::trim)))
     }
 }
 
@@ -245,10 +431,11 @@ fn sniff(reader: &mut impl BufRead, path: &Path) -> std::io::Result<Format> {
     Ok(if is_focus { Format::Focus } else { Format::Csv })
 }
 
-type Accept<'a> = dyn FnMut(Result<Option<Event>, RowError>) -> Result<(), ImportError> + 'a;
+type Accept<'a> = dyn FnMut(Parsed) -> Result<(), ImportError> + 'a;
 
 fn read_csv<R: Read>(
     csv: &mut csv::Reader<R>,
+    names: &ContentNames,
     mut parse: impl FnMut(&csv::StringRecord) -> Result<Option<Event>, String>,
     accept: &mut Accept<'_>,
 ) -> Result<(), ImportError> {
@@ -259,7 +446,13 @@ fn read_csv<R: Read>(
             Ok(false) => return Ok(()),
             Ok(true) => {
                 let line = record.position().map_or(line, |p| p.line());
-                accept(parse(&record).map_err(|message| RowError { line, message }))?;
+                let event = parse(&record);
+                let content = names.hash(&record);
+                accept(Parsed {
+                    line,
+                    content,
+                    event,
+                })?;
             }
             Err(e) => {
                 let line = e.position().map_or(line, |p| p.line());
@@ -270,7 +463,11 @@ fn read_csv<R: Read>(
                     csv::ErrorKind::Utf8 { .. } => "not valid UTF-8".to_owned(),
                     _ => e.to_string(),
                 };
-                accept(Err(RowError { line, message }))?;
+                accept(Parsed {
+                    line,
+                    content: [0; 32],
+                    event: Err(message),
+                })?;
                 if !matches!(
                     e.kind(),
                     csv::ErrorKind::UnequalLengths { .. } | csv::ErrorKind::Utf8 { .. }
@@ -296,19 +493,27 @@ fn read_jsonl(
         if line.trim().is_empty() {
             continue;
         }
-        let parsed = serde_json::from_str::<HashMap<String, serde_json::Value>>(&line)
+        let mut content = [0; 32];
+        let event = serde_json::from_str::<HashMap<String, serde_json::Value>>(&line)
             .map_err(|e| format!("not a JSON object: {e}"))
             .and_then(|map| {
                 let map: HashMap<String, serde_json::Value> = map
                     .into_iter()
                     .map(|(k, v)| (k.to_ascii_lowercase(), v))
                     .collect();
-                native_event(&JsonFields(&map), catalog)
+                let fields = JsonFields(&map);
+                let values: Vec<(&str, Cow<'_, str>)> = map
+                    .keys()
+                    .filter_map(|k| Some((k.as_str(), fields.get(k)?)))
+                    .collect();
+                content = content_hash(values.iter().map(|(k, v)| (*k, v.as_ref())));
+                native_event(&fields, catalog)
             });
-        accept(parsed.map(Some).map_err(|message| RowError {
+        accept(Parsed {
             line: i as u64 + 1,
-            message,
-        }))?;
+            content,
+            event: event.map(Some),
+        })?;
     }
     Ok(())
 }
@@ -348,6 +553,7 @@ const NATIVE: &[&str] = &[
     "cached_input_tokens",
     "utilization",
     "cost_usd",
+    "currency",
     "outcome",
     "lost_s",
 ];
@@ -473,6 +679,9 @@ fn native_event(f: &dyn Fields, catalog: &Catalog) -> Result<Event, String> {
         .parse()
         .map_err(|e| format!("kind: {e}"))?;
     let workload = required("workload")?.into_owned();
+    if let Some(currency) = f.get("currency") {
+        usd_only("currency", &currency)?;
+    }
     let duration_ms = match (f.get("end"), seconds(f, "duration_s")?) {
         (Some(end), None) => {
             let end = parse_ts(&end).map_err(|e| format!("end: {e}"))?;
@@ -624,6 +833,9 @@ impl FocusColumns {
                 .map(|v| parse_decimal(v).map_err(|e| format!("{name}: {e}")))
                 .transpose()
         };
+        if let Some(currency) = get("BillingCurrency") {
+            usd_only("BillingCurrency", currency)?;
+        }
         let cost = money("EffectiveCost")?.ok_or("EffectiveCost: missing (FOCUS requires it)")?;
         let category = get("ChargeCategory").unwrap_or("Usage");
         if category.eq_ignore_ascii_case("Purchase") && cost == Money::ZERO {
@@ -711,6 +923,16 @@ impl FocusColumns {
         }
         Ok(Some(e))
     }
+}
+
+/// The ledger sums dollars; a cost in another currency would be added to them as if it were.
+fn usd_only(column: &str, currency: &str) -> Result<(), String> {
+    if currency.trim().eq_ignore_ascii_case(CURRENCY) {
+        return Ok(());
+    }
+    Err(format!(
+        "{column}: `{currency}`, but the ledger is in {CURRENCY} only; convert the costs to {CURRENCY} (or export them in {CURRENCY}) and import again"
+    ))
 }
 
 /// FOCUS decimals may carry more places than a nano-dollar or an exponent; round them.

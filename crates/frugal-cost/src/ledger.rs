@@ -5,6 +5,10 @@
 //! did not return leaves nothing behind. Triggers refuse UPDATE and DELETE on events, so
 //! the ledger only grows. Names (workloads, models, runs, instance types) are stored once
 //! in `dims` and referenced by integer, which keeps rows small and reports fast.
+//!
+//! A file import records the SHA-256 of the file, and each row it stores a content hash
+//! under a unique index (see `RowHash`), so the same usage is not billed twice; events
+//! written by `frugal serve` and `frugal train` carry no row hash.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +21,7 @@ use crate::money::{Millis, Money};
 use crate::rollup::{self, Ids, Key, Pending, Sums};
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
 const APPLICATION_ID: i64 = 0x4652_5547;
@@ -84,6 +88,14 @@ ALTER TABLE rollup ADD COLUMN saved_routing INTEGER NOT NULL DEFAULT 0;
     r#"
 -- v3: what batching saved: a request's decode steps priced alone, less its share.
 ALTER TABLE rollup ADD COLUMN saved_batching INTEGER NOT NULL DEFAULT 0;
+"#,
+    r#"
+-- v4: a file is not imported twice (the SHA-256 of its content), nor a row (its content
+-- hash, unique); imports before v4 and writes by serve and train have neither.
+ALTER TABLE imports ADD COLUMN sha256 TEXT;
+CREATE INDEX imports_sha256 ON imports (sha256) WHERE sha256 IS NOT NULL;
+ALTER TABLE events ADD COLUMN row_hash BLOB;
+CREATE UNIQUE INDEX events_row_hash ON events (row_hash) WHERE row_hash IS NOT NULL;
 "#,
 ];
 
@@ -197,6 +209,22 @@ impl Names {
     }
 }
 
+/// The content hash of one imported row: 16 bytes of a SHA-256, unique in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RowHash(pub [u8; 16]);
+
+/// An earlier import, as a refusal to import again names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PriorImport {
+    pub at_ms: Millis,
+    /// The path the file was imported from.
+    pub source: String,
+    pub format: String,
+    pub rows: u64,
+    /// Hex SHA-256 of the file; `None` for imports before schema v4.
+    pub sha256: Option<String>,
+}
+
 /// What the ledger holds, for `frugal ledger info`.
 #[derive(Debug, Clone, Serialize)]
 pub struct LedgerInfo {
@@ -204,6 +232,8 @@ pub struct LedgerInfo {
     pub schema_version: i64,
     pub events: u64,
     pub imports: u64,
+    /// Files imported (not the writes of `frugal serve` and `frugal train`), oldest first.
+    pub files: Vec<PriorImport>,
     pub first_ms: Option<Millis>,
     pub last_ms: Option<Millis>,
     pub total_cost: Money,
@@ -357,14 +387,16 @@ impl Ledger {
                 dims: Default::default(),
                 pending: Pending::default(),
                 rows: 0,
+                sha256: None,
             };
             let value = fill(&mut sink)?;
             sink.pending.flush(&tx).map_err(write_err)?;
-            (sink.rows, value)
+            (sink.rows, (value, sink.sha256))
         };
+        let (value, sha256) = value;
         tx.execute(
-            "UPDATE imports SET rows = ?1 WHERE id = ?2",
-            params![rows as i64, import_id],
+            "UPDATE imports SET rows = ?1, sha256 = ?2 WHERE id = ?3",
+            params![rows as i64, sha256, import_id],
         )
         .map_err(write_err)?;
         tx.commit().map_err(write_err)?;
@@ -526,12 +558,19 @@ impl Ledger {
             .conn
             .query_row("SELECT count(*) FROM imports", [], |r| r.get(0))
             .map_err(read_err)?;
+        let files = prior_imports(
+            &self.conn,
+            "WHERE format <> 'api' ORDER BY at_ms, id",
+            params![],
+        )
+        .map_err(read_err)?;
         let bytes = std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0);
         Ok(LedgerInfo {
             path: self.path.clone(),
             schema_version: SCHEMA_VERSION,
             events: events as u64,
             imports: imports as u64,
+            files,
             first_ms,
             last_ms,
             total_cost: Money::from_nanos(total.unwrap_or(0)),
@@ -557,6 +596,26 @@ impl Ledger {
     }
 }
 
+/// Imports matching `filter` (SQL after `FROM imports`), as `PriorImport`s.
+fn prior_imports(
+    conn: &Connection,
+    filter: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<PriorImport>> {
+    let sql = format!("SELECT at_ms, source, format, rows, sha256 FROM imports {filter}");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params, |r| {
+        Ok(PriorImport {
+            at_ms: r.get(0)?,
+            source: r.get(1)?,
+            format: r.get(2)?,
+            rows: r.get::<_, i64>(3)? as u64,
+            sha256: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
 /// Receives the rows of one import; see `Ledger::import`.
 pub struct Sink<'a> {
     tx: &'a rusqlite::Transaction<'a>,
@@ -566,6 +625,8 @@ pub struct Sink<'a> {
     dims: [HashMap<String, i64>; 6],
     pending: Pending,
     rows: u64,
+    /// The SHA-256 of the file being imported, recorded with the import.
+    sha256: Option<String>,
 }
 
 impl Sink<'_> {
@@ -596,7 +657,47 @@ impl Sink<'_> {
         name.map(|n| self.dim(axis, n)).transpose()
     }
 
+    /// Stores an event that no earlier import can have stored (it has no row hash).
     pub fn push(&mut self, e: &Event) -> Result<(), LedgerError> {
+        self.insert(e, None).map(|_| ())
+    }
+
+    /// Stores an imported row unless a row with its hash is in the ledger already; returns
+    /// whether it was stored.
+    pub fn push_row(&mut self, e: &Event, hash: RowHash) -> Result<bool, LedgerError> {
+        self.insert(e, Some(hash))
+    }
+
+    /// Records the SHA-256 (hex) of the file this import reads.
+    pub fn set_file_sha256(&mut self, sha256: String) {
+        self.sha256 = Some(sha256);
+    }
+
+    /// The earliest import of a file with this SHA-256 (hex), if any.
+    pub fn file_imported(&self, sha256: &str) -> Result<Option<PriorImport>, LedgerError> {
+        let found = prior_imports(
+            self.tx,
+            "WHERE sha256 = ?1 ORDER BY at_ms, id LIMIT 1",
+            params![sha256],
+        );
+        found
+            .map(|v| v.into_iter().next())
+            .map_err(|e| self.write_err(e))
+    }
+
+    /// The import that stored the row with this hash, if any.
+    pub fn row_imported(&self, hash: RowHash) -> Result<Option<PriorImport>, LedgerError> {
+        let found = prior_imports(
+            self.tx,
+            "WHERE id = (SELECT import FROM events WHERE row_hash = ?1)",
+            params![&hash.0[..]],
+        );
+        found
+            .map(|v| v.into_iter().next())
+            .map_err(|e| self.write_err(e))
+    }
+
+    fn insert(&mut self, e: &Event, hash: Option<RowHash>) -> Result<bool, LedgerError> {
         let workload = self.dim(Axis::Workload, &e.workload)?;
         let model = self.opt_dim(Axis::Model, e.model.as_deref())?;
         let run = self.opt_dim(Axis::Run, e.run_id.as_deref())?;
@@ -604,14 +705,16 @@ impl Sink<'_> {
         let region = self.opt_dim(Axis::Region, e.region.as_deref())?;
         let tenant = self.opt_dim(Axis::Tenant, e.tenant.as_deref())?;
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.tx
+        let stored = self
+            .tx
             .prepare_cached(
                 "INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance,
                     region, capacity, instances, requests, input_tokens, output_tokens,
                     cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
-                    import, saved, lever, tenant)
+                    import, saved, lever, tenant, row_hash)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)
+                 ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -639,9 +742,13 @@ impl Sink<'_> {
                     e.saved.nanos(),
                     e.lever.map(crate::event::Lever::code),
                     tenant,
+                    hash.as_ref().map(|h| &h.0[..]),
                 ])
             })
             .map_err(|err| self.write_err(err))?;
+        if stored == 0 {
+            return Ok(false);
+        }
         let id = |v: Option<i64>| v.map_or(0, |v| v as u32);
         self.pending.add(
             e,
@@ -654,7 +761,7 @@ impl Sink<'_> {
             },
         );
         self.rows += 1;
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -783,6 +890,89 @@ mod tests {
             )
             .unwrap();
         assert_eq!(saved, (30_000_000, 20_000_000));
+    }
+
+    #[test]
+    fn a_v3_ledger_gains_row_hashes_and_keeps_its_rows_and_imports() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sqlite");
+        {
+            // A ledger as frugal wrote it before imports were known again.
+            let conn = Connection::open(&path).unwrap();
+            for m in &MIGRATIONS[..3] {
+                conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
+                    .unwrap();
+            }
+            conn.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 3;
+                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
+                 INSERT INTO imports (id, at_ms, source, format, rows)
+                     VALUES (1, 1000, 'old.csv', 'csv', 1), (2, 2000, 'frugal serve', 'api', 1);
+                 INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
+                     input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
+                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1),
+                            (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);"
+            ))
+            .unwrap();
+        }
+        let mut ledger = Ledger::open(&path).unwrap();
+        let hash = RowHash([7; 16]);
+        let (rows, stored) = ledger
+            .import("new.csv", "csv", |sink| {
+                sink.set_file_sha256("ab".repeat(32));
+                let first = sink.push_row(&event(10, 1), hash)?;
+                let again = sink.push_row(&event(11, 1), hash)?;
+                sink.push(&event(12, 1))?;
+                Ok::<_, LedgerError>((first, again))
+            })
+            .unwrap();
+        assert_eq!(
+            (rows, stored),
+            (2, (true, false)),
+            "a row hash is stored once"
+        );
+        ledger.append("frugal serve", &[event(20, 1)]).unwrap();
+        let info = ledger.info().unwrap();
+        assert_eq!((info.schema_version, info.events), (4, 5));
+        assert_eq!(info.total_cost, Money::from_nanos(15 + 30_000_000));
+        let files: Vec<_> = info
+            .files
+            .iter()
+            .map(|f| (f.source.as_str(), f.rows, f.sha256.clone()))
+            .collect();
+        assert_eq!(
+            files,
+            [("old.csv", 1, None), ("new.csv", 2, Some("ab".repeat(32)))],
+            "files only, not the writes of serve"
+        );
+        let hashed: i64 = ledger
+            .conn
+            .query_row("SELECT count(row_hash) FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(hashed, 1, "only imported rows carry a row hash");
+        let err = ledger
+            .conn
+            .execute("INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
+                          input_tokens, output_tokens, cached_tokens, cost, lost_ms, import, row_hash)
+                      VALUES (1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1, ?1)", [&hash.0[..]])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("UNIQUE"), "{err}");
+        let prior = ledger.conn.transaction().unwrap();
+        let sink = Sink {
+            tx: &prior,
+            path: &path,
+            import_id: 0,
+            dims: Default::default(),
+            pending: Pending::default(),
+            rows: 0,
+            sha256: None,
+        };
+        let by = sink.row_imported(hash).unwrap().unwrap();
+        assert_eq!(by.source, "new.csv");
+        let file = sink.file_imported(&"ab".repeat(32)).unwrap().unwrap();
+        assert_eq!(file.source, "new.csv");
+        assert!(sink.file_imported("cd").unwrap().is_none());
     }
 
     #[test]

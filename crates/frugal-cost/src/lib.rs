@@ -2,8 +2,9 @@
 //!
 //! Money and units (`money`), the price catalog (`catalog`), usage events (`event`), the
 //! append-only SQLite ledger (`ledger`), importers for CSV, JSONL and FOCUS billing
-//! exports (`import`), and the unit-cost report (`report`, rendered by `html`). It knows
-//! nothing of HTTP or models.
+//! exports (`import`), and the unit-cost report (`report`, rendered by `html`), with how
+//! figures read and charts draw wherever they are shown (`present`). It knows nothing of
+//! HTTP or models.
 
 pub mod catalog;
 pub mod event;
@@ -11,6 +12,7 @@ pub mod html;
 pub mod import;
 pub mod ledger;
 pub mod money;
+pub mod present;
 pub mod report;
 pub mod rollup;
 

@@ -13,6 +13,7 @@ use crate::catalog::Catalog;
 use crate::event::{Capacity, Kind, Outcome};
 use crate::ledger::{Ledger, LedgerError, Names, Window};
 use crate::money::{HourlyRate, Millis, Money};
+use crate::present::pct;
 use crate::rollup::{Key, Sums};
 
 const HOUR_MS: Millis = 3_600_000;
@@ -854,11 +855,6 @@ fn dominant(areas: &[Area], top: &[Item], total: Money) -> Option<String> {
         ));
     }
     Some(s)
-}
-
-/// `0.354` -> `35%`.
-pub fn pct(share: f64) -> String {
-    format!("{:.0}%", share * 100.0)
 }
 
 /// "at 35% utilization you pay 2.9x per unit of work".

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use frugal_cost::Catalog;
+use frugal_cost::present::usd;
 use frugal_gateway::loadgen::{self, BenchConfig, Counter, Load, Percentiles, Shot};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::BenchArgs;
-use crate::commands::usd;
 use crate::serve::machine_rate;
 use crate::table;
 

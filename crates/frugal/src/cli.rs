@@ -284,6 +284,10 @@ pub struct ImportArgs {
     /// Import the good rows of a file with bad ones, and list the bad ones
     #[arg(long)]
     pub skip_invalid: bool,
+    /// Import a file, or rows, already imported (by default a file whose content, or any of
+    /// whose rows, an earlier import stored is refused, so nothing is billed twice)
+    #[arg(long)]
+    pub allow_duplicates: bool,
     #[arg(long)]
     pub json: bool,
 }

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use frugal_cost::catalog::InstanceOffer;
 use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
-use frugal_cost::report::{Report, pct, utilization_note};
+use frugal_cost::ledger::PriorImport;
+use frugal_cost::present::{pct, thousands, usd, usd_unit, utc};
+use frugal_cost::report::{Report, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::{
@@ -63,13 +65,43 @@ pub fn run(cli: Cli) -> Result<()> {
             if let Some(check) = check {
                 writeln!(out, "integrity {check}")?;
             }
-            Ok(())
+            print_files(&mut out, &info.files)
         }
         Command::Report(args) => report(&config, &catalog, &args),
         Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
         Command::Bench(args) => crate::bench::run(&catalog, &args),
         Command::Keys(KeysCommand::New(args)) => new_key(&args),
     }
+}
+
+/// Files imported, newest last; only the latest few, `--json` has them all.
+fn print_files(out: &mut impl Write, files: &[PriorImport]) -> Result<()> {
+    const SHOWN: usize = 10;
+    if files.is_empty() {
+        return Ok(());
+    }
+    let mut t = table::new(&["imported", "sha256", "format", "rows>", "file"]);
+    for f in files.iter().skip(files.len().saturating_sub(SHOWN)) {
+        t.add_row(vec![
+            date(f.at_ms),
+            f.sha256
+                .as_deref()
+                .map_or("-", |s| s.get(..12).unwrap_or(s))
+                .to_owned(),
+            f.format.clone(),
+            thousands(f.rows),
+            f.source.clone(),
+        ]);
+    }
+    writeln!(out, "\nFiles imported\n{t}")?;
+    if files.len() > SHOWN {
+        writeln!(
+            out,
+            "the latest {SHOWN} of {}; --json lists all",
+            files.len()
+        )?;
+    }
+    Ok(())
 }
 
 fn new_key(args: &NewKeyArgs) -> Result<()> {
@@ -116,6 +148,7 @@ fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) 
     let options = ImportOptions {
         format,
         skip_invalid: args.skip_invalid,
+        allow_duplicates: args.allow_duplicates,
     };
     let mut summaries = Vec::new();
     for file in &args.files {
@@ -128,7 +161,7 @@ fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) 
             let mut err = std::io::stderr().lock();
             writeln!(
                 err,
-                "imported {} events ({}) from {} as {} in {:.2}s{}{}",
+                "imported {} events ({}) from {} as {} in {:.2}s{}{}{}",
                 thousands(summary.imported),
                 usd(summary.cost),
                 file.display(),
@@ -144,6 +177,14 @@ fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) 
                 },
                 if summary.invalid_total > 0 {
                     format!("; left out {} bad rows", summary.invalid_total)
+                } else {
+                    String::new()
+                },
+                if summary.duplicates > 0 {
+                    format!(
+                        "; {} of them imported before (--allow-duplicates)",
+                        thousands(summary.duplicates)
+                    )
                 } else {
                     String::new()
                 },
@@ -369,7 +410,7 @@ fn print_savings(out: &mut impl Write, r: &Report) -> Result<()> {
         if m == Money::ZERO {
             "-".to_owned()
         } else {
-            unit(m)
+            usd_unit(m)
         }
     };
     for l in lines {
@@ -382,8 +423,8 @@ fn print_savings(out: &mut impl Write, r: &Report) -> Result<()> {
             money(l.saved.semantic_cache),
             money(l.saved.routing),
             money(l.saved.batching),
-            unit(saved),
-            unit(without),
+            usd_unit(saved),
+            usd_unit(without),
             pct(saved.as_f64() / without.as_f64().max(1e-12)),
         ]);
     }
@@ -469,7 +510,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
             "$/1M tok>",
             "util>",
         ]);
-        let opt = |m: Option<Money>| m.map(unit).unwrap_or_else(|| "-".into());
+        let opt = |m: Option<Money>| m.map(usd_unit).unwrap_or_else(|| "-".into());
         for l in &r.inference {
             t.add_row(vec![
                 l.workload.clone().unwrap_or_default(),
@@ -544,58 +585,13 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
     Ok(())
 }
 
-/// Dollars with thousands separators and cents.
-pub fn usd(m: Money) -> String {
-    let text = m.to_string_places(2);
-    let (sign, body) = text
-        .strip_prefix('-')
-        .map_or(("", text.as_str()), |b| ("-", b));
-    let (whole, cents) = body.split_once('.').unwrap_or((body, "00"));
-    format!("{sign}${}.{cents}", group(whole))
-}
-
-/// A unit cost: cents when large, more places when small.
-fn unit(m: Money) -> String {
-    if m.nanos().abs() >= 10_000_000 {
-        usd(m)
-    } else {
-        format!("${}", m.to_string_places(6))
-    }
-}
-
-fn thousands(n: u64) -> String {
-    group(&n.to_string())
-}
-
-fn group(digits: &str) -> String {
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 fn date(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|d| d.format("%Y-%m-%d %H:%M UTC").to_string())
-        .unwrap_or_else(|| ms.to_string())
+    utc(ms, "%Y-%m-%d %H:%M UTC")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn money_and_counts_read_well() {
-        assert_eq!(usd("1234567.891".parse().unwrap()), "$1,234,567.89");
-        assert_eq!(usd("-12.5".parse().unwrap()), "-$12.50");
-        assert_eq!(unit("0.00009255".parse().unwrap()), "$0.000093");
-        assert_eq!(thousands(1_000), "1,000");
-        assert_eq!(thousands(999), "999");
-    }
 
     #[test]
     fn bounds_take_ages_and_timestamps() {

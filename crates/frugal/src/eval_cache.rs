@@ -8,10 +8,11 @@ use anyhow::{Context, Result, bail};
 use frugal_semantic::eval::{self, Point, Scored};
 use frugal_semantic::{Embedder, FlatIndex, Guard};
 
-use crate::chart::{self, Chart, Mark, Series};
 use crate::cli::EvalCacheArgs;
 use crate::progress::Bar;
 use crate::table;
+use frugal_cost::present::chart::{self, Chart, Mark, Series};
+use frugal_cost::present::pct1;
 
 pub fn run(args: &EvalCacheArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&args.max_wrong) || !(0.0..1.0).contains(&args.held_out) {
@@ -82,10 +83,10 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     for (p, g) in plain_pts.iter().zip(&guarded_pts) {
         t.add_row(vec![
             format!("{:.2}", p.threshold),
-            pct(p.hit_rate),
-            pct(p.wrong_rate),
-            pct(g.hit_rate),
-            pct(g.wrong_rate),
+            pct1(p.hit_rate),
+            pct1(p.wrong_rate),
+            pct1(g.hit_rate),
+            pct1(g.wrong_rate),
         ]);
     }
     writeln!(out, "{t}\n")?;
@@ -108,17 +109,17 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         t.add_row(vec![
             name.to_owned(),
             format!("{:.4}", g.threshold),
-            pct(a.hit_rate),
-            pct(a.wrong_rate),
-            pct(b.hit_rate),
-            pct(b.wrong_rate),
+            pct1(a.hit_rate),
+            pct1(a.wrong_rate),
+            pct1(b.hit_rate),
+            pct1(b.wrong_rate),
         ]);
         chosen.push((name, g, b));
     }
     writeln!(
         out,
         "Lowest threshold with <= {} wrong hits on the tuning split",
-        pct(args.max_wrong)
+        pct1(args.max_wrong)
     )?;
     writeln!(out, "{t}\n")?;
 
@@ -191,7 +192,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         };
         let caption = format!(
             "Cosine thresholds 0.70 to 1.00; {hd} duplicate and {hn} other held-out pairs. Marked: the thresholds chosen on the tuning split for <= {} wrong hits.",
-            pct(args.max_wrong)
+            pct1(args.max_wrong)
         );
         std::fs::write(
             path,
@@ -268,8 +269,4 @@ fn own_cost(e: &Embedder, pairs: &[eval::Pair]) -> Result<OwnCost> {
         entries: index.len(),
         bytes_per_entry: index.bytes_per_entry(),
     })
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.1}%", x * 100.0)
 }

@@ -24,10 +24,11 @@ use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::route::{SkipExample, SkipRule, confidence};
 use serde::{Deserialize, Serialize};
 
-use crate::chart::{self, Chart, Mark, Series};
 use crate::cli::EvalRouteArgs;
 use crate::progress::Bar;
 use crate::table;
+use frugal_cost::present::chart::{self, Chart, Mark, Series};
+use frugal_cost::present::pct1 as pct;
 
 /// One question of the task set.
 #[derive(Debug, Clone, Deserialize)]
@@ -622,10 +623,6 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.1}%", x * 100.0)
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! one command. Business logic lives in the library crates.
 
 mod bench;
-mod chart;
 mod cli;
 mod commands;
 mod config;

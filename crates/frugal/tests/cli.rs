@@ -145,6 +145,63 @@ fn a_bad_csv_imports_nothing_and_exits_non_zero() {
     assert_eq!(events(&env), 2);
 }
 
+/// Importing a file twice, or an export overlapping one imported before, would bill the
+/// same usage twice: both are refused unless asked for, and `ledger info` lists the files.
+#[test]
+fn the_same_usage_is_not_imported_twice() {
+    let env = Env::new();
+    let week = env.write(
+        "week.csv",
+        "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n2026-11-02,inference,chat,0.25\n",
+    );
+    ok(env.frugal(&["ledger", "import", week.to_str().unwrap()]));
+    let o = env.frugal(&["ledger", "import", week.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("week.csv was already imported on ")
+            && err.contains("(pass --allow-duplicates to import it again)"),
+        "{err}"
+    );
+    let overlap = env.write(
+        "overlap.csv",
+        "ts,kind,workload,cost_usd\n2026-11-02,inference,chat,0.25\n2026-11-03,inference,chat,1\n",
+    );
+    let o = env.frugal(&["ledger", "import", overlap.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("1 row was already imported (the first by ") && err.contains(": line 2"),
+        "{err}"
+    );
+    assert_eq!(events(&env), 2, "neither refused file left a row");
+    let o = ok(env.frugal(&[
+        "ledger",
+        "import",
+        "--allow-duplicates",
+        overlap.to_str().unwrap(),
+    ]));
+    assert!(
+        stderr(&o).contains("imported 2 events ($1.25)")
+            && stderr(&o).contains("1 of them imported before (--allow-duplicates)"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(events(&env), 4);
+    let info = stdout(&ok(env.frugal(&["ledger", "info"])));
+    assert!(
+        info.contains("schema    v4") && info.contains("Files imported"),
+        "{info}"
+    );
+    assert!(
+        info.contains("week.csv") && info.contains("overlap.csv"),
+        "{info}"
+    );
+    let files = json(&ok(env.frugal(&["ledger", "info", "--json"])))["files"].clone();
+    assert_eq!(files.as_array().unwrap().len(), 2, "{files}");
+    assert_eq!(files[0]["sha256"].as_str().unwrap().len(), 64, "{files}");
+}
+
 #[test]
 fn report_json_and_html_from_a_focus_export() {
     let env = Env::new();
@@ -252,8 +309,14 @@ fn usage_file(env: &Env, name: &str, rows: usize) -> PathBuf {
 fn a_killed_import_loses_nothing_acknowledged() {
     let env = Env::new();
     let small = usage_file(&env, "small.jsonl", 100);
+    let again = [
+        "ledger",
+        "import",
+        "--allow-duplicates",
+        small.to_str().unwrap(),
+    ];
     for _ in 0..5 {
-        ok(env.frugal(&["ledger", "import", small.to_str().unwrap()]));
+        ok(env.frugal(&again));
     }
     let big = usage_file(&env, "big.jsonl", 1_500_000);
     let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
@@ -284,7 +347,7 @@ fn a_killed_import_loses_nothing_acknowledged() {
     let info = json(&ok(env.frugal(&["ledger", "info", "--check", "--json"])));
     assert_eq!(info["integrity"], "ok");
     assert_eq!(info["imports"], 5, "the killed import left no trace");
-    ok(env.frugal(&["ledger", "import", small.to_str().unwrap()]));
+    ok(env.frugal(&again));
     assert_eq!(events(&env), 600);
 }
 

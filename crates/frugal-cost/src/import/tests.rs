@@ -32,12 +32,21 @@ impl Fixture {
         text: &str,
         skip_invalid: bool,
     ) -> Result<ImportSummary, ImportError> {
+        let options = ImportOptions {
+            skip_invalid,
+            ..ImportOptions::default()
+        };
+        self.import_with(name, text, options)
+    }
+
+    fn import_with(
+        &mut self,
+        name: &str,
+        text: &str,
+        options: ImportOptions,
+    ) -> Result<ImportSummary, ImportError> {
         let path = self.dir.path().join(name);
         std::fs::write(&path, text).unwrap();
-        let options = ImportOptions {
-            format: None,
-            skip_invalid,
-        };
         import_file(&mut self.ledger, &self.catalog, &path, options, &NoProgress)
     }
 
@@ -203,10 +212,7 @@ fn bad_headers_and_files_are_clear_errors() {
         &mut f.ledger,
         &f.catalog,
         &missing,
-        ImportOptions {
-            format: None,
-            skip_invalid: false,
-        },
+        ImportOptions::default(),
         &NoProgress,
     )
     .unwrap_err()
@@ -298,4 +304,157 @@ fn timestamps_in_the_forms_users_have() {
     assert_eq!(parse_ts("1970-01-02"), Ok(86_400_000));
     assert_eq!(parse_ts("1700158623979"), Ok(1_700_158_623_979));
     assert!(parse_ts("16/11/2023").is_err());
+}
+
+const WEEK_1: &str = "ts,kind,workload,cost_usd\n\
+2026-11-01,inference,chat,1\n\
+2026-11-02,inference,chat,2\n\
+2026-11-03,inference,chat,3\n";
+
+#[test]
+fn a_file_imported_twice_is_refused_naming_when_and_where() {
+    let mut f = fixture();
+    let first = f.import("week-1.csv", WEEK_1, false).unwrap();
+    assert_eq!(first.sha256.len(), 64);
+    // The same content under another name is the same file.
+    let err = f.import("copy.csv", WEEK_1, false).unwrap_err();
+    let text = err.to_string();
+    let ImportError::AlreadyImported { prior, .. } = &err else {
+        panic!("{text}")
+    };
+    assert!(prior.source.ends_with("week-1.csv"), "{prior:?}");
+    assert_eq!(prior.sha256.as_deref(), Some(first.sha256.as_str()));
+    assert!(
+        text.contains("copy.csv was already imported on 20"),
+        "{text}"
+    );
+    assert!(
+        text.contains(" UTC from ") && text.contains("week-1.csv"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("(sha256 {})", &first.sha256[..12])),
+        "{text}"
+    );
+    assert!(text.contains("pass --allow-duplicates"), "{text}");
+    assert_eq!(f.events().len(), 3, "nothing billed twice");
+    let info = f.ledger.info().unwrap();
+    assert_eq!(info.imports, 1, "the refused import left no trace");
+    assert_eq!(info.files[0].sha256.as_deref(), Some(first.sha256.as_str()));
+    assert_eq!(info.files[0].rows, 3);
+}
+
+#[test]
+fn rows_an_earlier_export_imported_are_refused() {
+    let mut f = fixture();
+    f.import("week-1.csv", WEEK_1, false).unwrap();
+    // An overlapping export: its columns in another order, quoted, and an empty column
+    // the first did not have; two of its rows were imported already.
+    let overlap = "workload,kind,ts,cost_usd,model\n\
+\"chat\",inference,2026-11-02,2,\n\
+chat,inference,2026-11-04,4,\n\
+chat,inference,2026-11-03,3,\n";
+    let err = f.import("weeks-1-2.csv", overlap, false).unwrap_err();
+    let text = err.to_string();
+    let ImportError::DuplicateRows {
+        lines,
+        total,
+        first,
+        ..
+    } = &err
+    else {
+        panic!("{text}")
+    };
+    assert_eq!((lines.as_slice(), *total), (&[2, 4][..], 2), "{text}");
+    assert!(first.source.ends_with("week-1.csv"), "{first:?}");
+    assert!(
+        text.contains("2 rows were already imported (the first by ")
+            && text.contains(
+                "nothing imported (pass --allow-duplicates to import them again): lines 2, 4"
+            ),
+        "{text}"
+    );
+    assert_eq!(f.events().len(), 3, "the whole file is refused");
+    // The new row alone imports.
+    let new = "ts,kind,workload,cost_usd\n2026-11-04,inference,chat,4\n";
+    assert_eq!(f.import("week-2.csv", new, false).unwrap().imported, 1);
+}
+
+#[test]
+fn identical_rows_within_one_file_are_all_kept() {
+    let mut f = fixture();
+    let row = r#"{"ts": "2026-11-01T00:00:00Z", "kind": "inference", "workload": "chat", "cost_usd": "0.01"}"#;
+    let twice = format!("{row}\n{row}\n");
+    assert_eq!(f.import("a.jsonl", &twice, false).unwrap().imported, 2);
+    // A third occurrence elsewhere is new; the first two are not.
+    let reordered = r#"{"cost_usd": "0.01", "workload": "chat", "kind": "inference", "ts": "2026-11-01T00:00:00Z", "model": null}"#;
+    let thrice = format!("{reordered}\n{row}\n\n{row}\n");
+    let err = f.import("b.jsonl", &thrice, false).unwrap_err();
+    let ImportError::DuplicateRows { lines, total, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!((lines.as_slice(), *total), (&[1, 2][..], 2), "{err}");
+    assert!(err.to_string().contains("lines 1, 2"), "{err}");
+    assert_eq!(f.events().len(), 2);
+}
+
+#[test]
+fn allow_duplicates_imports_them_anyway() {
+    let mut f = fixture();
+    f.import("week-1.csv", WEEK_1, false).unwrap();
+    let allow = ImportOptions {
+        allow_duplicates: true,
+        ..ImportOptions::default()
+    };
+    let again = f.import_with("week-1.csv", WEEK_1, allow).unwrap();
+    assert_eq!((again.imported, again.duplicates), (3, 3));
+    assert_eq!(again.cost, m("6"));
+    let mut overlap = WEEK_1.to_owned();
+    overlap.push_str("2026-11-04,inference,chat,4\n");
+    let more = f.import_with("weeks.csv", &overlap, allow).unwrap();
+    assert_eq!((more.imported, more.duplicates), (4, 3));
+    assert_eq!(f.events().len(), 10);
+    let total: Money = f.events().iter().map(|r| r.cost).sum();
+    assert_eq!(total, m("22"));
+    // The row that was new is known now: importing it alone is refused.
+    let err = f
+        .import(
+            "day-4.csv",
+            "ts,kind,workload,cost_usd\n2026-11-04,inference,chat,4\n",
+            false,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, ImportError::DuplicateRows { total: 1, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("1 row was already imported"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_focus_export_in_another_currency_is_refused() {
+    let mut f = fixture();
+    let focus = "BillingCurrency,EffectiveCost,ChargePeriodStart\n\
+USD,1.00,2026-11-01T00:00:00Z\n\
+EUR,2.00,2026-11-01T00:00:00Z\n\
+usd,3.00,2026-11-02T00:00:00Z\n";
+    let err = f.import("eu.csv", focus, false).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("1 bad row, nothing imported"), "{text}");
+    assert!(
+        text.contains("line 3: BillingCurrency: `EUR`, but the ledger is in USD only"),
+        "{text}"
+    );
+    assert!(f.events().is_empty());
+    let native = "ts,kind,workload,cost_usd,currency\n2026-11-01,other,fees,1,usd\n2026-11-01,other,fees,1,JPY\n";
+    let text = f.import("n.csv", native, false).unwrap_err().to_string();
+    assert!(
+        text.contains("line 3: currency: `JPY`, but the ledger is in USD only"),
+        "{text}"
+    );
+    let dollars = "ts,kind,workload,cost_usd,currency\n2026-11-01,other,fees,1,USD\n2026-11-02,other,fees,1,\n";
+    assert_eq!(f.import("d.csv", dollars, false).unwrap().imported, 2);
 }

@@ -1,7 +1,10 @@
-//! A self-contained HTML page with line charts (inline SVG, no scripts), for the curves the
-//! evaluation commands draw: hit rate against wrong-hit rate, quality against cost.
+//! The line chart of the evaluation pages (hit rate against wrong-hit rate, quality against
+//! cost), and the page of such charts with a caption under each.
 
 use std::fmt::Write;
+
+use crate::present::page::{document, esc};
+use crate::present::svg::{line, open, rect, text};
 
 /// One line of a chart.
 pub struct Series {
@@ -35,12 +38,9 @@ const LEFT: f64 = 60.0;
 const BOTTOM: f64 = 50.0;
 const TOP: f64 = 20.0;
 const RIGHT: f64 = 20.0;
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
+const GRID: &str = " stroke=\"#eee\"";
+const SMALL: &str = " font-size=\"12\"";
+const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:720px;margin:2em auto;color:#222}figure{margin:0 0 2em}figcaption{color:#555;font-size:14px}";
 
 impl Chart {
     fn px(&self, x: f64, y: f64) -> (f64, f64) {
@@ -56,44 +56,32 @@ impl Chart {
 
     /// The chart as an inline SVG element, with gridlines at tenths of each axis.
     pub fn svg(&self) -> String {
-        let mut s = format!(
-            r#"<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{}">"#,
-            escape(&self.title)
-        );
+        let mut s = open(W, H, &format!(" width=\"{W}\" height=\"{H}\""), &self.title);
         for i in 0..=10 {
             let f = f64::from(i) / 10.0;
             let x = self.x_range.0 + f * (self.x_range.1 - self.x_range.0);
             let y = self.y_range.0 + f * (self.y_range.1 - self.y_range.0);
             let (gx, _) = self.px(x, self.y_range.0);
             let (_, gy) = self.px(self.x_range.0, y);
-            let _ = write!(
-                s,
-                r##"<line x1="{gx:.1}" y1="{TOP}" x2="{gx:.1}" y2="{:.1}" stroke="#eee"/><line x1="{LEFT}" y1="{gy:.1}" x2="{:.1}" y2="{gy:.1}" stroke="#eee"/>"##,
-                H - BOTTOM,
-                W - RIGHT
-            );
+            s.push_str(&line(GRID, (gx, TOP), (gx, H - BOTTOM)));
+            s.push_str(&line(GRID, (LEFT, gy), (W - RIGHT, gy)));
             if i % 2 == 0 {
-                let _ = write!(
-                    s,
-                    r#"<text x="{gx:.1}" y="{:.1}" font-size="11" text-anchor="middle">{}</text><text x="{:.1}" y="{:.1}" font-size="11" text-anchor="end">{}</text>"#,
-                    H - BOTTOM + 16.0,
-                    tick(x),
-                    LEFT - 6.0,
-                    gy + 4.0,
-                    tick(y)
-                );
+                let below = " font-size=\"11\" text-anchor=\"middle\"";
+                s.push_str(&text(gx, H - BOTTOM + 16.0, below, &tick(x)));
+                let beside = " font-size=\"11\" text-anchor=\"end\"";
+                s.push_str(&text(LEFT - 6.0, gy + 4.0, beside, &tick(y)));
             }
         }
-        let _ = write!(
-            s,
-            r#"<text x="{:.1}" y="{:.1}" font-size="13" text-anchor="middle">{}</text><text x="14" y="{:.1}" font-size="13" text-anchor="middle" transform="rotate(-90 14 {:.1})">{}</text>"#,
+        let centred = " font-size=\"13\" text-anchor=\"middle\"";
+        s.push_str(&text(
             (LEFT + W - RIGHT) / 2.0,
             H - 12.0,
-            escape(&self.x_label),
-            (TOP + H - BOTTOM) / 2.0,
-            (TOP + H - BOTTOM) / 2.0,
-            escape(&self.y_label)
-        );
+            centred,
+            &self.x_label,
+        ));
+        let mid = (TOP + H - BOTTOM) / 2.0;
+        let turned = format!("{centred} transform=\"rotate(-90 14 {mid:.1})\"");
+        s.push_str(&text(14.0, mid, &turned, &self.y_label));
         for (i, series) in self.series.iter().enumerate() {
             // Points beyond the axes are left out, not drawn along the edge.
             let inside = |&&(x, y): &&(f64, f64)| {
@@ -109,34 +97,31 @@ impl Chart {
                     format!("{px:.1},{py:.1}")
                 })
                 .collect();
-            let _ = write!(
+            let _ = writeln!(
                 s,
                 r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"><title>{}</title></polyline>"#,
                 series.colour,
                 points.join(" "),
-                escape(&series.name)
+                esc(&series.name)
             );
             let ly = TOP + 14.0 + 16.0 * i as f64;
-            let _ = write!(
-                s,
-                r#"<rect x="{:.1}" y="{:.1}" width="12" height="3" fill="{}"/><text x="{:.1}" y="{:.1}" font-size="12">{}</text>"#,
+            s.push_str(&rect(
                 W - RIGHT - 200.0,
                 ly - 4.0,
+                12.0,
+                3.0,
                 series.colour,
-                W - RIGHT - 184.0,
-                ly,
-                escape(&series.name)
-            );
+                "",
+            ));
+            s.push_str(&text(W - RIGHT - 184.0, ly, SMALL, &series.name));
         }
         for m in &self.marks {
             let (px, py) = self.px(m.x, m.y);
-            let _ = write!(
+            let _ = writeln!(
                 s,
-                r#"<circle cx="{px:.1}" cy="{py:.1}" r="5" fill="none" stroke="black" stroke-width="2"/><text x="{:.1}" y="{:.1}" font-size="12">{}</text>"#,
-                px + 8.0,
-                py - 8.0,
-                escape(&m.label)
+                r#"<circle cx="{px:.1}" cy="{py:.1}" r="5" fill="none" stroke="black" stroke-width="2"/>"#
             );
+            s.push_str(&text(px + 8.0, py - 8.0, SMALL, &m.label));
         }
         s.push_str("</svg>");
         s
@@ -153,20 +138,17 @@ fn tick(v: f64) -> String {
 
 /// A page of charts, each with a caption under it.
 pub fn page(title: &str, charts: &[(&Chart, &str)]) -> String {
-    let mut body = String::new();
+    let mut body = format!("<h1>{}</h1>\n", esc(title));
     for (chart, caption) in charts {
-        let _ = write!(
+        let _ = writeln!(
             body,
             "<figure><h2>{}</h2>{}<figcaption>{}</figcaption></figure>",
-            escape(&chart.title),
+            esc(&chart.title),
             chart.svg(),
-            escape(caption)
+            esc(caption)
         );
     }
-    format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title><style>body{{font-family:system-ui,sans-serif;max-width:720px;margin:2em auto;color:#222}}figure{{margin:0 0 2em}}figcaption{{color:#555;font-size:14px}}</style></head><body><h1>{t}</h1>{body}</body></html>",
-        t = escape(title)
-    )
+    document(title, STYLE, &body)
 }
 
 #[cfg(test)]
@@ -196,6 +178,7 @@ mod tests {
         assert!(html.contains("<polyline") && html.contains("guarded"));
         assert!(html.contains("Hits &lt;and&gt; wrong hits"), "escaped");
         assert!(html.contains("<circle") && html.contains("default"));
+        assert!(html.contains("<h1>eval</h1>") && html.contains("<figcaption>caption<"));
         // (0.1, 0.5) is the middle of the plot area.
         let (x, y) = chart.px(0.1, 0.5);
         assert!((x - (LEFT + (W - LEFT - RIGHT) / 2.0)).abs() < 1e-9);
