@@ -9,6 +9,7 @@
 use axum::body::Bytes;
 use serde_json::Value;
 
+use frugal_engine::prompt::{self, PromptError};
 use frugal_engine::sampling::SamplingParams;
 use frugal_engine::scheduler::Request;
 use frugal_engine::template::{ChatTemplate, Message};
@@ -203,19 +204,19 @@ pub fn messages(messages: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
         .collect()
 }
 
-/// The prompt's token ids on a local model: a chat rendered with the model's template, or
-/// a raw prompt, with BOS where the tokenizer wants one.
+/// The prompt's token ids on a local model: a chat rendered with the model's template (what
+/// users typed is text: a `<|im_start|>` in a message is not a control token), or a raw
+/// prompt (the user owns all of it, specials included, as llama.cpp's server reads it),
+/// with BOS where the tokenizer wants one.
 pub fn prompt_tokens(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
     input: &Input,
 ) -> Result<Vec<u32>, ApiError> {
-    let prompt = match input {
-        Input::Chat(m) => template
-            .render(&messages(m)?, true)
-            .map_err(|e| ApiError::BadRequest(format!("cannot apply the chat template: {e}")))?,
+    let tokens = match input {
+        Input::Chat(m) => prompt::encode_chat(tokenizer, template, &messages(m)?, true),
         Input::Prompt(p) => match p.as_slice() {
-            [one] => one.clone(),
+            [one] => prompt::encode_prompt(tokenizer, one),
             _ => {
                 return Err(ApiError::InvalidParam {
                     param: "prompt",
@@ -224,13 +225,14 @@ pub fn prompt_tokens(
             }
         },
     };
-    let mut tokens = tokenizer
-        .encode(&prompt)
-        .map_err(|e| ApiError::BadRequest(format!("cannot tokenize the prompt: {e}")))?;
-    if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos_token()) {
-        tokens.insert(0, bos);
-    }
-    Ok(tokens)
+    tokens.map_err(|e| match e {
+        PromptError::Tokenize(e) => ApiError::BadRequest(format!("cannot tokenize the prompt: {e}")),
+        e @ PromptError::SpecialTokenInRole { .. } => ApiError::InvalidParam {
+            param: "messages",
+            message: e.to_string(),
+        },
+        e => ApiError::BadRequest(format!("cannot apply the chat template: {e}")),
+    })
 }
 
 /// What the local engine runs for a job: the engine request and the stop sequences.
