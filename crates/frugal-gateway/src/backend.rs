@@ -168,7 +168,9 @@ impl Backend for Local {
     ) -> BoxFuture<'a, Result<Output, ApiError>> {
         Box::pin(async move {
             let Some(EngineRun { request, stops }) = plan.engine else {
-                return Err(ApiError::Internal("the job was not prepared for the engine".into()));
+                return Err(ApiError::Internal(
+                    "the job was not prepared for the engine".into(),
+                ));
             };
             let prompt_tokens = request.prompt.len();
             let rx = self.engine.submit(request).map_err(|e| match e {

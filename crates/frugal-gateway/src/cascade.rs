@@ -22,9 +22,15 @@ use crate::state::AppState;
 use crate::validate::Job;
 
 /// Answers `job` through `route`.
-pub async fn run(state: &AppState, route: Arc<RouteConfig>, job: Arc<Job>, ask: Ask<'_>) -> Response {
+pub async fn run(
+    state: &AppState,
+    route: Arc<RouteConfig>,
+    job: Arc<Job>,
+    ask: Ask<'_>,
+) -> Response {
     let Some(local) = state.local() else {
-        return ApiError::Internal(format!("route {} needs the local model", route.name)).into_response();
+        return ApiError::Internal(format!("route {} needs the local model", route.name))
+            .into_response();
     };
     let local_name = local.name().to_owned();
     let last = route
@@ -44,7 +50,13 @@ pub async fn run(state: &AppState, route: Arc<RouteConfig>, job: Arc<Job>, ask: 
     {
         let chain = format!("skip>{}", last.name());
         m.count_route(&route.name, &chain);
-        let response = state.answer(last.clone(), for_tier(&job, last.name(), job.common.stream), &ask).await;
+        let response = state
+            .answer(
+                last.clone(),
+                for_tier(&job, last.name(), job.common.stream),
+                &ask,
+            )
+            .await;
         return with_route(response, &chain);
     }
     let first = for_tier(&job, &local_name, false);
@@ -64,9 +76,18 @@ pub async fn run(state: &AppState, route: Arc<RouteConfig>, job: Arc<Job>, ask: 
     match last.filter(|_| !confident) {
         None => {
             m.count_route(&route.name, &local_name);
-            record_routing_saving(state, &route, &finished, ask.tenant.as_ref().map(|t| t.name.clone()));
+            record_routing_saving(
+                state,
+                &route,
+                &finished,
+                ask.tenant.as_ref().map(|t| t.name.clone()),
+            );
             let response = if job.common.stream {
-                let usage = job.common.stream_options.as_ref().is_some_and(|o| o.include_usage);
+                let usage = job
+                    .common
+                    .stream_options
+                    .as_ref()
+                    .is_some_and(|o| o.include_usage);
                 render::replay_stream(finished, job.kind, &local_name, usage)
             } else {
                 render::json(finished, job.kind, &local_name)
@@ -80,7 +101,8 @@ pub async fn run(state: &AppState, route: Arc<RouteConfig>, job: Arc<Job>, ask: 
             let mut response = state.answer(next, tier, &ask).await;
             // What the request cost in all: both tiers.
             let total = header_money(&response, "x-frugal-cost-usd").map(|c| c + finished.cost);
-            if let Some(v) = total.and_then(|t| HeaderValue::from_str(&t.to_string_places(9)).ok()) {
+            if let Some(v) = total.and_then(|t| HeaderValue::from_str(&t.to_string_places(9)).ok())
+            {
                 response.headers_mut().insert("x-frugal-cost-usd", v);
             }
             with_route(response, &chain)
@@ -101,21 +123,32 @@ fn for_tier(job: &Job, tier: &str, stream: bool) -> Arc<Job> {
 /// would have charged for the same tokens, less what producing the answer cost. A cached
 /// answer's production cost is counted here as if paid, since the cache's own saving
 /// already books it: the two together never exceed what the last tier would have cost.
-fn record_routing_saving(state: &AppState, route: &RouteConfig, f: &Finished, tenant: Option<String>) {
+fn record_routing_saving(
+    state: &AppState,
+    route: &RouteConfig,
+    f: &Finished,
+    tenant: Option<String>,
+) {
     let Some(meter) = &state.inner.meter else {
         return;
     };
     let Body::Text { usage, .. } = &f.body else {
         return;
     };
-    let dearest = route.tiers.last().and_then(|t| state.inner.upstreams.get(t));
+    let dearest = route
+        .tiers
+        .last()
+        .and_then(|t| state.inner.upstreams.get(t));
     let usage: Usage = *usage;
     let Some(avoided) = dearest.and_then(|up| up.token_cost(&usage)) else {
         return;
     };
     let saved = avoided - f.produced;
     if saved > Money::ZERO {
-        state.inner.metrics.add_saving(Lever::Routing, &route.name, saved);
+        state
+            .inner
+            .metrics
+            .add_saving(Lever::Routing, &route.name, saved);
         meter.record_saving(meter::Saving {
             started: std::time::SystemTime::now(),
             model: route.name.clone(),

@@ -28,6 +28,9 @@ mod text;
 pub mod upstream;
 pub mod validate;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -129,21 +132,19 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
 
 /// With keys configured, only a client with a valid key may list what is served or read
 /// the metrics (they name models, routes and spend).
-fn authorized(s: &AppState, headers: &HeaderMap) -> Result<(), Response> {
-    match s.inner.keys.authenticate(headers) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(s.reject(e)),
-    }
+fn unauthorized(s: &AppState, headers: &HeaderMap) -> Option<Response> {
+    s.inner.keys.authenticate(headers).err().map(|e| s.reject(e))
 }
 
 async fn models(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&s, &headers) {
+    if let Some(r) = unauthorized(&s, &headers) {
         return r;
     }
     let mut names: Vec<&String> = s
         .inner
         .upstreams
         .keys()
+        .chain(s.inner.backends.keys())
         .chain(s.inner.routes.keys())
         .collect();
     names.sort();
@@ -162,7 +163,7 @@ async fn models(State(s): State<AppState>, headers: HeaderMap) -> Response {
 }
 
 async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&s, &headers) {
+    if let Some(r) = unauthorized(&s, &headers) {
         return r;
     }
     open_metrics(State(s)).await

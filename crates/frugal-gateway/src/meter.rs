@@ -141,14 +141,22 @@ impl Meter {
             .clone();
         match tx {
             Some(tx) if tx.send(record).is_ok() => {}
-            _ => tracing::error!("the ledger writer has stopped; a settled request is not recorded"),
+            _ => {
+                tracing::error!("the ledger writer has stopped; a settled request is not recorded")
+            }
         }
     }
 
     /// Stops taking rows, writes every queued one and the idle time so far, and waits for
     /// the writer to finish.
     pub fn close(&self) {
-        drop(self.inner.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        drop(
+            self.inner
+                .tx
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         let writer = self
             .inner
             .writer
@@ -381,10 +389,17 @@ mod tests {
         })
         .unwrap();
         for _ in 0..1000 {
-            meter.record(row("m", Money::from_nanos(7), Some(Duration::from_micros(1500)), None));
+            meter.record(row(
+                "m",
+                Money::from_nanos(7),
+                Some(Duration::from_micros(1)),
+                None,
+            ));
         }
         meter.record(row("m", Money::ZERO, None, Some(Outcome::Cancelled)));
         meter.record(row("up", Money::ZERO, None, Some(Outcome::Failed)));
+        // Longer than the rows' busy time: the machine idled.
+        std::thread::sleep(Duration::from_millis(20));
         meter.close();
         meter.record(row("m", Money::ZERO, None, None));
         let ledger = Ledger::open(&path).unwrap();
@@ -399,7 +414,11 @@ mod tests {
             1001,
             "a failed call serves no request"
         );
-        assert!(inference.iter().any(|e| e.outcome == Some(Outcome::Cancelled)));
+        assert!(
+            inference
+                .iter()
+                .any(|e| e.outcome == Some(Outcome::Cancelled))
+        );
         assert!(rows.iter().any(|e| e.kind == Kind::Idle));
     }
 
@@ -411,7 +430,15 @@ mod tests {
             instance_type: None,
         };
         // $3,600 an hour is a micro-dollar per microsecond.
-        assert_eq!(m.cost(Duration::from_micros(1500)), Money::from_nanos(1_500_000));
-        assert_eq!(m.cost(Duration::from_nanos(999)), Money::from_nanos(999));
+        assert_eq!(
+            m.cost(Duration::from_micros(1500)),
+            Money::from_nanos(1_500_000)
+        );
+        assert_eq!(m.cost(Duration::from_micros(1)), Money::from_nanos(1000));
+        assert_eq!(
+            m.cost(Duration::from_nanos(999)),
+            Money::ZERO,
+            "below the resolution"
+        );
     }
 }

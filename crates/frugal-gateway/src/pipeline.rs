@@ -91,10 +91,18 @@ pub async fn start(
     };
     let plan = prepare(&backend, job).await.map_err(rejected)?;
     let reservation = match &ask.tenant {
-        Some(t) => Some(t.reserve(plan.worst_case, chrono::Utc::now()).map_err(rejected)?),
+        Some(t) => Some(
+            t.reserve(plan.worst_case, chrono::Utc::now())
+                .map_err(rejected)?,
+        ),
         None => None,
     };
-    let mut bill = Bill::new(state.clone(), backend.clone(), ask.tenant.clone(), reservation);
+    let mut bill = Bill::new(
+        state.clone(),
+        backend.clone(),
+        ask.tenant.clone(),
+        reservation,
+    );
     let id = response_id(job.kind, started);
     if let Some(tokens) = plan.prompt_tokens {
         bill.work.prompt_tokens = tokens;
@@ -206,7 +214,12 @@ async fn consult(state: &AppState, lookup: &Lookup, model: &str) -> CacheUse {
     let mut fill = None;
     if let (Some(sem), Some(probe)) = (&inner.semantic, probe) {
         let (v, found, took) = sem
-            .lookup(probe.space.clone(), probe.text.clone(), probe.threshold, *read)
+            .lookup(
+                probe.space.clone(),
+                probe.text.clone(),
+                probe.threshold,
+                *read,
+            )
             .await;
         if v.is_some() {
             m.semantic_lookup.observe(took.as_secs_f64());

@@ -38,7 +38,13 @@ pub struct Shape {
 }
 
 impl Shape {
-    fn choice(&self, text: &str, logprobs: Option<Value>, finish: Option<&str>, chunk: bool) -> Value {
+    fn choice(
+        &self,
+        text: &str,
+        logprobs: Option<Value>,
+        finish: Option<&str>,
+        chunk: bool,
+    ) -> Value {
         match (self.kind, chunk) {
             (Kind::Chat, false) => json!({
                 "index": 0,
@@ -95,8 +101,18 @@ impl Shape {
     }
 
     /// The finish chunk, and the usage chunk when asked for; the last carries the cost.
-    fn ending(&self, reason: FinishReason, usage: Usage, include_usage: bool, cost: &Costed) -> Vec<SseEvent> {
-        let mut finish = self.body(vec![self.choice("", None, Some(finish_name(reason)), true)], None, true);
+    fn ending(
+        &self,
+        reason: FinishReason,
+        usage: Usage,
+        include_usage: bool,
+        cost: &Costed,
+    ) -> Vec<SseEvent> {
+        let mut finish = self.body(
+            vec![self.choice("", None, Some(finish_name(reason)), true)],
+            None,
+            true,
+        );
         let mut out = Vec::new();
         if include_usage {
             out.push(data(&finish));
@@ -123,10 +139,16 @@ impl Costed {
     /// Response headers: what the request cost, and how it met the cache.
     pub fn headers(&self) -> HeaderMap {
         let mut h = HeaderMap::new();
-        if let Some(v) = self.cost.and_then(|c| HeaderValue::from_str(&c.to_string_places(9)).ok()) {
+        if let Some(v) = self
+            .cost
+            .and_then(|c| HeaderValue::from_str(&c.to_string_places(9)).ok())
+        {
             h.insert("x-frugal-cost-usd", v);
         }
-        if let Some(v) = self.saved.and_then(|s| HeaderValue::from_str(&s.to_string_places(9)).ok()) {
+        if let Some(v) = self
+            .saved
+            .and_then(|s| HeaderValue::from_str(&s.to_string_places(9)).ok())
+        {
             h.insert("x-frugal-saved-usd", v);
         }
         h.insert("x-frugal-cache", HeaderValue::from_static(self.cache));
@@ -162,7 +184,9 @@ pub fn finish_name(r: FinishReason) -> &'static str {
 type Events = Pin<Box<dyn Stream<Item = Result<SseEvent, Infallible>> + Send>>;
 
 fn sse_response(events: Events, headers: HeaderMap) -> Response {
-    let mut r = Sse::new(events).keep_alive(KeepAlive::default()).into_response();
+    let mut r = Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response();
     r.headers_mut().extend(headers);
     r
 }
@@ -212,7 +236,11 @@ pub fn replay_stream(f: Finished, kind: Kind, model: &str, include_usage: bool) 
         created: f.created,
         model: model.to_owned(),
     };
-    let headers = Costed { cost: None, ..costed }.headers();
+    let headers = Costed {
+        cost: None,
+        ..costed
+    }
+    .headers();
     let events = match f.body {
         Body::Text {
             text,
@@ -220,12 +248,18 @@ pub fn replay_stream(f: Finished, kind: Kind, model: &str, include_usage: bool) 
             usage,
             ..
         } => {
-            let mut events = vec![data(&shape.body(vec![shape.choice(&text, None, None, true)], None, true))];
+            let mut events = vec![data(&shape.body(
+                vec![shape.choice(&text, None, None, true)],
+                None,
+                true,
+            ))];
             events.extend(shape.ending(reason, usage, include_usage, &costed));
             events
         }
         Body::Raw(_) => vec![
-            data(&json!({ "error": { "message": "this answer cannot be streamed", "type": "server_error" } })),
+            data(
+                &json!({ "error": { "message": "this answer cannot be streamed", "type": "server_error" } }),
+            ),
             SseEvent::default().data("[DONE]"),
         ],
     };
@@ -289,14 +323,20 @@ pub fn stream(started: Started, include_usage: bool, prompt_bytes: u64) -> Respo
             }
             .stamp(&mut v);
             Box::pin(stream::iter(
-                [data(&v), SseEvent::default().data("[DONE]")].into_iter().map(Ok),
+                [data(&v), SseEvent::default().data("[DONE]")]
+                    .into_iter()
+                    .map(Ok),
             ))
         }
     };
     sse_response(events, headers)
 }
 
-fn pieces(live: Live, shape: Shape, include_usage: bool) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+fn pieces(
+    live: Live,
+    shape: Shape,
+    include_usage: bool,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
     stream::unfold((live, false), move |(mut live, done)| {
         let shape = shape.clone();
         async move {
@@ -439,7 +479,11 @@ impl Pass {
                 self.held = Some(v);
                 return Vec::new();
             }
-            return if has_choices { vec![data(&v)] } else { Vec::new() };
+            return if has_choices {
+                vec![data(&v)]
+            } else {
+                Vec::new()
+            };
         }
         // The usage has come: the call is priced.
         self.usage = usage;

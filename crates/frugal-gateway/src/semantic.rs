@@ -193,7 +193,13 @@ impl SemanticCache {
     }
 
     /// Inserts off the async threads when there are some (a graph relink can take a while).
-    pub fn insert_later(self: &Arc<Self>, space: Arc<str>, text: String, v: Vec<f32>, answer: Arc<Answer>) {
+    pub fn insert_later(
+        self: &Arc<Self>,
+        space: Arc<str>,
+        text: String,
+        v: Vec<f32>,
+        answer: Arc<Answer>,
+    ) {
         let this = self.clone();
         let work = move || this.insert(space, text, &v, answer);
         match tokio::runtime::Handle::try_current() {
@@ -205,7 +211,11 @@ impl SemanticCache {
     /// Ids in the eviction order, live or stale.
     #[cfg(test)]
     fn order_len(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).order.len()
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .order
+            .len()
     }
 
     /// Entries held.

@@ -172,7 +172,8 @@ impl Bill {
                     m.ttft.observe(first.as_secs_f64());
                     if self.work.completion_tokens > 1 {
                         let rest = elapsed.saturating_sub(*first).as_secs_f64();
-                        m.tpot.observe(rest / (self.work.completion_tokens - 1) as f64);
+                        m.tpot
+                            .observe(rest / (self.work.completion_tokens - 1) as f64);
                     }
                 }
                 None
@@ -195,7 +196,8 @@ impl Bill {
         }
         // One lever per row: a cache hit's saving, else batching's.
         let saved = self.cache.saved().or_else(|| {
-            (priced.batching_saved > Money::ZERO).then_some((priced.batching_saved, Lever::Batching))
+            (priced.batching_saved > Money::ZERO)
+                .then_some((priced.batching_saved, Lever::Batching))
         });
         if let Some(meter) = &inner.meter {
             meter.record(meter::Row {

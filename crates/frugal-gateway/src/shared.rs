@@ -60,7 +60,8 @@ impl SharedCache {
         let shown = redact_url(url);
         // The client's own errors may quote the URL: they are shown with it redacted.
         let hide = |e: redis::RedisError| e.to_string().replace(url, &shown);
-        let client = redis::Client::open(url).map_err(|e| format!("cache_redis {shown}: {}", hide(e)))?;
+        let client =
+            redis::Client::open(url).map_err(|e| format!("cache_redis {shown}: {}", hide(e)))?;
         let conn = tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
             .await
             .map_err(|_| format!("cache_redis {shown}: no answer within 5 s"))?
@@ -177,6 +178,9 @@ mod redaction_tests {
             redact_url("rediss://user:pw@h/1?x=y@z"),
             "rediss://***@h/1?x=y@z"
         );
-        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
     }
 }

@@ -35,6 +35,8 @@ pub(crate) struct Inner {
     pub shared: Option<Arc<SharedCache>>,
     /// OpenAI-compatible servers behind the gateway, by the name clients use.
     pub upstreams: HashMap<String, Arc<Upstream>>,
+    /// Other backends, by the name clients use.
+    pub backends: HashMap<String, Arc<dyn Backend>>,
     /// Cascade routes, by the name clients use.
     pub routes: HashMap<String, Arc<RouteConfig>>,
     /// How each served name uses the caches; a name without one keeps the defaults.
@@ -56,6 +58,8 @@ pub struct Parts {
     /// Needs `cache`: the exact cache's second level, shared with other replicas.
     pub shared: Option<SharedCache>,
     pub upstreams: Vec<Upstream>,
+    /// Backends of other kinds, served under their names like upstreams.
+    pub backends: Vec<Arc<dyn Backend>>,
     /// Every tier but the last is the local model (its answers carry logprobs); the last
     /// is the local model or an upstream.
     pub routes: Vec<RouteConfig>,
@@ -86,6 +90,11 @@ impl AppState {
                     .into_iter()
                     .map(|u| (u.config.name.clone(), Arc::new(u)))
                     .collect(),
+                backends: p
+                    .backends
+                    .into_iter()
+                    .map(|b| (b.name().to_owned(), b))
+                    .collect(),
                 routes: p
                     .routes
                     .into_iter()
@@ -112,18 +121,17 @@ impl AppState {
     }
 
     pub(crate) fn local(&self) -> Option<Arc<dyn Backend>> {
-        self.inner
-            .local
-            .clone()
-            .map(|l| -> Arc<dyn Backend> { l })
+        self.inner.local.clone().map(|l| -> Arc<dyn Backend> { l })
     }
 
+    /// A backend other than the local model, by the name clients use.
     pub(crate) fn upstream(&self, name: &str) -> Option<Arc<dyn Backend>> {
         self.inner
             .upstreams
             .get(name)
             .cloned()
             .map(|u| -> Arc<dyn Backend> { u })
+            .or_else(|| self.inner.backends.get(name).cloned())
     }
 
     /// The backend or route a request names: the local model by its name, "default" or no

@@ -254,7 +254,11 @@ impl Replay {
             .iter()
             .map(|c| Piece::Text {
                 text: c.text.clone(),
-                logprobs: if logprobs { c.logprobs.clone() } else { Vec::new() },
+                logprobs: if logprobs {
+                    c.logprobs.clone()
+                } else {
+                    Vec::new()
+                },
             })
             .collect();
         pieces.push_back(Piece::Done {

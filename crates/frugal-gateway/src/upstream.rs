@@ -95,7 +95,11 @@ impl UpstreamConfig {
 /// A `Retry-After` value: seconds (a decimal, as some servers send) or an HTTP date,
 /// clamped to `[0, max]`. Garbage (`-1`, `inf`, `NaN`, `1e300`, a date in the past) never
 /// panics: a negative or past wait is no wait, anything too long or not finite is `max`.
-pub fn retry_after(value: &str, max: Duration, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+pub fn retry_after(
+    value: &str,
+    max: Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Duration> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<f64>() {
         if secs.is_nan() {
@@ -105,7 +109,9 @@ pub fn retry_after(value: &str, max: Duration, now: chrono::DateTime<chrono::Utc
         return Some(Duration::try_from_secs_f64(secs).map_or(max, |d| d.min(max)));
     }
     let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
-    let wait = (at.with_timezone(&chrono::Utc) - now).to_std().unwrap_or(Duration::ZERO);
+    let wait = (at.with_timezone(&chrono::Utc) - now)
+        .to_std()
+        .unwrap_or(Duration::ZERO);
     Some(wait.min(max))
 }
 
@@ -532,7 +538,14 @@ mod tests {
         assert_eq!(wait("2"), Some(Duration::from_secs(2)));
         assert_eq!(wait("0.5"), Some(Duration::from_millis(500)));
         assert_eq!(wait("-1"), Some(Duration::ZERO));
-        for huge in ["inf", "+inf", "1e300", "99999999999999999999", "NaN", "-nan"] {
+        for huge in [
+            "inf",
+            "+inf",
+            "1e300",
+            "99999999999999999999",
+            "NaN",
+            "-nan",
+        ] {
             assert_eq!(wait(huge), Some(max), "{huge}");
         }
         assert_eq!(wait("-inf"), Some(Duration::ZERO));
@@ -551,7 +564,10 @@ mod tests {
         let mut c = UpstreamConfig::new("gpt", "https://user:pw@api.example.com/v1");
         c.api_key = Some("sk-secret-123".into());
         let shown = format!("{c:?}");
-        assert!(!shown.contains("sk-secret-123") && !shown.contains("pw@"), "{shown}");
+        assert!(
+            !shown.contains("sk-secret-123") && !shown.contains("pw@"),
+            "{shown}"
+        );
         assert!(shown.contains("api.example.com"), "{shown}");
     }
 

@@ -96,7 +96,13 @@ impl Job {
             (false, None) => None,
             (true, n) => Some(check_top(n.unwrap_or(0), "top_logprobs")?),
         };
-        Job::checked(Kind::Chat, value, req.common, top, Input::Chat(req.messages))
+        Job::checked(
+            Kind::Chat,
+            value,
+            req.common,
+            top,
+            Input::Chat(req.messages),
+        )
     }
 
     /// Parses a `/v1/completions` body.
@@ -226,7 +232,9 @@ pub fn prompt_tokens(
         },
     };
     tokens.map_err(|e| match e {
-        PromptError::Tokenize(e) => ApiError::BadRequest(format!("cannot tokenize the prompt: {e}")),
+        PromptError::Tokenize(e) => {
+            ApiError::BadRequest(format!("cannot tokenize the prompt: {e}"))
+        }
         e @ PromptError::SpecialTokenInRole { .. } => ApiError::InvalidParam {
             param: "messages",
             message: e.to_string(),
@@ -365,7 +373,10 @@ mod tests {
             )))
         };
         assert_eq!(param(chat(r#","top_logprobs":2"#)), "top_logprobs");
-        assert_eq!(param(chat(r#","logprobs":true,"top_logprobs":21"#)), "top_logprobs");
+        assert_eq!(
+            param(chat(r#","logprobs":true,"top_logprobs":21"#)),
+            "top_logprobs"
+        );
         assert_eq!(param(chat(r#","max_tokens":0"#)), "max_tokens");
         assert_eq!(param(chat(r#","n":1000"#)), "n");
         assert_eq!(param(chat(r#","n":0"#)), "n");
@@ -374,9 +385,14 @@ mod tests {
             Job::chat(&bytes("{not json")),
             Err(ApiError::BadRequest(_))
         ));
-        let job = Job::completion(&bytes(r#"{"prompt":"abc","max_completion_tokens":7,"n":3}"#))
-            .unwrap();
-        assert_eq!((job.max_tokens(), job.n(), job.prompt_bytes()), (Some(7), 3, 3));
+        let job = Job::completion(&bytes(
+            r#"{"prompt":"abc","max_completion_tokens":7,"n":3}"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            (job.max_tokens(), job.n(), job.prompt_bytes()),
+            (Some(7), 3, 3)
+        );
         assert_eq!(job.model(), None);
     }
 }

@@ -179,6 +179,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         routes,
         policies,
         keys,
+        backends: Vec::new(),
     });
     let drain = std::time::Duration::from_secs(args.drain_timeout.unwrap_or(30));
     let meter = state.meter();
@@ -210,7 +211,6 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     }
     served
 }
-
 
 /// Loads the local model and starts its engine, priced at `rate`.
 fn start_local(

@@ -313,6 +313,62 @@ fn bad_requests_get_clear_errors() {
     assert_eq!(status, 400);
 }
 
+/// SIGTERM under load: HTTP drains, then the meter, and every answered request has its row.
+#[test]
+fn sigterm_under_load_loses_no_answered_request() {
+    let server = Server::start(&["--no-cache"]);
+    let addr = server.addr.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..6)
+        .map(|i| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut answered = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = format!(
+                        r#"{{"prompt":"Client {i} counts: 1, 2,","max_tokens":6,"temperature":0.7}}"#
+                    );
+                    let Ok(mut s) = TcpStream::connect(&addr) else {
+                        break;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
+                    let sent = write!(
+                        s,
+                        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let mut out = String::new();
+                    if sent.is_err() || s.read_to_string(&mut out).is_err() {
+                        break;
+                    }
+                    if out.starts_with("HTTP/1.1 200") && out.contains("\"finish_reason\"") {
+                        answered += 1;
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, dir) = server.stop();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered: u64 = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert!(status.success(), "{status:?}");
+    assert!(answered > 0);
+    let db = rusqlite::Connection::open(dir.path().join("ledger.sqlite")).unwrap();
+    let rows: i64 = db
+        .query_row(
+            "SELECT COALESCE(SUM(requests), 0) FROM events WHERE kind = 0 AND outcome IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        rows >= answered as i64,
+        "{answered} answered, {rows} completed requests in the ledger"
+    );
+}
+
 #[test]
 fn a_client_that_disconnects_frees_its_sequence() {
     let server = Server::start(&[]);

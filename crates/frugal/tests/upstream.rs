@@ -231,6 +231,37 @@ fn cascade_routes_accept_confident_answers_and_escalate_the_rest() {
     assert!(body.contains("does not stream logprobs"), "{body}");
 }
 
+/// Regression: a cascade's cheap tier answered from the cache (filled by a direct request,
+/// which asked for no logprobs) came back with no logprobs and was always accepted.
+#[test]
+fn a_cascade_after_a_cached_direct_request_still_judges_confidence() {
+    let (url, calls) = mock_upstream();
+    let route = "[[serve.route]]\nname = \"picky\"\ntiers = [\"small\", \"mock\"]\nquantile = 0.0\nthreshold = -0.0001\n";
+    let server = gateway_with(&url, route);
+    let ask = |model: &str| {
+        let body = format!(
+            r#"{{"model":"{model}","messages":[{{"role":"user","content":"What is the capital of Peru?"}}],"max_tokens":12,"temperature":0}}"#
+        );
+        server.request("POST", "/v1/chat/completions", &body)
+    };
+    let (status, head, body) = ask("small");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"), "{head}");
+    // The route's cheap tier now hits that entry, and is judged on the logprobs kept with it.
+    let (status, head, body) = ask("picky");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&head, "x-frugal-route"),
+        Some("small>mock"),
+        "{head}"
+    );
+    assert!(
+        body.contains("echo: What is the capital of Peru?"),
+        "{body}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn the_ledger_and_the_report_say_what_routing_and_the_cache_saved() {
     let (url, calls) = mock_upstream();
