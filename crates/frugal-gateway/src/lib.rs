@@ -133,7 +133,11 @@ async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes)
 /// With keys configured, only a client with a valid key may list what is served or read
 /// the metrics (they name models, routes and spend).
 fn unauthorized(s: &AppState, headers: &HeaderMap) -> Option<Response> {
-    s.inner.keys.authenticate(headers).err().map(|e| s.reject(e))
+    s.inner
+        .keys
+        .authenticate(headers)
+        .err()
+        .map(|e| s.reject(e))
 }
 
 async fn models(State(s): State<AppState>, headers: HeaderMap) -> Response {

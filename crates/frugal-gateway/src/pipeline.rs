@@ -266,6 +266,21 @@ impl Live {
         piece
     }
 
+    /// The answer is complete: settles it (a one-choice text answer, so cacheable).
+    pub fn complete(
+        &mut self,
+        reason: FinishReason,
+        first_token: Option<std::time::Duration>,
+        judged: Option<Vec<f32>>,
+    ) -> Money {
+        self.bill.settle(End::Completed {
+            reason,
+            first_token,
+            judged,
+            cacheable: true,
+        })
+    }
+
     /// The request failed part-way: billed for what it used.
     pub fn fail(&mut self) -> Money {
         self.absorb();
@@ -325,12 +340,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
                         judged,
                         ..
                     } => {
-                        let cost = live.bill.settle(End::Completed {
-                            reason,
-                            first_token,
-                            judged: judged.clone(),
-                            cacheable: true,
-                        });
+                        let cost = live.complete(reason, first_token, judged.clone());
                         return Ok(Finished {
                             id,
                             body: Body::Text {

@@ -359,12 +359,7 @@ fn pieces(
                     let costed = Costed {
                         cache: live.bill.cache.label(),
                         saved: live.bill.cache.saved().map(|(m, _)| m),
-                        cost: Some(live.bill.settle(End::Completed {
-                            reason,
-                            first_token,
-                            judged,
-                            cacheable: true,
-                        })),
+                        cost: Some(live.complete(reason, first_token, judged)),
                     };
                     shape.ending(reason, usage, include_usage, &costed)
                 }

@@ -764,3 +764,52 @@ fn cache_policies_share_entries_across_tenants_and_set_a_models_semantic_thresho
     assert_eq!(cache("key-b", "shared", other_words), "hit-semantic");
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
+
+/// No secret reaches a log: a run at debug level through every error path (a wrong key, an
+/// upstream that fails, times out, answers malformed JSON or drops its stream) logs neither
+/// the upstream's API key nor the client's.
+#[test]
+fn no_secret_in_any_log() {
+    use frugal_gateway::keys::hash_key;
+    let (url, _) = mock_upstream();
+    let config = format!(
+        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\napi_key_env = \"MOCK_KEY\"\ntimeout_s = 1\nretries = 1\n\n[[serve.key]]\ntenant = \"a\"\nsha256 = \"{}\"\n",
+        hash_key("fk-client-secret")
+    );
+    let server = Server::start_env(
+        tempfile::tempdir().unwrap(),
+        &[
+            (
+                "prices.toml",
+                "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n",
+            ),
+            ("frugal.toml", &config),
+        ],
+        &["--name", "small"],
+        &[("MOCK_KEY", "sk-upstream-secret"), ("FRUGAL_LOG", "debug")],
+    );
+    let auth = "Authorization: Bearer fk-client-secret\r\n";
+    for content in ["hello", "always 500", "bad request", "slow", "malformed"] {
+        server.request_with("POST", "/v1/chat/completions", &chat(content, ""), auth);
+    }
+    server.request_with(
+        "POST",
+        "/v1/chat/completions",
+        &chat("drop mid-stream", r#","stream":true"#),
+        auth,
+    );
+    server.request_with(
+        "POST",
+        "/v1/chat/completions",
+        &chat("hello", ""),
+        "Authorization: Bearer fk-wrong-secret\r\n",
+    );
+    let logs = server.logs();
+    assert!(
+        logs.contains("upstream"),
+        "the error paths were logged: {logs}"
+    );
+    for secret in ["sk-upstream-secret", "fk-client-secret", "fk-wrong-secret"] {
+        assert!(!logs.contains(secret), "{secret} in the logs:\n{logs}");
+    }
+}

@@ -49,6 +49,8 @@ pub struct Server {
     pub addr: String,
     /// Taken by `stop`, so the ledger outlives the server.
     dir: Option<tempfile::TempDir>,
+    /// Every line the server wrote to stderr so far.
+    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -64,7 +66,18 @@ impl Server {
 
     /// In `dir` (a stopped server's, to start again over its ledger).
     pub fn start_in(dir: tempfile::TempDir, files: &[(&str, &str)], extra: &[&str]) -> Server {
+        Server::start_env(dir, files, extra, &[])
+    }
+
+    /// With environment variables `envs` set for the server.
+    pub fn start_env(
+        dir: tempfile::TempDir,
+        files: &[(&str, &str)],
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_frugal"));
+        command.envs(envs.iter().copied());
         for (name, text) in files {
             let path = dir.path().join(name);
             std::fs::write(&path, text).unwrap();
@@ -89,11 +102,14 @@ impl Server {
             .unwrap();
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("http://").nth(1) {
                     let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
                 }
+                kept.lock().unwrap().push(line);
             }
         });
         let addr = rx
@@ -103,7 +119,13 @@ impl Server {
             child,
             addr,
             dir: Some(dir),
+            logs,
         }
+    }
+
+    /// What the server has logged so far.
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().join("\n")
     }
 
     pub fn request(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {
