@@ -13,8 +13,10 @@ EMBEDDER := models/minilm/model.safetensors
 
 # The main job: fetch the default model if missing, build, and serve it on
 # http://127.0.0.1:8080/v1 (OpenAI-compatible), metering every request into the ledger.
+# Built as `make test` builds (the whole workspace): `-p frugal` alone unifies the
+# dependencies' features differently, so one after the other would rebuild most crates.
 run: $(MODEL) $(EMBEDDER)
-	$(CARGO) build --release -j $(JOBS) -p frugal
+	$(CARGO) build --release --workspace -j $(JOBS)
 	./target/release/frugal serve --model $(MODEL) $(ARGS)
 
 $(MODEL):

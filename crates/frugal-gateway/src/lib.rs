@@ -7,12 +7,18 @@
 //! the caches -> produce -> settle*, where settling ([`settle::Bill`]) writes the ledger row,
 //! charges the tenant and fills the caches on every exit: success, error, a client gone
 //! mid-stream, a timeout, a panic. Every response says what it cost ([`render`]).
+//!
+//! A gateway is assembled from `[serve]` of `frugal.toml` ([`config`], checked by
+//! [`assemble`]); [`route_eval`] replays a cascade offline to choose its threshold.
 
 pub mod api;
+pub mod assemble;
 pub mod backend;
 pub mod cache;
 mod cascade;
+pub mod config;
 pub mod error;
+pub mod jsonl;
 pub mod keys;
 pub mod loadgen;
 pub mod meter;
@@ -20,6 +26,7 @@ pub mod metrics;
 pub mod pipeline;
 mod render;
 pub mod route;
+pub mod route_eval;
 pub mod semantic;
 pub mod settle;
 pub mod shared;

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use frugal_gateway::config::RawServe;
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -13,106 +14,9 @@ pub struct RawConfig {
     pub ledger: RawLedger,
     #[serde(default)]
     pub prices: RawPrices,
+    /// `frugal serve`'s: the gateway library's own raw `[serve]`.
     #[serde(default)]
     pub serve: RawServe,
-}
-
-/// `[serve]`: defaults for `frugal serve`, each overridden by its flag.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawServe {
-    /// Relative to the config file.
-    pub model: Option<PathBuf>,
-    pub name: Option<String>,
-    pub host: Option<String>,
-    pub port: Option<u16>,
-    pub price_per_hour: Option<String>,
-    pub instance: Option<String>,
-    pub max_batch: Option<usize>,
-    pub max_queue: Option<usize>,
-    pub workload: Option<String>,
-    pub cache: Option<bool>,
-    pub cache_mb: Option<u64>,
-    pub cache_ttl: Option<u64>,
-    pub cache_redis: Option<String>,
-    pub semantic_cache: Option<bool>,
-    pub semantic_threshold: Option<f32>,
-    /// Questions the semantic cache holds at most [default: 10,000].
-    pub semantic_entries: Option<usize>,
-    /// The local model's cache is one for every tenant [default: false, one per tenant].
-    pub shared_cache: Option<bool>,
-    /// Relative to the config file.
-    pub embedder: Option<PathBuf>,
-    /// OpenAI-compatible servers served beside the local model.
-    #[serde(default)]
-    pub upstream: Vec<RawUpstream>,
-    /// API keys; with none, the API is open.
-    #[serde(default)]
-    pub key: Vec<RawKey>,
-    /// Cascade routes (e.g. `model: "auto"`).
-    #[serde(default)]
-    pub route: Vec<RawRoute>,
-}
-
-/// `[[serve.route]]`: a cascade, cheapest tier first.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawRoute {
-    pub name: String,
-    pub tiers: Vec<String>,
-    /// Quantile of the token logprobs taken as the confidence [default: 0, the minimum].
-    pub quantile: Option<f64>,
-    /// Accept a tier's answer at or above this confidence (a logprob, <= 0).
-    pub threshold: f32,
-    /// JSON lines of prompts labelled by whether the cheap tier answered them right
-    /// (`frugal eval-route --skip-examples FILE` writes them); relative to the config file.
-    pub skip_examples: Option<PathBuf>,
-    /// Skip the cheap tier when fewer than this share of the nearest examples were
-    /// answered right [default: 0.5].
-    pub skip_below: Option<f32>,
-    /// Nearest examples that vote [default: 8].
-    pub skip_k: Option<usize>,
-    /// The semantic cache's least cosine for this route [default: `[serve]`'s].
-    pub semantic_threshold: Option<f32>,
-    /// One cache for every tenant on this route [default: false].
-    pub shared_cache: Option<bool>,
-}
-
-/// `[[serve.key]]`: one API key, by its hash (`frugal keys new` prints the entry).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawKey {
-    /// Whose key: it names the cache namespace and the budgets.
-    pub tenant: String,
-    /// Hex SHA-256 of the key.
-    pub sha256: String,
-    pub daily_usd: Option<String>,
-    pub monthly_usd: Option<String>,
-}
-
-/// `[[serve.upstream]]`: one OpenAI-compatible server, by the name clients use for it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawUpstream {
-    pub name: String,
-    /// Base URL, e.g. `https://api.openai.com/v1`.
-    pub url: String,
-    /// The upstream's name for the model [default: `name`].
-    pub model: Option<String>,
-    /// Environment variable holding the API key (sent as a bearer token).
-    pub api_key_env: Option<String>,
-    /// The `[[model]]` of the price files that prices its tokens [default: `model`].
-    pub price: Option<String>,
-    /// A self-hosted server: USD per hour of its machine, which its calls share...
-    pub price_per_hour: Option<String>,
-    /// ...or the machine's instance type, priced on demand from the catalog.
-    pub instance: Option<String>,
-    pub timeout_s: Option<u64>,
-    pub retries: Option<u32>,
-    /// The semantic cache's least cosine for this model [default: `[serve]`'s].
-    pub semantic_threshold: Option<f32>,
-    /// One cache for every tenant on this model [default: false].
-    pub shared_cache: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -134,7 +38,11 @@ pub struct RawPrices {
 pub struct Config {
     pub ledger: PathBuf,
     pub price_files: Vec<PathBuf>,
+    /// Paths resolved against the config file's folder.
     pub serve: RawServe,
+    /// The user's data folder (`$XDG_DATA_HOME`, else `~/.local/share`), which holds
+    /// `frugal/` (the ledger, models).
+    pub data_home: Option<PathBuf>,
 }
 
 /// The sources a setting may come from, strongest first.
@@ -190,7 +98,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
         (Some(flag), _, _) => flag.to_owned(),
         (None, Some(env), _) => env,
         (None, None, Some(file)) => relative(file),
-        (None, None, None) => match sources.data_home {
+        (None, None, None) => match &sources.data_home {
             Some(home) => home.join("frugal").join("ledger.sqlite"),
             None => bail!("no ledger location: pass --ledger PATH or set FRUGAL_LEDGER"),
         },
@@ -207,6 +115,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
         ledger,
         price_files,
         serve,
+        data_home: sources.data_home,
     })
 }
 

@@ -1,10 +1,9 @@
-//! `frugal serve`: load the model, start the engine and the meter, listen until Ctrl-C or
+//! `frugal serve`: lay the flags over `[serve]`, have the gateway library assemble and check
+//! the rest, load the model, start the engine and the meter, listen until Ctrl-C or
 //! SIGTERM, then drain.
 
-use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use frugal_cost::money::HourlyRate;
@@ -15,38 +14,22 @@ use frugal_engine::quant::WeightType;
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::cache::{CacheConfig, CachePolicy, ExactCache};
-use frugal_gateway::keys::{KeyConfig, Keys};
+use frugal_gateway::assemble::{Inputs, PriceError, assemble, hourly_price};
+use frugal_gateway::config::RawServe;
 use frugal_gateway::meter::{Machine, Meter, MeterConfig};
-use frugal_gateway::route::{RouteConfig, Skip, SkipExample};
-use frugal_gateway::semantic::{SemanticCache, SemanticConfig};
 use frugal_gateway::shared::SharedCache;
-use frugal_gateway::upstream::{Pricing, Upstream, UpstreamConfig};
-use frugal_gateway::{AppState, Local, Parts};
-use frugal_semantic::Embedder;
+use frugal_gateway::upstream::Upstream;
+use frugal_gateway::{AppState, Local};
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
-use crate::config::{Config, RawKey, RawRoute, RawServe, RawUpstream};
+use crate::config::Config;
 
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
-    let file = &config.serve;
-    let price_per_hour = args
-        .price_per_hour
-        .as_deref()
-        .or(file.price_per_hour.as_deref());
-    let instance = args.instance.as_deref().or(file.instance.as_deref());
-    let host = args
-        .host
-        .as_deref()
-        .or(file.host.as_deref())
-        .unwrap_or("127.0.0.1");
-    let port = args.port.or(file.port).unwrap_or(8080);
-    let workload = args
-        .workload
-        .clone()
-        .or_else(|| file.workload.clone())
-        .unwrap_or_else(|| "serve".into());
+    let serve = with_flags(&config.serve, args);
+    let host = serve.host.as_deref().unwrap_or("127.0.0.1");
+    let port = serve.port.unwrap_or(8080);
+    let workload = serve.workload.clone().unwrap_or_else(|| "serve".into());
     // Only a local model runs on this machine (a gateway's costs nothing here), and only a
     // meter records what it costs.
     let this_machine = (!args.no_model && !args.no_meter).then(|| {
@@ -56,30 +39,51 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         }
         bases
     });
-    let (rate, instance_type) =
-        machine_rate(catalog, price_per_hour, instance, this_machine.as_ref())?;
-    let local = if args.no_model {
-        if file.upstream.is_empty() {
-            bail!("--no-model serves the [[serve.upstream]] servers, and frugal.toml names none");
-        }
-        if let Some(r) = file.route.first() {
-            bail!(
-                "route `{}`: a cascade starts at the local model; drop --no-model or the route",
-                r.name
-            );
-        }
-        None
-    } else {
-        Some(start_local(args, file, rate, instance_type)?)
+    let (rate, instance_type) = machine_rate(
+        catalog,
+        serve.price_per_hour.as_deref(),
+        serve.instance.as_deref(),
+        this_machine.as_ref(),
+    )?;
+    // The local model's file and served name, known before it loads so that the
+    // configuration is checked first.
+    let model = (!args.no_model).then(|| {
+        let path = serve
+            .model
+            .clone()
+            .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
+        let name = serve.name.clone().unwrap_or_else(|| {
+            path.file_stem()
+                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+        });
+        (path, name)
+    });
+    let search = embedder_search(config.data_home.as_deref());
+    let assembly = assemble(
+        &serve,
+        &Inputs {
+            catalog,
+            local: model.as_ref().map(|(_, name)| name.as_str()),
+            env: &|var| std::env::var(var).ok(),
+            embedder_search: &search,
+        },
+    )?;
+    if assembly.no_embedder {
+        let searched: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
+        writeln!(
+            std::io::stderr(),
+            "frugal serve: no embedding model in {}, so the semantic cache is off; `scripts/fetch-models.sh minilm` fetches it, --embedder DIR names one",
+            searched.join(" or ")
+        )?;
+    }
+    let local = match model {
+        Some((path, name)) => Some(start_local(args, &serve, &path, name, rate, instance_type)?),
+        None => None,
     };
-    let name = local
-        .as_ref()
-        .map_or_else(String::new, |l| l.machine.model.clone());
-    let upstreams = file
-        .upstream
-        .iter()
-        .map(|u| upstream(u, catalog))
-        .collect::<Result<Vec<_>>>()?;
+    let what = match &local {
+        Some(l) => format!("{} (machine at {}/h)", l.machine.model, l.machine.rate.0),
+        None => format!("a gateway to {} upstream(s)", assembly.upstreams.len()),
+    };
     let meter = if args.no_meter {
         None
     } else {
@@ -94,42 +98,10 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             machines: local
                 .iter()
                 .map(|l| l.machine.clone())
-                .chain(upstreams.iter().filter_map(Upstream::machine))
+                .chain(assembly.upstreams.iter().filter_map(Upstream::machine))
                 .collect(),
         })?)
     };
-    let cache = (!args.no_cache && file.cache.unwrap_or(true)).then(|| {
-        let defaults = CacheConfig::default();
-        ExactCache::new(CacheConfig {
-            max_bytes: args
-                .cache_mb
-                .or(file.cache_mb)
-                .map_or(defaults.max_bytes, |mb| mb << 20),
-            ttl: args
-                .cache_ttl
-                .or(file.cache_ttl)
-                .map_or(defaults.ttl, std::time::Duration::from_secs),
-        })
-    });
-    let wants_semantic =
-        cache.is_some() && !args.no_semantic_cache && file.semantic_cache.unwrap_or(true);
-    // One embedder for the semantic cache and the routes' skip rules.
-    let embedder = if wants_semantic || file.route.iter().any(|r| r.skip_examples.is_some()) {
-        Some(load_embedder(args, file)?)
-    } else {
-        None
-    };
-    let semantic = match &embedder {
-        Some(e) if wants_semantic => Some(semantic_cache(e.clone(), args, file)?),
-        _ => None,
-    };
-    let keys = file.key.iter().map(key).collect::<Result<Vec<_>>>()?;
-    let policies = policies(file, &name)?;
-    let routes = file
-        .route
-        .iter()
-        .map(|r| route(r, &name, &upstreams, embedder.as_ref()))
-        .collect::<Result<Vec<_>>>()?;
     // Beside a local model the engine's threads take the cores and two async workers carry
     // the HTTP; a gateway alone uses them all.
     let workers = if local.is_some() {
@@ -142,45 +114,22 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let shared = match args.cache_redis.as_deref().or(file.cache_redis.as_deref()) {
-        Some(url) if cache.is_some() => {
-            let ttl = args
-                .cache_ttl
-                .or(file.cache_ttl)
-                .map_or(CacheConfig::default().ttl, std::time::Duration::from_secs);
-            Some(
-                runtime
-                    .block_on(SharedCache::connect(url, ttl))
-                    .map_err(|e| anyhow::anyhow!("cannot reach the shared cache: {e}"))?,
-            )
-        }
+    let shared = match (&assembly.shared_cache, &assembly.cache) {
+        (Some(url), Some(cache)) => Some(
+            runtime
+                .block_on(SharedCache::connect(url, cache.ttl))
+                .map_err(|e| anyhow::anyhow!("cannot reach the shared cache: {e}"))?,
+        ),
         _ => None,
     };
-    let keys = Keys::new(&keys);
     if meter.is_some() {
         // Budgets count what the ledger already has for this day and month.
         let ledger = frugal_cost::Ledger::open(&config.ledger)?;
-        keys.preload(chrono::Utc::now(), |start| {
+        assembly.keys.preload(chrono::Utc::now(), |start| {
             ledger.tenant_spend(start.timestamp_millis())
         })?;
     }
-    let what = if let Some(l) = &local {
-        format!("{name} (machine at {}/h)", l.machine.rate.0)
-    } else {
-        format!("a gateway to {} upstream(s)", upstreams.len())
-    };
-    let state = AppState::new(Parts {
-        local,
-        meter,
-        cache,
-        semantic,
-        shared,
-        upstreams,
-        routes,
-        policies,
-        keys,
-        backends: Vec::new(),
-    });
+    let state = AppState::new(assembly.into_parts(local, meter, shared));
     let drain = std::time::Duration::from_secs(args.drain_timeout.unwrap_or(30));
     let meter = state.meter();
     let served = runtime.block_on(async {
@@ -212,22 +161,57 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     served
 }
 
-/// Loads the local model and starts its engine, priced at `rate`.
+/// `[serve]` with the command line's flags laid over it: a flag given wins over the file.
+fn with_flags(file: &RawServe, args: &ServeArgs) -> RawServe {
+    let mut s = file.clone();
+    s.model = args.model.clone().or(s.model);
+    s.name = args.name.clone().or(s.name);
+    s.host = args.host.clone().or(s.host);
+    s.port = args.port.or(s.port);
+    s.price_per_hour = args.price_per_hour.clone().or(s.price_per_hour);
+    s.instance = args.instance.clone().or(s.instance);
+    s.max_batch = args.max_batch.or(s.max_batch);
+    s.max_queue = args.max_queue.or(s.max_queue);
+    s.workload = args.workload.clone().or(s.workload);
+    if args.no_cache {
+        s.cache = Some(false);
+    }
+    s.cache_mb = args.cache_mb.or(s.cache_mb);
+    s.cache_ttl = args.cache_ttl.or(s.cache_ttl);
+    s.cache_redis = args.cache_redis.clone().or(s.cache_redis);
+    if args.no_semantic_cache {
+        s.semantic_cache = Some(false);
+    }
+    s.semantic_threshold = args.semantic_threshold.or(s.semantic_threshold);
+    s.embedder = args.embedder.clone().or(s.embedder);
+    s
+}
+
+/// Where the embedder is looked for when none is named: `./models/minilm` (a checkout's,
+/// where `make models` puts it), then the user's data folder's
+/// (`~/.local/share/frugal/models/minilm`, where `FRUGAL_MODELS=~/.local/share/frugal/models
+/// scripts/fetch-models.sh minilm` puts it), so `frugal serve` finds it from any folder.
+pub fn embedder_search(data_home: Option<&Path>) -> Vec<PathBuf> {
+    let default = PathBuf::from(frugal_semantic::DEFAULT_EMBEDDER);
+    let mut dirs = vec![default.clone()];
+    dirs.extend(data_home.map(|home| home.join("frugal").join(default)));
+    dirs
+}
+
+/// Loads the local model at `path` and starts its engine, served as `name` and priced at
+/// `rate`.
 fn start_local(
     args: &ServeArgs,
-    file: &RawServe,
+    serve: &RawServe,
+    path: &Path,
+    name: String,
     rate: HourlyRate,
     instance_type: Option<String>,
 ) -> Result<Local> {
-    let model_path = args
-        .model
-        .clone()
-        .or_else(|| file.model.clone())
-        .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
-    if !model_path.exists() {
+    if !path.exists() {
         bail!(
             "no model at {}: run `make models` (or scripts/fetch-models.sh) for the default, or pass --model FILE.gguf",
-            model_path.display()
+            path.display()
         );
     }
     let started = std::time::Instant::now();
@@ -238,16 +222,7 @@ fn start_local(
         }),
         threads: args.threads,
     };
-    let (model, tokenizer, template) = load_model(&model_path, options)?;
-    let name = args
-        .name
-        .clone()
-        .or_else(|| file.name.clone())
-        .unwrap_or_else(|| {
-            model_path
-                .file_stem()
-                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
-        });
+    let (model, tokenizer, template) = load_model(path, options)?;
     tracing::info!(
         model = %name,
         weights_mb = model.weight_bytes() / 1_000_000,
@@ -263,8 +238,8 @@ fn start_local(
                 BatchingArg::Static => Batching::Static,
                 BatchingArg::Drain => Batching::Drain,
             },
-            max_batch: args.max_batch.or(file.max_batch).unwrap_or(16),
-            max_queue: args.max_queue.or(file.max_queue).unwrap_or(256),
+            max_batch: serve.max_batch.unwrap_or(16),
+            max_queue: serve.max_queue.unwrap_or(256),
             kv_positions: ctx.max(4096) * 4,
             ..SchedulerConfig::default()
         },
@@ -278,10 +253,7 @@ fn start_local(
 }
 
 /// A GGUF file's weights, tokenizer and chat template.
-pub fn load_model(
-    path: &std::path::Path,
-    options: LoadOptions,
-) -> Result<(Model, Tokenizer, ChatTemplate)> {
+pub fn load_model(path: &Path, options: LoadOptions) -> Result<(Model, Tokenizer, ChatTemplate)> {
     let gguf = Gguf::open(path).with_context(|| format!("cannot load {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot build the tokenizer")?;
     let template = ChatTemplate::from_gguf(&gguf).context("cannot read the chat template")?;
@@ -299,18 +271,12 @@ pub fn machine_rate(
     instance: Option<&str>,
     this_machine: Option<&frugal_train::notice::Bases>,
 ) -> Result<(HourlyRate, Option<String>)> {
-    if let Some(text) = price_per_hour {
-        let price: Money = text
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))?;
-        if price.is_negative() {
-            bail!("--price-per-hour: a price cannot be negative");
-        }
-        return Ok((HourlyRate(price), None));
-    }
-    if let Some(instance) = instance {
-        let offer = catalog.instance(instance, None)?;
-        return Ok((offer.on_demand, Some(offer.instance_type.clone())));
+    match hourly_price(catalog, price_per_hour, instance) {
+        Ok(Some(given)) => return Ok(given),
+        Ok(None) => {}
+        Err(PriceError::Parse(e)) => bail!("--price-per-hour: {e}"),
+        Err(PriceError::Negative) => bail!("--price-per-hour: a price cannot be negative"),
+        Err(PriceError::Instance(e)) => return Err(e.into()),
     }
     let Some(bases) = this_machine else {
         return Ok((HourlyRate(Money::ZERO), None));
@@ -352,227 +318,4 @@ async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutting down: finishing requests in flight");
-}
-
-/// An upstream from its `[[serve.upstream]]` entry, priced from the catalog.
-fn upstream(raw: &RawUpstream, catalog: &Catalog) -> Result<Upstream> {
-    let mut config = UpstreamConfig::new(&raw.name, &raw.url);
-    if let Some(m) = &raw.model {
-        config.model.clone_from(m);
-    }
-    if let Some(var) = &raw.api_key_env {
-        config.api_key = Some(std::env::var(var).with_context(|| {
-            format!(
-                "upstream `{}`: the environment variable {var} (api_key_env) is not set",
-                raw.name
-            )
-        })?);
-    }
-    config.pricing = if raw.price_per_hour.is_some() || raw.instance.is_some() {
-        if raw.price.is_some() {
-            bail!(
-                "upstream `{}`: price (per token) and price_per_hour or instance (per hour) exclude each other",
-                raw.name
-            );
-        }
-        let (rate, instance_type) = machine_rate(
-            catalog,
-            raw.price_per_hour.as_deref(),
-            raw.instance.as_deref(),
-            None,
-        )
-        .with_context(|| format!("upstream `{}`", raw.name))?;
-        Some(Pricing::Hourly {
-            rate,
-            instance_type,
-        })
-    } else {
-        let price = raw.price.as_deref().unwrap_or(&config.model);
-        let found = catalog.model(price).ok().cloned();
-        if found.is_none() {
-            tracing::warn!(
-                upstream = %raw.name,
-                price,
-                "no [[model]] price for this upstream in the price files: its calls are recorded at $0"
-            );
-        }
-        found.map(Pricing::Tokens)
-    };
-    if let Some(t) = raw.timeout_s {
-        config.timeout = std::time::Duration::from_secs(t);
-    }
-    if let Some(r) = raw.retries {
-        config.retries = r;
-    }
-    Upstream::new(config).map_err(|e| anyhow::anyhow!("upstream `{}`: {e}", raw.name))
-}
-
-/// Each served name's cache policy: the local model's from `[serve]`, then each upstream's
-/// and route's own.
-fn policies(file: &RawServe, local: &str) -> Result<HashMap<String, CachePolicy>> {
-    let entries = std::iter::once((local, file.shared_cache, None))
-        .chain(
-            file.upstream
-                .iter()
-                .map(|u| (u.name.as_str(), u.shared_cache, u.semantic_threshold)),
-        )
-        .chain(
-            file.route
-                .iter()
-                .map(|r| (r.name.as_str(), r.shared_cache, r.semantic_threshold)),
-        );
-    entries
-        .map(|(name, shared, threshold)| {
-            let policy = CachePolicy {
-                shared: shared.unwrap_or(false),
-                semantic_threshold: threshold
-                    .map(cosine_threshold)
-                    .transpose()
-                    .map_err(|e| anyhow::anyhow!("`{name}`: {e}"))?,
-            };
-            Ok((name.to_owned(), policy))
-        })
-        .collect()
-}
-
-/// A cascade from its `[[serve.route]]` entry: every tier but the last must be the local
-/// model (its answers carry the logprobs the confidence is read from), the last the local
-/// model or an upstream.
-fn route(
-    raw: &RawRoute,
-    local: &str,
-    upstreams: &[Upstream],
-    embedder: Option<&Arc<Embedder>>,
-) -> Result<RouteConfig> {
-    let what = format!("route `{}`", raw.name);
-    let Some((last, first)) = raw.tiers.split_last() else {
-        bail!("{what}: tiers is empty; list the models cheapest first");
-    };
-    if raw.name == local || upstreams.iter().any(|u| u.config.name == raw.name) {
-        bail!("{what}: the name is already a model's; pick another (e.g. \"auto\")");
-    }
-    if let Some(t) = first.iter().find(|t| *t != local) {
-        bail!(
-            "{what}: tier `{t}` must be the local model `{local}`: only its answers carry the logprobs a cascade judges (the last tier may be an upstream)"
-        );
-    }
-    if last != local && !upstreams.iter().any(|u| &u.config.name == last) {
-        bail!("{what}: the last tier `{last}` is neither the local model nor a [[serve.upstream]]");
-    }
-    let quantile = raw.quantile.unwrap_or(0.0);
-    if !(0.0..=1.0).contains(&quantile) || raw.threshold > 0.0 || raw.threshold.is_nan() {
-        bail!("{what}: quantile must be in [0, 1] and threshold a logprob <= 0");
-    }
-    let skip = match (&raw.skip_examples, embedder) {
-        (Some(path), Some(embedder)) => {
-            if last == local {
-                bail!("{what}: skip_examples needs an upstream last tier to skip to");
-            }
-            let below = raw.skip_below.unwrap_or(0.5);
-            if !(0.0..=1.0).contains(&below) {
-                bail!("{what}: skip_below is a share in [0, 1], not {below}");
-            }
-            let examples = read_skip_examples(path).with_context(|| what.clone())?;
-            let skip = Skip::new(embedder.clone(), &examples, raw.skip_k.unwrap_or(8), below)
-                .with_context(|| format!("{what}: cannot embed the skip examples"))?;
-            tracing::info!(route = %raw.name, examples = examples.len(), below, "skip rule loaded");
-            Some(Arc::new(skip))
-        }
-        _ => None,
-    };
-    Ok(RouteConfig {
-        name: raw.name.clone(),
-        tiers: raw.tiers.clone(),
-        quantile,
-        threshold: raw.threshold,
-        skip,
-    })
-}
-
-/// A skip rule's examples: JSON lines of `{"prompt": ..., "ok": true|false}`.
-pub fn read_skip_examples(path: &Path) -> Result<Vec<SkipExample>> {
-    let examples: Vec<SkipExample> =
-        crate::eval_route::read_json_lines(path, r#"{"prompt": TEXT, "ok": BOOL}"#)?;
-    if examples.is_empty() {
-        bail!("{} holds no examples", path.display());
-    }
-    Ok(examples)
-}
-
-/// A key from its `[[serve.key]]` entry.
-fn key(raw: &RawKey) -> Result<KeyConfig> {
-    let hex = raw.sha256.trim();
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        bail!(
-            "serve.key of tenant `{}`: sha256 must be 64 hex digits (`frugal keys new` prints it)",
-            raw.tenant
-        );
-    }
-    let usd = |field: &str, v: &Option<String>| -> Result<Option<Money>> {
-        v.as_deref()
-            .map(|s| {
-                s.parse::<Money>()
-                    .with_context(|| format!("serve.key of tenant `{}`: {field}", raw.tenant))
-            })
-            .transpose()
-    };
-    Ok(KeyConfig {
-        tenant: raw.tenant.clone(),
-        sha256: hex.to_ascii_lowercase(),
-        daily: usd("daily_usd", &raw.daily_usd)?,
-        monthly: usd("monthly_usd", &raw.monthly_usd)?,
-    })
-}
-
-/// The embedding model; a missing one is an error that says how to fetch it or turn the
-/// semantic cache off.
-fn load_embedder(args: &ServeArgs, file: &RawServe) -> Result<Arc<Embedder>> {
-    let dir = args
-        .embedder
-        .clone()
-        .or_else(|| file.embedder.clone())
-        .unwrap_or_else(|| frugal_semantic::DEFAULT_EMBEDDER.into());
-    embedder_at(&dir, ", or --no-semantic-cache")
-}
-
-/// The embedding model in `dir`; `or` ends the advice of the missing-model error.
-pub fn embedder_at(dir: &Path, or: &str) -> Result<Arc<Embedder>> {
-    if !dir.join("model.safetensors").exists() {
-        bail!(
-            "no embedding model in {}: run `scripts/fetch-models.sh minilm`, pass --embedder DIR{or}",
-            dir.display()
-        );
-    }
-    let embedder = Embedder::load(dir)
-        .with_context(|| format!("cannot load the embedder from {}", dir.display()))?;
-    Ok(Arc::new(embedder))
-}
-
-fn semantic_cache(
-    embedder: Arc<Embedder>,
-    args: &ServeArgs,
-    file: &RawServe,
-) -> Result<SemanticCache> {
-    let mut config = SemanticConfig::default();
-    if let Some(t) = args.semantic_threshold.or(file.semantic_threshold) {
-        config.guard.threshold = cosine_threshold(t)?;
-    }
-    if let Some(ttl) = args.cache_ttl.or(file.cache_ttl) {
-        config.ttl = std::time::Duration::from_secs(ttl);
-    }
-    if let Some(n) = file.semantic_entries {
-        if n == 0 {
-            bail!("semantic_entries must be at least 1; `semantic_cache = false` turns it off");
-        }
-        config.max_entries = n;
-    }
-    Ok(SemanticCache::new(embedder, config))
-}
-
-/// A semantic threshold, checked: a cosine in [0, 1].
-fn cosine_threshold(t: f32) -> Result<f32> {
-    if !(0.0..=1.0).contains(&t) {
-        bail!("semantic_threshold must be a cosine between 0 and 1, not {t}");
-    }
-    Ok(t)
 }

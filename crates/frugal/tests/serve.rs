@@ -263,6 +263,57 @@ fn a_missing_embedder_is_a_clear_error() {
 }
 
 #[test]
+fn a_first_run_from_any_folder_finds_the_embedder_in_the_data_folder_or_serves_without_it() {
+    let home = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let off = |server: &Server| {
+        server
+            .stderr()
+            .iter()
+            .filter(|l| l.contains("the semantic cache is off"))
+            .count()
+    };
+    // No ./models/minilm here and none in ~/.local/share/frugal: it serves, the semantic
+    // cache off, and says so once.
+    let server = Server::start_elsewhere(cwd.path(), home.path(), &["--no-meter"]);
+    assert_eq!(off(&server), 1, "{:?}", server.stderr());
+    let line = server.stderr().join("\n");
+    assert!(
+        line.contains("no embedding model in models/minilm or ")
+            && line.contains(".local/share/frugal/models/minilm"),
+        "{line}"
+    );
+    let question = "How can I improve my English speaking skills?";
+    let (head, _) = server.ask(question, 8);
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
+    let (head, _) = server.ask(question, 8);
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"));
+    let (head, _) = server.ask("How do I improve my English speaking skills?", 8);
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"), "{head}");
+    drop(server);
+
+    // Fetched into the data folder (`FRUGAL_MODELS=~/.local/share/frugal/models
+    // scripts/fetch-models.sh minilm`), it is found from any folder.
+    let models = home.path().join(".local/share/frugal/models");
+    std::fs::create_dir_all(&models).unwrap();
+    std::os::unix::fs::symlink(
+        std::fs::canonicalize(common::embedder()).unwrap(),
+        models.join("minilm"),
+    )
+    .unwrap();
+    let server = Server::start_elsewhere(cwd.path(), home.path(), &["--no-meter"]);
+    assert_eq!(off(&server), 0, "{:?}", server.stderr());
+    let (head, _) = server.ask(question, 8);
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
+    let (head, _) = server.ask("How do I improve my English speaking skills?", 8);
+    assert_eq!(
+        header(&head, "x-frugal-cache"),
+        Some("hit-semantic"),
+        "{head}"
+    );
+}
+
+#[test]
 fn bad_requests_get_clear_errors() {
     let server = Server::start(&[]);
     let (status, v) = server.json("/v1/chat/completions", "{not json");

@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub fn model() -> PathBuf {
@@ -49,8 +50,8 @@ pub struct Server {
     pub addr: String,
     /// Taken by `stop`, so the ledger outlives the server.
     dir: Option<tempfile::TempDir>,
-    /// Every line the server wrote to stderr so far.
-    logs: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Its stderr, line by line.
+    said: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -85,7 +86,7 @@ impl Server {
                 command.arg("--config").arg(path);
             }
         }
-        let mut child = command
+        command
             .arg("--ledger")
             .arg(dir.path().join("ledger.sqlite"))
             .args(["serve", "--port", "0", "--price-per-hour", "3.6"])
@@ -96,20 +97,40 @@ impl Server {
             })
             .arg("--embedder")
             .arg(embedder())
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .args(extra);
+        Server::launch(command, dir)
+    }
+
+    /// Run from `cwd` with `HOME` at `home` (and no `XDG_DATA_HOME`), naming no embedder:
+    /// a user's first run outside the checkout.
+    pub fn start_elsewhere(cwd: &Path, home: &Path, extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_frugal"));
+        command
+            .current_dir(cwd)
+            .env("HOME", home)
+            .env_remove("XDG_DATA_HOME")
+            .arg("--ledger")
+            .arg(dir.path().join("ledger.sqlite"))
+            .args(["serve", "--port", "0", "--price-per-hour", "3.6", "--model"])
+            .arg(model())
+            .args(extra);
+        Server::launch(command, dir)
+    }
+
+    /// Spawns `command` and waits for the address it listens on.
+    fn launch(mut command: Command, dir: tempfile::TempDir) -> Server {
+        let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
+        let said = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let kept = logs.clone();
+        let lines = said.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("http://").nth(1) {
                     let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
                 }
-                kept.lock().unwrap().push(line);
+                lines.lock().unwrap().push(line);
             }
         });
         let addr = rx
@@ -119,13 +140,18 @@ impl Server {
             child,
             addr,
             dir: Some(dir),
-            logs,
+            said,
         }
     }
 
-    /// What the server has logged so far.
+    /// The lines the server wrote to stderr so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.said.lock().unwrap().clone()
+    }
+
+    /// What the server has logged so far, as one text.
     pub fn logs(&self) -> String {
-        self.logs.lock().unwrap().join("\n")
+        self.stderr().join("\n")
     }
 
     pub fn request(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {

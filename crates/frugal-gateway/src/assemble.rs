@@ -1,0 +1,911 @@
+//! A gateway from `[serve]` ([`RawServe`]): its upstreams (priced from the catalog), cascade
+//! routes with their skip rules, keys, cache policies, the exact and semantic caches' settings
+//! and the embedder, each checked, with errors that name the entry or key at fault.
+//!
+//! What needs the process stays with the caller: the environment (an upstream's
+//! `api_key_env` is looked up through [`Inputs::env`]), the local model and its engine, the
+//! meter, the shared cache's connection (it needs the runtime) and printing.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use frugal_cost::Catalog;
+use frugal_cost::Money;
+use frugal_cost::catalog::CatalogError;
+use frugal_cost::money::{HourlyRate, ParseMoneyError};
+use frugal_semantic::{EmbedError, Embedder};
+use thiserror::Error;
+
+use crate::backend::Local;
+use crate::cache::{CacheConfig, CachePolicy, ExactCache};
+use crate::config::{RawKey, RawRoute, RawServe, RawUpstream};
+use crate::jsonl::JsonLinesError;
+use crate::keys::{KeyConfig, Keys};
+use crate::meter::Meter;
+use crate::route::{RouteConfig, Skip, SkipExample};
+use crate::semantic::{SemanticCache, SemanticConfig};
+use crate::shared::SharedCache;
+use crate::state::Parts;
+use crate::upstream::{Pricing, Upstream, UpstreamConfig};
+
+/// Nearest skip examples that vote, unless a route says otherwise.
+pub const DEFAULT_SKIP_K: usize = 8;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// An entry's setting is wrong; `what` names the entry (route `auto`, upstream `gpt`,
+    /// serve.key of tenant `acme`).
+    #[error("{what}: {message}")]
+    Invalid { what: String, message: String },
+    /// A `[serve]` setting of its own is wrong.
+    #[error("{0}")]
+    Serve(String),
+    #[error("{what}: {field}")]
+    Money {
+        what: String,
+        field: &'static str,
+        #[source]
+        source: ParseMoneyError,
+    },
+    #[error("{what}")]
+    Price {
+        what: String,
+        #[source]
+        source: PriceError,
+    },
+    #[error("{what}")]
+    SkipExamples {
+        what: String,
+        #[source]
+        source: SkipExamplesError,
+    },
+    #[error("{what}: cannot embed the skip examples")]
+    EmbedSkipExamples {
+        what: String,
+        #[source]
+        source: EmbedError,
+    },
+    #[error(transparent)]
+    Embedder(#[from] EmbedderError),
+}
+
+/// A machine's hourly price that cannot be read. The messages name `price_per_hour`;
+/// the binary names its flag instead where the price came from one.
+#[derive(Debug, Error)]
+pub enum PriceError {
+    #[error("price_per_hour: {0}")]
+    Parse(ParseMoneyError),
+    #[error("price_per_hour: a price cannot be negative")]
+    Negative,
+    #[error(transparent)]
+    Instance(#[from] CatalogError),
+}
+
+#[derive(Debug, Error)]
+pub enum SkipExamplesError {
+    #[error(transparent)]
+    Read(#[from] JsonLinesError),
+    #[error("{} holds no examples", .0.display())]
+    Empty(PathBuf),
+}
+
+#[derive(Debug, Error)]
+pub enum EmbedderError {
+    /// `also` ends the advice (", or --no-semantic-cache" where turning the cache off is
+    /// the other way out).
+    #[error(
+        "no embedding model in {}: run `scripts/fetch-models.sh minilm`, pass --embedder DIR{also}",
+        dir.display()
+    )]
+    Missing { dir: PathBuf, also: &'static str },
+    #[error("cannot load the embedder from {}", dir.display())]
+    Load {
+        dir: PathBuf,
+        #[source]
+        source: EmbedError,
+    },
+}
+
+/// What assembly takes besides `[serve]`, resolved by the caller.
+pub struct Inputs<'a> {
+    /// Prices upstreams: their tokens' `[[model]]` or their machine's instance type.
+    pub catalog: &'a Catalog,
+    /// The local model's served name; `None`: a gateway to its upstreams alone.
+    pub local: Option<&'a str>,
+    /// An environment variable's value (for `api_key_env`): libraries do not read the
+    /// environment, the binary does and answers here.
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// Where to look for the embedder when `[serve] embedder` names none, in order (e.g.
+    /// `models/minilm`, then the user's data folder's).
+    pub embedder_search: &'a [PathBuf],
+}
+
+/// A gateway's parts from `[serve]`, checked; [`Assembly::into_parts`] adds what the caller
+/// runs (the local model, the meter, the shared cache's connection).
+pub struct Assembly {
+    pub upstreams: Vec<Upstream>,
+    pub routes: Vec<RouteConfig>,
+    pub policies: HashMap<String, CachePolicy>,
+    pub keys: Keys,
+    /// `None`: the exact cache (and so the semantic cache) is off.
+    pub cache: Option<CacheConfig>,
+    pub semantic: Option<SemanticCache>,
+    /// The semantic cache was wanted but no embedder was named or found where searched,
+    /// so it is off: the caller says so.
+    pub no_embedder: bool,
+    /// A Redis URL for the exact cache's shared level (with the exact cache on), to connect
+    /// to with the cache's TTL.
+    pub shared_cache: Option<String>,
+}
+
+impl Assembly {
+    pub fn into_parts(
+        self,
+        local: Option<Local>,
+        meter: Option<Meter>,
+        shared: Option<SharedCache>,
+    ) -> Parts {
+        Parts {
+            local,
+            meter,
+            cache: self.cache.map(ExactCache::new),
+            semantic: self.semantic,
+            shared,
+            upstreams: self.upstreams,
+            routes: self.routes,
+            policies: self.policies,
+            keys: self.keys,
+            backends: Vec::new(),
+        }
+    }
+}
+
+/// Checks `[serve]` and builds what it describes; the embedder is loaded (and the skip
+/// examples embedded) only when the semantic cache or a route's skip rule needs it.
+pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigError> {
+    if inputs.local.is_none() {
+        if raw.upstream.is_empty() {
+            return Err(ConfigError::Serve(
+                "--no-model serves the [[serve.upstream]] servers, and frugal.toml names none"
+                    .into(),
+            ));
+        }
+        if let Some(r) = raw.route.first() {
+            return Err(invalid(
+                route_name(r),
+                "a cascade starts at the local model; drop --no-model or the route",
+            ));
+        }
+    }
+    let local = inputs.local.unwrap_or_default();
+    let upstreams = raw
+        .upstream
+        .iter()
+        .map(|u| upstream(u, inputs.catalog, inputs.env))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cache = raw.cache.unwrap_or(true).then(|| cache_config(raw));
+    let semantic_config = semantic_config(raw)?;
+    let wants_semantic = cache.is_some() && raw.semantic_cache.unwrap_or(true);
+    // One embedder for the semantic cache and the routes' skip rules.
+    let embedder = if wants_semantic || raw.route.iter().any(|r| r.skip_examples.is_some()) {
+        find_embedder(raw.embedder.as_deref(), inputs.embedder_search)?
+    } else {
+        None
+    };
+    let semantic = embedder
+        .as_ref()
+        .filter(|_| wants_semantic)
+        .map(|e| SemanticCache::new(e.clone(), semantic_config));
+    let keys = raw.key.iter().map(key).collect::<Result<Vec<_>, _>>()?;
+    let policies = policies(raw, local)?;
+    let routes = raw
+        .route
+        .iter()
+        .map(|r| {
+            route(
+                r,
+                local,
+                &upstreams,
+                embedder.as_ref(),
+                inputs.embedder_search,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Assembly {
+        upstreams,
+        routes,
+        policies,
+        keys: Keys::new(&keys),
+        no_embedder: wants_semantic && embedder.is_none(),
+        shared_cache: raw.cache_redis.clone().filter(|_| cache.is_some()),
+        cache,
+        semantic,
+    })
+}
+
+fn invalid(what: String, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        what,
+        message: message.into(),
+    }
+}
+
+fn route_name(r: &RawRoute) -> String {
+    format!("route `{}`", r.name)
+}
+
+/// The exact cache's bounds: `cache_mb` and `cache_ttl`, else the defaults.
+pub fn cache_config(raw: &RawServe) -> CacheConfig {
+    let defaults = CacheConfig::default();
+    CacheConfig {
+        max_bytes: raw.cache_mb.map_or(defaults.max_bytes, |mb| mb << 20),
+        ttl: raw.cache_ttl.map_or(defaults.ttl, Duration::from_secs),
+    }
+}
+
+/// The semantic cache's settings: `semantic_threshold`, `semantic_entries`, `cache_ttl`.
+pub fn semantic_config(raw: &RawServe) -> Result<SemanticConfig, ConfigError> {
+    let mut config = SemanticConfig::default();
+    if let Some(t) = raw.semantic_threshold {
+        config.guard.threshold = cosine_threshold(t).map_err(ConfigError::Serve)?;
+    }
+    if let Some(ttl) = raw.cache_ttl {
+        config.ttl = Duration::from_secs(ttl);
+    }
+    if let Some(n) = raw.semantic_entries {
+        if n == 0 {
+            return Err(ConfigError::Serve(
+                "semantic_entries must be at least 1; `semantic_cache = false` turns it off".into(),
+            ));
+        }
+        config.max_entries = n;
+    }
+    Ok(config)
+}
+
+/// A semantic threshold, checked: a cosine in [0, 1].
+fn cosine_threshold(t: f32) -> Result<f32, String> {
+    if !(0.0..=1.0).contains(&t) {
+        return Err(format!(
+            "semantic_threshold must be a cosine between 0 and 1, not {t}"
+        ));
+    }
+    Ok(t)
+}
+
+/// A machine's hourly price: `price_per_hour` (USD), else `instance` priced on demand from
+/// the catalog (with its instance type), else `None`.
+pub fn hourly_price(
+    catalog: &Catalog,
+    price_per_hour: Option<&str>,
+    instance: Option<&str>,
+) -> Result<Option<(HourlyRate, Option<String>)>, PriceError> {
+    if let Some(text) = price_per_hour {
+        let price: Money = text.parse().map_err(PriceError::Parse)?;
+        if price.is_negative() {
+            return Err(PriceError::Negative);
+        }
+        return Ok(Some((HourlyRate(price), None)));
+    }
+    if let Some(instance) = instance {
+        let offer = catalog.instance(instance, None)?;
+        return Ok(Some((offer.on_demand, Some(offer.instance_type.clone()))));
+    }
+    Ok(None)
+}
+
+/// An upstream from its `[[serve.upstream]]` entry, priced from the catalog; `env` answers
+/// its `api_key_env`.
+pub fn upstream(
+    raw: &RawUpstream,
+    catalog: &Catalog,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Upstream, ConfigError> {
+    let what = || format!("upstream `{}`", raw.name);
+    let mut config = UpstreamConfig::new(&raw.name, &raw.url);
+    if let Some(m) = &raw.model {
+        config.model.clone_from(m);
+    }
+    if let Some(var) = &raw.api_key_env {
+        config.api_key = Some(env(var).ok_or_else(|| {
+            invalid(
+                what(),
+                format!("the environment variable {var} (api_key_env) is not set"),
+            )
+        })?);
+    }
+    config.pricing = if raw.price_per_hour.is_some() || raw.instance.is_some() {
+        if raw.price.is_some() {
+            return Err(invalid(
+                what(),
+                "price (per token) and price_per_hour or instance (per hour) exclude each other",
+            ));
+        }
+        hourly_price(
+            catalog,
+            raw.price_per_hour.as_deref(),
+            raw.instance.as_deref(),
+        )
+        .map_err(|source| ConfigError::Price {
+            what: what(),
+            source,
+        })?
+        .map(|(rate, instance_type)| Pricing::Hourly {
+            rate,
+            instance_type,
+        })
+    } else {
+        let price = raw.price.as_deref().unwrap_or(&config.model);
+        let found = catalog.model(price).ok().cloned();
+        if found.is_none() {
+            tracing::warn!(
+                upstream = %raw.name,
+                price,
+                "no [[model]] price for this upstream in the price files: its calls are recorded at $0"
+            );
+        }
+        found.map(Pricing::Tokens)
+    };
+    if let Some(t) = raw.timeout_s {
+        config.timeout = Duration::from_secs(t);
+    }
+    if let Some(r) = raw.retries {
+        config.retries = r;
+    }
+    Upstream::new(config).map_err(|e| invalid(what(), e.to_string()))
+}
+
+/// Each served name's cache policy: the local model's from `[serve]`, then each upstream's
+/// and route's own.
+pub fn policies(raw: &RawServe, local: &str) -> Result<HashMap<String, CachePolicy>, ConfigError> {
+    let entries = std::iter::once((local, raw.shared_cache, None))
+        .chain(
+            raw.upstream
+                .iter()
+                .map(|u| (u.name.as_str(), u.shared_cache, u.semantic_threshold)),
+        )
+        .chain(
+            raw.route
+                .iter()
+                .map(|r| (r.name.as_str(), r.shared_cache, r.semantic_threshold)),
+        );
+    entries
+        .map(|(name, shared, threshold)| {
+            let policy = CachePolicy {
+                shared: shared.unwrap_or(false),
+                semantic_threshold: threshold
+                    .map(cosine_threshold)
+                    .transpose()
+                    .map_err(|e| invalid(format!("`{name}`"), e))?,
+            };
+            Ok((name.to_owned(), policy))
+        })
+        .collect()
+}
+
+/// A cascade from its `[[serve.route]]` entry: every tier but the last must be the local
+/// model (its answers carry the logprobs the confidence is read from), the last the local
+/// model or an upstream. A skip rule needs `embedder`; `searched` is where one was looked
+/// for, named when none was found.
+pub fn route(
+    raw: &RawRoute,
+    local: &str,
+    upstreams: &[Upstream],
+    embedder: Option<&Arc<Embedder>>,
+    searched: &[PathBuf],
+) -> Result<RouteConfig, ConfigError> {
+    let what = route_name(raw);
+    let Some((last, first)) = raw.tiers.split_last() else {
+        return Err(invalid(
+            what,
+            "tiers is empty; list the models cheapest first",
+        ));
+    };
+    if raw.name == local || upstreams.iter().any(|u| u.config.name == raw.name) {
+        return Err(invalid(
+            what,
+            "the name is already a model's; pick another (e.g. \"auto\")",
+        ));
+    }
+    if let Some(t) = first.iter().find(|t| *t != local) {
+        return Err(invalid(
+            what,
+            format!(
+                "tier `{t}` must be the local model `{local}`: only its answers carry the logprobs a cascade judges (the last tier may be an upstream)"
+            ),
+        ));
+    }
+    if last != local && !upstreams.iter().any(|u| &u.config.name == last) {
+        return Err(invalid(
+            what,
+            format!("the last tier `{last}` is neither the local model nor a [[serve.upstream]]"),
+        ));
+    }
+    let quantile = raw.quantile.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&quantile) || raw.threshold > 0.0 || raw.threshold.is_nan() {
+        return Err(invalid(
+            what,
+            "quantile must be in [0, 1] and threshold a logprob <= 0",
+        ));
+    }
+    let skip = match &raw.skip_examples {
+        Some(path) => {
+            if last == local {
+                return Err(invalid(
+                    what,
+                    "skip_examples needs an upstream last tier to skip to",
+                ));
+            }
+            let below = raw.skip_below.unwrap_or(0.5);
+            if !(0.0..=1.0).contains(&below) {
+                return Err(invalid(
+                    what,
+                    format!("skip_below is a share in [0, 1], not {below}"),
+                ));
+            }
+            let Some(embedder) = embedder else {
+                let searched: Vec<String> =
+                    searched.iter().map(|d| d.display().to_string()).collect();
+                return Err(invalid(
+                    what,
+                    format!(
+                        "skip_examples needs the embedding model, and none is in {}: run `scripts/fetch-models.sh minilm` or pass --embedder DIR",
+                        searched.join(" or ")
+                    ),
+                ));
+            };
+            let examples =
+                read_skip_examples(path).map_err(|source| ConfigError::SkipExamples {
+                    what: what.clone(),
+                    source,
+                })?;
+            let k = raw.skip_k.unwrap_or(DEFAULT_SKIP_K);
+            let skip = Skip::new(embedder.clone(), &examples, k, below).map_err(|source| {
+                ConfigError::EmbedSkipExamples {
+                    what: what.clone(),
+                    source,
+                }
+            })?;
+            tracing::info!(route = %raw.name, examples = examples.len(), below, "skip rule loaded");
+            Some(Arc::new(skip))
+        }
+        None => None,
+    };
+    Ok(RouteConfig {
+        name: raw.name.clone(),
+        tiers: raw.tiers.clone(),
+        quantile,
+        threshold: raw.threshold,
+        skip,
+    })
+}
+
+/// A skip rule's examples: JSON lines of `{"prompt": ..., "ok": true|false}`.
+pub fn read_skip_examples(path: &Path) -> Result<Vec<SkipExample>, SkipExamplesError> {
+    let examples: Vec<SkipExample> = crate::jsonl::read(path, r#"{"prompt": TEXT, "ok": BOOL}"#)?;
+    if examples.is_empty() {
+        return Err(SkipExamplesError::Empty(path.to_owned()));
+    }
+    Ok(examples)
+}
+
+/// A key from its `[[serve.key]]` entry: the hash must be hex SHA-256, the budgets dollars.
+pub fn key(raw: &RawKey) -> Result<KeyConfig, ConfigError> {
+    let what = || format!("serve.key of tenant `{}`", raw.tenant);
+    let hex = raw.sha256.trim();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(invalid(
+            what(),
+            "sha256 must be 64 hex digits (`frugal keys new` prints it)",
+        ));
+    }
+    let usd = |field: &'static str, v: &Option<String>| -> Result<Option<Money>, ConfigError> {
+        v.as_deref()
+            .map(|s| {
+                s.parse::<Money>().map_err(|source| ConfigError::Money {
+                    what: what(),
+                    field,
+                    source,
+                })
+            })
+            .transpose()
+    };
+    Ok(KeyConfig {
+        tenant: raw.tenant.clone(),
+        sha256: hex.to_ascii_lowercase(),
+        daily: usd("daily_usd", &raw.daily_usd)?,
+        monthly: usd("monthly_usd", &raw.monthly_usd)?,
+    })
+}
+
+/// The embedder `named` (which must be there), else the first of `search` that holds one,
+/// else none.
+pub fn find_embedder(
+    named: Option<&Path>,
+    search: &[PathBuf],
+) -> Result<Option<Arc<Embedder>>, EmbedderError> {
+    if let Some(dir) = named {
+        return load_embedder(dir, ", or --no-semantic-cache").map(Some);
+    }
+    search
+        .iter()
+        .find(|d| has_embedder(d))
+        .map(|d| load_embedder(d, ""))
+        .transpose()
+}
+
+/// Whether `dir` holds an embedding model's weights.
+pub fn has_embedder(dir: &Path) -> bool {
+    dir.join("model.safetensors").exists()
+}
+
+/// The embedding model in `dir`; `also` ends the advice of the missing-model error.
+pub fn load_embedder(dir: &Path, also: &'static str) -> Result<Arc<Embedder>, EmbedderError> {
+    if !has_embedder(dir) {
+        return Err(EmbedderError::Missing {
+            dir: dir.to_owned(),
+            also,
+        });
+    }
+    let embedder = Embedder::load(dir).map_err(|source| EmbedderError::Load {
+        dir: dir.to_owned(),
+        source,
+    })?;
+    Ok(Arc::new(embedder))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    fn catalog() -> Catalog {
+        let prices = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/prices.toml");
+        Catalog::load(&[prices]).unwrap()
+    }
+
+    /// `[serve]` from TOML, as `frugal.toml` holds it (without the `[serve]` header).
+    fn raw(text: &str) -> RawServe {
+        toml::from_str(text).unwrap()
+    }
+
+    /// An error and its causes, as the binary prints them.
+    fn chain(e: &dyn Error) -> String {
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text.push_str(": ");
+            text.push_str(&c.to_string());
+            cause = c.source();
+        }
+        text
+    }
+
+    fn env(var: &str) -> Option<String> {
+        (var == "MOCK_KEY").then(|| "sk-mock".to_owned())
+    }
+
+    fn build(raw: &RawServe, local: Option<&str>) -> Result<Assembly, ConfigError> {
+        let catalog = catalog();
+        assemble(
+            raw,
+            &Inputs {
+                catalog: &catalog,
+                local,
+                env: &env,
+                embedder_search: &[],
+            },
+        )
+    }
+
+    /// The message assembling `text` (with the semantic cache off, so no embedder is
+    /// needed) fails with, beside a local model named `small`.
+    fn refused(text: &str) -> String {
+        let mut raw = raw(text);
+        raw.semantic_cache.get_or_insert(false);
+        match build(&raw, Some("small")) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => chain(&e),
+        }
+    }
+
+    const MOCK: &str = "[[upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n";
+
+    #[test]
+    fn unknown_keys_are_refused_by_their_dotted_path() {
+        for (text, path, field) in [
+            ("cahce = true\n", "cahce", "cahce"),
+            (
+                &format!("{MOCK}api_key = \"sk\"\n") as &str,
+                "upstream[0].api_key",
+                "api_key",
+            ),
+            (
+                "[[route]]\nname = \"auto\"\ntiers = [\"a\"]\nthreshold = -1.0\nskip = 3\n",
+                "route[0].skip",
+                "skip",
+            ),
+            (
+                "[[key]]\ntenant = \"t\"\nsha256 = \"x\"\ndaily = \"1\"\n",
+                "key[0].daily",
+                "daily",
+            ),
+        ] {
+            let de = toml::Deserializer::parse(text).unwrap();
+            let err = serde_path_to_error::deserialize::<_, RawServe>(de).unwrap_err();
+            assert_eq!(err.path().to_string(), path, "{text}");
+            assert!(
+                err.inner()
+                    .to_string()
+                    .contains(&format!("unknown field `{field}`")),
+                "{text}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn upstreams_are_priced_by_the_token_or_the_hour_not_both() {
+        let a = build(
+            &raw(&format!(
+                "semantic_cache = false\n{MOCK}model = \"gpt-4o-mini\"\napi_key_env = \"MOCK_KEY\"\n\n[[upstream]]\nname = \"own\"\nurl = \"http://127.0.0.1:9/v1\"\nprice_per_hour = \"2.5\"\n"
+            )),
+            Some("small"),
+        )
+        .unwrap();
+        let [mock, own] = &a.upstreams[..] else {
+            panic!("two upstreams")
+        };
+        assert_eq!(mock.config.api_key.as_deref(), Some("sk-mock"));
+        assert!(matches!(mock.config.pricing, Some(Pricing::Tokens(_))));
+        assert!(matches!(
+            &own.config.pricing,
+            Some(Pricing::Hourly { rate, instance_type: None }) if rate.0 == "2.5".parse().unwrap()
+        ));
+        assert!(
+            own.machine().is_some(),
+            "an hourly upstream's machine is metered"
+        );
+
+        for (extra, want) in [
+            (
+                "price = \"gpt-4o-mini\"\nprice_per_hour = \"2.0\"\n",
+                "upstream `mock`: price (per token) and price_per_hour or instance (per hour) exclude each other",
+            ),
+            (
+                "price_per_hour = \"-1\"\n",
+                "upstream `mock`: price_per_hour: a price cannot be negative",
+            ),
+            (
+                "price_per_hour = \"two\"\n",
+                "upstream `mock`: price_per_hour: `two` is not a decimal number",
+            ),
+            ("instance = \"no-such-machine\"\n", "no-such-machine"),
+            (
+                "api_key_env = \"UNSET_KEY\"\n",
+                "upstream `mock`: the environment variable UNSET_KEY (api_key_env) is not set",
+            ),
+        ] {
+            let err = refused(&format!("{MOCK}{extra}"));
+            assert!(err.contains(want), "{extra}: {err}");
+        }
+    }
+
+    #[test]
+    fn thresholds_and_bounds_are_checked() {
+        for (text, want) in [
+            (
+                "semantic_threshold = 1.5\n".to_owned(),
+                "semantic_threshold must be a cosine between 0 and 1, not 1.5",
+            ),
+            (
+                "semantic_entries = 0\n".to_owned(),
+                "semantic_entries must be at least 1; `semantic_cache = false` turns it off",
+            ),
+            (
+                format!("{MOCK}semantic_threshold = -0.1\n"),
+                "`mock`: semantic_threshold must be a cosine between 0 and 1, not -0.1",
+            ),
+            (
+                "[[route]]\nname = \"auto\"\ntiers = [\"small\", \"small\"]\nthreshold = -1.0\nsemantic_threshold = 2.0\n"
+                    .to_owned(),
+                "`auto`: semantic_threshold must be a cosine",
+            ),
+            (
+                "[[route]]\nname = \"auto\"\ntiers = [\"small\", \"small\"]\nthreshold = 0.5\n"
+                    .to_owned(),
+                "route `auto`: quantile must be in [0, 1] and threshold a logprob <= 0",
+            ),
+            (
+                "[[route]]\nname = \"auto\"\ntiers = [\"small\", \"small\"]\nthreshold = -1.0\nquantile = 1.5\n"
+                    .to_owned(),
+                "route `auto`: quantile must be in [0, 1]",
+            ),
+        ] {
+            let err = refused(&text);
+            assert!(err.contains(want), "{text}: {err}");
+        }
+        // The caches' settings and the policies, when right.
+        let a = build(
+            &raw(&format!(
+                "semantic_cache = false\ncache_mb = 8\ncache_ttl = 60\nshared_cache = true\ncache_redis = \"redis://127.0.0.1:6379/\"\n{MOCK}semantic_threshold = 0.9\n"
+            )),
+            Some("small"),
+        )
+        .unwrap();
+        let cache = a.cache.as_ref().unwrap();
+        assert_eq!(
+            (cache.max_bytes, cache.ttl),
+            (8 << 20, Duration::from_secs(60))
+        );
+        assert_eq!(a.shared_cache.as_deref(), Some("redis://127.0.0.1:6379/"));
+        assert!(a.policies["small"].shared);
+        assert_eq!(a.policies["mock"].semantic_threshold, Some(0.9));
+        assert!(a.semantic.is_none() && !a.no_embedder);
+        // With the exact cache off there is nothing to share.
+        let a = build(
+            &raw("cache = false\ncache_redis = \"redis://127.0.0.1:6379/\"\n"),
+            Some("small"),
+        )
+        .unwrap();
+        assert!(a.cache.is_none() && a.shared_cache.is_none() && !a.no_embedder);
+    }
+
+    #[test]
+    fn route_tiers_start_at_the_local_model_and_end_at_a_known_one() {
+        let route = |tiers: &str, extra: &str| {
+            format!(
+                "{MOCK}\n[[route]]\nname = \"auto\"\ntiers = {tiers}\nthreshold = -1.0\n{extra}"
+            )
+        };
+        for (text, want) in [
+            (
+                route("[]", ""),
+                "route `auto`: tiers is empty; list the models cheapest first",
+            ),
+            (
+                route("[\"mock\", \"small\"]", ""),
+                "route `auto`: tier `mock` must be the local model `small`",
+            ),
+            (
+                route("[\"small\", \"nowhere\"]", ""),
+                "route `auto`: the last tier `nowhere` is neither the local model nor a [[serve.upstream]]",
+            ),
+            (
+                format!(
+                    "{MOCK}\n[[route]]\nname = \"mock\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1.0\n"
+                ),
+                "route `mock`: the name is already a model's",
+            ),
+            (
+                route("[\"small\", \"small\"]", "skip_examples = \"skip.jsonl\"\n"),
+                "route `auto`: skip_examples needs an upstream last tier to skip to",
+            ),
+            (
+                route(
+                    "[\"small\", \"mock\"]",
+                    "skip_examples = \"skip.jsonl\"\nskip_below = 2.0\n",
+                ),
+                "route `auto`: skip_below is a share in [0, 1], not 2",
+            ),
+            (
+                route("[\"small\", \"mock\"]", "skip_examples = \"skip.jsonl\"\n"),
+                "route `auto`: skip_examples needs the embedding model, and none is in",
+            ),
+        ] {
+            let err = refused(&text);
+            assert!(err.contains(want), "{text}: {err}");
+        }
+        let a = build(
+            &raw(&format!(
+                "semantic_cache = false\n{}",
+                route("[\"small\", \"mock\"]", "quantile = 0.25\n")
+            )),
+            Some("small"),
+        )
+        .unwrap();
+        let [r] = &a.routes[..] else {
+            panic!("one route")
+        };
+        assert_eq!((r.quantile, r.threshold), (0.25, -1.0));
+        assert_eq!(r.tiers, ["small", "mock"]);
+        assert!(r.skip.is_none());
+        // A gateway without a local model has no cascade to start, and serves upstreams.
+        let no_model = |text: &str| match build(&raw(text), None) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => chain(&e),
+        };
+        assert!(
+            no_model(&route("[\"small\", \"mock\"]", ""))
+                .contains("route `auto`: a cascade starts at the local model")
+        );
+        assert!(no_model("").contains("--no-model serves the [[serve.upstream]] servers"));
+    }
+
+    #[test]
+    fn skip_examples_are_read_strictly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("skip.jsonl");
+        std::fs::write(&path, "{\"prompt\": 3}\n").unwrap();
+        let err = chain(&read_skip_examples(&path).unwrap_err());
+        assert!(
+            err.contains("skip.jsonl line 1: expected {\"prompt\": TEXT, \"ok\": BOOL}"),
+            "{err}"
+        );
+        std::fs::write(&path, "\n").unwrap();
+        let err = chain(&read_skip_examples(&path).unwrap_err());
+        assert!(err.ends_with("skip.jsonl holds no examples"), "{err}");
+        std::fs::write(
+            &path,
+            "{\"prompt\": \"What is 1 plus 2?\", \"ok\": false}\n",
+        )
+        .unwrap();
+        assert_eq!(read_skip_examples(&path).unwrap().len(), 1);
+        let err = chain(&read_skip_examples(&dir.path().join("none.jsonl")).unwrap_err());
+        assert!(err.starts_with("cannot read "), "{err}");
+    }
+
+    #[test]
+    fn keys_hold_a_hex_sha256_and_dollar_budgets() {
+        let hash = crate::keys::hash_key("sk-test");
+        let key = |sha256: &str, extra: &str| {
+            format!(
+                "semantic_cache = false\n[[key]]\ntenant = \"acme\"\nsha256 = \"{sha256}\"\n{extra}"
+            )
+        };
+        let good = raw(&key(&hash.to_uppercase(), "daily_usd = \"1.50\"\n"));
+        let k = super::key(&good.key[0]).unwrap();
+        assert_eq!(k.sha256, hash, "stored lowercase");
+        assert_eq!(k.daily, Some("1.50".parse().unwrap()));
+        assert_eq!(k.monthly, None);
+        assert!(build(&good, Some("small")).is_ok());
+        for (text, want) in [
+            (
+                key(&hash[..63], ""),
+                "serve.key of tenant `acme`: sha256 must be 64 hex digits (`frugal keys new` prints it)",
+            ),
+            (
+                key(&format!("{}g", &hash[..63]), ""),
+                "sha256 must be 64 hex digits",
+            ),
+            (
+                key(&hash, "monthly_usd = \"lots\"\n"),
+                "serve.key of tenant `acme`: monthly_usd: `lots` is not a decimal number",
+            ),
+        ] {
+            let err = refused(&text);
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_embedder_not_found_turns_the_semantic_cache_off_but_a_named_one_must_be_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let nowhere = dir.path().join("minilm");
+        let catalog = catalog();
+        let inputs = |search| Inputs {
+            catalog: &catalog,
+            local: Some("small"),
+            env: &env,
+            embedder_search: search,
+        };
+        let a = assemble(&raw(""), &inputs(std::slice::from_ref(&nowhere))).unwrap();
+        assert!(a.no_embedder && a.semantic.is_none() && a.cache.is_some());
+        let named = raw(&format!("embedder = \"{}\"\n", nowhere.display()));
+        let err = chain(&assemble(&named, &inputs(&[])).err().unwrap());
+        assert!(
+            err.contains(&format!("no embedding model in {}", nowhere.display()))
+                && err.contains("--no-semantic-cache"),
+            "{err}"
+        );
+        // The search takes the first folder that holds one.
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(frugal_semantic::DEFAULT_EMBEDDER);
+        assert!(has_embedder(&repo), "run scripts/fetch-models.sh minilm");
+        let a = assemble(&raw(""), &inputs(&[nowhere.clone(), repo])).unwrap();
+        assert!(!a.no_embedder && a.semantic.is_some());
+    }
+}

@@ -1,0 +1,113 @@
+//! `[serve]` of `frugal.toml` as written: strict raw structs (an unknown key is an error
+//! naming its dotted path), which [`assemble`](crate::assemble) validates into what a
+//! gateway runs on.
+//!
+//! Paths are taken as given: the binary resolves them against the config file's folder,
+//! and lays the command line's flags over these fields, before assembly.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `[serve]`: the gateway, its caches, upstreams, routes and keys, and the local model's
+/// settings (which the binary reads: `model`, `name`, `host`, `port`, the machine's price,
+/// the batch and queue bounds, `workload`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServe {
+    pub model: Option<PathBuf>,
+    pub name: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub price_per_hour: Option<String>,
+    pub instance: Option<String>,
+    pub max_batch: Option<usize>,
+    pub max_queue: Option<usize>,
+    pub workload: Option<String>,
+    pub cache: Option<bool>,
+    /// Megabytes the exact cache holds at most [default: 256].
+    pub cache_mb: Option<u64>,
+    /// Seconds a cached answer lives [default: 3600].
+    pub cache_ttl: Option<u64>,
+    /// A Redis URL: the exact cache shared with other replicas.
+    pub cache_redis: Option<String>,
+    pub semantic_cache: Option<bool>,
+    pub semantic_threshold: Option<f32>,
+    /// Questions the semantic cache holds at most [default: 10,000].
+    pub semantic_entries: Option<usize>,
+    /// The local model's cache is one for every tenant [default: false, one per tenant].
+    pub shared_cache: Option<bool>,
+    /// The embedding model's folder [default: the first found of the places searched].
+    pub embedder: Option<PathBuf>,
+    /// OpenAI-compatible servers served beside the local model.
+    #[serde(default)]
+    pub upstream: Vec<RawUpstream>,
+    /// API keys; with none, the API is open.
+    #[serde(default)]
+    pub key: Vec<RawKey>,
+    /// Cascade routes (e.g. `model: "auto"`).
+    #[serde(default)]
+    pub route: Vec<RawRoute>,
+}
+
+/// `[[serve.route]]`: a cascade, cheapest tier first.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: String,
+    pub tiers: Vec<String>,
+    /// Quantile of the token logprobs taken as the confidence [default: 0, the minimum].
+    pub quantile: Option<f64>,
+    /// Accept a tier's answer at or above this confidence (a logprob, <= 0).
+    pub threshold: f32,
+    /// JSON lines of prompts labelled by whether the cheap tier answered them right
+    /// (`frugal eval-route --skip-examples FILE` writes them).
+    pub skip_examples: Option<PathBuf>,
+    /// Skip the cheap tier when fewer than this share of the nearest examples were
+    /// answered right [default: 0.5].
+    pub skip_below: Option<f32>,
+    /// Nearest examples that vote [default: 8].
+    pub skip_k: Option<usize>,
+    /// The semantic cache's least cosine for this route [default: `[serve]`'s].
+    pub semantic_threshold: Option<f32>,
+    /// One cache for every tenant on this route [default: false].
+    pub shared_cache: Option<bool>,
+}
+
+/// `[[serve.key]]`: one API key, by its hash (`frugal keys new` prints the entry).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    /// Whose key: it names the cache namespace and the budgets.
+    pub tenant: String,
+    /// Hex SHA-256 of the key.
+    pub sha256: String,
+    pub daily_usd: Option<String>,
+    pub monthly_usd: Option<String>,
+}
+
+/// `[[serve.upstream]]`: one OpenAI-compatible server, by the name clients use for it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub name: String,
+    /// Base URL, e.g. `https://api.openai.com/v1`.
+    pub url: String,
+    /// The upstream's name for the model [default: `name`].
+    pub model: Option<String>,
+    /// Environment variable holding the API key (sent as a bearer token); the binary reads
+    /// it and hands assembly its value.
+    pub api_key_env: Option<String>,
+    /// The `[[model]]` of the price files that prices its tokens [default: `model`].
+    pub price: Option<String>,
+    /// A self-hosted server: USD per hour of its machine, which its calls share...
+    pub price_per_hour: Option<String>,
+    /// ...or the machine's instance type, priced on demand from the catalog.
+    pub instance: Option<String>,
+    pub timeout_s: Option<u64>,
+    pub retries: Option<u32>,
+    /// The semantic cache's least cosine for this model [default: `[serve]`'s].
+    pub semantic_threshold: Option<f32>,
+    /// One cache for every tenant on this model [default: false].
+    pub shared_cache: Option<bool>,
+}
