@@ -7,7 +7,8 @@
 # Env: LEVELS="1 8 32", REQUESTS=2000, LITELLM_REQUESTS=600, LITELLM_WORKERS=2, WARMUP=3000
 # (unrecorded requests to each target first; LiteLLM gets a tenth);
 # NO_LITELLM=1 measures nginx and frugal only; FRUGAL_ARGS adds flags to `frugal serve`;
-# FRUGAL=path picks the binary.
+# FRUGAL=path picks the binary; LOADGEN=path the `frugal bench` that drives the load (default:
+# FRUGAL's), so two builds can be compared under the same client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LEVELS=${LEVELS:-"1 8 32"}
@@ -18,6 +19,7 @@ WARMUP=${WARMUP:-3000}
 LITELLM=${LITELLM:-litellm}
 NO_LITELLM=${NO_LITELLM:-}
 FRUGAL=${FRUGAL:-./target/release/frugal}
+LOADGEN=${LOADGEN:-$FRUGAL}
 work=$(mktemp -d)
 chmod 755 "$work" # nginx workers read the canned stream
 pids=()
@@ -108,7 +110,7 @@ url_of() { case $1 in direct) echo http://127.0.0.1:18081/v1 ;; frugal) echo htt
 for target in $targets; do
   n=$WARMUP; [ "$target" = litellm ] && n=$((WARMUP / 10))
   if [ "$n" -gt 0 ]; then
-    $FRUGAL bench --url "$(url_of "$target")" --model mock --concurrency 8 --requests "$n" \
+    $LOADGEN bench --url "$(url_of "$target")" --model mock --concurrency 8 --requests "$n" \
       --prompt-tokens 32 --max-tokens 4 --distinct --timeout 30 --json > /dev/null
   fi
 done
@@ -117,7 +119,7 @@ out=$work/results.jsonl
 for c in $LEVELS; do
   for target in $targets; do
     n=$REQUESTS; [ "$target" = litellm ] && n=$LITELLM_REQUESTS
-    $FRUGAL bench --url "$(url_of "$target")" --model mock --concurrency "$c" --requests "$n" \
+    $LOADGEN bench --url "$(url_of "$target")" --model mock --concurrency "$c" --requests "$n" \
       --prompt-tokens 32 --max-tokens 4 --distinct --timeout 30 --json > "$work/one.json"
     python3 - "$target" "$c" "$work/one.json" >> "$out" <<'PY'
 import json, sys
