@@ -93,6 +93,22 @@ pub struct CompletionRequest {
 }
 
 impl ChatMessage {
+    /// `text()`'s length, counted without joining the parts (0 where `text()` refuses them).
+    pub fn text_len(&self) -> usize {
+        match &self.content {
+            None => 0,
+            Some(Content::Text(t)) => t.len(),
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .map(|p| match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => Some(t.len()),
+                    _ => None,
+                })
+                .sum::<Option<usize>>()
+                .unwrap_or(0),
+        }
+    }
+
     pub fn text(&self) -> Result<String, ApiError> {
         match &self.content {
             None => Ok(String::new()),

@@ -67,8 +67,6 @@ pub struct Work {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
-    /// The counts are the backend's own (false: estimates for a call cut short).
-    pub counted: bool,
     /// The local engine's time.
     pub engine: EngineTime,
     /// An hourly machine held since the call began; the pipeline ends the hold and puts
@@ -246,9 +244,10 @@ impl Backend for Upstream {
                 .await?;
             Ok(match reply {
                 Reply::Json(v) => Output::Json(v),
-                Reply::Stream(resp) => {
-                    Output::Events(Box::pin(crate::upstream::sse_events(resp, self.limits())))
-                }
+                Reply::Stream(resp) => Output::Events(Box::pin(crate::upstream::sse_events(
+                    resp,
+                    self.max_event(),
+                ))),
             })
         })
     }

@@ -260,7 +260,7 @@ impl Live {
             self.bill.record(text, logprobs);
         }
         if let Piece::Done { usage, engine, .. } = &piece {
-            self.bill.count(*usage, 0, true);
+            self.bill.count(*usage, 0);
             self.bill.work.engine = *engine;
         }
         piece
@@ -291,7 +291,7 @@ impl Live {
         if let Source::Live(t) = &self.source {
             let (usage, engine) = t.progress();
             let prompt = self.bill.work.prompt_tokens;
-            self.bill.count(usage, 0, true);
+            self.bill.count(usage, 0);
             self.bill.work.prompt_tokens = prompt.max(usage.prompt_tokens as u64);
             self.bill.work.engine = engine;
         }
@@ -366,7 +366,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
         }
         Output::Json(v) => {
             let (usage, cached) = upstream::usage_of(&v).unwrap_or_default();
-            bill.count(usage, cached, true);
+            bill.count(usage, cached);
             let plain = plain_answer(&v, kind);
             if let Some((text, _)) = &plain {
                 bill.record(text, &[]);

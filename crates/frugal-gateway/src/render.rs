@@ -308,7 +308,7 @@ pub fn stream(started: Started, include_usage: bool, prompt_bytes: u64) -> Respo
             // Asked to stream, the upstream answered whole: settled, then sent as one chunk.
             let mut bill = bill;
             let (usage, cached) = upstream::usage_of(&v).unwrap_or_default();
-            bill.count(usage, cached, true);
+            bill.count(usage, cached);
             let cost = bill.settle(End::Completed {
                 reason: FinishReason::Stop,
                 first_token: None,
@@ -400,14 +400,14 @@ impl Pass {
     /// The call's tokens: the upstream's usage, or estimates when it never came.
     fn count(&mut self) {
         match self.usage {
-            Some((usage, cached)) => self.bill.count(usage, cached, true),
+            Some((usage, cached)) => self.bill.count(usage, cached),
             None => {
                 let usage = Usage {
                     prompt_tokens: pipeline::estimate_tokens(self.prompt_bytes) as usize,
                     completion_tokens: self.content_chunks as usize,
                     total_tokens: 0,
                 };
-                self.bill.count(usage, 0, false);
+                self.bill.count(usage, 0);
             }
         }
     }

@@ -128,12 +128,11 @@ impl Bill {
         }
     }
 
-    /// Tokens a backend reported (or that were counted) so far.
-    pub fn count(&mut self, usage: Usage, cached: u64, counted: bool) {
+    /// Tokens used so far: as the backend reported them, or estimated for a call cut short.
+    pub fn count(&mut self, usage: Usage, cached: u64) {
         self.work.prompt_tokens = usage.prompt_tokens as u64;
         self.work.completion_tokens = usage.completion_tokens as u64;
         self.work.cached_tokens = cached;
-        self.work.counted = counted;
     }
 
     /// Settles the request (once; later calls return the first cost): the ledger row, the

@@ -17,7 +17,7 @@ use crate::route::RouteConfig;
 use crate::semantic::SemanticCache;
 use crate::shared::SharedCache;
 use crate::upstream::Upstream;
-use crate::validate::{Job, Kind};
+use crate::validate::Job;
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
@@ -200,8 +200,7 @@ impl AppState {
             Some(t) if !policy.shared => t.name.as_str(),
             _ => "",
         };
-        let kind: Kind = job.kind;
-        let mut lookup = cache::lookup(&job.body, kind.path(), model, namespace, control);
+        let mut lookup = cache::lookup(&job.body, job.kind.path(), model, namespace, control);
         if let Lookup::Key {
             probe: Some(probe), ..
         } = &mut lookup

@@ -67,13 +67,6 @@ impl std::fmt::Debug for UpstreamConfig {
     }
 }
 
-/// How far an upstream's stream may go.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Largest single event.
-    pub max_event: usize,
-}
-
 impl UpstreamConfig {
     pub fn new(name: &str, url: &str) -> UpstreamConfig {
         UpstreamConfig {
@@ -226,10 +219,9 @@ impl Upstream {
         })
     }
 
-    pub fn limits(&self) -> Limits {
-        Limits {
-            max_event: self.config.max_body.min(MAX_EVENT),
-        }
+    /// The largest single SSE event read from this upstream.
+    pub fn max_event(&self) -> usize {
+        self.config.max_body.min(MAX_EVENT)
     }
 
     /// Takes a place among the calls in flight; the ticket's `finish` says what share of
@@ -456,13 +448,12 @@ pub fn usage_of(v: &Value) -> Option<(Usage, u64)> {
 }
 
 /// The `data:` payloads of an SSE body, one per event, as they arrive; an error once the
-/// connection drops before `[DONE]`, or an event outgrows `limits.max_event`.
+/// connection drops before `[DONE]`, or an event outgrows `max_event` bytes.
 pub fn sse_events(
     resp: reqwest::Response,
-    limits: Limits,
+    max_event: usize,
 ) -> impl Stream<Item = Result<String, String>> {
     let body = resp.bytes_stream();
-    let max_event = limits.max_event;
     futures_util::stream::unfold(
         (body, Vec::<u8>::new(), false),
         move |(mut body, mut buf, ended)| async move {

@@ -170,7 +170,7 @@ impl Job {
         let text: usize = match &self.input {
             Input::Chat(messages) => messages
                 .iter()
-                .map(|m| m.role.len() + m.text().map_or(0, |t| t.len()) + 8)
+                .map(|m| m.role.len() + m.text_len() + 8)
                 .sum(),
             Input::Prompt(p) => p.iter().map(String::len).sum(),
         };
