@@ -5,14 +5,17 @@
 //! engine time is its own), its prompt rendered and tokenized as the gateway does a chat
 //! request ([`prompt_tokens`]); then the cascade is replayed for every confidence signal and
 //! threshold: accept the small tier's answer at or above the threshold, else pay for the
-//! large tier too. The threshold is chosen on the tuning split as the cheapest that keeps
-//! the quality target; the held-out split reports what it keeps.
+//! large tier too. The threshold is chosen on the tuning split as the cheapest whose
+//! quality keeps the target by a lower confidence bound ([`Bound`]: a bootstrap over the
+//! tuning questions, every candidate bounded at once); the held-out split reports what it
+//! keeps.
 //!
 //! With a skip rule, the questions nearest to each one (by embedding, tuning questions
 //! only) vote on whether the small tier is worth trying: below a share of right answers
 //! among them, the question goes straight to the large tier. The share to skip below is
 //! chosen on the tuning split with the threshold (leave-one-out there).
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use frugal_cost::Progress;
@@ -21,6 +24,8 @@ use frugal_engine::scheduler::{Engine, Event, Request};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_semantic::{EmbedError, Embedder};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -45,6 +50,8 @@ pub enum EvalError {
     NoAnswer { tier: String },
     #[error("cannot embed a question")]
     Embed(#[source] EmbedError),
+    #[error("{path}: {message}")]
+    Answers { path: String, message: String },
 }
 
 /// One question of the task set.
@@ -121,9 +128,11 @@ pub fn held_out(q: &Question, share: f64) -> bool {
 }
 
 /// One tier's answer to one question.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Answered {
     pub text: String,
+    /// Whether `text` gives an accepted answer (checked again when read back).
+    #[serde(default)]
     pub correct: bool,
     pub logprobs: Vec<f32>,
     /// Engine seconds.
@@ -210,6 +219,61 @@ impl Tier {
             })
             .collect()
     }
+}
+
+/// Both tiers' answers saved by an earlier run, to replay the cascade again without the
+/// models.
+pub struct Saved {
+    /// In the order of the questions asked for.
+    pub small: Vec<Answered>,
+    pub large: Vec<Answered>,
+    /// The small and the large tier's names, where the file gives them.
+    pub tiers: Option<[String; 2]>,
+}
+
+/// The `answers` of an earlier run's JSON (`frugal eval-route --json`), matched to
+/// `questions` by id, each answer checked again against its question.
+pub fn read_answers(path: &Path, questions: &[Question]) -> Result<Saved, EvalError> {
+    #[derive(Deserialize)]
+    struct Entry {
+        id: u64,
+        small: Answered,
+        large: Answered,
+    }
+    #[derive(Deserialize)]
+    struct File {
+        answers: Vec<Entry>,
+        #[serde(default)]
+        tiers: Option<[String; 2]>,
+    }
+    let error = |message: String| EvalError::Answers {
+        path: path.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+    let file: File = serde_json::from_str(&text).map_err(|e| {
+        error(format!(
+            "expected an earlier run's --json output, with its answers ({e})"
+        ))
+    })?;
+    let by_id: HashMap<u64, Entry> = file.answers.into_iter().map(|e| (e.id, e)).collect();
+    let (mut small, mut large) = (Vec::new(), Vec::new());
+    for q in questions {
+        let e = by_id
+            .get(&q.id)
+            .ok_or_else(|| error(format!("no answers to question {}", q.id)))?;
+        for (a, all) in [(&e.small, &mut small), (&e.large, &mut large)] {
+            all.push(Answered {
+                correct: is_correct(q, &a.text),
+                ..a.clone()
+            });
+        }
+    }
+    Ok(Saved {
+        small,
+        large,
+        tiers: file.tiers,
+    })
 }
 
 /// Both tiers' answers to one question.
@@ -299,24 +363,47 @@ impl<'a> Replay<'a> {
     }
 
     /// For every signal, without and with the skip rule: the threshold (and share to skip
-    /// below) chosen on the tuning split, and what it does on the held-out one.
-    pub fn sweep(&self, min_quality: f64) -> Vec<Choice> {
+    /// below) chosen on the tuning split, the cheapest whose quality's lower bound (all
+    /// candidates of every signal bounded together, as [`best`] picks among them) is at least
+    /// `min_quality`, and what it does on the held-out one.
+    pub fn sweep(&self, min_quality: f64, bound: Bound) -> Sweep {
         let (tune, held) = (self.tuning(), self.held());
         let skip_belows = skip_belows();
-        SIGNALS
+        let search = search(&tune, &SIGNALS, &skip_belows, bound);
+        let choices = SIGNALS
             .iter()
             .flat_map(|&s| [&skip_belows[..1], &skip_belows[..]].map(move |b| (s, b)))
-            .map(|(signal, belows)| {
-                let chosen = choose(&tune, signal, min_quality, belows);
-                let h = outcome(&held, signal, chosen.threshold, chosen.skip_below);
-                Choice {
+            .filter_map(|(signal, belows)| {
+                let c = search.choose(signal, belows, min_quality)?;
+                let (t, b) = (c.outcome.threshold, c.outcome.skip_below);
+                Some(Choice {
                     signal,
-                    chosen,
-                    held: h,
-                }
+                    chosen: c.outcome,
+                    lower: c.lower,
+                    held: outcome(&held, signal, t, b),
+                })
             })
-            .collect()
+            .collect();
+        Sweep {
+            choices,
+            candidates: search.candidates.len(),
+            percentile: search.percentile,
+            unresolved: search.unresolved,
+        }
     }
+}
+
+/// [`Replay::sweep`]'s choices, and how their bounds were taken.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    pub choices: Vec<Choice>,
+    /// Candidates tried on the tuning split, all signals and skip shares together.
+    pub candidates: usize,
+    /// The percentile of a candidate's resampled quality taken as its bound (`None`
+    /// without resamples: the quality on the tuning split as it is).
+    pub percentile: Option<f64>,
+    /// As [`Search::unresolved`].
+    pub unresolved: bool,
 }
 
 /// A confidence signal: a quantile of the token logprobs, or (for comparison) their mean.
@@ -378,6 +465,8 @@ pub struct Outcome {
 pub struct Choice {
     pub signal: Signal,
     pub chosen: Outcome,
+    /// The lower confidence bound of `chosen.quality`.
+    pub lower: f64,
     pub held: Outcome,
 }
 
@@ -399,9 +488,32 @@ pub fn skip_belows() -> Vec<f32> {
 /// The cascade over `rows` at `threshold`. An infinite threshold is the baseline:
 /// everything to the large tier, the small one never tried.
 pub fn outcome(rows: &[&Row], signal: Signal, threshold: f32, skip_below: f32) -> Outcome {
+    replay(
+        rows,
+        &values(rows, signal),
+        threshold,
+        skip_below,
+        |_, _| {},
+    )
+}
+
+/// Each row's confidence by `signal`.
+fn values(rows: &[&Row], signal: Signal) -> Vec<f32> {
+    rows.iter().map(|r| signal.of(&r.small.logprobs)).collect()
+}
+
+/// [`outcome`] with the rows' confidences given, telling `each` whether the cascade
+/// answered each row (by index) right.
+fn replay(
+    rows: &[&Row],
+    values: &[f32],
+    threshold: f32,
+    skip_below: f32,
+    mut each: impl FnMut(usize, bool),
+) -> Outcome {
     let (mut small, mut skipped, mut correct, mut cost) = (0usize, 0usize, 0usize, 0f64);
     let (mut large_correct, mut large_cost) = (0usize, 0f64);
-    for r in rows {
+    for (i, (r, &value)) in rows.iter().zip(values).enumerate() {
         large_correct += usize::from(r.large.correct);
         large_cost += r.large.seconds;
         let skip = threshold.is_finite() && r.share < skip_below;
@@ -409,13 +521,15 @@ pub fn outcome(rows: &[&Row], signal: Signal, threshold: f32, skip_below: f32) -
         if threshold.is_finite() && !skip {
             cost += r.small.seconds;
         }
-        if !skip && signal.of(&r.small.logprobs) >= threshold {
+        let right = if !skip && value >= threshold {
             small += 1;
-            correct += usize::from(r.small.correct);
+            r.small.correct
         } else {
             cost += r.large.seconds;
-            correct += usize::from(r.large.correct);
-        }
+            r.large.correct
+        };
+        correct += usize::from(right);
+        each(i, right);
     }
     let n = rows.len().max(1) as f64;
     Outcome {
@@ -434,21 +548,250 @@ pub fn outcome(rows: &[&Row], signal: Signal, threshold: f32, skip_below: f32) -
 }
 
 /// The cheapest threshold (and share to skip below, one of `skip_belows`) on `rows` whose
-/// quality is at least `min_quality` by a standard error: the cheapest of many candidates
-/// that only just pass on a split of a hundred or so questions is mostly luck, and fails
-/// on the next split.
-pub fn choose(rows: &[&Row], signal: Signal, min_quality: f64, skip_belows: &[f32]) -> Outcome {
-    let mut candidates: Vec<f32> = rows.iter().map(|r| signal.of(&r.small.logprobs)).collect();
-    candidates.push(f32::INFINITY);
-    candidates.sort_by(f32::total_cmp);
-    candidates.dedup();
-    skip_belows
-        .iter()
-        .flat_map(|&b| candidates.iter().map(move |&t| (t, b)))
-        .map(|(t, b)| outcome(rows, signal, t, b))
-        .filter(|o| o.quality - o.quality_se >= min_quality)
-        .min_by(|a, b| a.cost.total_cmp(&b.cost))
-        .unwrap_or_else(|| outcome(rows, signal, f32::INFINITY, 0.0))
+/// quality's lower bound is at least `min_quality`, `signal`'s candidates bounded together.
+pub fn choose(
+    rows: &[&Row],
+    signal: Signal,
+    min_quality: f64,
+    skip_belows: &[f32],
+    bound: Bound,
+) -> Option<Candidate> {
+    search(rows, &[signal], skip_belows, bound).choose(signal, skip_belows, min_quality)
+}
+
+/// Bootstrap resamples of the tuning questions, as `frugal eval-route` defaults to: enough
+/// to resolve the low percentile that bounding thousands of candidates at once comes to
+/// (the 0.06th on the cascade's 6,930, 6 resamples of 10,000; 1,000 cannot resolve it).
+pub const RESAMPLES: usize = 10_000;
+
+/// The resampling's seed: a fixed one, so that a run repeats its choice.
+const SEED: u64 = 0x005E_ED0F_CA5C_ADE5;
+
+/// How a candidate's quality on the tuning split is bounded below.
+///
+/// The tuning questions are resampled with replacement (`resamples` times, from a fixed
+/// seed), each candidate's quality (the cascade's accuracy over the large tier's on the
+/// same resample) computed on every resample, and a low percentile of them taken: for one
+/// candidate alone, at `confidence` 0.95, the 5th (a one-sided 95% bound).
+///
+/// The search tries thousands of candidates (every distinct confidence of five signals on
+/// the tuning split, times nine shares to skip below), and the cheapest of many that pass
+/// only just is likely to pass by luck: each alone at the 5th percentile, the cheapest
+/// passing kept 90% on the held-out half. So with `family_wise` the percentile is made
+/// stricter, the same for every candidate, until on all but `1 - confidence` of the
+/// resamples *every* candidate is at or above its bound at once (a bootstrap min-p
+/// adjustment): whichever is chosen then keeps its bound at `confidence`. Candidates a
+/// question or two apart move together and cost the level little, where a Bonferroni
+/// split over thousands would leave almost none passing.
+///
+/// `frugal eval-route` bounds what its held-out split will measure (`fresh`), as that is
+/// the check it reports, and a stricter bound than the quality's own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bound {
+    pub confidence: f64,
+    /// 0: no bound, each candidate's quality on the tuning split taken as it is.
+    pub resamples: usize,
+    pub family_wise: bool,
+    /// `None`: bound the quality over all questions like the tuning ones (a confidence
+    /// bound). `Some(n)`: bound the quality measured on a fresh sample of `n` questions
+    /// (a prediction bound, as for the held-out split): that sample's own sampling error
+    /// adds to the tuning split's, so each resample draws `t·n/(t+n)` of the `t` tuning
+    /// questions, whose quality varies by both.
+    pub fresh: Option<usize>,
+}
+
+impl Default for Bound {
+    fn default() -> Bound {
+        Bound {
+            confidence: 0.95,
+            resamples: RESAMPLES,
+            family_wise: true,
+            fresh: None,
+        }
+    }
+}
+
+impl Bound {
+    /// Questions each resample of `n` tuning questions draws.
+    pub fn resample_size(&self, n: usize) -> usize {
+        match self.fresh {
+            None => n,
+            Some(f) => ((n * f) as f64 / (n + f).max(1) as f64).round().max(1.0) as usize,
+        }
+    }
+}
+
+/// A threshold (and share to skip below) tried on the tuning split.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate {
+    pub signal: Signal,
+    pub outcome: Outcome,
+    /// The lower confidence bound of `outcome.quality`, never above it.
+    pub lower: f64,
+}
+
+/// Every candidate tried on the tuning split, each with its bound.
+#[derive(Debug, Clone)]
+pub struct Search {
+    pub candidates: Vec<Candidate>,
+    /// The percentile of each candidate's resampled quality taken as its bound (`None`
+    /// without resamples).
+    pub percentile: Option<f64>,
+    /// The level asks for a lower percentile than the resamples resolve: the bounds are
+    /// the lowest resample's, looser than asked (more resamples would tighten them).
+    pub unresolved: bool,
+}
+
+impl Search {
+    /// The cheapest of `signal`'s candidates, skipping below one of `skip_belows`, whose
+    /// bound is at least `min_quality` (the first of equals); else the baseline. `None`
+    /// only if `signal` was not searched.
+    pub fn choose(
+        &self,
+        signal: Signal,
+        skip_belows: &[f32],
+        min_quality: f64,
+    ) -> Option<Candidate> {
+        let ours = || {
+            self.candidates
+                .iter()
+                .filter(move |c| c.signal == signal && skip_belows.contains(&c.outcome.skip_below))
+        };
+        ours()
+            .filter(|c| c.lower >= min_quality)
+            .min_by(|a, b| a.outcome.cost.total_cmp(&b.outcome.cost))
+            .or_else(|| ours().find(|c| c.outcome.threshold.is_infinite()))
+            .copied()
+    }
+}
+
+/// Every candidate on `rows`: each of `signals` at each distinct confidence of the rows
+/// (and the baseline, an infinite threshold), skipping below each of `skip_belows`, each
+/// with its quality's lower bound by `bound`.
+pub fn search(rows: &[&Row], signals: &[Signal], skip_belows: &[f32], bound: Bound) -> Search {
+    let mut candidates = Vec::new();
+    // Per candidate, whether the cascade answers each row right.
+    let mut rights: Vec<Vec<bool>> = Vec::new();
+    for &signal in signals {
+        let values = values(rows, signal);
+        let mut thresholds = values.clone();
+        thresholds.push(f32::INFINITY);
+        thresholds.sort_by(f32::total_cmp);
+        thresholds.dedup();
+        for &b in skip_belows {
+            for &t in &thresholds {
+                let mut right = vec![false; rows.len()];
+                let outcome = replay(rows, &values, t, b, |i, r| right[i] = r);
+                candidates.push(Candidate {
+                    signal,
+                    outcome,
+                    lower: outcome.quality,
+                });
+                rights.push(right);
+            }
+        }
+    }
+    let bootstrapped = (bound.resamples > 0 && !rows.is_empty()).then(|| {
+        let large: Vec<bool> = rows.iter().map(|r| r.large.correct).collect();
+        bootstrap(&mut candidates, &rights, &large, bound)
+    });
+    Search {
+        candidates,
+        percentile: bootstrapped.map(|(p, _)| p),
+        unresolved: bootstrapped.is_some_and(|(_, u)| u),
+    }
+}
+
+/// Lowers each candidate's bound to a percentile of its quality over `bound.resamples`
+/// resamples of the rows (`rights` as [`search`] keeps them); returns the percentile, and
+/// whether the level asked for a lower one than the resamples resolve.
+fn bootstrap(
+    candidates: &mut [Candidate],
+    rights: &[Vec<bool>],
+    large: &[bool],
+    bound: Bound,
+) -> (f64, bool) {
+    let (n, b) = (large.len(), bound.resamples);
+    // weights[i * b + r]: how many times resample r draws row i (row-major, so that the
+    // sums over the resamples run along contiguous memory). ChaCha8 from a fixed seed:
+    // the same draws on every machine.
+    let mut weights = vec![0f32; n * b];
+    let mut rng = ChaCha8Rng::seed_from_u64(SEED);
+    for r in 0..b {
+        for _ in 0..bound.resample_size(n) {
+            weights[rng.random_range(0..n) * b + r] += 1.0;
+        }
+    }
+    let row = |i: usize| &weights[i * b..(i + 1) * b];
+    // Right answers in each resample: the large tier's, and the cascade's at the
+    // candidate in hand, kept from one candidate to the next (most differ from the one
+    // before by a row or two, so that each costs a pass over the resamples or two).
+    let mut base = vec![0f32; b];
+    for i in (0..n).filter(|&i| large[i]) {
+        for (s, w) in base.iter_mut().zip(row(i)) {
+            *s += w;
+        }
+    }
+    let mut right = large.to_vec();
+    let mut num = base.clone();
+    // Resamples allowed below the bound: 5% of them at a confidence of 0.95.
+    let allowed = (((1.0 - bound.confidence) * b as f64).floor() as usize).min(b - 1);
+    // Per candidate, its `allowed + 1` lowest qualities, sorted; per resample, the fewest
+    // of any candidate's resamples at or below its own quality there, when that is at
+    // most `allowed + 1`: taking every bound at that (0-based) index or above, the
+    // resample falls below some candidate's.
+    let keep = allowed + 1;
+    let mut lowest_k = vec![0f32; rights.len() * keep];
+    let mut lowest = vec![b; b];
+    let (mut quality, mut scratch) = (vec![0f32; b], vec![0f32; b]);
+    for (k, now) in rights.iter().enumerate() {
+        for i in 0..n {
+            if now[i] == right[i] {
+                continue;
+            }
+            let d = if now[i] { 1.0 } else { -1.0 };
+            for (x, w) in num.iter_mut().zip(row(i)) {
+                *x += d * w;
+            }
+            right[i] = now[i];
+        }
+        for ((q, x), l) in quality.iter_mut().zip(&num).zip(&base) {
+            *q = x / l.max(1.0);
+        }
+        scratch.copy_from_slice(&quality);
+        scratch.select_nth_unstable_by(allowed, f32::total_cmp);
+        let low = &mut lowest_k[k * keep..(k + 1) * keep];
+        low.copy_from_slice(&scratch[..keep]);
+        low.sort_unstable_by(f32::total_cmp);
+        let cut = low[allowed];
+        for (at, q) in lowest.iter_mut().zip(&quality).filter(|(_, q)| **q <= cut) {
+            *at = (*at).min(low.partition_point(|x| x <= q));
+        }
+    }
+    // Resamples that fall below some candidate's bound at index 1 and above, by index.
+    let mut at = vec![0usize; b + 1];
+    for &l in &lowest {
+        at[l] += 1;
+    }
+    let index = if bound.family_wise {
+        // The largest index at which at most `allowed` resamples fall below a bound.
+        let (mut below, mut index) = (0, 0);
+        for (j, &count) in at.iter().enumerate().take(keep).skip(1) {
+            below += count;
+            if below > allowed {
+                break;
+            }
+            index = j;
+        }
+        index
+    } else {
+        allowed
+    };
+    for (c, low) in candidates.iter_mut().zip(lowest_k.chunks_exact(keep)) {
+        c.lower = c.lower.min(f64::from(low[index]));
+    }
+    let unresolved = bound.family_wise && index == 0 && at[1] > allowed;
+    (index as f64 / b as f64, unresolved)
 }
 
 /// The cascade on `rows` at eleven thresholds spread over their signal's values, the
@@ -542,7 +885,9 @@ mod tests {
         let all_large = outcome(&refs, Signal::Quantile(0.0), f32::INFINITY, 0.0);
         assert_eq!((all_large.small_share, all_large.quality), (0.0, 1.0));
         assert_eq!(all_large.cost, 1.0, "the small tier is not tried");
-        let c = choose(&refs, Signal::Quantile(0.0), 1.0, &[0.0]);
+        let c = choose(&refs, Signal::Quantile(0.0), 1.0, &[0.0], Bound::default())
+            .unwrap()
+            .outcome;
         assert_eq!(c.threshold, -0.1);
         // The curve has the baseline and the chosen point.
         let curve = curve(&refs, Signal::Quantile(0.0), &c);
@@ -568,7 +913,15 @@ mod tests {
             (1.0 + 4.0) / 8.0,
             "no small attempt on the skipped one"
         );
-        let c = choose(&refs, Signal::Quantile(0.0), 1.0, &[0.0, 0.5]);
+        let c = choose(
+            &refs,
+            Signal::Quantile(0.0),
+            1.0,
+            &[0.0, 0.5],
+            Bound::default(),
+        )
+        .unwrap()
+        .outcome;
         // Skipping the second, any threshold that accepts the first costs the same.
         assert_eq!((c.skip_below, c.cost), (0.5, 5.0 / 8.0));
     }
@@ -600,7 +953,7 @@ mod tests {
                 .iter()
                 .all(|e| e.prompt.ends_with("Answer briefly."))
         );
-        let choices = replay.sweep(0.95);
+        let choices = replay.sweep(0.95, Bound::default()).choices;
         assert_eq!(choices.len(), 2 * SIGNALS.len());
         let best = best(&choices).unwrap();
         // Accepting the sure answers keeps all the quality at about 3/4 of the cost (the
@@ -612,5 +965,180 @@ mod tests {
             2,
             "two distinct confidences"
         );
+    }
+
+    /// `n` questions: the small tier right more often the surer it is, the large one right
+    /// on 85%, the neighbours' votes noisy hints of the small tier's answer; from `seed`.
+    fn synthetic(questions: &[Question], seed: u64) -> Vec<Row<'_>> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        questions
+            .iter()
+            .map(|q| {
+                let sure: f32 = rng.random_range(0.0..1.0);
+                let small_right = rng.random_range(0.0..1.0) < 0.2 + 0.75 * sure;
+                let large_right = rng.random_range(0.0..1.0) < 0.85;
+                let hint = if small_right { 0.6 } else { 0.3 };
+                let share = (hint + rng.random_range(-0.3f32..0.3)).clamp(0.0, 1.0);
+                Row {
+                    q,
+                    small: answered(small_right, vec![-0.01, -3.0 * (1.0 - sure)], 1.0),
+                    large: answered(large_right, vec![-0.01], 4.0),
+                    held_out: false,
+                    share: (share * 8.0).round() / 8.0,
+                }
+            })
+            .collect()
+    }
+
+    fn numbered(n: u64) -> Vec<Question> {
+        (0..n)
+            .map(|id| Question {
+                id,
+                ..q(&["x"], Check::Contains)
+            })
+            .collect()
+    }
+
+    const UNBOUNDED: Bound = Bound {
+        confidence: 0.95,
+        resamples: 0,
+        family_wise: true,
+        fresh: None,
+    };
+
+    #[test]
+    fn the_bound_is_below_the_point_estimate() {
+        let questions = numbered(150);
+        let rows = synthetic(&questions, 7);
+        let refs: Vec<&Row> = rows.iter().collect();
+        let (signals, belows) = (&SIGNALS[..2], skip_belows());
+        let bound = Bound {
+            resamples: 2000,
+            ..Bound::default()
+        };
+        let all = search(&refs, signals, &belows, bound);
+        let alone = search(
+            &refs,
+            signals,
+            &belows,
+            Bound {
+                family_wise: false,
+                ..bound
+            },
+        );
+        let (p_all, p_alone) = (all.percentile.unwrap(), alone.percentile.unwrap());
+        assert_eq!(p_alone, 0.05, "each alone: the 5th percentile");
+        assert!(p_all < p_alone, "all at once is stricter: {p_all}");
+        for (a, b) in all.candidates.iter().zip(&alone.candidates) {
+            let q = a.outcome.quality;
+            assert!(a.lower <= b.lower && b.lower <= q, "{a:?} {b:?}");
+            if a.outcome.threshold.is_infinite() {
+                assert_eq!(a.lower, 1.0, "the baseline is the large tier: no error");
+            }
+        }
+        // Candidates that trade answers with the large tier have some spread.
+        assert!(
+            all.candidates
+                .iter()
+                .any(|c| c.lower < c.outcome.quality - 0.05)
+        );
+        // The same seed, the same bounds.
+        let again = search(&refs, signals, &belows, bound);
+        assert!(
+            all.candidates
+                .iter()
+                .zip(&again.candidates)
+                .all(|(a, b)| a.lower == b.lower)
+        );
+        // Bounding a fresh sample's quality is looser than bounding the quality itself.
+        let fresh = Bound {
+            fresh: Some(150),
+            ..bound
+        };
+        assert_eq!(fresh.resample_size(150), 75);
+        let predicted = search(&refs, signals, &belows, fresh);
+        let spread = |s: &Search| {
+            s.candidates
+                .iter()
+                .map(|c| c.outcome.quality - c.lower)
+                .sum::<f64>()
+        };
+        assert!(spread(&predicted) > spread(&all));
+    }
+
+    #[test]
+    fn the_bound_chooses_no_cheaper_and_its_choice_meets_the_target() {
+        let questions = numbered(120);
+        let belows = skip_belows();
+        let bound = Bound {
+            resamples: 2000,
+            ..Bound::default()
+        };
+        let bounds = [
+            bound,
+            Bound {
+                family_wise: false,
+                ..bound
+            },
+            Bound {
+                fresh: Some(120),
+                ..bound
+            },
+        ];
+        let mut dearer = 0;
+        for seed in 0..4 {
+            let rows = synthetic(&questions, seed);
+            let refs: Vec<&Row> = rows.iter().collect();
+            for target in [0.8, 0.9, 0.95, 1.0] {
+                for skips in [&belows[..1], &belows[..]] {
+                    let signal = Signal::Quantile(0.0);
+                    let plain = choose(&refs, signal, target, skips, UNBOUNDED).unwrap();
+                    assert_eq!(plain.lower, plain.outcome.quality, "unbounded");
+                    for bound in bounds {
+                        let c = choose(&refs, signal, target, skips, bound).unwrap();
+                        assert!(c.outcome.cost >= plain.outcome.cost, "{c:?} {plain:?}");
+                        assert!(c.lower >= target, "{c:?}");
+                        assert!(c.outcome.quality >= c.lower);
+                        dearer += usize::from(c.outcome.cost > plain.outcome.cost);
+                    }
+                }
+            }
+        }
+        assert!(dearer > 0, "the bound costs something somewhere");
+    }
+
+    #[test]
+    fn saved_answers_are_read_back_and_checked_again() {
+        let questions = numbered(3);
+        // As `frugal eval-route --json` writes them (the large answers' `correct` left
+        // out: it is checked again anyway).
+        let entry = |id: u64, small: &str| {
+            serde_json::json!({
+                "id": id,
+                "kind": "k",
+                "held_out": false,
+                "small": {"text": small, "correct": false, "logprobs": [-0.5], "seconds": 0.1},
+                "large": {"text": "x", "logprobs": [-0.1], "seconds": 0.4},
+            })
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("eval-route.json");
+        let write = |answers: Vec<_>| {
+            let v = serde_json::json!({"answers": answers, "tiers": ["s", "l"]});
+            std::fs::write(&path, v.to_string()).unwrap();
+        };
+        write(vec![entry(2, "y"), entry(0, "x"), entry(1, "the x")]);
+        let saved = read_answers(&path, &questions).unwrap();
+        assert_eq!(saved.tiers, Some(["s".to_string(), "l".to_string()]));
+        let small: Vec<bool> = saved.small.iter().map(|a| a.correct).collect();
+        assert_eq!(
+            small,
+            [true, true, false],
+            "in the questions' order, rechecked"
+        );
+        assert!(saved.large.iter().all(|a| a.correct && a.seconds == 0.4));
+        write(vec![entry(0, "x")]);
+        let e = read_answers(&path, &questions).err().unwrap().to_string();
+        assert!(e.contains("no answers to question 1"), "{e}");
     }
 }

@@ -164,6 +164,29 @@ pub struct EvalRouteArgs {
     /// Share of the large tier's accuracy the cascade must keep
     #[arg(long, default_value_t = 0.95)]
     pub min_quality: f64,
+    /// One-sided confidence that the chosen threshold keeps --min-quality: its tuning
+    /// quality must keep it by a lower bound at this level, from a bootstrap over the tuning
+    /// questions with every candidate bounded at once
+    #[arg(long, default_value_t = 0.95, value_parser = unit_interval)]
+    pub confidence: f64,
+    /// Bootstrap resamples of the tuning questions (fixed seed); 0 bounds nothing, the
+    /// tuning quality taken as it is
+    #[arg(long, default_value_t = frugal_gateway::route_eval::RESAMPLES)]
+    pub resamples: usize,
+    /// Bound each candidate alone, not every candidate at once (so that the many searched
+    /// make one likelier to pass by luck): to compare
+    #[arg(long)]
+    pub pointwise: bool,
+    /// What the bound is for: the quality measured on a fresh half as large as the held-out
+    /// one (a prediction bound: that half's own sampling error counts too), or over all
+    /// questions like these (a confidence bound, looser)
+    #[arg(long, value_enum, default_value_t = BoundFor::HeldOut)]
+    pub bound: BoundFor,
+    /// Reuse the answers in an earlier run's --json output instead of running the models:
+    /// they are checked again against --questions, split and voted on again, and the
+    /// threshold chosen again, in seconds
+    #[arg(long, value_name = "FILE")]
+    pub answers: Option<PathBuf>,
     /// Share of questions held out (by a hash of the id)
     #[arg(long, default_value_t = 0.5)]
     pub held_out: f64,
@@ -475,9 +498,27 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// What `frugal eval-route`'s lower bound is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BoundFor {
+    /// The quality a fresh half as large as the held-out one measures
+    HeldOut,
+    /// The quality over all questions like these
+    Population,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BatchingArg {
     Continuous,
     Static,
     Drain,
+}
+
+/// A share strictly between 0 and 1.
+fn unit_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
+        Ok(_) => Err("must be above 0 and below 1".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }

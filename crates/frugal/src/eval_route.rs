@@ -1,6 +1,6 @@
-//! `frugal eval-route`: loads the two tiers, has `frugal_gateway::route_eval` answer the
-//! questions and replay the cascade, and prints the tables, the route to configure, and the
-//! HTML and JSON files asked for.
+//! `frugal eval-route`: loads the two tiers (or an earlier run's answers), has
+//! `frugal_gateway::route_eval` answer the questions and replay the cascade, and prints the
+//! tables, the route to configure, and the HTML and JSON files asked for.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -14,10 +14,11 @@ use frugal_engine::model::LoadOptions;
 use frugal_engine::scheduler::{Engine, SchedulerConfig};
 use frugal_gateway::assemble::load_embedder;
 use frugal_gateway::route_eval::{
-    Outcome, Replay, Row, SKIP_K, Signal, Tier, best, curve, frontier, read_questions,
+    Bound, Outcome, Replay, Row, SKIP_K, Signal, Tier, best, curve, frontier, read_answers,
+    read_questions,
 };
 
-use crate::cli::EvalRouteArgs;
+use crate::cli::{BoundFor, EvalRouteArgs};
 use crate::progress::Bar;
 use crate::table;
 
@@ -31,15 +32,44 @@ fn load_tier(path: &Path) -> Result<Tier> {
             ..SchedulerConfig::default()
         },
     )?;
-    let name = path
-        .file_stem()
-        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
     Ok(Tier {
-        name,
+        name: tier_name(path),
         engine,
         tokenizer,
         template,
     })
+}
+
+/// A tier's name: its file's, less the extension.
+fn tier_name(path: &Path) -> String {
+    path.file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+}
+
+/// The bound a choice on `tuning` questions is held to, in words.
+fn bound_words(bound: Bound, tuning: usize, percentile: Option<f64>, candidates: usize) -> String {
+    let Some(p) = percentile else {
+        return format!("as measured, unbounded ({candidates} candidates)");
+    };
+    let what = match bound.fresh {
+        Some(n) => format!("on a fresh half of {n} questions"),
+        None => "over all questions like these".into(),
+    };
+    let each = if bound.family_wise {
+        format!(
+            "below the {:.0}th, so that all {candidates} candidates keep their bounds at once",
+            (1.0 - bound.confidence) * 100.0
+        )
+    } else {
+        format!("each of {candidates} candidates alone")
+    };
+    format!(
+        "{what}, by a {} lower bound (each candidate's quality at the {:.2}th percentile of {} bootstrap resamples of {} of the {tuning} tuning questions: {each})",
+        pct(bound.confidence),
+        p * 100.0,
+        bound.resamples,
+        bound.resample_size(tuning),
+    )
 }
 
 pub fn run(args: &EvalRouteArgs) -> Result<()> {
@@ -47,14 +77,26 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     if questions.is_empty() {
         bail!("{} holds no questions", args.questions.display());
     }
-    let small = load_tier(&args.small)?;
-    let large = load_tier(&args.large)?;
-    let bar = Bar::count("answering");
-    bar.start(2 * questions.len() as u64);
-    // One tier at a time, so neither engine's threads compete with the other's.
-    let small_answers = small.answer_all(&questions, args.max_tokens, &bar)?;
-    let large_answers = large.answer_all(&questions, args.max_tokens, &bar)?;
-    bar.finish();
+    let (small, large, small_answers, large_answers) = match &args.answers {
+        Some(path) => {
+            let saved = read_answers(path, &questions)?;
+            let [small, large] = saved
+                .tiers
+                .unwrap_or_else(|| [tier_name(&args.small), tier_name(&args.large)]);
+            (small, large, saved.small, saved.large)
+        }
+        None => {
+            let small = load_tier(&args.small)?;
+            let large = load_tier(&args.large)?;
+            let bar = Bar::count("answering");
+            bar.start(2 * questions.len() as u64);
+            // One tier at a time, so neither engine's threads compete with the other's.
+            let small_answers = small.answer_all(&questions, args.max_tokens, &bar)?;
+            let large_answers = large.answer_all(&questions, args.max_tokens, &bar)?;
+            bar.finish();
+            (small.name, large.name, small_answers, large_answers)
+        }
+    };
     let mut replay = Replay::new(&questions, small_answers, large_answers, args.held_out);
     let embedder = load_embedder(&args.embedder, "")?;
     replay.vote(&embedder)?;
@@ -74,8 +116,8 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     let mut t = table::new(&[
         "kind",
         "questions>",
-        &format!("{} correct>", small.name),
-        &format!("{} correct>", large.name),
+        &format!("{} correct>", small),
+        &format!("{} correct>", large),
     ]);
     let mut kinds: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
     for r in rows {
@@ -106,9 +148,9 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
         out,
         "cost per 1k questions at ${}/h: {} ${:.4}, {} ${:.4} (small/large {:.2})\n",
         args.price_per_hour,
-        small.name,
+        small,
         usd(small_secs) * 1000.0 / rows.len() as f64,
-        large.name,
+        large,
         usd(large_secs) * 1000.0 / rows.len() as f64,
         small_secs / large_secs.max(f64::MIN_POSITIVE)
     )?;
@@ -118,14 +160,23 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
         "skip below>",
         "threshold>",
         "tuning quality>",
+        "tuning lower bound>",
         "tuning cost>",
         "held-out skipped>",
         "held-out small share>",
         "held-out quality>",
         "held-out cost cut>",
     ]);
-    let choices = replay.sweep(args.min_quality);
-    for c in &choices {
+    let bound = Bound {
+        confidence: args.confidence,
+        resamples: args.resamples,
+        family_wise: !args.pointwise,
+        fresh: (args.bound == BoundFor::HeldOut && !held.is_empty()).then_some(held.len()),
+    };
+    let sweep = replay.sweep(args.min_quality, bound);
+    let bounded = bound_words(bound, tune.len(), sweep.percentile, sweep.candidates);
+    let choices = &sweep.choices;
+    for c in choices {
         t.add_row(vec![
             c.signal.name(),
             if c.chosen.skip_below > 0.0 {
@@ -135,6 +186,7 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
             },
             format!("{:.3}", c.chosen.threshold),
             pct(c.chosen.quality),
+            pct(c.lower),
             pct(c.chosen.cost),
             pct(c.held.skipped),
             pct(c.held.small_share),
@@ -144,13 +196,22 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     }
     writeln!(
         out,
-        "Cascade {} -> {}: the cheapest threshold on the tuning split keeping >= {} of the large tier's accuracy (by one standard error), without and with the skip rule ({SKIP_K} nearest tuning questions vote)",
-        small.name,
-        large.name,
+        "Cascade {} -> {}: the cheapest threshold on the tuning split keeping >= {} of the large tier's accuracy {bounded}, without and with the skip rule ({SKIP_K} nearest tuning questions vote)",
+        small,
+        large,
         pct(args.min_quality)
     )?;
     writeln!(out, "{t}\n")?;
-    let Some(best) = best(&choices) else {
+    if sweep.unresolved {
+        writeln!(
+            out,
+            "note: at {} confidence over {} candidates the bound is below the lowest of {} resamples; it is taken there, looser than asked (raise --resamples)\n",
+            pct(args.confidence),
+            sweep.candidates,
+            args.resamples
+        )?;
+    }
+    let Some(best) = best(choices) else {
         return Ok(());
     };
     let (signal, chosen, h) = (best.signal, best.chosen, best.held);
@@ -192,9 +253,12 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     writeln!(out, "{t}")?;
     writeln!(
         out,
-        "chosen: {} >= {:.3}{rule}: held-out quality {} of the large tier's at {} of its cost ({} cut)",
+        "chosen: {} >= {:.3}{rule}: tuning quality {} (lower bound {} at {} confidence); held-out quality {} of the large tier's at {} of its cost ({} cut)",
         signal.name(),
         chosen.threshold,
+        pct(chosen.quality),
+        pct(best.lower),
+        pct(args.confidence),
         pct(h.quality),
         pct(h.cost),
         pct(1.0 - h.cost)
@@ -204,7 +268,7 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
         writeln!(
             out,
             "\nAs a route in frugal.toml (the large tier an upstream of that name):\n[[serve.route]]\nname = \"auto\"\ntiers = [\"{}\", \"{}\"]\nquantile = {q}\nthreshold = {:.3}",
-            small.name, large.name, chosen.threshold
+            small, large, chosen.threshold
         )?;
         match examples {
             Some(path) => writeln!(
@@ -241,7 +305,7 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
             ));
         }
         let chart = Chart {
-            title: format!("Cascade {} -> {} (held-out split)", small.name, large.name),
+            title: format!("Cascade {} -> {} (held-out split)", small, large),
             x_label: "cost, % of the large tier alone".into(),
             y_label: "quality, % of the large tier's accuracy".into(),
             x_range: (0.0, 160.0),
@@ -254,15 +318,26 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
                     y: 100.0,
                 },
                 Mark {
-                    label: format!("chosen on tuning: t = {:.3}", chosen.threshold),
+                    label: format!(
+                        "chosen on tuning: t = {:.3} (tuning quality >= {} at {})",
+                        chosen.threshold,
+                        pct(best.lower),
+                        pct(args.confidence)
+                    ),
                     x: h.cost * 100.0,
                     y: h.quality * 100.0,
                 },
             ],
         };
         let caption = format!(
-            "{} held-out questions; each point is one threshold t; the small tier is paid on every question it is tried on.",
-            held.len()
+            "{} held-out questions; each point is one threshold t; the small tier is paid on every question it is tried on. The threshold is the cheapest on the {} tuning questions keeping >= {} of the large tier's accuracy {bounded}: tuning quality {}, lower bound {}; held-out quality {}, cost cut {}.",
+            held.len(),
+            tune.len(),
+            pct(args.min_quality),
+            pct(chosen.quality),
+            pct(best.lower),
+            pct(h.quality),
+            pct(1.0 - h.cost),
         );
         std::fs::write(
             path,
@@ -275,7 +350,18 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
             .iter()
             .map(|r| serde_json::json!({"id": r.q.id, "kind": r.q.kind, "held_out": r.held_out, "neighbours_right": r.share, "small": r.small, "large": r.large}))
             .collect();
-        let v = serde_json::json!({"signal": signal.name(), "chosen": chosen, "held_out": h, "curve": curve, "answers": answers});
+        let mut chosen_json = serde_json::to_value(chosen)?;
+        chosen_json["quality_lower"] = serde_json::json!(best.lower);
+        let every: Vec<serde_json::Value> = choices
+            .iter()
+            .map(|c| serde_json::json!({"signal": c.signal.name(), "chosen": c.chosen, "quality_lower": c.lower, "held_out": c.held}))
+            .collect();
+        let bound_for = match args.bound {
+            BoundFor::HeldOut => "held-out",
+            BoundFor::Population => "population",
+        };
+        let bound_json = serde_json::json!({"min_quality": args.min_quality, "confidence": args.confidence, "for": bound_for, "resamples": args.resamples, "resample_size": bound.resample_size(tune.len()), "family_wise": bound.family_wise, "percentile": sweep.percentile, "unresolved": sweep.unresolved, "candidates": sweep.candidates});
+        let v = serde_json::json!({"signal": signal.name(), "chosen": chosen_json, "held_out": h, "held_out_cost_cut": 1.0 - h.cost, "curve": curve, "bound": bound_json, "choices": every, "tiers": [small, large], "answers": answers});
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }

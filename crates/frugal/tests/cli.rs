@@ -552,6 +552,48 @@ fn eval_route_answers_with_both_tiers() {
             .iter()
             .all(|a| a["small"]["seconds"].as_f64().unwrap() > 0.0)
     );
+    // The bound the choice was held to, beside the chosen point.
+    assert_eq!(v["bound"]["confidence"], 0.95, "{v}");
+    assert_eq!(v["bound"]["for"], "held-out", "{v}");
+    assert!(v["chosen"]["quality_lower"].is_number(), "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 10, "{v}");
+
+    // The same answers again, without the models (they are not even there), all of them
+    // tuning questions this time.
+    let out = ok(env.frugal(&[
+        "eval-route",
+        "--questions",
+        q,
+        "--small",
+        "/nonexistent",
+        "--large",
+        "/nonexistent",
+        "--answers",
+        "route.json",
+        "--json",
+        "again.json",
+        "--confidence",
+        "0.9",
+        "--held-out",
+        "0",
+        "--embedder",
+        &repo("models/minilm"),
+    ]));
+    assert!(
+        stdout(&out).contains("90.0% lower bound"),
+        "{}",
+        stdout(&out)
+    );
+    let again: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(env.path("again.json")).unwrap()).unwrap();
+    for (a, b) in again["answers"].as_array().unwrap().iter().zip(answers) {
+        assert_eq!((&a["small"], &a["large"]), (&b["small"], &b["large"]));
+        assert_eq!(a["held_out"], false);
+    }
+    assert_eq!(again["tiers"], v["tiers"]);
+    assert_eq!(again["bound"]["confidence"], 0.9);
+    let o = env.frugal(&["eval-route", "--questions", q, "--confidence", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 
     let bad = env.write("bad.jsonl", "{\"id\": 1}\n");
     let o = env.frugal(&[
