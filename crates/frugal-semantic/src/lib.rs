@@ -2,7 +2,8 @@
 //!
 //! `embed` turns a prompt into an all-MiniLM-L6-v2 sentence embedding, `index` finds the
 //! nearest cached prompts, `guard` decides whether a near neighbour really asks the same thing
-//! (the known failure of semantic caches: near-identical text with another meaning).
+//! (the known failure of semantic caches: near-identical text with another meaning), and
+//! `lexicon` tells from WordNet how two words relate (antonyms, synonyms, siblings, ...).
 
 /// The embedder's folder, relative to the repository root; `scripts/fetch-models.sh` fetches it.
 pub const DEFAULT_EMBEDDER: &str = "models/minilm";
@@ -12,6 +13,7 @@ pub mod eval;
 pub mod guard;
 pub mod hnsw;
 pub mod index;
+pub mod lexicon;
 #[doc(hidden)]
 pub mod synthetic;
 
