@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use frugal_cost::Lever;
+use frugal_semantic::Veto;
 
 /// Bucket upper bounds in seconds; the sub-millisecond ones are for cache hits.
 const BUCKETS: [f64; 18] = [
@@ -68,6 +69,9 @@ pub struct Metrics {
     pub latency: Histogram,
     /// Index search and guard time of a semantic lookup (embedding not included).
     pub semantic_lookup: Histogram,
+    /// Semantic lookups whose nearest similar-enough entry the guard turned away, by reason
+    /// (indexed as `Veto::ALL`).
+    pub semantic_vetoes: [AtomicU64; Veto::ALL.len()],
     /// Requests per cascade route and the tier whose answer was sent.
     routes: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
 }
@@ -85,6 +89,11 @@ pub struct Gauges {
 }
 
 impl Metrics {
+    pub fn count_veto(&self, v: Veto) {
+        if let Some(i) = Veto::ALL.iter().position(|&x| x == v) {
+            self.semantic_vetoes[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
     pub fn add_spend(&self, model: &str, cost: frugal_cost::Money) {
         let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
         *spend.entry(model.to_owned()).or_default() += cost.nanos();
@@ -206,6 +215,18 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "frugal_cache_requests_total{{result=\"{result}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP frugal_semantic_vetoes_total Semantic lookups a guard veto turned into a miss, by reason.\n# TYPE frugal_semantic_vetoes_total counter"
+        );
+        for (v, c) in Veto::ALL.iter().zip(&self.semantic_vetoes) {
+            let _ = writeln!(
+                out,
+                "frugal_semantic_vetoes_total{{reason=\"{}\"}} {}",
+                v.name(),
                 c.load(Ordering::Relaxed)
             );
         }

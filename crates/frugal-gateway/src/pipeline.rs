@@ -19,7 +19,8 @@ use crate::backend::{Backend, Output, Plan};
 use crate::cache::{self, CachePolicy, Claim, Lookup};
 use crate::error::ApiError;
 use crate::keys::Tenant;
-use crate::settle::{Bill, CacheUse, End, HitKind};
+use crate::semantic::Search;
+use crate::settle::{Bill, CacheNote, CacheUse, End, HitKind};
 use crate::state::AppState;
 use crate::text::{Piece, Replay, Source};
 use crate::upstream;
@@ -43,7 +44,8 @@ pub struct Finished {
     /// What producing the answer cost when it was produced (for a cache hit, the cost of
     /// the call it replays): what a cascade's routing saving is measured against.
     pub produced: Money,
-    pub cache: &'static str,
+    /// How it met the caches (`x-frugal-cache`, `x-frugal-semantic-veto`).
+    pub cache: CacheNote,
     pub saved: Option<Money>,
     /// Each token's logprob, where the backend gives them.
     pub judged: Option<Vec<f32>>,
@@ -211,7 +213,7 @@ async fn consult(state: &AppState, lookup: &Lookup, model: &str) -> CacheUse {
         cache.insert(key.clone(), answer.clone());
         return hit(answer, HitKind::Exact);
     }
-    let mut fill = None;
+    let (mut fill, mut veto) = (None, None);
     if let (Some(sem), Some(probe)) = (&inner.semantic, probe) {
         let (v, found, took) = sem
             .lookup(
@@ -224,14 +226,19 @@ async fn consult(state: &AppState, lookup: &Lookup, model: &str) -> CacheUse {
         if v.is_some() {
             m.semantic_lookup.observe(took.as_secs_f64());
         }
-        if let Some(found) = found {
-            return hit(found.answer, HitKind::Semantic);
+        match found {
+            Search::Hit(found) => return hit(found.answer, HitKind::Semantic),
+            Search::Miss(Some(why)) => {
+                m.count_veto(why);
+                veto = Some(why);
+            }
+            Search::Miss(None) => {}
         }
         fill = v.map(|v| (probe.clone(), v));
     }
     let miss = |leader| {
         m.cache_misses.fetch_add(1, Ordering::Relaxed);
-        CacheUse::Miss(leader, fill)
+        CacheUse::Miss(leader, fill, veto)
     };
     match cache.claim(key) {
         Claim::Leader(leader) => miss(Some(leader)),

@@ -23,7 +23,7 @@ use frugal_engine::scheduler::FinishReason;
 use crate::api::{TokenLogprob, Usage};
 use crate::backend::Output;
 use crate::pipeline::{self, Body, Finished, Live, Started};
-use crate::settle::{Bill, End};
+use crate::settle::{Bill, CacheNote, End};
 use crate::text::Piece;
 use crate::upstream;
 use crate::validate::Kind;
@@ -131,7 +131,7 @@ impl Shape {
 /// What a response says of its cost and how it met the caches.
 pub struct Costed {
     pub cost: Option<Money>,
-    pub cache: &'static str,
+    pub cache: CacheNote,
     pub saved: Option<Money>,
 }
 
@@ -151,7 +151,10 @@ impl Costed {
         {
             h.insert("x-frugal-saved-usd", v);
         }
-        h.insert("x-frugal-cache", HeaderValue::from_static(self.cache));
+        h.insert("x-frugal-cache", HeaderValue::from_static(self.cache.label));
+        if let Some(v) = self.cache.veto {
+            h.insert("x-frugal-semantic-veto", HeaderValue::from_static(v.name()));
+        }
         h
     }
 
@@ -162,7 +165,7 @@ impl Costed {
         if let Some(u) = v.get_mut("usage").filter(|u| u.is_object()) {
             u["cost_usd"] = json!(cost.as_f64());
         }
-        let mut f = json!({ "cost_usd": cost.to_string_places(9), "cache": self.cache });
+        let mut f = json!({ "cost_usd": cost.to_string_places(9), "cache": self.cache.label });
         if let Some(s) = self.saved {
             f["saved_usd"] = json!(s.to_string_places(9));
         }
@@ -318,7 +321,7 @@ pub fn stream(started: Started, include_usage: bool, prompt_bytes: u64) -> Respo
             let mut v = v;
             Costed {
                 cost: Some(cost),
-                cache: "bypass",
+                cache: CacheNote::BYPASS,
                 saved: None,
             }
             .stamp(&mut v);

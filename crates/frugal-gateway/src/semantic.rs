@@ -5,7 +5,8 @@
 //! everything else that changes the answer (model, parameters, system prompt, earlier turns,
 //! tenant) still has to match exactly; only the final question is compared by meaning. Within
 //! a space the nearest cached questions by MiniLM cosine are checked by the guard
-//! (`frugal_semantic::Guard`), and the first it accepts is served.
+//! (`frugal_semantic::Guard`), and the first it accepts is served; when it vetoes the
+//! nearest similar-enough one instead, the lookup says why (`x-frugal-semantic-veto`).
 //!
 //! Entries are bounded by count (oldest out first) and a time to live. Each holds its
 //! question, its 384-float embedding and a share of the answer the exact cache also holds.
@@ -14,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use frugal_semantic::{Embedder, Guard, VectorIndex, Verdict};
+use frugal_semantic::{Embedder, Guard, VectorIndex, Verdict, Veto};
 
 use crate::cache::Answer;
 
@@ -65,6 +66,22 @@ pub struct Found {
     pub similarity: f32,
 }
 
+/// What a lookup found: an answer the guard accepted, or why it turned away the nearest
+/// entry that was similar enough (`None` when none was).
+pub enum Search {
+    Hit(Found),
+    Miss(Option<Veto>),
+}
+
+impl Search {
+    pub fn found(self) -> Option<Found> {
+        match self {
+            Search::Hit(f) => Some(f),
+            Search::Miss(_) => None,
+        }
+    }
+}
+
 impl State {
     fn remove(&mut self, id: u64) {
         if let Some(e) = self.entries.remove(&id)
@@ -80,6 +97,8 @@ impl State {
 
 impl SemanticCache {
     pub fn new(embedder: Arc<Embedder>, config: SemanticConfig) -> SemanticCache {
+        // The guard's WordNet is parsed once; here, rather than in the first lookup.
+        frugal_semantic::lexicon::Lexicon::get();
         SemanticCache {
             embedder,
             config,
@@ -94,20 +113,23 @@ impl SemanticCache {
     }
 
     /// The first cached answer in `space` that the guard accepts for `text`, at `threshold`
-    /// if given, else the cache's own.
-    pub fn find(
-        &self,
-        space: &str,
-        text: &str,
-        v: &[f32],
-        threshold: Option<f32>,
-    ) -> Option<Found> {
-        let guard = Guard {
-            threshold: threshold.unwrap_or(self.config.guard.threshold),
-            ..self.config.guard
+    /// if given (a route's; the aligned pairs' threshold moves with it), else the cache's own.
+    pub fn find(&self, space: &str, text: &str, v: &[f32], threshold: Option<f32>) -> Search {
+        let own = self.config.guard;
+        let guard = match threshold {
+            Some(t) => Guard {
+                threshold: t,
+                aligned_threshold: t - (own.threshold - own.aligned_threshold),
+                ..own
+            },
+            None => own,
         };
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let near = state.spaces.get(space)?.search(v, CANDIDATES);
+        let Some(index) = state.spaces.get(space) else {
+            return Search::Miss(None);
+        };
+        let near = index.search(v, CANDIDATES);
+        let mut vetoed = None;
         for n in near {
             let Some(e) = state.entries.get(&n.id) else {
                 continue;
@@ -116,14 +138,20 @@ impl SemanticCache {
                 state.remove(n.id);
                 continue;
             }
-            if guard.judge(text, &e.text, n.score) == Verdict::Same {
-                return Some(Found {
-                    answer: e.answer.clone(),
-                    similarity: n.score,
-                });
+            match guard.judge(text, &e.text, n.score, Some(&self.embedder)) {
+                Verdict::Same => {
+                    return Search::Hit(Found {
+                        answer: e.answer.clone(),
+                        similarity: n.score,
+                    });
+                }
+                Verdict::Veto(v) => {
+                    vetoed.get_or_insert(v);
+                }
+                Verdict::TooFar => {}
             }
         }
-        None
+        Search::Miss(vetoed)
     }
 
     pub fn insert(&self, space: Arc<str>, text: String, v: &[f32], answer: Arc<Answer>) {
@@ -169,27 +197,29 @@ impl SemanticCache {
         text: String,
         threshold: Option<f32>,
         read: bool,
-    ) -> (Option<Vec<f32>>, Option<Found>, Duration) {
+    ) -> (Option<Vec<f32>>, Search, Duration) {
         let this = self.clone();
         let work = move || {
             let v = match this.embedder.embed(&text) {
                 Ok(v) => v,
                 Err(e) => {
                     tracing::warn!("semantic cache: {e}");
-                    return (None, None, Duration::ZERO);
+                    return (None, Search::Miss(None), Duration::ZERO);
                 }
             };
             let t = Instant::now();
             let found = if read {
                 this.find(&space, &text, &v, threshold)
             } else {
-                None
+                Search::Miss(None)
             };
             (Some(v), found, t.elapsed())
         };
-        tokio::task::spawn_blocking(work)
-            .await
-            .unwrap_or((None, None, Duration::ZERO))
+        tokio::task::spawn_blocking(work).await.unwrap_or((
+            None,
+            Search::Miss(None),
+            Duration::ZERO,
+        ))
     }
 
     /// Inserts off the async threads when there are some (a graph relink can take a while).
@@ -299,7 +329,7 @@ mod tests {
 
     async fn get(c: &SemanticCache, space: &str, q: &str) -> Option<String> {
         let v = c.embed(q).await.unwrap();
-        c.find(space, q, &v, None).map(|f| f.answer.text())
+        c.find(space, q, &v, None).found().map(|f| f.answer.text())
     }
 
     #[tokio::test]
@@ -372,7 +402,7 @@ mod tests {
             c.insert("s".into(), q.into(), &v, answer("Shakespeare"));
             std::thread::sleep(Duration::from_millis(2));
             // The lookup finds the entry expired and removes it.
-            assert!(c.find("s", q, &v, None).is_none());
+            assert!(c.find("s", q, &v, None).found().is_none());
         }
         assert!(c.order_len() <= 2 * c.len() + 65, "{}", c.order_len());
     }

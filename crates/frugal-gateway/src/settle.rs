@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use frugal_cost::{Lever, Money, Outcome};
 use frugal_engine::scheduler::FinishReason;
+use frugal_semantic::Veto;
 
 use crate::api::{TokenLogprob, Usage};
 use crate::backend::{Backend, Priced, Work};
@@ -29,8 +30,23 @@ pub enum CacheUse {
     /// Not found: the answer is stored (and handed to identical requests waiting for it)
     /// when it completes, if this request leads its key; and kept in the semantic cache
     /// under the probe and its embedding.
-    Miss(Option<Leader>, Option<(Probe, Vec<f32>)>),
+    /// The semantic cache's veto, when it turned a near neighbour away.
+    Miss(Option<Leader>, Option<(Probe, Vec<f32>)>, Option<Veto>),
     Bypass,
+}
+
+/// How a request met the caches, as its response says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheNote {
+    pub label: &'static str,
+    pub veto: Option<Veto>,
+}
+
+impl CacheNote {
+    pub const BYPASS: CacheNote = CacheNote {
+        label: "bypass",
+        veto: None,
+    };
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,14 +56,19 @@ pub enum HitKind {
 }
 
 impl CacheUse {
-    /// The `x-frugal-cache` value.
-    pub fn label(&self) -> &'static str {
-        match self {
+    /// The `x-frugal-cache` value, and the `x-frugal-semantic-veto` one.
+    pub fn label(&self) -> CacheNote {
+        let label = match self {
             CacheUse::Hit(_, HitKind::Exact) => "hit-exact",
             CacheUse::Hit(_, HitKind::Semantic) => "hit-semantic",
             CacheUse::Miss(..) => "miss",
             CacheUse::Bypass => "bypass",
-        }
+        };
+        let veto = match self {
+            CacheUse::Miss(_, _, v) => *v,
+            _ => None,
+        };
+        CacheNote { label, veto }
     }
 
     /// What a hit saved, and which cache it was.
@@ -120,7 +141,7 @@ impl Bill {
 
     /// Keeps a piece of the answer if it will be cached.
     pub fn record(&mut self, text: &str, logprobs: &[TokenLogprob]) {
-        if matches!(self.cache, CacheUse::Miss(Some(_), _)) {
+        if matches!(self.cache, CacheUse::Miss(Some(_), ..)) {
             self.recorded.push(cache::Chunk {
                 text: text.to_owned(),
                 logprobs: logprobs.to_vec(),
@@ -228,7 +249,7 @@ impl Bill {
     /// Keeps the recorded answer if the request missed the cache and leads its key.
     fn store(&mut self, reason: FinishReason, judged: Option<Vec<f32>>, cost: Money) {
         let inner = &self.state.inner;
-        let (CacheUse::Miss(leader, fill), Some(cache)) = (&mut self.cache, &inner.cache) else {
+        let (CacheUse::Miss(leader, fill, _), Some(cache)) = (&mut self.cache, &inner.cache) else {
             return;
         };
         let Some(leader) = leader.take() else {

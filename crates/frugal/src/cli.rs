@@ -213,9 +213,21 @@ pub struct EvalCacheArgs {
     /// The embedding model folder
     #[arg(long, default_value = frugal_semantic::DEFAULT_EMBEDDER)]
     pub embedder: PathBuf,
+    /// Labelled near misses and paraphrases, each with a `kind`, reported per kind
+    /// [default: data/semantic-cache/nearmiss.json where it exists]
+    #[arg(long, value_name = "FILE")]
+    pub near_miss: Option<PathBuf>,
     /// Use this many pairs, evenly spread over the file [default: all]
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Also write the tuning half's pairs the vetoes got wrong (near misses let through,
+    /// paraphrases refused), with what the guard read in each, as JSON lines; the held-out
+    /// half is never shown, so that it stays a test
+    #[arg(long, value_name = "FILE")]
+    pub tuning_errors: Option<PathBuf>,
+    /// Wrong hits allowed of any one kind of near miss when choosing the threshold
+    #[arg(long, default_value_t = 0.03)]
+    pub max_kind_wrong: f64,
     /// Wrong hits allowed when choosing the threshold on the tuning split
     #[arg(long, default_value_t = 0.01)]
     pub max_wrong: f64,

@@ -1,12 +1,14 @@
-//! `frugal eval-cache`: the semantic cache measured on labelled question pairs. The guard's
-//! threshold is chosen on the tuning split; the held-out split reports what it keeps.
+//! `frugal eval-cache`: the semantic cache measured on labelled question pairs: QQP's, and
+//! the near misses and paraphrases of `data/semantic-cache/nearmiss.json` per kind. The
+//! guard's threshold is chosen on the tuning halves; the held-out halves report what it keeps.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use frugal_semantic::eval::{self, Point, Scored};
-use frugal_semantic::{Embedder, FlatIndex, Guard};
+use frugal_semantic::eval::{self, KindRate, Pair, Point, Scored};
+use frugal_semantic::{Embedder, FlatIndex, Guard, Verdict};
 
 use crate::cli::EvalCacheArgs;
 use crate::progress::Bar;
@@ -14,9 +16,54 @@ use crate::table;
 use frugal_cost::present::chart::{self, Chart, Mark, Series};
 use frugal_cost::present::pct1;
 
+/// The near-miss set `eval-cache` reads when it exists and none is named.
+const NEAR_MISS: &str = "data/semantic-cache/nearmiss.json";
+
+/// One file's pairs, scored, split into tuning and held-out halves.
+struct Split<'a> {
+    tune: (Vec<&'a Pair>, Vec<Scored>),
+    held: (Vec<&'a Pair>, Vec<Scored>),
+}
+
+impl<'a> Split<'a> {
+    fn new(pairs: &'a [Pair], scored: Vec<Scored>, held_out: f64) -> Split<'a> {
+        let mut s = Split {
+            tune: (Vec::new(), Vec::new()),
+            held: (Vec::new(), Vec::new()),
+        };
+        for (p, sc) in pairs.iter().zip(scored) {
+            let half = if eval::is_held_out(p, held_out) {
+                &mut s.held
+            } else {
+                &mut s.tune
+            };
+            half.0.push(p);
+            half.1.push(sc);
+        }
+        s
+    }
+}
+
+fn counts(v: &[Scored]) -> (usize, usize) {
+    let dup = v.iter().filter(|s| s.label).count();
+    (dup, v.len() - dup)
+}
+
+/// Whether `g` keeps the near misses of `rates` within the limits: overall and per kind.
+fn near_misses_ok(rates: &[KindRate], max_wrong: f64, max_kind_wrong: f64) -> bool {
+    let near: Vec<&KindRate> = rates.iter().filter(|r| !r.label).collect();
+    let (pairs, hits) = near
+        .iter()
+        .fold((0, 0), |(p, h), r| (p + r.pairs, h + r.hits));
+    hits as f64 <= max_wrong * pairs as f64 && near.iter().all(|r| r.rate() <= max_kind_wrong)
+}
+
 pub fn run(args: &EvalCacheArgs) -> Result<()> {
-    if !(0.0..=1.0).contains(&args.max_wrong) || !(0.0..1.0).contains(&args.held_out) {
-        bail!("--max-wrong and --held-out are shares between 0 and 1");
+    if !(0.0..=1.0).contains(&args.max_wrong)
+        || !(0.0..=1.0).contains(&args.max_kind_wrong)
+        || !(0.0..1.0).contains(&args.held_out)
+    {
+        bail!("--max-wrong, --max-kind-wrong and --held-out are shares between 0 and 1");
     }
     let embedder = Embedder::load(&args.embedder).with_context(|| {
         format!(
@@ -29,40 +76,38 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         let step = pairs.len() / limit;
         pairs = pairs.into_iter().step_by(step).take(limit).collect();
     }
-    let bar = Bar::count("embedding pairs");
-    frugal_cost::Progress::start(&bar, pairs.len() as u64);
-    let scored = eval::score_pairs(&embedder, &pairs, &|| {
-        frugal_cost::Progress::advance(&bar, 1)
-    })?;
-    frugal_cost::Progress::finish(&bar);
-    let (mut tune, mut held) = (Vec::new(), Vec::new());
-    for (p, s) in pairs.iter().zip(scored) {
-        if eval::is_held_out(p, args.held_out) {
-            held.push(s);
-        } else {
-            tune.push(s);
-        }
-    }
-    let count = |v: &[Scored]| {
-        (
-            v.iter().filter(|s| s.label).count(),
-            v.iter().filter(|s| !s.label).count(),
-        )
+    let near_path: Option<PathBuf> = args
+        .near_miss
+        .clone()
+        .or_else(|| Path::new(NEAR_MISS).exists().then(|| NEAR_MISS.into()));
+    let near_pairs = match &near_path {
+        Some(p) => eval::read_pairs(p)?,
+        None => Vec::new(),
     };
-    let (td, tn) = count(&tune);
-    let (hd, hn) = count(&held);
+    let bar = Bar::count("embedding pairs");
+    frugal_cost::Progress::start(&bar, (pairs.len() + near_pairs.len()) as u64);
+    let tick = || frugal_cost::Progress::advance(&bar, 1);
+    let scored = eval::score_pairs(&embedder, &pairs, &tick)?;
+    let near_scored = eval::score_pairs(&embedder, &near_pairs, &tick)?;
+    frugal_cost::Progress::finish(&bar);
+    let qqp = Split::new(&pairs, scored, args.held_out);
+    let near = Split::new(&near_pairs, near_scored, args.held_out);
+    let (tune, held) = (&qqp.tune.1, &qqp.held.1);
+    let (td, tn) = counts(tune);
+    let (hd, hn) = counts(held);
 
     let plain = Guard {
         threshold: 0.0,
+        aligned_threshold: 0.0,
         vetoes: false,
     };
     let guarded = Guard {
-        threshold: 0.0,
         vetoes: true,
+        ..plain
     };
     let grid: Vec<f32> = [0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98].to_vec();
-    let plain_pts = eval::sweep(plain, &held, &grid);
-    let guarded_pts = eval::sweep(guarded, &held, &grid);
+    let plain_pts = eval::sweep(plain, held, &grid);
+    let guarded_pts = eval::sweep(guarded, held, &grid);
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -94,21 +139,44 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     let mut t = table::new(&[
         "rule",
         "threshold (tuning)>",
+        "aligned pairs>",
         "tuning hit>",
         "tuning wrong>",
         "held-out hit>",
         "held-out wrong>",
     ]);
+    // Within the wrong-hit limits on QQP's tuning half and, with vetoes, on the near
+    // misses' tuning half overall and per kind.
+    let within = |g: &Guard| {
+        eval::measure(g, tune).wrong_rate <= args.max_wrong
+            && (!g.vetoes
+                || near_misses_ok(
+                    &eval::by_kind(g, &near.tune.0, &near.tune.1),
+                    args.max_wrong,
+                    args.max_kind_wrong,
+                ))
+    };
     let mut chosen = Vec::new();
     for (name, g) in [("plain cosine", plain), ("guarded", guarded)] {
-        let g = Guard {
-            threshold: eval::pick_threshold(g, &tune, args.max_wrong),
-            ..g
+        let g = if g.vetoes {
+            eval::best_thresholds(g, tune, within)
+        } else {
+            let threshold = eval::lowest_threshold(g, within);
+            Guard {
+                threshold,
+                aligned_threshold: threshold,
+                ..g
+            }
         };
-        let (a, b) = (eval::measure(&g, &tune), eval::measure(&g, &held));
+        let (a, b) = (eval::measure(&g, tune), eval::measure(&g, held));
         t.add_row(vec![
             name.to_owned(),
             format!("{:.4}", g.threshold),
+            if g.vetoes {
+                format!("{:.4}", g.aligned_threshold)
+            } else {
+                "-".into()
+            },
             pct1(a.hit_rate),
             pct1(a.wrong_rate),
             pct1(b.hit_rate),
@@ -118,87 +186,186 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     }
     writeln!(
         out,
-        "Lowest threshold with <= {} wrong hits on the tuning split",
-        pct1(args.max_wrong)
+        "Thresholds with <= {} wrong hits on the tuning split (guarded: also on the near \
+         misses' tuning half, and <= {} of any kind; its two thresholds, for all pairs and \
+         for pairs whose content words all align, chosen together to serve the most tuning \
+         duplicates)",
+        pct1(args.max_wrong),
+        pct1(args.max_kind_wrong)
     )?;
     writeln!(out, "{t}\n")?;
+    let at = chosen.last().map_or(Guard::default(), |c| c.1);
 
-    let at = chosen
-        .last()
-        .map_or(Guard::default().threshold, |c| c.1.threshold);
-    let mut t = table::new(&["veto", "duplicates turned away>", "others turned away>"]);
-    for (v, dup, other) in eval::veto_counts(&held, 0.80) {
+    let mut kinds_json = Vec::new();
+    if !near_pairs.is_empty() {
+        let name = near_path
+            .as_deref()
+            .map_or_else(String::new, |p| p.display().to_string());
+        let tune_rates = eval::by_kind(&at, &near.tune.0, &near.tune.1);
+        let held_rates = eval::by_kind(&at, &near.held.0, &near.held.1);
+        let plain_at = Guard {
+            vetoes: false,
+            ..at
+        };
+        let plain_rates = eval::by_kind(&plain_at, &near.held.0, &near.held.1);
+        writeln!(
+            out,
+            "{name}: hits per kind at the guarded threshold {:.4} (a near miss that hits \
+             serves a wrong answer; a paraphrase that hits is a saving)",
+            at.threshold
+        )?;
+        let mut t = table::new(&[
+            "kind",
+            "pairs",
+            "tuning pairs>",
+            "tuning hits>",
+            "held-out pairs>",
+            "held-out hits>",
+            "plain cosine, held-out>",
+        ]);
+        let mut rows = Vec::new();
+        for label in [false, true] {
+            let pick = |v: &[KindRate]| -> Vec<KindRate> {
+                v.iter().filter(|r| r.label == label).cloned().collect()
+            };
+            let (tr, hr, pr) = (pick(&tune_rates), pick(&held_rates), pick(&plain_rates));
+            let total = |v: &[KindRate]| KindRate {
+                kind: if label {
+                    "all paraphrases"
+                } else {
+                    "all near misses"
+                }
+                .into(),
+                label,
+                pairs: v.iter().map(|r| r.pairs).sum(),
+                hits: v.iter().map(|r| r.hits).sum(),
+            };
+            for h in hr.iter().chain([&total(&hr)]) {
+                let find = |v: &[KindRate]| {
+                    if h.kind.starts_with("all ") {
+                        total(v)
+                    } else {
+                        v.iter()
+                            .find(|r| r.kind == h.kind)
+                            .cloned()
+                            .unwrap_or(KindRate {
+                                pairs: 0,
+                                hits: 0,
+                                ..h.clone()
+                            })
+                    }
+                };
+                let (tk, pk) = (find(&tr), find(&pr));
+                rows.push(vec![
+                    h.kind.clone(),
+                    if label { "paraphrase" } else { "near miss" }.to_string(),
+                    tk.pairs.to_string(),
+                    pct1(tk.rate()),
+                    h.pairs.to_string(),
+                    pct1(h.rate()),
+                    pct1(pk.rate()),
+                ]);
+                kinds_json.push(serde_json::json!({
+                    "kind": h.kind, "paraphrase": label,
+                    "tuning_pairs": tk.pairs, "tuning_hit": tk.rate(),
+                    "held_pairs": h.pairs, "held_hit": h.rate(), "held_plain_hit": pk.rate(),
+                }));
+            }
+        }
+        for r in rows {
+            t.add_row(r);
+        }
+        writeln!(out, "{t}\n")?;
+    }
+
+    let mut t = table::new(&[
+        "veto",
+        "QQP duplicates turned away>",
+        "QQP others turned away>",
+        "near misses turned away>",
+        "paraphrases turned away>",
+    ]);
+    let qqp_vetoes = eval::veto_counts(held, 0.80);
+    let near_vetoes = eval::veto_counts(&near.held.1, 0.0);
+    for ((v, dup, other), (_, para, miss)) in qqp_vetoes.iter().zip(&near_vetoes) {
         t.add_row(vec![
             v.name().to_owned(),
             dup.to_string(),
             other.to_string(),
+            miss.to_string(),
+            para.to_string(),
         ]);
     }
-    writeln!(out, "Vetoes among held-out pairs at cosine >= 0.80")?;
+    writeln!(
+        out,
+        "Vetoes among held-out pairs (QQP at cosine >= 0.80; near-miss set at any cosine)"
+    )?;
     writeln!(out, "{t}\n")?;
 
-    let cost = own_cost(&embedder, &pairs)?;
+    if let Some(path) = &args.tuning_errors {
+        let mut lines = String::new();
+        for (p, s) in near.tune.0.iter().zip(&near.tune.1) {
+            // By the vetoes alone, whatever the similarity: what they let through or refuse.
+            if s.veto.is_none() != s.label {
+                let x = frugal_semantic::guard::explain(&p.text_b, &p.text_a, Some(&embedder));
+                lines += &serde_json::json!({
+                    "kind": p.kind, "label": s.label, "asked": p.text_b, "cached": p.text_a,
+                    "cosine": s.cosine, "veto": x.veto.map(|v| v.name()),
+                    "replaced": [x.replaced.0, x.replaced.1], "span_similarity": x.span_similarity,
+                })
+                .to_string();
+                lines.push('\n');
+            }
+        }
+        // And QQP's tuning pairs the guard serves though labelled different.
+        for (p, s) in qqp.tune.0.iter().zip(&qqp.tune.1) {
+            if !s.label && eval::hits(&at, s) {
+                let x = frugal_semantic::guard::explain(&p.text_b, &p.text_a, Some(&embedder));
+                lines += &serde_json::json!({
+                    "kind": "qqp", "label": false, "asked": p.text_b, "cached": p.text_a,
+                    "cosine": s.cosine, "aligned": s.aligned,
+                    "replaced": [x.replaced.0, x.replaced.1], "span_similarity": x.span_similarity,
+                })
+                .to_string();
+                lines.push('\n');
+            }
+        }
+        std::fs::write(path, lines).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let cost = own_cost(&embedder, &pairs, &at)?;
     writeln!(
         out,
-        "Cost of a lookup (one thread): embed p50 {:.2} ms, p99 {:.2} ms over {} questions; \
-         search of {} entries {:.3} ms; {} bytes per entry for the vector",
-        cost.embed_p50_ms,
-        cost.embed_p99_ms,
+        "Cost of a lookup (one thread, {} questions, a flat index of {} entries, {} bytes per \
+         vector): embed + search p50 {:.2} ms, p99 {:.2} ms; with the guard on the 4 nearest \
+         p50 {:.2} ms, p99 {:.2} ms (the guard alone: p50 {:.3} ms, p99 {:.3} ms)",
         cost.samples,
         cost.entries,
-        cost.search_ms,
-        cost.bytes_per_entry
+        cost.bytes_per_entry,
+        cost.search.0,
+        cost.search.1,
+        cost.lookup.0,
+        cost.lookup.1,
+        cost.guard.0,
+        cost.guard.1,
     )?;
     writeln!(
         out,
-        "Default threshold in this build: {:.4}; chosen here: {at:.4}",
-        Guard::default().threshold
+        "Default thresholds in this build: {:.4} (aligned {:.4}); chosen here: {:.4} (aligned {:.4})",
+        Guard::default().threshold,
+        Guard::default().aligned_threshold,
+        at.threshold,
+        at.aligned_threshold
     )?;
     if let Some(path) = &args.html {
-        let fine: Vec<f32> = (0..=60).map(|i| 0.70 + i as f32 * 0.005).collect();
-        let curve = |g: Guard| -> Vec<(f64, f64)> {
-            eval::sweep(g, &held, &fine)
-                .iter()
-                .map(|p| (p.wrong_rate * 100.0, p.hit_rate * 100.0))
-                .collect()
-        };
-        let marks = chosen
-            .iter()
-            .map(|(name, g, p)| Mark {
-                label: format!("{name} at {:.4}", g.threshold),
-                x: p.wrong_rate * 100.0,
-                y: p.hit_rate * 100.0,
-            })
-            .collect();
-        let chart = Chart {
-            title: "Semantic cache on QQP pairs (held-out split)".into(),
-            x_label: "wrong hits, % of other pairs".into(),
-            y_label: "hits, % of duplicates".into(),
-            x_range: (0.0, 20.0),
-            y_range: (0.0, 100.0),
-            series: vec![
-                Series {
-                    name: "plain cosine".into(),
-                    colour: "#999999",
-                    points: curve(plain),
-                },
-                Series {
-                    name: "guarded".into(),
-                    colour: "#1f77b4",
-                    points: curve(guarded),
-                },
-            ],
-            marks,
-        };
-        let caption = format!(
-            "Cosine thresholds 0.70 to 1.00; {hd} duplicate and {hn} other held-out pairs. Marked: the thresholds chosen on the tuning split for <= {} wrong hits.",
-            pct1(args.max_wrong)
-        );
-        std::fs::write(
+        write_html(
             path,
-            chart::page("frugal eval-cache", &[(&chart, &caption)]),
-        )
-        .with_context(|| format!("cannot write {}", path.display()))?;
+            plain,
+            guarded,
+            held,
+            &chosen,
+            args.max_wrong,
+            (hd, hn),
+        )?;
     }
     if let Some(path) = &args.json {
         let points = |pts: &[Point]| -> Vec<serde_json::Value> {
@@ -211,11 +378,16 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             "held_out": {"duplicates": hd, "others": hn},
             "plain": points(&plain_pts),
             "guarded": points(&guarded_pts),
-            "chosen": chosen.iter().map(|(n, g, p)| serde_json::json!({"rule": n, "threshold": g.threshold, "held_hit": p.hit_rate, "held_wrong": p.wrong_rate})).collect::<Vec<_>>(),
-            "embed_p50_ms": cost.embed_p50_ms,
-            "embed_p99_ms": cost.embed_p99_ms,
-            "search_ms": cost.search_ms,
+            "chosen": chosen.iter().map(|(n, g, p)| serde_json::json!({"rule": n, "threshold": g.threshold, "aligned_threshold": g.aligned_threshold, "held_hit": p.hit_rate, "held_wrong": p.wrong_rate})).collect::<Vec<_>>(),
+            "kinds": kinds_json,
+            "embed_p50_ms": cost.embed.0,
+            "embed_p99_ms": cost.embed.1,
+            "search_ms": cost.search_only_ms,
             "search_entries": cost.entries,
+            "lookup_p50_ms": cost.lookup.0,
+            "lookup_p99_ms": cost.lookup.1,
+            "lookup_without_guard_p50_ms": cost.search.0,
+            "lookup_without_guard_p99_ms": cost.search.1,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -223,50 +395,134 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     Ok(())
 }
 
+fn write_html(
+    path: &Path,
+    plain: Guard,
+    guarded: Guard,
+    held: &[Scored],
+    chosen: &[(&str, Guard, Point)],
+    max_wrong: f64,
+    (hd, hn): (usize, usize),
+) -> Result<()> {
+    let fine: Vec<f32> = (0..=60).map(|i| 0.70 + i as f32 * 0.005).collect();
+    let curve = |g: Guard| -> Vec<(f64, f64)> {
+        eval::sweep(g, held, &fine)
+            .iter()
+            .map(|p| (p.wrong_rate * 100.0, p.hit_rate * 100.0))
+            .collect()
+    };
+    let marks = chosen
+        .iter()
+        .map(|(name, g, p)| Mark {
+            label: format!("{name} at {:.4}", g.threshold),
+            x: p.wrong_rate * 100.0,
+            y: p.hit_rate * 100.0,
+        })
+        .collect();
+    let chart = Chart {
+        title: "Semantic cache on QQP pairs (held-out split)".into(),
+        x_label: "wrong hits, % of other pairs".into(),
+        y_label: "hits, % of duplicates".into(),
+        x_range: (0.0, 20.0),
+        y_range: (0.0, 100.0),
+        series: vec![
+            Series {
+                name: "plain cosine".into(),
+                colour: "#999999",
+                points: curve(plain),
+            },
+            Series {
+                name: "guarded".into(),
+                colour: "#1f77b4",
+                points: curve(guarded),
+            },
+        ],
+        marks,
+    };
+    let caption = format!(
+        "Cosine thresholds 0.70 to 1.00; {hd} duplicate and {hn} other held-out pairs. Marked: the thresholds chosen on the tuning split for <= {} wrong hits.",
+        pct1(max_wrong)
+    );
+    std::fs::write(
+        path,
+        chart::page("frugal eval-cache", &[(&chart, &caption)]),
+    )
+    .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Quantiles (p50, p99) in milliseconds.
+type Quantiles = (f64, f64);
+
 struct OwnCost {
-    embed_p50_ms: f64,
-    embed_p99_ms: f64,
+    embed: Quantiles,
+    /// Embed + flat search.
+    search: Quantiles,
+    /// Embed + search + the guard on the nearest candidates (what the cache does).
+    lookup: Quantiles,
+    guard: Quantiles,
+    search_only_ms: f64,
     samples: usize,
-    search_ms: f64,
     entries: usize,
     bytes_per_entry: usize,
 }
 
-/// Embedding latency of single questions on this thread, and a flat search over an index
-/// holding the embedded questions repeated to 10,000 entries.
-fn own_cost(e: &Embedder, pairs: &[eval::Pair]) -> Result<OwnCost> {
-    let texts: Vec<&str> = pairs.iter().take(300).map(|p| p.text_b.as_str()).collect();
-    let mut times = Vec::with_capacity(texts.len());
-    let mut vectors = Vec::with_capacity(texts.len());
-    for t in &texts {
-        let start = Instant::now();
-        vectors.push(e.embed(t)?);
-        times.push(start.elapsed().as_secs_f64() * 1e3);
-    }
-    times.sort_by(f64::total_cmp);
-    let quantile = |q: f64| {
-        times
-            .get(((times.len() as f64 - 1.0) * q) as usize)
+fn quantiles(mut ms: Vec<f64>) -> Quantiles {
+    ms.sort_by(f64::total_cmp);
+    let q = |q: f64| {
+        ms.get(((ms.len() as f64 - 1.0) * q) as usize)
             .copied()
             .unwrap_or(0.0)
     };
+    (q(0.5), q(0.99))
+}
+
+/// A whole lookup of single questions on this thread, as the cache runs it: embed, search
+/// a flat index of 10,000 entries (the other side of each pair, repeated), and the guard on
+/// the 4 nearest; timed in parts.
+fn own_cost(e: &Embedder, pairs: &[Pair], guard: &Guard) -> Result<OwnCost> {
+    let sample: Vec<&Pair> = pairs.iter().take(300).collect();
+    let mut cached = FlatIndex::new(e.dim());
+    let texts: Vec<&str> = sample.iter().map(|p| p.text_a.as_str()).collect();
+    let vectors = texts
+        .iter()
+        .map(|t| e.embed(t))
+        .collect::<Result<Vec<_>, _>>()?;
     let entries = 10_000;
-    let mut index = FlatIndex::new(e.dim());
     for i in 0..entries {
         if let Some(v) = vectors.get(i % vectors.len().max(1)) {
-            index.add(i as u64, v);
+            cached.add(i as u64, v);
         }
     }
-    let start = Instant::now();
-    for v in &vectors {
-        std::hint::black_box(index.search(v, 4));
+    let (mut embed, mut search, mut lookup, mut judged) = (vec![], vec![], vec![], vec![]);
+    let mut search_total = 0.0;
+    for p in &sample {
+        let start = Instant::now();
+        let v = e.embed(&p.text_b)?;
+        let embedded = start.elapsed().as_secs_f64() * 1e3;
+        let near = cached.search(&v, 4);
+        let searched = start.elapsed().as_secs_f64() * 1e3;
+        let g = Instant::now();
+        for n in &near {
+            let text = texts[n.id as usize % texts.len()];
+            if guard.judge(&p.text_b, text, n.score, Some(e)) == Verdict::Same {
+                break;
+            }
+        }
+        let guard_ms = g.elapsed().as_secs_f64() * 1e3;
+        embed.push(embedded);
+        search.push(searched);
+        search_total += searched - embedded;
+        judged.push(guard_ms);
+        lookup.push(searched + guard_ms);
     }
     Ok(OwnCost {
-        embed_p50_ms: quantile(0.5),
-        embed_p99_ms: quantile(0.99),
-        samples: times.len(),
-        search_ms: start.elapsed().as_secs_f64() * 1e3 / vectors.len().max(1) as f64,
-        entries: index.len(),
-        bytes_per_entry: index.bytes_per_entry(),
+        embed: quantiles(embed),
+        search: quantiles(search),
+        lookup: quantiles(lookup),
+        guard: quantiles(judged),
+        search_only_ms: search_total / sample.len().max(1) as f64,
+        samples: sample.len(),
+        entries: cached.len(),
+        bytes_per_entry: cached.bytes_per_entry(),
     })
 }

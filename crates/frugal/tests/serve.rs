@@ -209,10 +209,21 @@ fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
         "miss"
     );
     let (_, _, _) = ask("How do I convert dollars to rupees?", 16);
-    assert_eq!(ask("How do I convert rupees to dollars?", 16).0, "miss");
+    let (result, head, _) = ask("How do I convert rupees to dollars?", 16);
+    assert_eq!(result, "miss");
+    // The guard says why it turned the near neighbour away.
+    assert_eq!(
+        header(&head, "x-frugal-semantic-veto"),
+        Some("swapped"),
+        "{head}"
+    );
     assert_eq!(
         ask("How can I improve my French speaking skills?", 16).0,
         "miss"
+    );
+    assert_eq!(
+        server.metric("frugal_semantic_vetoes_total{reason=\"swapped\"}"),
+        1.0
     );
     assert_eq!(
         server.metric("frugal_cache_requests_total{result=\"hit-semantic\"}"),
