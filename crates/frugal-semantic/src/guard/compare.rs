@@ -146,8 +146,32 @@ fn align(a: &[Content], b: &[Content], lex: &Lexicon) -> Aligned {
         }
         close.is_none()
     });
-    let right = (0..b.len()).filter(|&j| !used_b[j]).collect();
+    let mut right: Vec<usize> = (0..b.len()).filter(|&j| !used_b[j]).collect();
+    joined(&mut left, &mut right, a, b);
+    joined(&mut right, &mut left, b, a);
     Aligned { same, left, right }
+}
+
+/// One word on one side spelled as two adjacent ones on the other: "WiFi" / "Wi-Fi", or
+/// their initials, "AC" / "air conditioning". Both leave the unmatched lists.
+fn joined(one: &mut Vec<usize>, two: &mut Vec<usize>, a: &[Content], b: &[Content]) {
+    one.retain(|&i| {
+        let w = &a[i].word;
+        let pair = two.windows(2).position(|p| {
+            let (x, y) = (&b[p[0]], &b[p[1]]);
+            let initials: String = x
+                .word
+                .chars()
+                .take(1)
+                .chain(y.word.chars().take(1))
+                .collect();
+            y.at == x.at + 1 && (format!("{}{}", x.word, y.word) == *w || initials == *w)
+        });
+        if let Some(p) = pair {
+            two.drain(p..p + 2);
+        }
+        pair.is_none()
+    });
 }
 
 /// The veto a replacement of content words calls for, by what WordNet says of the words:
@@ -220,8 +244,9 @@ fn swapped(a: &Words, b: &Words, same: &[(usize, usize)]) -> bool {
             v.sort_unstable();
             v
         };
+        // The relation left one word for another: each side governs one the other does not.
         let (ga, gb) = (governed(a, |p| p.0), governed(b, |p| p.1));
-        if !ga.is_empty() && !gb.is_empty() && ga != gb {
+        if ga.iter().any(|k| !gb.contains(k)) && gb.iter().any(|k| !ga.contains(k)) {
             return true;
         }
     }
@@ -248,14 +273,36 @@ fn swapped(a: &Words, b: &Words, same: &[(usize, usize)]) -> bool {
         }
     }
     // One block moved: a rewording if it carries its relation word along ("to B from A"),
-    // trades "of" for a possessive ("X's population"), or is set off by a comma.
+    // trades "of" for a possessive ("X's population"), is set off by a comma, reorders a
+    // coordination ("quinoa or brown rice"), or turns a compound into a phrase ("a name
+    // change" / "change my name").
     let moved_ok = |run: std::ops::Range<usize>| {
         let (first_a, last_a) = (order[run.start].0, order[run.end - 1].0);
         let (first_b, last_b) = (ranks[run.start], ranks[run.end - 1]);
         let (ra, rb) = (role_at(a, first_a), role_at(b, first_b));
         let kept = ra.is_some() && ra == rb;
         let genitive = matches!((ra, rb), (None, Some("of")) | (Some("of"), None));
-        kept || genitive || set_off(a, first_a, last_a) || set_off(b, first_b, last_b)
+        // The run and the words it jumped over, in each text.
+        let jumped: Vec<usize> = (0..ranks.len())
+            .filter(|k| !run.contains(k) && ((*k < run.start) != (ranks[*k] < first_b)))
+            .chain(run.clone())
+            .collect();
+        let span = |pos: &dyn Fn(usize) -> usize| {
+            let lo = jumped.iter().map(|&k| pos(k)).min().unwrap_or(0);
+            let hi = jumped.iter().map(|&k| pos(k)).max().unwrap_or(0);
+            lo..hi + 1
+        };
+        let (sa, sb) = (span(&|k| order[k].0), span(&|k| ranks[k]));
+        let has = |w: &Words, s: &std::ops::Range<usize>, words: &[&str]| {
+            w.all[s.clone()].iter().any(|t| words.contains(&t.as_str()))
+        };
+        let coordination = has(a, &sa, COORDINATORS) && has(b, &sb, COORDINATORS);
+        let compound = sa.len() == jumped.len() || sb.len() == jumped.len();
+        kept || genitive
+            || coordination
+            || compound
+            || set_off(a, first_a, last_a)
+            || set_off(b, first_b, last_b)
     };
     !ascending(&ranks) && !block_moves(&ranks).into_iter().any(moved_ok)
 }

@@ -184,3 +184,51 @@ fn the_embedder_judges_spans_wordnet_cannot_relate() {
     );
     assert_eq!(far.veto, Some(Veto::Content), "{far:?}");
 }
+
+#[test]
+fn roles_and_spellings() {
+    for (a, b, want) in [
+        (
+            "Is a wolf a type of dog?",
+            "Is a dog a type of wolf?",
+            Veto::Swapped,
+        ),
+        ("Is a wolf a dog?", "Is a dog a wolf?", Veto::Swapped),
+        (
+            "How many steps are in one mile?",
+            "How many steps are in two miles?",
+            Veto::Numbers,
+        ),
+    ] {
+        assert_eq!(v(a, b), Some(want), "{a} / {b}");
+    }
+    for (a, b) in [
+        (
+            "How many steps are in 1 mile?",
+            "How many steps are in one mile?",
+        ),
+        ("Which one is cheaper?", "Which is cheaper?"),
+        (
+            "My phone will not connect to WiFi",
+            "My phone won't connect to Wi-Fi",
+        ),
+        (
+            "How do I cool a room without AC?",
+            "How do I cool a room without air conditioning?",
+        ),
+        (
+            "Is quinoa or brown rice healthier?",
+            "Is brown rice or quinoa healthier?",
+        ),
+        (
+            "How do I do a last name change?",
+            "How do I change my last name?",
+        ),
+        (
+            "For a sore throat, what tea is best?",
+            "What tea is best for a sore throat?",
+        ),
+    ] {
+        assert_eq!(v(a, b), None, "{a} / {b}");
+    }
+}

@@ -391,9 +391,10 @@ const UNITS: &[(&str, &[&str])] = &[
 /// Spellings that are units only right after a number ("5 m", "10 in", "3 g").
 const UNITS_AFTER_NUMBER: &[&str] = &["m", "in", "g", "l", "w", "v", "s", "second", "seconds"];
 
-/// Cardinals spelled out ("one" is left out: "which one", "quick one" count nothing).
+/// Cardinals spelled out ("one" only where it counts something: see [`counts`]).
 const CARDINALS: &[(&str, u64)] = &[
     ("zero", 0),
+    ("one", 1),
     ("two", 2),
     ("three", 3),
     ("four", 4),
@@ -573,12 +574,15 @@ impl Words {
             }
             split_word(raw, i == 0, &mut pieces);
         }
-        // "two-year-old" reads as "two year old" unless WordNet knows the compound
-        // ("well-done").
+        // "two-year-old" reads as "two year old", as "2-year-old" does; other compounds
+        // are split unless WordNet knows them ("well-done").
         let pieces: Vec<(String, bool)> = pieces
             .into_iter()
             .flat_map(|(p, cap)| {
-                if p.contains('-') && !lex.knows(&p) {
+                let numeric = p
+                    .split('-')
+                    .any(|s| cardinal(s).is_some() || s.chars().all(|c| c.is_ascii_digit()));
+                if p.contains('-') && (numeric || !lex.knows(&p)) {
                     p.split('-')
                         .filter(|s| !s.is_empty())
                         .map(|s| (s.to_string(), cap))
@@ -601,6 +605,10 @@ impl Words {
         while k < pieces.len() {
             let (word, cap) = (pieces[k].0.clone(), pieces[k].1);
             k += 1;
+            if word == "one" && !counts(w.all.last(), pieces.get(k).map(|p| p.0.as_str())) {
+                w.all.push(word);
+                continue;
+            }
             // Numbers: digits, number words ("twenty five" = 25, "two thousand"), ordinals.
             if let Some(n) = cardinal(&word).or_else(|| plain_number(&word)) {
                 let n_is_scale = matches!(n, 100 | 1_000 | 1_000_000 | 1_000_000_000);
@@ -711,6 +719,33 @@ impl Words {
         w.degree.sort_unstable();
         w
     }
+}
+
+/// Whether "one" between these words is a number ("one mile", "one liter") rather than a
+/// pronoun ("which one", "quick one:", "one of them").
+fn counts(before: Option<&String>, after: Option<&str>) -> bool {
+    let pronoun = before.is_some_and(|b| {
+        matches!(
+            b.as_str(),
+            "which"
+                | "this"
+                | "that"
+                | "the"
+                | "each"
+                | "every"
+                | "any"
+                | "some"
+                | "no"
+                | "quick"
+                | "only"
+                | "another"
+                | "a"
+        )
+    });
+    let counted = after.is_some_and(|a| {
+        a.chars().all(char::is_alphabetic) && !matches!(a, "of" | "another" | "or" | "and")
+    });
+    !pronoun && counted
 }
 
 fn modal(word: &str, before: &[String]) -> Option<Modal> {
