@@ -245,11 +245,18 @@ pub fn cache_config(raw: &RawServe) -> CacheConfig {
     }
 }
 
-/// The semantic cache's settings: `semantic_threshold`, `semantic_entries`, `cache_ttl`.
+/// The semantic cache's settings: `semantic_threshold`, `semantic_aligned_threshold`,
+/// `semantic_entries`, `cache_ttl`.
 pub fn semantic_config(raw: &RawServe) -> Result<SemanticConfig, ConfigError> {
     let mut config = SemanticConfig::default();
     if let Some(t) = raw.semantic_threshold {
+        // The aligned pairs' threshold moves with it unless set too.
+        let gap = config.guard.threshold - config.guard.aligned_threshold;
         config.guard.threshold = cosine_threshold(t).map_err(ConfigError::Serve)?;
+        config.guard.aligned_threshold = (t - gap).max(0.0);
+    }
+    if let Some(t) = raw.semantic_aligned_threshold {
+        config.guard.aligned_threshold = cosine_threshold(t).map_err(ConfigError::Serve)?;
     }
     if let Some(ttl) = raw.cache_ttl {
         config.ttl = Duration::from_secs(ttl);

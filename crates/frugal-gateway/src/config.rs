@@ -33,6 +33,9 @@ pub struct RawServe {
     pub cache_redis: Option<String>,
     pub semantic_cache: Option<bool>,
     pub semantic_threshold: Option<f32>,
+    /// The threshold for pairs whose content words all align [default: the built-in one, or
+    /// as far below `semantic_threshold` as the built-in ones are apart].
+    pub semantic_aligned_threshold: Option<f32>,
     /// Questions the semantic cache holds at most [default: 10,000].
     pub semantic_entries: Option<usize>,
     /// The local model's cache is one for every tenant [default: false, one per tenant].

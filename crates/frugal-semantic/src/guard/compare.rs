@@ -94,6 +94,9 @@ fn fixed(a: &Words, b: &Words) -> Option<Veto> {
     if a.units != b.units {
         return Some(Veto::Unit);
     }
+    if a.order != b.order {
+        return Some(Veto::Swapped);
+    }
     if a.negations % 2 != b.negations % 2 {
         return Some(Veto::Negation);
     }

@@ -232,3 +232,22 @@ fn roles_and_spellings() {
         assert_eq!(v(a, b), None, "{a} / {b}");
     }
 }
+
+#[test]
+fn numbers_and_identifiers_keep_their_order() {
+    assert_eq!(
+        v("Is 7 greater than 5?", "Is 5 greater than 7?"),
+        Some(Veto::Swapped)
+    );
+    assert_eq!(
+        v(
+            "How do I cast int64_t to int32_t?",
+            "How do I cast int32_t to int64_t?"
+        ),
+        Some(Veto::Swapped)
+    );
+    assert_eq!(
+        v("Is 7 greater than 5?", "Is seven greater than five?"),
+        None
+    );
+}

@@ -38,6 +38,9 @@ pub(crate) struct Words {
     pub units: Vec<&'static str>,
     /// Identifiers, flags and operators, as written, sorted.
     pub code: Vec<String>,
+    /// Numbers and identifiers in the order written ("is 7 more than 5", "cast int64 to
+    /// int32"): the same ones in another order swap the question.
+    pub order: Vec<String>,
     pub negations: usize,
     /// Deontic modals present, sorted and deduplicated.
     pub modals: Vec<Modal>,
@@ -605,6 +608,10 @@ impl Words {
         while k < pieces.len() {
             let (word, cap) = (pieces[k].0.clone(), pieces[k].1);
             k += 1;
+            if word == "<code>" {
+                w.all.push(word);
+                continue;
+            }
             if word == "one" && !counts(w.all.last(), pieces.get(k).map(|p| p.0.as_str())) {
                 w.all.push(word);
                 continue;
@@ -711,6 +718,7 @@ impl Words {
             w.all.push(word);
         }
         flush(&mut pending, &mut w.numbers);
+        w.order = w.numbers.iter().chain(&w.code).cloned().collect();
         w.numbers.sort();
         w.units.sort_unstable();
         w.code.sort();
