@@ -34,8 +34,8 @@ use crate::lexicon::Lexicon;
 /// serves most QQP tuning duplicates with at most 1% wrong hits there, and on the near-miss
 /// set's tuning half at most 1% overall and 3% of any kind (`frugal eval-cache`; the
 /// held-out halves' figures are in BENCHMARKS.md).
-pub const DEFAULT_THRESHOLD: f32 = 0.965;
-pub const DEFAULT_ALIGNED_THRESHOLD: f32 = 0.965;
+pub const DEFAULT_THRESHOLD: f32 = 0.9525;
+pub const DEFAULT_ALIGNED_THRESHOLD: f32 = 0.9475;
 
 /// The semantic cache's acceptance rule.
 #[derive(Debug, Clone, Copy, PartialEq)]
