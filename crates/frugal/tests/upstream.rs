@@ -759,7 +759,7 @@ fn cache_policies_share_entries_across_tenants_and_set_a_models_semantic_thresho
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     // The same question in other words: under the default threshold a miss, under the
     // shared model's own 0.8 a semantic hit.
-    let other_words = "How can I learn cooking?";
+    let other_words = "What is the best way to learn cooking?";
     assert_eq!(cache("key-a", "mock", other_words), "miss");
     assert_eq!(cache("key-b", "shared", other_words), "hit-semantic");
     assert_eq!(calls.load(Ordering::SeqCst), 4);
