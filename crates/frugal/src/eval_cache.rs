@@ -364,6 +364,13 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         at.threshold,
         at.aligned_threshold
     )?;
+    writeln!(
+        out,
+        "To serve with them (frugal.toml): under [serve], semantic_threshold = {:.4} and \
+         semantic_aligned_threshold = {:.4}; on one upstream or route, semantic_threshold = {:.4} \
+         (its aligned threshold keeps the same distance below)",
+        at.threshold, at.aligned_threshold, at.threshold
+    )?;
     if let Some(path) = &args.html {
         write_html(
             path,
