@@ -251,3 +251,33 @@ fn numbers_and_identifiers_keep_their_order() {
         None
     );
 }
+
+#[test]
+fn odd_text_reads_without_panicking() {
+    let odd = [
+        "",
+        "   ",
+        "?!",
+        "°C°F°",
+        "’’’ don’t’",
+        "1,2,3,,4..5",
+        "2-",
+        "-2-year--old-",
+        "3rd4th 10km/h $$$ 5%%",
+        "😀 emoji 😀 and 日本語の質問は何ですか",
+        "مرحبا كيف حالك",
+        "e\u{301}te\u{301} cafe\u{301}",
+        "`` `a` `",
+        "a.b.c. .d ::x:: --",
+        "one one one of one",
+        "twenty twenty twenty hundred thousand million billion",
+    ];
+    let e = crate::embed::tests::embedder();
+    for a in odd {
+        // A text is the same question as itself.
+        assert_eq!(explain(a, a, None).veto, None, "{a:?} against itself");
+        for b in odd {
+            std::hint::black_box(explain(a, b, Some(e)));
+        }
+    }
+}

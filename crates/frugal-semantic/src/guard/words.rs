@@ -620,7 +620,7 @@ impl Words {
             if let Some(n) = cardinal(&word).or_else(|| plain_number(&word)) {
                 let n_is_scale = matches!(n, 100 | 1_000 | 1_000_000 | 1_000_000_000);
                 pending = Some(match pending {
-                    Some(p) if n_is_scale => p.max(1) * n,
+                    Some(p) if n_is_scale => p.max(1).saturating_mul(n),
                     Some(p) if p >= 20 && p % 10 == 0 && n < 10 && cardinal(&word).is_some() => {
                         p + n
                     }
