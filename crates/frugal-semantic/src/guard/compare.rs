@@ -6,7 +6,8 @@ use crate::embed::{Embedder, cosine};
 use crate::lexicon::{Lexicon, Relation};
 
 /// Replaced spans at or above this embedder similarity say the same thing in other words
-/// ("population" / "people live"); chosen on the tuning halves (`frugal eval-cache`).
+/// ("pick" / "choose" 0.7; "temperature" / "melting point" 0.12); set from the tuning half's
+/// errors (`frugal eval-cache --tuning-errors`).
 pub const SPAN_MIN: f32 = 0.6;
 
 /// What the guard read in a pair.
@@ -228,24 +229,20 @@ fn degree_differs(a: &[&str], b: &[&str]) -> bool {
     a != b
 }
 
-/// The same content words in another order around a relation. A relation word present on
-/// both sides that governs another word swaps the question ("dollars to rupees" /
-/// "rupees to dollars", "A depends on B" / "B depends on A", "a type of wolf" / "a type
-/// of dog"). Without one, moving one
-/// block of words elsewhere rewords it ("For a sore throat, what tea is best?"), and so
-/// does reordering a coordination ("A or B"); any other reordering swaps roles ("A beats B"
-/// / "B beats A", "a type of dog" / "a type of wolf").
+/// The same content words in another order around a relation. A relation word on both
+/// sides that governs another word swaps the question ("dollars to rupees" / "rupees to
+/// dollars", "A depends on B" / "B depends on A", "a type of wolf" / "a type of dog").
+/// Otherwise moving one block of words elsewhere may reword it (see `moved_ok`); any other
+/// reordering swaps roles ("A beats B" / "B beats A", "Is a wolf a dog?" / "Is a dog a
+/// wolf?").
 fn swapped(a: &Words, b: &Words, same: &[(usize, usize)]) -> bool {
     for &r in RELATIONS {
         let governed = |w: &Words, side: fn(&(usize, usize)) -> usize| -> Vec<usize> {
-            let mut v: Vec<usize> = same
-                .iter()
+            same.iter()
                 .enumerate()
                 .filter(|(_, p)| w.content[side(p)].role == Some(r))
                 .map(|(k, _)| k)
-                .collect();
-            v.sort_unstable();
-            v
+                .collect()
         };
         // The relation left one word for another: each side governs one the other does not.
         let (ga, gb) = (governed(a, |p| p.0), governed(b, |p| p.1));
@@ -256,7 +253,7 @@ fn swapped(a: &Words, b: &Words, same: &[(usize, usize)]) -> bool {
     // Matched words in A's order, as ranks in B; coordinated neighbours count as one.
     let mut order: Vec<(usize, usize)> = same.iter().map(|&(i, j)| (a.content[i].at, j)).collect();
     order.sort_unstable();
-    let ranks: Vec<usize> = order.iter().map(|&(_, j)| b.content[j].at).collect();
+    let mut ranks: Vec<usize> = order.iter().map(|&(_, j)| b.content[j].at).collect();
     let coordinated = |w: &Words, x: usize, y: usize| {
         let (lo, hi) = (x.min(y), x.max(y));
         hi - lo <= 3
@@ -264,7 +261,6 @@ fn swapped(a: &Words, b: &Words, same: &[(usize, usize)]) -> bool {
                 .iter()
                 .any(|t| COORDINATORS.contains(&t.as_str()))
     };
-    let mut ranks = ranks;
     // Undo coordinated pairs that traded places ("A or B" / "B or A").
     for k in 1..ranks.len() {
         let (pa, pb) = (order[k - 1].0, order[k].0);

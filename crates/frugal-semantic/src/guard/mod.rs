@@ -9,18 +9,18 @@
 //! - a negation, or a modal of another force (must / may / should), is on one side only;
 //! - a quantity or degree word differs ("some" / "all", "slightly" / "severely");
 //! - a content word is replaced by one that is not a synonym or a derived form of it:
-//!   WordNet names the relation (antonym, sibling of one category, broader or narrower),
-//!   a word WordNet does not know is a name; for a replacement WordNet calls unrelated,
-//!   the embedder itself compares the two spans ("population" / "how many people live"),
-//!   and a low similarity vetoes it;
+//!   WordNet names the relation (an antonym, a sibling of one category), a word WordNet does
+//!   not know is a name; for a replacement WordNet calls unrelated, broader or narrower,
+//!   the embedder itself compares the two spans ("pick" / "choose" are close, "temperature"
+//!   / "melting point" are not), and a low similarity vetoes it;
 //! - the same content words stand in another order around a relation ("A depends on B" /
 //!   "B depends on A", "from A to B" / "from B to A", "A beats B" / "B beats A").
 //!
 //! What remains is served above the threshold. A pair whose content words all align (the
 //! same, synonyms or derived forms; only function words, contractions, politeness or the
-//! order of the frame differ) is far less often another question at the same similarity,
-//! so it has a threshold of its own, lower (`aligned_threshold`); both are chosen on tuning
-//! halves by `frugal eval-cache`.
+//! order of the frame differ) is less often another question at the same similarity, so it
+//! has a threshold of its own (`aligned_threshold`); both are chosen on the tuning halves by
+//! `frugal eval-cache`.
 
 mod compare;
 mod words;

@@ -25,7 +25,8 @@ pub(crate) struct Content {
     pub cap: bool,
     /// Its place among the words of the text (for order).
     pub at: usize,
-    /// The relation word right before it ("to", "from", "than"...), which says its role.
+    /// The last relation word between it and the content word before it ("to", "from",
+    /// "than"...): its role.
     pub role: Option<&'static str>,
 }
 
@@ -38,8 +39,8 @@ pub(crate) struct Words {
     pub units: Vec<&'static str>,
     /// Identifiers, flags and operators, as written, sorted.
     pub code: Vec<String>,
-    /// Numbers and identifiers in the order written ("is 7 more than 5", "cast int64 to
-    /// int32"): the same ones in another order swap the question.
+    /// The numbers in the order written, then the identifiers in theirs ("is 7 more than
+    /// 5", "cast int64 to int32"): the same ones in another order swap the question.
     pub order: Vec<String>,
     pub negations: usize,
     /// Deontic modals present, sorted and deduplicated.
