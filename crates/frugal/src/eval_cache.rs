@@ -374,12 +374,10 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     if let Some(path) = &args.html {
         write_html(
             path,
-            plain,
-            guarded,
-            held,
+            (plain, guarded),
+            (held, &near.held.1),
             &chosen,
             args.max_wrong,
-            (hd, hn),
         )?;
     }
     if let Some(path) = &args.json {
@@ -410,15 +408,17 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     Ok(())
 }
 
-fn write_html(
-    path: &Path,
-    plain: Guard,
-    guarded: Guard,
-    held: &[Scored],
-    chosen: &[(&str, Guard, Point)],
-    max_wrong: f64,
-    (hd, hn): (usize, usize),
-) -> Result<()> {
+/// What one chart of hit-against-wrong curves shows.
+struct Axes<'a> {
+    title: &'a str,
+    x: &'a str,
+    y: &'a str,
+    x_max: f64,
+}
+
+/// Plain cosine and the guard over `held` at cosine thresholds 0.70 to 1.00: the share of
+/// wrong pairs served against the share of right ones.
+fn curves(axes: &Axes, held: &[Scored], plain: Guard, guarded: Guard, marks: Vec<Mark>) -> Chart {
     let fine: Vec<f32> = (0..=60).map(|i| 0.70 + i as f32 * 0.005).collect();
     let curve = |g: Guard| -> Vec<(f64, f64)> {
         eval::sweep(g, held, &fine)
@@ -426,19 +426,11 @@ fn write_html(
             .map(|p| (p.wrong_rate * 100.0, p.hit_rate * 100.0))
             .collect()
     };
-    let marks = chosen
-        .iter()
-        .map(|(name, g, p)| Mark {
-            label: format!("{name} at {:.4}", g.threshold),
-            x: p.wrong_rate * 100.0,
-            y: p.hit_rate * 100.0,
-        })
-        .collect();
-    let chart = Chart {
-        title: "Semantic cache on QQP pairs (held-out split)".into(),
-        x_label: "wrong hits, % of other pairs".into(),
-        y_label: "hits, % of duplicates".into(),
-        x_range: (0.0, 20.0),
+    Chart {
+        title: axes.title.into(),
+        x_label: axes.x.into(),
+        y_label: axes.y.into(),
+        x_range: (0.0, axes.x_max),
         y_range: (0.0, 100.0),
         series: vec![
             Series {
@@ -453,16 +445,72 @@ fn write_html(
             },
         ],
         marks,
+    }
+}
+
+fn write_html(
+    path: &Path,
+    (plain, guarded): (Guard, Guard),
+    (held, near_held): (&[Scored], &[Scored]),
+    chosen: &[(&str, Guard, Point)],
+    max_wrong: f64,
+) -> Result<()> {
+    let mark = |name: &str, g: &Guard, p: &Point| Mark {
+        label: format!("{name} at {:.4}", g.threshold),
+        x: p.wrong_rate * 100.0,
+        y: p.hit_rate * 100.0,
     };
-    let caption = format!(
-        "Cosine thresholds 0.70 to 1.00; {hd} duplicate and {hn} other held-out pairs. Marked: the thresholds chosen on the tuning split for <= {} wrong hits.",
-        pct1(max_wrong)
+    let qqp = curves(
+        &Axes {
+            title: "Semantic cache on QQP pairs (held-out split)",
+            x: "wrong hits, % of other pairs",
+            y: "hits, % of duplicates",
+            x_max: 20.0,
+        },
+        held,
+        plain,
+        guarded,
+        chosen.iter().map(|(n, g, p)| mark(n, g, p)).collect(),
     );
-    std::fs::write(
-        path,
-        chart::page("frugal eval-cache", &[(&chart, &caption)]),
-    )
-    .with_context(|| format!("cannot write {}", path.display()))
+    let (hd, hn) = counts(held);
+    let mut charts = vec![(
+        qqp,
+        format!(
+            "Cosine thresholds 0.70 to 1.00; {hd} duplicate and {hn} other held-out pairs. \
+             Marked: the thresholds chosen on the tuning split for <= {} wrong hits.",
+            pct1(max_wrong)
+        ),
+    )];
+    if !near_held.is_empty() {
+        let marks = chosen
+            .iter()
+            .map(|(n, g, _)| mark(n, g, &eval::measure(g, near_held)))
+            .collect();
+        let near = curves(
+            &Axes {
+                title: "Near misses and paraphrases (held-out half)",
+                x: "near misses served (wrong answers), %",
+                y: "paraphrases served, %",
+                x_max: 100.0,
+            },
+            near_held,
+            plain,
+            guarded,
+            marks,
+        );
+        let (para, miss) = counts(near_held);
+        charts.push((
+            near,
+            format!(
+                "Cosine thresholds 0.70 to 1.00; {para} paraphrases and {miss} near misses of \
+                 data/semantic-cache/nearmiss.json. Plain cosine cannot serve paraphrases \
+                 without serving near misses; the guard's vetoes hold the near misses near 0."
+            ),
+        ));
+    }
+    let refs: Vec<(&Chart, &str)> = charts.iter().map(|(c, t)| (c, t.as_str())).collect();
+    std::fs::write(path, chart::page("frugal eval-cache", &refs))
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// The guard's reading of each pair of `pairs` (as when it is similar enough to judge):
