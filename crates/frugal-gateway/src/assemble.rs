@@ -251,9 +251,9 @@ pub fn semantic_config(raw: &RawServe) -> Result<SemanticConfig, ConfigError> {
     let mut config = SemanticConfig::default();
     if let Some(t) = raw.semantic_threshold {
         // The aligned pairs' threshold moves with it unless set too.
-        let gap = config.guard.threshold - config.guard.aligned_threshold;
-        config.guard.threshold = cosine_threshold(t).map_err(ConfigError::Serve)?;
-        config.guard.aligned_threshold = (t - gap).max(0.0);
+        config.guard = config
+            .guard
+            .at(cosine_threshold(t).map_err(ConfigError::Serve)?);
     }
     if let Some(t) = raw.semantic_aligned_threshold {
         config.guard.aligned_threshold = cosine_threshold(t).map_err(ConfigError::Serve)?;

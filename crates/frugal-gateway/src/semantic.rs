@@ -73,8 +73,9 @@ pub enum Search {
     Miss(Option<Veto>),
 }
 
+#[cfg(test)]
 impl Search {
-    pub fn found(self) -> Option<Found> {
+    fn found(self) -> Option<Found> {
         match self {
             Search::Hit(f) => Some(f),
             Search::Miss(_) => None,
@@ -115,15 +116,7 @@ impl SemanticCache {
     /// The first cached answer in `space` that the guard accepts for `text`, at `threshold`
     /// if given (a route's; the aligned pairs' threshold moves with it), else the cache's own.
     pub fn find(&self, space: &str, text: &str, v: &[f32], threshold: Option<f32>) -> Search {
-        let own = self.config.guard;
-        let guard = match threshold {
-            Some(t) => Guard {
-                threshold: t,
-                aligned_threshold: t - (own.threshold - own.aligned_threshold),
-                ..own
-            },
-            None => own,
-        };
+        let guard = threshold.map_or(self.config.guard, |t| self.config.guard.at(t));
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let Some(index) = state.spaces.get(space) else {
             return Search::Miss(None);

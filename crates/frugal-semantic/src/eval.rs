@@ -186,12 +186,6 @@ pub fn sweep(guard: Guard, scored: &[Scored], thresholds: &[f32]) -> Vec<Point> 
         .collect()
 }
 
-/// The lowest threshold on a 0.0025 grid whose wrong-hit rate on `scored` is within
-/// `max_wrong`.
-pub fn pick_threshold(guard: Guard, scored: &[Scored], max_wrong: f64) -> f32 {
-    lowest_threshold(guard, |g| measure(g, scored).wrong_rate <= max_wrong)
-}
-
 /// The lowest threshold (both of them) on a 0.0025 grid from 0.5 at which `ok` holds
 /// (1.0 if none).
 pub fn lowest_threshold(guard: Guard, ok: impl Fn(&Guard) -> bool) -> f32 {
@@ -250,6 +244,24 @@ impl KindRate {
     pub fn rate(&self) -> f64 {
         self.hits as f64 / self.pairs.max(1) as f64
     }
+}
+
+/// `rates` (as [`by_kind`] orders them) with a total after each label's kinds: "all near
+/// misses", then "all paraphrases".
+pub fn with_totals(rates: Vec<KindRate>) -> Vec<KindRate> {
+    let mut out = Vec::with_capacity(rates.len() + 2);
+    for (label, name) in [(false, "all near misses"), (true, "all paraphrases")] {
+        let of: Vec<KindRate> = rates.iter().filter(|r| r.label == label).cloned().collect();
+        let total = KindRate {
+            kind: name.into(),
+            label,
+            pairs: of.iter().map(|r| r.pairs).sum(),
+            hits: of.iter().map(|r| r.hits).sum(),
+        };
+        out.extend(of);
+        out.push(total);
+    }
+    out
 }
 
 /// `guard`'s hits per kind (pairs without one count as "other"): near misses first, then
@@ -382,7 +394,7 @@ mod tests {
         assert_eq!(measure(&nothing, &scored).hit_rate, 0.0);
         assert_eq!(veto_counts(&scored, -1.0)[0], (Veto::Numbers, 0, 1));
         // No wrong hits allowed: just above the closest non-duplicate.
-        let t = pick_threshold(everything, &scored, 0.0);
+        let t = lowest_threshold(everything, |g| measure(g, &scored).wrong_rate <= 0.0);
         let closest = scored[1].cosine.max(scored[2].cosine);
         assert!(t > closest && t - 0.0025 <= closest, "{t} {closest}");
     }

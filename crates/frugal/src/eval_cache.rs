@@ -201,13 +201,15 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         let name = near_path
             .as_deref()
             .map_or_else(String::new, |p| p.display().to_string());
-        let tune_rates = eval::by_kind(&at, &near.tune.0, &near.tune.1);
-        let held_rates = eval::by_kind(&at, &near.held.0, &near.held.1);
         let plain_at = Guard {
             vetoes: false,
             ..at
         };
-        let plain_rates = eval::by_kind(&plain_at, &near.held.0, &near.held.1);
+        let rates = |g: &Guard, half: &(Vec<&Pair>, Vec<Scored>)| {
+            eval::with_totals(eval::by_kind(g, &half.0, &half.1))
+        };
+        let (tune_rates, held_rates) = (rates(&at, &near.tune), rates(&at, &near.held));
+        let plain_rates = rates(&plain_at, &near.held);
         writeln!(
             out,
             "{name}: hits per kind at the guarded threshold {:.4} (a near miss that hits \
@@ -223,57 +225,29 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             "held-out hits>",
             "plain cosine, held-out>",
         ]);
-        let mut rows = Vec::new();
-        for label in [false, true] {
-            let pick = |v: &[KindRate]| -> Vec<KindRate> {
-                v.iter().filter(|r| r.label == label).cloned().collect()
-            };
-            let (tr, hr, pr) = (pick(&tune_rates), pick(&held_rates), pick(&plain_rates));
-            let total = |v: &[KindRate]| KindRate {
-                kind: if label {
-                    "all paraphrases"
-                } else {
-                    "all near misses"
-                }
-                .into(),
-                label,
-                pairs: v.iter().map(|r| r.pairs).sum(),
-                hits: v.iter().map(|r| r.hits).sum(),
-            };
-            for h in hr.iter().chain([&total(&hr)]) {
-                let find = |v: &[KindRate]| {
-                    if h.kind.starts_with("all ") {
-                        total(v)
-                    } else {
-                        v.iter()
-                            .find(|r| r.kind == h.kind)
-                            .cloned()
-                            .unwrap_or(KindRate {
-                                pairs: 0,
-                                hits: 0,
-                                ..h.clone()
-                            })
-                    }
-                };
-                let (tk, pk) = (find(&tr), find(&pr));
-                rows.push(vec![
-                    h.kind.clone(),
-                    if label { "paraphrase" } else { "near miss" }.to_string(),
-                    tk.pairs.to_string(),
-                    pct1(tk.rate()),
-                    h.pairs.to_string(),
-                    pct1(h.rate()),
-                    pct1(pk.rate()),
-                ]);
-                kinds_json.push(serde_json::json!({
-                    "kind": h.kind, "paraphrase": label,
-                    "tuning_pairs": tk.pairs, "tuning_hit": tk.rate(),
-                    "held_pairs": h.pairs, "held_hit": h.rate(), "held_plain_hit": pk.rate(),
-                }));
-            }
-        }
-        for r in rows {
-            t.add_row(r);
+        // The same kind and label in another list (absent: no pairs).
+        let find = |v: &[KindRate], h: &KindRate| {
+            v.iter()
+                .find(|r| r.kind == h.kind && r.label == h.label)
+                .map_or((0, 0.0), |r| (r.pairs, r.rate()))
+        };
+        for h in &held_rates {
+            let ((tune_pairs, tune_hit), (_, plain_hit)) =
+                (find(&tune_rates, h), find(&plain_rates, h));
+            t.add_row(vec![
+                h.kind.clone(),
+                if h.label { "paraphrase" } else { "near miss" }.to_string(),
+                tune_pairs.to_string(),
+                pct1(tune_hit),
+                h.pairs.to_string(),
+                pct1(h.rate()),
+                pct1(plain_hit),
+            ]);
+            kinds_json.push(serde_json::json!({
+                "kind": h.kind, "paraphrase": h.label,
+                "tuning_pairs": tune_pairs, "tuning_hit": tune_hit,
+                "held_pairs": h.pairs, "held_hit": h.rate(), "held_plain_hit": plain_hit,
+            }));
         }
         writeln!(out, "{t}\n")?;
     }
@@ -303,33 +277,33 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     writeln!(out, "{t}\n")?;
 
     if let Some(path) = &args.tuning_errors {
-        let mut lines = String::new();
-        for (p, s) in near.tune.0.iter().zip(&near.tune.1) {
-            // By the vetoes alone, whatever the similarity: what they let through or refuse.
-            if s.veto.is_none() != s.label {
+        // The near misses and paraphrases the vetoes alone (whatever the similarity) let
+        // through or refuse, and QQP's pairs the guard serves though labelled different.
+        let near_errors = near
+            .tune
+            .0
+            .iter()
+            .zip(&near.tune.1)
+            .filter(|(_, s)| s.veto.is_none() != s.label);
+        let qqp_errors = qqp
+            .tune
+            .0
+            .iter()
+            .zip(&qqp.tune.1)
+            .filter(|(_, s)| !s.label && eval::hits(&at, s));
+        let lines: String = near_errors
+            .chain(qqp_errors)
+            .map(|(p, s)| {
                 let x = frugal_semantic::guard::explain(&p.text_b, &p.text_a, Some(&embedder));
-                lines += &serde_json::json!({
-                    "kind": p.kind, "label": s.label, "asked": p.text_b, "cached": p.text_a,
-                    "cosine": s.cosine, "veto": x.veto.map(|v| v.name()),
+                let line = serde_json::json!({
+                    "kind": p.kind.as_deref().unwrap_or("qqp"), "label": s.label,
+                    "asked": p.text_b, "cached": p.text_a, "cosine": s.cosine,
+                    "veto": x.veto.map(|v| v.name()), "aligned": s.aligned,
                     "replaced": [x.replaced.0, x.replaced.1], "span_similarity": x.span_similarity,
-                })
-                .to_string();
-                lines.push('\n');
-            }
-        }
-        // And QQP's tuning pairs the guard serves though labelled different.
-        for (p, s) in qqp.tune.0.iter().zip(&qqp.tune.1) {
-            if !s.label && eval::hits(&at, s) {
-                let x = frugal_semantic::guard::explain(&p.text_b, &p.text_a, Some(&embedder));
-                lines += &serde_json::json!({
-                    "kind": "qqp", "label": false, "asked": p.text_b, "cached": p.text_a,
-                    "cosine": s.cosine, "aligned": s.aligned,
-                    "replaced": [x.replaced.0, x.replaced.1], "span_similarity": x.span_similarity,
-                })
-                .to_string();
-                lines.push('\n');
-            }
-        }
+                });
+                format!("{line}\n")
+            })
+            .collect();
         std::fs::write(path, lines).with_context(|| format!("cannot write {}", path.display()))?;
     }
     let cost = own_cost(&embedder, &pairs, &at)?;

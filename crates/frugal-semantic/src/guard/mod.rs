@@ -162,6 +162,16 @@ impl Guard {
         }
     }
 
+    /// This guard with its threshold at `t`, the aligned pairs' threshold as far below it
+    /// as it was (a route's or a config's own threshold moves both).
+    pub fn at(self, t: f32) -> Guard {
+        Guard {
+            threshold: t,
+            aligned_threshold: (t - (self.threshold - self.aligned_threshold)).max(0.0),
+            ..self
+        }
+    }
+
     /// The threshold for a pair the vetoes let through.
     pub fn threshold_for(&self, aligned: bool) -> f32 {
         if aligned && self.vetoes {

@@ -392,9 +392,6 @@ const UNITS: &[(&str, &[&str])] = &[
     ("btc", &["btc", "bitcoin", "bitcoins"]),
 ];
 
-/// Spellings that are units only right after a number ("5 m", "10 in", "3 g").
-const UNITS_AFTER_NUMBER: &[&str] = &["m", "in", "g", "l", "w", "v", "s", "second", "seconds"];
-
 /// Cardinals spelled out ("one" only where it counts something: see [`counts`]).
 const CARDINALS: &[(&str, u64)] = &[
     ("zero", 0),
@@ -644,7 +641,8 @@ impl Words {
             }
             flush(&mut pending, &mut w.numbers);
             if let Some(n) = ordinal(&word)
-                && !(number_before && UNITS_AFTER_NUMBER.contains(&word.as_str()))
+                // "5 second(s)" is a duration, not the second of something.
+                && !(number_before && word == "second")
             {
                 w.numbers.push(if n == u64::MAX {
                     "#last".into()
