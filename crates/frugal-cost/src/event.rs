@@ -174,6 +174,55 @@ pub struct Event {
     pub lever: Option<Lever>,
     /// The API key's tenant that made the request, where keys are in use.
     pub tenant: Option<String>,
+    /// How long a pool's activator held the request before a replica took it (a cold
+    /// start, or every replica busy); 0 elsewhere.
+    pub wait_ms: Millis,
+}
+
+/// A pool replica's state: starting (a cold start), ready (serving), draining (finishing
+/// its requests before it stops).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaState {
+    Starting,
+    Ready,
+    Draining,
+}
+
+text_enum!(ReplicaState, "replica state", "starting, ready, draining", {
+    "starting" | "cold_start" => Starting,
+    "ready" => Ready,
+    "draining" => Draining,
+});
+
+/// A span of one pool replica's life in one state, at its price. A replica's spans cover
+/// its whole life (a long ready state is cut into spans so the ledger stays current); the
+/// part no request was billed for is also an `idle` event, so the report counts it as
+/// waste. Replica-hours, cold starts and the fixed-pool comparison come from spans.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplicaSpan {
+    pub ts_ms: Millis,
+    pub duration_ms: Millis,
+    pub workload: String,
+    /// The pool's served name: its requests' `model`.
+    pub pool: String,
+    /// The replica's number in its pool (from 1, per gateway start).
+    pub replica: u32,
+    pub state: ReplicaState,
+    /// Of `duration_ms`, the time billed to requests (their processor-sharing shares).
+    pub busy_ms: Millis,
+    /// The whole span at the replica's price.
+    pub cost: Money,
+    pub instance_type: Option<String>,
+    /// The pool's bounds when the span was written: the fixed pool it is compared with
+    /// runs `max_replicas` for as long.
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// Memory a replica needs (weights plus KV cache at its target batch), where known,
+    /// for right-sizing its instance.
+    pub need_bytes: Option<u64>,
+    /// A starting span that ended without a ready replica (crash, timeout).
+    pub failed: bool,
 }
 
 impl Event {
@@ -203,6 +252,7 @@ impl Event {
             saved: Money::ZERO,
             lever: None,
             tenant: None,
+            wait_ms: 0,
         }
     }
 

@@ -17,7 +17,7 @@ pub mod report;
 pub mod rollup;
 
 pub use catalog::Catalog;
-pub use event::{Capacity, Event, Kind, Lever, Outcome};
+pub use event::{Capacity, Event, Kind, Lever, Outcome, ReplicaSpan, ReplicaState};
 pub use ledger::{Ledger, Window};
 pub use money::Money;
 

@@ -51,6 +51,80 @@ pub struct RawServe {
     /// Cascade routes (e.g. `model: "auto"`).
     #[serde(default)]
     pub route: Vec<RawRoute>,
+    /// Pools of replicas that grow with demand and shrink to zero when idle.
+    #[serde(default)]
+    pub pool: Vec<RawPool>,
+}
+
+/// `[[serve.pool]]`: a model served by replicas that the gateway starts and stops with
+/// demand (or, `external`, that something else scales from the demand it publishes).
+/// Durations are written as `"500ms"`, `"15s"`, `"5m"`, `"1h"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPool {
+    /// The model name clients ask for.
+    pub name: String,
+    /// `local` (frugal's engine in this process), `process` (a command per replica) or
+    /// `external` (one URL whose replicas something else scales).
+    pub backend: PoolBackend,
+    /// `process`: the command line of one replica, with `{port}` (and `{model}`,
+    /// `{replica}`) filled in; run without a shell, in its own process group.
+    pub command: Option<String>,
+    /// `local`: the GGUF file each replica loads; `process`: what `{model}` stands for.
+    pub model: Option<PathBuf>,
+    /// `external`: the base URL (e.g. a Kubernetes Service's `http://qwen:8080/v1`).
+    pub url: Option<String>,
+    /// Readiness probe path on a replica [default: `/health`].
+    pub health: Option<String>,
+    /// Replicas kept however idle [default: 0].
+    pub min_replicas: Option<u32>,
+    /// Replicas at most [default: 4].
+    pub max_replicas: Option<u32>,
+    /// Requests in flight per replica that the autoscaler aims at [default: 8].
+    pub target_in_flight: Option<u32>,
+    /// Idle time after which the last replica stops [default: "5m"].
+    pub scale_to_zero_after: Option<String>,
+    /// How long a replica may take to become ready [default: "120s"].
+    pub cold_start_timeout: Option<String>,
+    /// Demand averaged over this window sizes the pool, and it shrinks only after the
+    /// window [default: "60s"].
+    pub stable_window: Option<String>,
+    /// The short window used while demand exceeds `panic_threshold` times capacity
+    /// [default: "6s"].
+    pub panic_window: Option<String>,
+    /// Demand over capacity that enters panic mode [default: 2.0, i.e. 200%].
+    pub panic_threshold: Option<f64>,
+    /// How long a stopping replica may finish its requests before it is killed
+    /// [default: "30s"].
+    pub drain_grace: Option<String>,
+    /// How often the autoscaler decides [default: "1s"].
+    pub tick: Option<String>,
+    /// Requests held at most while the pool has no free replica; past it, 429 [default: 256].
+    pub max_queue: Option<usize>,
+    /// A replica's price: its instance type, priced on demand from the catalog...
+    pub instance: Option<String>,
+    /// ...or USD per hour.
+    pub price_per_hour: Option<String>,
+    /// Whole-request limit on a replica [default: 120].
+    pub timeout_s: Option<u64>,
+    /// `process`: the folder of the replicas' log files [default: `frugal-pools/` beside the
+    /// ledger].
+    pub log_dir: Option<PathBuf>,
+    /// `frugal deploy kubernetes`: the container image of a replica.
+    pub image: Option<String>,
+    /// The semantic cache's least cosine for this pool [default: `[serve]`'s].
+    pub semantic_threshold: Option<f32>,
+    /// One cache for every tenant on this pool [default: false].
+    pub shared_cache: Option<bool>,
+}
+
+/// What runs a pool's replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolBackend {
+    Local,
+    Process,
+    External,
 }
 
 /// `[[serve.route]]`: a cascade, cheapest tier first.

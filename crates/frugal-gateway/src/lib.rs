@@ -24,6 +24,7 @@ pub mod loadgen;
 pub mod meter;
 pub mod metrics;
 pub mod pipeline;
+pub mod pool;
 mod render;
 pub mod route;
 pub mod route_eval;

@@ -1,0 +1,5 @@
+//! Pools of replicas that grow with demand and shrink to zero (`[[serve.pool]]`).
+
+pub mod settings;
+
+pub use settings::{Kind, PoolConfig};
