@@ -24,6 +24,8 @@ use crate::config::{RawKey, RawRoute, RawServe, RawUpstream};
 use crate::jsonl::JsonLinesError;
 use crate::keys::{KeyConfig, Keys};
 use crate::meter::Meter;
+use crate::pool::Pool;
+use crate::pool::settings::pool as pool_settings;
 use crate::route::{RouteConfig, Skip, SkipExample};
 use crate::semantic::{SemanticCache, SemanticConfig};
 use crate::shared::SharedCache;
@@ -120,6 +122,8 @@ pub struct Inputs<'a> {
     /// Where to look for the embedder when `[serve] embedder` names none, in order (e.g.
     /// `models/minilm`, then the user's data folder's).
     pub embedder_search: &'a [PathBuf],
+    /// Where process pools' replicas log, unless a pool names its own `log_dir`.
+    pub pool_logs: &'a Path,
 }
 
 /// A gateway's parts from `[serve]`, checked; [`Assembly::into_parts`] adds what the caller
@@ -138,6 +142,8 @@ pub struct Assembly {
     /// A Redis URL for the exact cache's shared level (with the exact cache on), to connect
     /// to with the cache's TTL.
     pub shared_cache: Option<String>,
+    /// Pools of replicas, not yet started.
+    pub pools: Vec<Arc<Pool>>,
 }
 
 impl Assembly {
@@ -158,6 +164,7 @@ impl Assembly {
             policies: self.policies,
             keys: self.keys,
             backends: Vec::new(),
+            pools: self.pools,
         }
     }
 }
@@ -166,9 +173,9 @@ impl Assembly {
 /// examples embedded) only when the semantic cache or a route's skip rule needs it.
 pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigError> {
     if inputs.local.is_none() {
-        if raw.upstream.is_empty() {
+        if raw.upstream.is_empty() && raw.pool.is_empty() {
             return Err(ConfigError::Serve(
-                "--no-model serves the [[serve.upstream]] servers, and frugal.toml names none"
+                "--no-model serves the [[serve.upstream]] servers and [[serve.pool]] pools, and frugal.toml names none"
                     .into(),
             ));
         }
@@ -185,6 +192,7 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         .iter()
         .map(|u| upstream(u, inputs.catalog, inputs.env))
         .collect::<Result<Vec<_>, _>>()?;
+    let pools = pools(raw, inputs)?;
     let cache = raw.cache.unwrap_or(true).then(|| cache_config(raw));
     let semantic_config = semantic_config(raw)?;
     let wants_semantic = cache.is_some() && raw.semantic_cache.unwrap_or(true);
@@ -222,7 +230,30 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         shared_cache: raw.cache_redis.clone().filter(|_| cache.is_some()),
         cache,
         semantic,
+        pools,
     })
+}
+
+/// The pools, checked: a name is served once, whatever serves it.
+fn pools(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Vec<Arc<Pool>>, ConfigError> {
+    let mut names: Vec<&str> = inputs.local.into_iter().collect();
+    names.extend(raw.upstream.iter().map(|u| u.name.as_str()));
+    names.extend(raw.route.iter().map(|r| r.name.as_str()));
+    raw.pool
+        .iter()
+        .map(|p| {
+            if names.contains(&p.name.as_str()) {
+                return Err(invalid(
+                    format!("pool `{}`", p.name),
+                    "another model, upstream, route or pool is served under this name",
+                ));
+            }
+            names.push(&p.name);
+            let config = pool_settings(p, inputs.catalog)?;
+            Pool::new(config, inputs.pool_logs.to_owned())
+                .map_err(|e| invalid(format!("pool `{}`", p.name), e.to_string()))
+        })
+        .collect()
 }
 
 fn invalid(what: String, message: impl Into<String>) -> ConfigError {
@@ -377,6 +408,11 @@ pub fn policies(raw: &RawServe, local: &str) -> Result<HashMap<String, CachePoli
             raw.route
                 .iter()
                 .map(|r| (r.name.as_str(), r.shared_cache, r.semantic_threshold)),
+        )
+        .chain(
+            raw.pool
+                .iter()
+                .map(|p| (p.name.as_str(), p.shared_cache, p.semantic_threshold)),
         );
     entries
         .map(|(name, shared, threshold)| {

@@ -13,7 +13,9 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use frugal_cost::Money;
-use frugal_engine::scheduler::{Engine, EngineTime, SubmitError};
+use frugal_engine::gguf::Gguf;
+use frugal_engine::model::{LoadOptions, Model};
+use frugal_engine::scheduler::{Engine, EngineTime, SchedulerConfig, SubmitError};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 
@@ -73,6 +75,8 @@ pub struct Work {
     /// the call's share of the machine in `share`.
     pub hold: Option<Ticket>,
     pub share: Duration,
+    /// Time a pool's activator held the request before a replica took it.
+    pub wait: Duration,
 }
 
 /// A price: what the work cost, the machine time it used (on a machine paid by the hour),
@@ -124,6 +128,19 @@ impl Local {
         }
     }
 
+    /// Loads the GGUF file at `path` and starts its engine, served as `machine.model`.
+    pub fn load(
+        path: &std::path::Path,
+        options: LoadOptions,
+        scheduler: SchedulerConfig,
+        machine: Machine,
+    ) -> Result<Local, String> {
+        let (model, tokenizer, template) = load_parts(path, options)
+            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
+        let engine = Engine::start(model, scheduler).map_err(|e| e.to_string())?;
+        Ok(Local::new(engine, tokenizer, template, machine))
+    }
+
     /// Validates `job` into what the engine runs.
     pub fn engine_request(&self, job: &Job) -> Result<EngineRun, ApiError> {
         validate::engine_request(
@@ -134,6 +151,18 @@ impl Local {
             job,
         )
     }
+}
+
+/// A GGUF file's weights, tokenizer and chat template.
+pub fn load_parts(
+    path: &std::path::Path,
+    options: LoadOptions,
+) -> Result<(Model, Tokenizer, ChatTemplate), Box<dyn std::error::Error + Send + Sync>> {
+    let gguf = Gguf::open(path)?;
+    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let template = ChatTemplate::from_gguf(&gguf)?;
+    let model = Model::from_gguf(&gguf, options)?;
+    Ok((model, tokenizer, template))
 }
 
 impl Backend for Local {

@@ -82,6 +82,9 @@ pub struct RawPool {
     pub max_replicas: Option<u32>,
     /// Requests in flight per replica that the autoscaler aims at [default: 8].
     pub target_in_flight: Option<u32>,
+    /// Requests in flight on one replica at most; past it on every replica, requests wait
+    /// in the activator's queue [default: twice `target_in_flight`].
+    pub max_in_flight: Option<u32>,
     /// Idle time after which the last replica stops [default: "5m"].
     pub scale_to_zero_after: Option<String>,
     /// How long a replica may take to become ready [default: "120s"].

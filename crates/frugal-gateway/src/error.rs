@@ -27,6 +27,9 @@ pub enum ApiError {
     /// A tenant's budget is spent until `retry_after_s` from now.
     #[error("{message}")]
     Budget { message: String, retry_after_s: u64 },
+    /// Nothing can serve the request now (a pool could not start a replica in time).
+    #[error("{message}")]
+    Unavailable { message: String, retry_after_s: u64 },
     /// An upstream failed (502, 504), refused (429), or refused the request (its 4xx).
     #[error("{message}")]
     Upstream { status: u16, message: String },
@@ -87,6 +90,12 @@ impl ApiError {
                 None,
                 Some("budget_exceeded"),
             ),
+            ApiError::Unavailable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                None,
+                Some("unavailable"),
+            ),
             ApiError::Upstream { status, .. } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
                 let kind = if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
@@ -112,12 +121,16 @@ impl IntoResponse for ApiError {
             "error": { "message": self.to_string(), "type": kind, "param": param, "code": code }
         });
         let mut response = (status, Json(body)).into_response();
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            // A spent budget comes back when its period turns; overload in a moment.
-            let after = match &self {
-                ApiError::Budget { retry_after_s, .. } => HeaderValue::from(*retry_after_s),
-                _ => HeaderValue::from_static("1"),
-            };
+        // A spent budget comes back when its period turns, a pool when a replica may be
+        // ready; overload clears in a moment.
+        let after = match &self {
+            ApiError::Budget { retry_after_s, .. }
+            | ApiError::Unavailable { retry_after_s, .. } => {
+                Some(HeaderValue::from(*retry_after_s))
+            }
+            _ => (status == StatusCode::TOO_MANY_REQUESTS).then(|| HeaderValue::from_static("1")),
+        };
+        if let Some(after) = after {
             response.headers_mut().insert(header::RETRY_AFTER, after);
         }
         response

@@ -68,6 +68,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/v1/pools/{name}/scale", get(pool_scale))
         .with_state(state)
 }
 
@@ -76,6 +77,7 @@ pub fn router(state: AppState) -> Router {
 pub fn serve_metrics(listener: tokio::net::TcpListener, state: AppState) {
     let app = Router::new()
         .route("/metrics", get(open_metrics))
+        .route("/v1/pools/{name}/scale", get(open_pool_scale))
         .with_state(state);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -181,6 +183,29 @@ async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Response {
     open_metrics(State(s)).await
 }
 
+/// A pool's demand and replicas, in the shape KEDA's `metrics-api` scaler reads
+/// (`valueLocation: demand`).
+async fn pool_scale(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    name: axum::extract::Path<String>,
+) -> Response {
+    if let Some(r) = unauthorized(&s, &headers) {
+        return r;
+    }
+    open_pool_scale(State(s), name).await
+}
+
+async fn open_pool_scale(
+    State(s): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Response {
+    match s.pool(&name) {
+        Some(p) => Json(p.status()).into_response(),
+        None => ApiError::UnknownModel(name).into_response(),
+    }
+}
+
 async fn open_metrics(State(s): State<AppState>) -> Response {
     let gauges = s.inner.local.as_ref().map(|l| {
         let st = l.engine.stats();
@@ -196,6 +221,7 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
         }
     });
     let mut text = s.inner.metrics.render(gauges.as_ref());
+    pool::render_metrics(s.inner.pools.values(), &mut text);
     if let Some(shared) = &s.inner.shared {
         use std::fmt::Write;
         let _ = write!(

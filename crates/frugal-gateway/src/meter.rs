@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use frugal_cost::money::HourlyRate;
-use frugal_cost::{Capacity, Event, Kind, Ledger, Lever, Money, Outcome};
+use frugal_cost::{Capacity, Event, Kind, Ledger, Lever, Money, Outcome, ReplicaSpan};
 
 const FLUSH_EVERY: Duration = Duration::from_millis(250);
 const IDLE_EVERY: Duration = Duration::from_secs(60);
@@ -34,6 +34,9 @@ pub struct MeterConfig {
     /// Machines paid by the hour (the local engine's, self-hosted upstreams'), whose idle
     /// time is recorded.
     pub machines: Vec<Machine>,
+    /// Pools' replicas, by pool: their requests' rows name the instance type; their idle
+    /// time comes with their spans ([`Meter::record_span`]).
+    pub pools: Vec<Machine>,
 }
 
 /// A machine frugal pays for by the hour: the local engine's, or a self-hosted upstream's.
@@ -72,6 +75,8 @@ pub struct Row {
     pub saved: Option<(Money, Lever)>,
     /// The API key's tenant, for budgets that outlive a restart.
     pub tenant: Option<String>,
+    /// Time a pool's activator held it.
+    pub wait: Duration,
 }
 
 /// A saving apart from any call: a cascade's cheap tier answered, so its dearest tier's
@@ -88,6 +93,8 @@ pub struct Saving {
 enum Record {
     Row(Row),
     Saving(Saving),
+    /// A pool replica's span, and the part of its cost no request paid (idle).
+    Span(ReplicaSpan, Money),
 }
 
 /// A cheap, cloneable handle to the ledger writer.
@@ -129,6 +136,12 @@ impl Meter {
 
     pub fn record_saving(&self, saving: Saving) {
         self.send(Record::Saving(saving));
+    }
+
+    /// A span of a pool replica's life; `idle` (its cost no request paid) is written as
+    /// idle capacity beside it.
+    pub fn record_span(&self, span: ReplicaSpan, idle: Money) {
+        self.send(Record::Span(span, idle));
     }
 
     fn send(&self, record: Record) {
@@ -184,6 +197,7 @@ struct Writer {
     ledger: Ledger,
     config: MeterConfig,
     pending: Vec<Event>,
+    spans: Vec<ReplicaSpan>,
     /// Each machine's busy time since the last idle record, by its model, and when that was.
     busy: HashMap<String, Duration>,
     since: (Instant, SystemTime),
@@ -194,6 +208,7 @@ impl Writer {
         Writer {
             ledger,
             pending: Vec::new(),
+            spans: Vec::new(),
             busy: HashMap::new(),
             since: (Instant::now(), SystemTime::now()),
             config,
@@ -242,11 +257,25 @@ impl Writer {
         match record {
             Record::Row(row) => self.add(row),
             Record::Saving(saving) => self.add_saving(saving),
+            Record::Span(span, idle) => self.add_span(span, idle),
         }
     }
 
     fn machine(&self, model: &str) -> Option<&Machine> {
         self.config.machines.iter().find(|m| m.model == model)
+    }
+
+    fn add_span(&mut self, span: ReplicaSpan, idle: Money) {
+        let idle_ms = span.duration_ms - span.busy_ms;
+        if idle_ms > 0 {
+            let mut e = Event::new(span.ts_ms, Kind::Idle, span.workload.clone(), idle);
+            e.duration_ms = idle_ms;
+            e.model = Some(span.pool.clone());
+            e.instance_type.clone_from(&span.instance_type);
+            e.capacity = self.config.capacity;
+            self.pending.push(e);
+        }
+        self.spans.push(span);
     }
 
     fn add(&mut self, r: Row) {
@@ -261,7 +290,11 @@ impl Writer {
             e.instance_type.clone_from(&machine.instance_type);
             e.capacity = self.config.capacity;
             *self.busy.entry(r.model.clone()).or_default() += r.busy.unwrap_or_default();
+        } else if let Some(pool) = self.config.pools.iter().find(|m| m.model == r.model) {
+            e.instance_type.clone_from(&pool.instance_type);
+            e.capacity = self.config.capacity;
         }
+        e.wait_ms = r.wait.as_millis() as i64;
         e.model = Some(r.model);
         e.requests = u64::from(r.outcome != Some(Outcome::Failed));
         e.outcome = r.outcome;
@@ -321,12 +354,13 @@ impl Writer {
     /// Appends what is pending; kept for the next round if the ledger refuses (a full disk
     /// may clear up).
     fn flush(&mut self) -> bool {
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.spans.is_empty() {
             return true;
         }
         match self.ledger.append("frugal serve", &self.pending) {
             Ok(_) => {
                 self.pending.clear();
+                self.spans.clear();
                 true
             }
             Err(e) => {
@@ -370,6 +404,7 @@ mod tests {
             outcome,
             saved: None,
             tenant: Some("t".into()),
+            wait: Duration::ZERO,
         }
     }
 
@@ -386,6 +421,7 @@ mod tests {
                 rate: HourlyRate(Money::from_cents(360_000)),
                 instance_type: None,
             }],
+            pools: Vec::new(),
         })
         .unwrap();
         for _ in 0..1000 {

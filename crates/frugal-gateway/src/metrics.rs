@@ -13,17 +13,33 @@ const BUCKETS: [f64; 18] = [
     2.5, 5.0, 10.0, 30.0,
 ];
 
-#[derive(Default)]
 pub struct Histogram {
-    counts: [AtomicU64; BUCKETS.len()],
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
     count: AtomicU64,
     /// Sum in microseconds.
     sum_us: AtomicU64,
 }
 
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram::with_bounds(&BUCKETS)
+    }
+}
+
 impl Histogram {
+    /// A histogram over bucket upper bounds `bounds` (seconds, ascending).
+    pub fn with_bounds(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
     pub fn observe(&self, seconds: f64) {
-        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
+        if let Some(i) = self.bounds.iter().position(|b| seconds <= *b) {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
@@ -33,19 +49,33 @@ impl Histogram {
 
     fn render(&self, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(name, "", out);
+    }
+
+    /// The series' lines without the header, with `labels` (`pool="qwen"`) on each.
+    pub fn render_series(&self, name: &str, labels: &str, out: &mut String) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let braces = |l: &str| {
+            if l.is_empty() {
+                String::new()
+            } else {
+                format!("{{{l}}}")
+            }
+        };
         let mut cumulative = 0;
-        for (b, c) in BUCKETS.iter().zip(&self.counts) {
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
             cumulative += c.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
         }
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
         let _ = writeln!(
             out,
-            "{name}_sum {}",
+            "{name}_sum{} {}",
+            braces(labels),
             self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
         );
-        let _ = writeln!(out, "{name}_count {count}");
+        let _ = writeln!(out, "{name}_count{} {count}", braces(labels));
     }
 }
 

@@ -164,6 +164,7 @@ fn refused(e: &ApiError) -> bool {
             | ApiError::InvalidParam { .. }
             | ApiError::ContextLength(_)
             | ApiError::Overloaded(_)
+            | ApiError::Unavailable { .. }
     )
 }
 

@@ -167,7 +167,8 @@ impl Bill {
             .hold
             .take()
             .map_or(Duration::ZERO, crate::upstream::Ticket::finish);
-        self.work.share = share;
+        // A pool's retries on another replica added their holds already.
+        self.work.share += share;
         let hit = matches!(self.cache, CacheUse::Hit(..));
         // A cache hit used no backend: nothing to price.
         let priced = if hit {
@@ -232,6 +233,7 @@ impl Bill {
                 outcome,
                 saved,
                 tenant: self.tenant.as_ref().map(|t| t.name.clone()),
+                wait: self.work.wait,
             });
         }
         if let End::Completed {

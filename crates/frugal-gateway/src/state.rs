@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::keys::{Keys, Tenant};
 use crate::meter::Meter;
 use crate::metrics::Metrics;
+use crate::pool::Pool;
 use crate::route::RouteConfig;
 use crate::semantic::SemanticCache;
 use crate::shared::SharedCache;
@@ -37,6 +38,8 @@ pub(crate) struct Inner {
     pub upstreams: HashMap<String, Arc<Upstream>>,
     /// Other backends, by the name clients use.
     pub backends: HashMap<String, Arc<dyn Backend>>,
+    /// Pools of replicas (also among `backends`), by the name clients use.
+    pub pools: HashMap<String, Arc<Pool>>,
     /// Cascade routes, by the name clients use.
     pub routes: HashMap<String, Arc<RouteConfig>>,
     /// How each served name uses the caches; a name without one keeps the defaults.
@@ -60,6 +63,9 @@ pub struct Parts {
     pub upstreams: Vec<Upstream>,
     /// Backends of other kinds, served under their names like upstreams.
     pub backends: Vec<Arc<dyn Backend>>,
+    /// Pools of replicas, served under their names like upstreams; their autoscalers run
+    /// from [`AppState::start_pools`].
+    pub pools: Vec<Arc<Pool>>,
     /// Every tier but the last is the local model (its answers carry logprobs); the last
     /// is the local model or an upstream.
     pub routes: Vec<RouteConfig>,
@@ -93,7 +99,13 @@ impl AppState {
                 backends: p
                     .backends
                     .into_iter()
+                    .chain(p.pools.iter().map(|p| -> Arc<dyn Backend> { p.clone() }))
                     .map(|b| (b.name().to_owned(), b))
+                    .collect(),
+                pools: p
+                    .pools
+                    .into_iter()
+                    .map(|p| (p.config.name.clone(), p))
                     .collect(),
                 routes: p
                     .routes
@@ -108,6 +120,27 @@ impl AppState {
                     .map_or(0, |d| d.as_secs() as i64),
             }),
         }
+    }
+
+    /// Starts each pool's autoscaler (on the current runtime), after giving the pools the
+    /// meter for their replicas' spans.
+    pub fn start_pools(&self, workload: &str) {
+        for pool in self.inner.pools.values() {
+            if let Some(meter) = &self.inner.meter {
+                pool.attach(meter.clone(), workload.to_owned());
+            }
+            tokio::spawn(pool.clone().run());
+        }
+    }
+
+    /// Stops every pool's replicas (draining them) and writes their last spans.
+    pub async fn stop_pools(&self) {
+        let pools: Vec<_> = self.inner.pools.values().cloned().collect();
+        futures_util::future::join_all(pools.iter().map(|p| p.shutdown())).await;
+    }
+
+    pub(crate) fn pool(&self, name: &str) -> Option<&Arc<Pool>> {
+        self.inner.pools.get(name)
     }
 
     /// The meter, for the caller to close once serving has stopped.
@@ -187,8 +220,9 @@ impl AppState {
         if self.inner.cache.is_none() {
             return Lookup::Bypass;
         }
-        // Logprobs are not parsed from upstreams, so such answers are not kept.
-        if self.inner.upstreams.contains_key(model)
+        // Logprobs are not parsed from upstreams (or pools' servers), so such answers are
+        // not kept.
+        if (self.inner.upstreams.contains_key(model) || self.inner.pools.contains_key(model))
             && job.body["logprobs"].as_bool().unwrap_or(false)
         {
             return Lookup::Bypass;

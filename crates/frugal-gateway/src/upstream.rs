@@ -133,13 +133,28 @@ pub struct Upstream {
 /// flight, so a call's share of the machine is the growth between its start and its end,
 /// and the shares of all calls add up to the time any was in flight.
 #[derive(Debug)]
-struct Clock {
-    in_flight: u32,
+pub(crate) struct Clock {
+    pub(crate) in_flight: u32,
     last: Instant,
-    share: Duration,
+    /// The time calls have held the machine, in all.
+    pub(crate) share: Duration,
 }
 
 impl Clock {
+    pub(crate) fn shared() -> Arc<Mutex<Clock>> {
+        Arc::new(Mutex::new(Clock {
+            in_flight: 0,
+            last: Instant::now(),
+            share: Duration::ZERO,
+        }))
+    }
+
+    /// The shares so far, counted to `now`.
+    pub(crate) fn share_at(&mut self, now: Instant) -> Duration {
+        self.advance(now);
+        self.share
+    }
+
     fn advance(&mut self, now: Instant) {
         if self.in_flight > 0 {
             self.share += now.saturating_duration_since(self.last) / self.in_flight;
@@ -168,19 +183,41 @@ pub struct Ticket {
     /// Taken when the hold ends; none on an upstream that keeps no time.
     clock: Option<Arc<Mutex<Clock>>>,
     start: Duration,
+    /// Told when the hold ends (a pool's held requests wait for a free replica).
+    released: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Ticket {
+    /// A hold on `clock`'s machine from now; `released` is told when it ends.
+    pub(crate) fn take(
+        clock: &Arc<Mutex<Clock>>,
+        released: Option<Arc<tokio::sync::Notify>>,
+    ) -> Ticket {
+        let start = clock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .begin(Instant::now());
+        Ticket {
+            clock: Some(clock.clone()),
+            start,
+            released,
+        }
+    }
+
     /// Lets go of the upstream: the call's share of its time (zero where none is kept).
     pub fn finish(mut self) -> Duration {
         self.close()
     }
 
     fn close(&mut self) -> Duration {
-        self.clock.take().map_or(Duration::ZERO, |clock| {
+        let share = self.clock.take().map_or(Duration::ZERO, |clock| {
             let mut c = clock.lock().unwrap_or_else(|p| p.into_inner());
             c.end(self.start, Instant::now())
-        })
+        });
+        if let Some(n) = self.released.take() {
+            n.notify_waiters();
+        }
+        share
     }
 }
 
@@ -205,13 +242,7 @@ impl Upstream {
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .map_err(|e| ApiError::Internal(format!("cannot build an HTTP client: {e}")))?;
-        let clock = matches!(config.pricing, Some(Pricing::Hourly { .. })).then(|| {
-            Arc::new(Mutex::new(Clock {
-                in_flight: 0,
-                last: Instant::now(),
-                share: Duration::ZERO,
-            }))
-        });
+        let clock = matches!(config.pricing, Some(Pricing::Hourly { .. })).then(Clock::shared);
         Ok(Upstream {
             config,
             client,
@@ -227,14 +258,13 @@ impl Upstream {
     /// Takes a place among the calls in flight; the ticket's `finish` says what share of
     /// the upstream's time the call had.
     pub fn occupy(&self) -> Ticket {
-        let start = self.clock.as_ref().map_or(Duration::ZERO, |c| {
-            c.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .begin(Instant::now())
-        });
-        Ticket {
-            clock: self.clock.clone(),
-            start,
+        match &self.clock {
+            Some(c) => Ticket::take(c, None),
+            None => Ticket {
+                clock: None,
+                start: Duration::ZERO,
+                released: None,
+            },
         }
     }
 
@@ -288,7 +318,14 @@ impl Upstream {
         mut body: Value,
         stream: bool,
     ) -> Result<Reply, ApiError> {
-        body["model"] = json!(self.config.model);
+        if self.config.model.is_empty() {
+            // A pool replica serves one model under its own name for it.
+            if let Some(o) = body.as_object_mut() {
+                o.remove("model");
+            }
+        } else {
+            body["model"] = json!(self.config.model);
+        }
         if stream {
             body["stream"] = json!(true);
             body["stream_options"] = json!({ "include_usage": true });

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use frugal_cost::money::HourlyRate;
 use frugal_cost::{Capacity, Catalog, Money};
-use frugal_engine::gguf::Gguf;
 use frugal_engine::model::{LoadOptions, Model};
 use frugal_engine::quant::WeightType;
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
@@ -26,7 +25,17 @@ use crate::config::Config;
 
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
-    let serve = with_flags(&config.serve, args);
+    let mut serve = with_flags(&config.serve, args);
+    if let Ok(replica) = std::env::var(frugal_gateway::pool::REPLICA_ENV)
+        && !serve.pool.is_empty()
+    {
+        // A replica that reads the gateway's frugal.toml must not start pools of its own.
+        writeln!(
+            std::io::stderr(),
+            "frugal serve: replica {replica} of a pool: the [[serve.pool]] entries of the config are not started here"
+        )?;
+        serve.pool.clear();
+    }
     let host = serve.host.as_deref().unwrap_or("127.0.0.1");
     let port = serve.port.unwrap_or(8080);
     let workload = serve.workload.clone().unwrap_or_else(|| "serve".into());
@@ -59,6 +68,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         (path, name)
     });
     let search = embedder_search(config.data_home.as_deref());
+    // Process pools' replicas log beside the ledger unless a pool says where.
+    let pool_logs = config
+        .ledger
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join("frugal-pools");
     let assembly = assemble(
         &serve,
         &Inputs {
@@ -66,6 +81,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             local: model.as_ref().map(|(_, name)| name.as_str()),
             env: &|var| std::env::var(var).ok(),
             embedder_search: &search,
+            pool_logs: &pool_logs,
         },
     )?;
     if assembly.no_embedder {
@@ -82,7 +98,11 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     };
     let what = match &local {
         Some(l) => format!("{} (machine at {}/h)", l.machine.model, l.machine.rate.0),
-        None => format!("a gateway to {} upstream(s)", assembly.upstreams.len()),
+        None => format!(
+            "a gateway to {} upstream(s) and {} pool(s)",
+            assembly.upstreams.len(),
+            assembly.pools.len()
+        ),
     };
     let meter = if args.no_meter {
         None
@@ -93,8 +113,17 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         }
         Some(Meter::start(MeterConfig {
             ledger: config.ledger.clone(),
-            workload,
+            workload: workload.clone(),
             capacity: Some(Capacity::OnDemand),
+            pools: assembly
+                .pools
+                .iter()
+                .map(|p| Machine {
+                    model: p.config.name.clone(),
+                    rate: p.config.rate.unwrap_or(HourlyRate(Money::ZERO)),
+                    instance_type: p.config.instance_type.clone(),
+                })
+                .collect(),
             machines: local
                 .iter()
                 .map(|l| l.machine.clone())
@@ -148,8 +177,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             std::io::stderr(),
             "frugal serve: {what} on http://{local}/v1; Ctrl-C to stop"
         )?;
-        let app = frugal_gateway::router(state);
-        frugal_gateway::serve(listener, app, shutdown_signal(), drain).await?;
+        state.start_pools(&workload);
+        let app = frugal_gateway::router(state.clone());
+        let served = frugal_gateway::serve(listener, app, shutdown_signal(), drain).await;
+        // Replicas stop (and their last spans are written) whether or not serving failed.
+        state.stop_pools().await;
+        served?;
         Ok::<_, anyhow::Error>(())
     });
     // HTTP is drained; what was cut off settles as its tasks are dropped with the runtime,
@@ -254,12 +287,9 @@ fn start_local(
 
 /// A GGUF file's weights, tokenizer and chat template.
 pub fn load_model(path: &Path, options: LoadOptions) -> Result<(Model, Tokenizer, ChatTemplate)> {
-    let gguf = Gguf::open(path).with_context(|| format!("cannot load {}", path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot build the tokenizer")?;
-    let template = ChatTemplate::from_gguf(&gguf).context("cannot read the chat template")?;
-    let model = Model::from_gguf(&gguf, options)
-        .with_context(|| format!("cannot load {}", path.display()))?;
-    Ok((model, tokenizer, template))
+    frugal_gateway::backend::load_parts(path, options)
+        .map_err(|e| anyhow::anyhow!(e))
+        .with_context(|| format!("cannot load {}", path.display()))
 }
 
 /// The machine's hourly price: given, from the catalog, or, for this machine (`this_machine`:

@@ -1,5 +1,828 @@
 //! Pools of replicas that grow with demand and shrink to zero (`[[serve.pool]]`).
+//!
+//! A pool is a [`Backend`] under the model name clients ask for, so the caches, routes and
+//! the meter treat it like any other. Three parts:
+//! - the **activator** ([`Pool::acquire`]): a request goes to the ready replica with the
+//!   fewest requests in flight; at zero, or with every replica busy (at `max_in_flight`,
+//!   a hard limit above the autoscaler's soft `target_in_flight`, as Knative's
+//!   containerConcurrency is above its target), it is held in a bounded queue until a
+//!   replica is ready or frees up (503 with Retry-After when none can start in time, 429
+//!   past `max_queue`);
+//! - the **autoscaler** ([`autoscale`]), an actor ticking every `tick`: Knative's KPA rule
+//!   on in-flight plus held requests, starting replicas at once and draining one at a time;
+//! - the **replicas** ([`replica`]): processes from a command template, engines in this
+//!   process, or one external endpoint that Kubernetes scales from what
+//!   [`Pool::status`] publishes.
+//!
+//! Every replica's life goes to the ledger as spans at its price (starting, ready,
+//! draining); requests pay for their processor-sharing share of their replica's time, and
+//! the rest of each span is idle capacity.
 
+pub mod autoscale;
+mod replica;
 pub mod settings;
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use frugal_cost::money::HourlyRate;
+use frugal_cost::{Money, ReplicaSpan, ReplicaState};
+
+use crate::backend::{Backend, Output, Plan, Priced, Work};
+use crate::error::ApiError;
+use crate::meter::Meter;
+use crate::metrics::Histogram;
+use crate::upstream::{Reply, Ticket};
+use crate::validate::Job;
+
+use autoscale::{Autoscaler, Observed};
+use replica::{Serving, Target};
 pub use settings::{Kind, PoolConfig};
+
+/// Set in a process replica's environment (`POOL/ID`): a `frugal serve` replica that reads
+/// the gateway's frugal.toml must not start the pools in it again.
+pub const REPLICA_ENV: &str = "FRUGAL_POOL_REPLICA";
+/// A ready replica's span is cut this often, so the ledger stays current.
+const SPAN_EVERY: Duration = Duration::from_secs(60);
+/// Longest wait between failed starts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Tries of a request on other replicas after its replica failed before answering.
+const RETRIES: u32 = 2;
+/// Cold-start histogram bounds in seconds.
+const COLD_START_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+pub struct Pool {
+    pub config: PoolConfig,
+    state: Mutex<State>,
+    /// A replica became ready, freed a slot, failed to start or went away: held requests
+    /// look again.
+    changed: Arc<Notify>,
+    /// A request is held where nothing is starting: the autoscaler acts before its tick.
+    wake: Notify,
+    probe: reqwest::Client,
+    log_dir: PathBuf,
+    /// Set once the gateway has its meter.
+    ledger: OnceLock<(Meter, String)>,
+    /// Memory a replica needs, for right-sizing (weights plus KV cache), where known.
+    need_bytes: Option<u64>,
+    stopping: AtomicBool,
+    cold_starts: AtomicU64,
+    cold_start_seconds: Histogram,
+}
+
+struct State {
+    replicas: Vec<Entry>,
+    /// Requests held by the activator.
+    queued: u32,
+    next_id: u32,
+    last_activity: Instant,
+    autoscaler: Autoscaler,
+    /// Starts that failed in a row, and when the next may begin.
+    failures: u32,
+    retry_at: Option<Instant>,
+    /// Bumped at each failed start; a held request that saw it move while nothing else
+    /// can serve it gives up with a 503.
+    failed_starts: u64,
+    last_error: Option<String>,
+}
+
+struct Entry {
+    id: u32,
+    phase: ReplicaState,
+    serving: Option<Arc<Serving>>,
+    /// The open span: since when, and the replica's clock share then.
+    since: (Instant, SystemTime),
+    share_mark: Duration,
+    /// Started as a cold start (not as a min_replicas warm-up at gateway start).
+    started: Instant,
+}
+
+/// A pool's demand and replicas, as `GET /v1/pools/NAME/scale` and `/metrics` show them
+/// (and KEDA's `metrics-api` scaler reads: `demand` against `target_in_flight`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub pool: String,
+    pub in_flight: u32,
+    pub queued: u32,
+    pub demand: u32,
+    pub ready: u32,
+    pub starting: u32,
+    pub draining: u32,
+    pub desired_replicas: u32,
+    pub target_in_flight: u32,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    pub cold_starts: u64,
+    /// Why the last start failed, while starts are failing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl Pool {
+    /// A pool with no replicas yet; [`Pool::run`] starts its autoscaler. `log_dir` holds
+    /// process replicas' logs unless the pool names its own.
+    pub fn new(config: PoolConfig, log_dir: PathBuf) -> Result<Arc<Pool>, ApiError> {
+        let probe = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| ApiError::Internal(format!("cannot build an HTTP client: {e}")))?;
+        let log_dir = match &config.kind {
+            Kind::Process {
+                log_dir: Some(d), ..
+            } => d.clone(),
+            _ => log_dir,
+        };
+        let need_bytes = need_bytes(&config);
+        let now = Instant::now();
+        Ok(Arc::new(Pool {
+            state: Mutex::new(State {
+                replicas: Vec::new(),
+                queued: 0,
+                next_id: 1,
+                last_activity: now,
+                autoscaler: Autoscaler::new(&config),
+                failures: 0,
+                retry_at: None,
+                failed_starts: 0,
+                last_error: None,
+            }),
+            config,
+            changed: Arc::new(Notify::new()),
+            wake: Notify::new(),
+            probe,
+            log_dir,
+            ledger: OnceLock::new(),
+            need_bytes,
+            stopping: AtomicBool::new(false),
+            cold_starts: AtomicU64::new(0),
+            cold_start_seconds: Histogram::with_bounds(COLD_START_BUCKETS),
+        }))
+    }
+
+    /// Where replica spans go, under `workload`.
+    pub fn attach(&self, meter: Meter, workload: String) {
+        let _ = self.ledger.set((meter, workload));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs the autoscaler until [`Pool::shutdown`]; spawn it once per pool.
+    pub async fn run(self: Arc<Pool>) {
+        let mut tick = tokio::time::interval(self.config.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let sampled = tokio::select! {
+                _ = tick.tick() => true,
+                () = self.wake.notified() => false,
+            };
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            self.decide(sampled);
+        }
+    }
+
+    /// One decision: sample demand (on a tick) or activate (when woken), then start or
+    /// drain replicas toward the wanted number.
+    fn decide(self: &Arc<Pool>, sampled: bool) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let (mut ready, mut starting, mut draining, mut in_flight) = (0, 0, 0, 0);
+        for e in &st.replicas {
+            match e.phase {
+                ReplicaState::Starting => starting += 1,
+                ReplicaState::Ready => ready += 1,
+                ReplicaState::Draining => draining += 1,
+            }
+            if let Some(s) = &e.serving {
+                in_flight += s.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight;
+            }
+        }
+        let live = ready + starting;
+        let demand = in_flight + st.queued;
+        let want = if sampled {
+            let idle_for = if demand > 0 {
+                Duration::ZERO
+            } else {
+                now.saturating_duration_since(st.last_activity)
+            };
+            st.autoscaler.tick(
+                now,
+                Observed {
+                    demand,
+                    ready,
+                    live,
+                    idle_for,
+                },
+            )
+        } else if st.queued > 0 && live == 0 {
+            st.autoscaler.activate(now, live)
+        } else {
+            return;
+        };
+        if sampled {
+            self.cut_spans(&mut st, now);
+        }
+        if want > live {
+            if st.retry_at.is_some_and(|t| now < t) {
+                return;
+            }
+            // After failures, one start at a time: a crash loop must not fork a storm.
+            let n = if st.failures > 0 { 1 } else { want - live };
+            for _ in 0..n {
+                self.spawn_start(&mut st);
+            }
+        } else if want < live && draining == 0 {
+            // A starting replica is not drained: the demand that asked for it may return.
+            let victim = st
+                .replicas
+                .iter()
+                .filter(|e| e.phase == ReplicaState::Ready)
+                .min_by_key(|e| {
+                    e.serving.as_ref().map_or(0, |s| {
+                        s.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight
+                    })
+                })
+                .map(|e| e.id);
+            if let Some(id) = victim {
+                self.spawn_drain(&mut st, id, now);
+            }
+        }
+    }
+
+    fn spawn_start(self: &Arc<Pool>, st: &mut State) {
+        let id = st.next_id;
+        st.next_id += 1;
+        let now = Instant::now();
+        st.replicas.push(Entry {
+            id,
+            phase: ReplicaState::Starting,
+            serving: None,
+            since: (now, SystemTime::now()),
+            share_mark: Duration::ZERO,
+            started: now,
+        });
+        let pool = self.clone();
+        tokio::spawn(async move {
+            let result = replica::start(&pool.config, id, &pool.log_dir, &pool.probe).await;
+            pool.started(id, result);
+        });
+    }
+
+    /// A start ended: ready, or failed (backoff, and held requests told).
+    fn started(self: &Arc<Pool>, id: u32, result: Result<Serving, String>) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let Some(at) = st.replicas.iter().position(|e| e.id == id) else {
+            return;
+        };
+        match result {
+            Ok(serving) => {
+                let took = now.saturating_duration_since(st.replicas[at].started);
+                self.cold_starts.fetch_add(1, Ordering::Relaxed);
+                self.cold_start_seconds.observe(took.as_secs_f64());
+                tracing::info!(pool = %self.config.name, replica = id, secs = took.as_secs_f64(), "replica ready");
+                self.close_span(&mut st.replicas[at], now, false);
+                let serving = Arc::new(serving);
+                let e = &mut st.replicas[at];
+                e.phase = ReplicaState::Ready;
+                e.share_mark = Duration::ZERO;
+                e.serving = Some(serving.clone());
+                st.failures = 0;
+                st.retry_at = None;
+                st.last_error = None;
+                if self.stopping.load(Ordering::Acquire) {
+                    // Ready after the gateway began to stop: stop it too.
+                    self.spawn_drain(&mut st, id, now);
+                } else if serving.process.is_some() {
+                    self.watch_exit(serving);
+                }
+            }
+            Err(why) => {
+                tracing::warn!(pool = %self.config.name, replica = id, error = %why, "replica failed to start");
+                let mut e = st.replicas.remove(at);
+                self.close_span(&mut e, now, true);
+                st.failures += 1;
+                let backoff = (Duration::from_secs(1) * 2u32.saturating_pow(st.failures - 1))
+                    .min(MAX_BACKOFF);
+                st.retry_at = Some(now + backoff);
+                st.failed_starts += 1;
+                st.last_error = Some(why);
+            }
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// A process replica that exits on its own is removed and counted as a failure (a
+    /// crash loop backs off); the autoscaler replaces it at its next tick.
+    fn watch_exit(self: &Arc<Pool>, serving: Arc<Serving>) {
+        let pool = self.clone();
+        tokio::spawn(async move {
+            let Some(process) = &serving.process else {
+                return;
+            };
+            let status = process.exited().await;
+            let now = Instant::now();
+            let mut st = pool.lock();
+            let Some(at) = st
+                .replicas
+                .iter()
+                .position(|e| e.id == serving.id && e.phase == ReplicaState::Ready)
+            else {
+                return; // Draining: its stop is under way.
+            };
+            let mut e = st.replicas.remove(at);
+            pool.close_span(&mut e, now, false);
+            let why = format!(
+                "replica {} exited ({}); see {}",
+                serving.id,
+                status.map_or("status unknown".into(), |s| s.to_string()),
+                process.log.display()
+            );
+            tracing::warn!(pool = %pool.config.name, "{why}");
+            st.failures += 1;
+            st.retry_at = Some(now + Duration::from_secs(1).min(MAX_BACKOFF));
+            st.last_error = Some(why);
+            drop(st);
+            pool.changed.notify_waiters();
+        });
+    }
+
+    /// Replica `id` takes no new requests, finishes those in flight (up to the drain
+    /// grace), then stops.
+    fn spawn_drain(self: &Arc<Pool>, st: &mut State, id: u32, now: Instant) {
+        let Some(e) = st.replicas.iter_mut().find(|e| e.id == id) else {
+            return;
+        };
+        if e.phase == ReplicaState::Draining {
+            return;
+        }
+        self.close_span(e, now, false);
+        e.phase = ReplicaState::Draining;
+        let Some(serving) = e.serving.clone() else {
+            return;
+        };
+        tracing::info!(pool = %self.config.name, replica = id, "draining a replica");
+        let pool = self.clone();
+        tokio::spawn(async move {
+            let grace = pool.config.drain_grace;
+            let until = Instant::now() + grace;
+            loop {
+                let in_flight = serving
+                    .clock
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .in_flight;
+                if in_flight == 0 || Instant::now() >= until {
+                    break;
+                }
+                let freed = pool.changed.notified();
+                let _ = tokio::time::timeout(Duration::from_millis(100), freed).await;
+            }
+            if let Some(p) = &serving.process {
+                p.stop(grace).await;
+            }
+            let now = Instant::now();
+            let mut st = pool.lock();
+            if let Some(at) = st.replicas.iter().position(|e| e.id == id) {
+                let mut e = st.replicas.remove(at);
+                pool.close_span(&mut e, now, false);
+            }
+            drop(st);
+            pool.changed.notify_waiters();
+        });
+    }
+
+    /// Ends the entry's open span (into the ledger) and opens the next at `now`.
+    fn close_span(&self, e: &mut Entry, now: Instant, failed: bool) {
+        let share = e.serving.as_ref().map_or(Duration::ZERO, |s| {
+            s.clock
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .share_at(now)
+        });
+        let wall = now.saturating_duration_since(e.since.0);
+        let busy = share.saturating_sub(e.share_mark).min(wall);
+        let start = e.since.1;
+        e.since = (now, start + wall);
+        e.share_mark = share;
+        let (Some((meter, workload)), Some(rate)) = (self.ledger.get(), self.config.rate) else {
+            return;
+        };
+        if wall.is_zero() {
+            return;
+        }
+        let cost = cost_of(rate, wall);
+        let span = ReplicaSpan {
+            ts_ms: epoch_ms(start),
+            duration_ms: wall.as_millis() as i64,
+            workload: workload.clone(),
+            pool: self.config.name.clone(),
+            replica: e.id,
+            state: e.phase,
+            busy_ms: busy.as_millis() as i64,
+            cost,
+            instance_type: self.config.instance_type.clone(),
+            min_replicas: self.config.min_replicas,
+            max_replicas: self.config.max_replicas,
+            need_bytes: self.need_bytes,
+            failed,
+        };
+        meter.record_span(span, cost_of(rate, wall - busy));
+    }
+
+    /// Cuts ready replicas' spans older than a minute.
+    fn cut_spans(&self, st: &mut State, now: Instant) {
+        for e in &mut st.replicas {
+            if e.phase == ReplicaState::Ready
+                && now.saturating_duration_since(e.since.0) >= SPAN_EVERY
+            {
+                self.close_span(e, now, false);
+            }
+        }
+    }
+
+    /// A replica for one request: the ready one with the fewest in flight, or, at zero or
+    /// with every replica busy, the first to become ready or free. Returns the replica, its hold, and how long the request was held.
+    async fn acquire(&self) -> Result<(Arc<Serving>, Ticket, Duration), ApiError> {
+        let arrived = Instant::now();
+        let deadline = arrived + self.config.cold_start_timeout;
+        let mut held: Option<Held<'_>> = None;
+        let mut seen_failures = 0;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut st = self.lock();
+                st.last_activity = Instant::now();
+                let (mut best, mut live): (Option<(u32, &Arc<Serving>)>, u32) = (None, 0);
+                for e in &st.replicas {
+                    if e.phase != ReplicaState::Draining {
+                        live += 1;
+                    }
+                    let (ReplicaState::Ready, Some(s)) = (e.phase, &e.serving) else {
+                        continue;
+                    };
+                    let n = s.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight;
+                    if best.is_none_or(|(m, _)| n < m) {
+                        best = Some((n, s));
+                    }
+                }
+                if let Some((n, s)) = best
+                    && n < self.config.max_in_flight
+                {
+                    let s = s.clone();
+                    let ticket = Ticket::take(&s.clock, Some(self.changed.clone()));
+                    drop(st);
+                    drop(held);
+                    return Ok((s, ticket, arrived.elapsed()));
+                }
+                if held.is_none() {
+                    if st.queued >= self.config.max_queue as u32 {
+                        return Err(ApiError::Overloaded(format!(
+                            "pool `{}` holds {} requests already (max_queue); try again shortly",
+                            self.config.name, st.queued
+                        )));
+                    }
+                    st.queued += 1;
+                    seen_failures = st.failed_starts;
+                    held = Some(Held(self));
+                    if live == 0 {
+                        self.wake.notify_one();
+                    }
+                } else if st.failed_starts != seen_failures && live == 0 {
+                    let retry = st.retry_at.map_or(1, |t| {
+                        t.saturating_duration_since(Instant::now()).as_secs().max(1)
+                    });
+                    return Err(ApiError::Unavailable {
+                        message: format!(
+                            "pool `{}` could not start a replica: {}",
+                            self.config.name,
+                            st.last_error.as_deref().unwrap_or("unknown error")
+                        ),
+                        retry_after_s: retry,
+                    });
+                }
+            }
+            if tokio::time::timeout_at(deadline.into(), changed)
+                .await
+                .is_err()
+            {
+                return Err(ApiError::Unavailable {
+                    message: format!(
+                        "pool `{}` had no replica ready within cold_start_timeout ({:.0?})",
+                        self.config.name, self.config.cold_start_timeout
+                    ),
+                    retry_after_s: 5,
+                });
+            }
+        }
+    }
+
+    /// What the pool is doing now.
+    pub fn status(&self) -> Status {
+        let st = self.lock();
+        let mut s = Status {
+            pool: self.config.name.clone(),
+            in_flight: 0,
+            queued: st.queued,
+            demand: 0,
+            ready: 0,
+            starting: 0,
+            draining: 0,
+            desired_replicas: st.autoscaler.desired(),
+            target_in_flight: self.config.target_in_flight,
+            min_replicas: self.config.min_replicas,
+            max_replicas: self.config.max_replicas,
+            cold_starts: self.cold_starts.load(Ordering::Relaxed),
+            last_error: st.last_error.clone(),
+        };
+        for e in &st.replicas {
+            match e.phase {
+                ReplicaState::Starting => s.starting += 1,
+                ReplicaState::Ready => s.ready += 1,
+                ReplicaState::Draining => s.draining += 1,
+            }
+            if let Some(r) = &e.serving {
+                s.in_flight += r.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight;
+            }
+        }
+        s.demand = s.in_flight + s.queued;
+        s
+    }
+
+    /// Prometheus lines for this pool (`frugal_pool_*`), after the `# HELP`/`# TYPE` lines
+    /// that [`render_metrics`] writes once.
+    fn metric_lines(&self, out: &mut Metrics) {
+        use std::fmt::Write;
+        let s = self.status();
+        let p = &self.config.name;
+        for (state, n) in [
+            ("starting", s.starting),
+            ("ready", s.ready),
+            ("draining", s.draining),
+        ] {
+            let _ = writeln!(
+                out.replicas,
+                "frugal_pool_replicas{{pool=\"{p}\",state=\"{state}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out.desired,
+            "frugal_pool_desired_replicas{{pool=\"{p}\"}} {}",
+            s.desired_replicas
+        );
+        let _ = writeln!(out.queue, "frugal_pool_queue{{pool=\"{p}\"}} {}", s.queued);
+        let _ = writeln!(
+            out.in_flight,
+            "frugal_pool_in_flight{{pool=\"{p}\"}} {}",
+            s.in_flight
+        );
+        let _ = writeln!(
+            out.cold_starts,
+            "frugal_pool_cold_starts_total{{pool=\"{p}\"}} {}",
+            s.cold_starts
+        );
+        self.cold_start_seconds.render_series(
+            "frugal_pool_cold_start_seconds",
+            &format!("pool=\"{p}\""),
+            &mut out.cold_start_seconds,
+        );
+    }
+
+    /// Stops every replica (draining those with requests in flight) and writes their last
+    /// spans; the autoscaler stops with it.
+    pub async fn shutdown(self: &Arc<Pool>) {
+        self.stopping.store(true, Ordering::Release);
+        self.wake.notify_one();
+        let now = Instant::now();
+        {
+            let mut st = self.lock();
+            let ids: Vec<u32> = st.replicas.iter().map(|e| e.id).collect();
+            for id in ids {
+                self.spawn_drain(&mut st, id, now);
+            }
+        }
+        // Starting replicas are drained as they become ready (or fail); all are gone
+        // within the drain grace twice over (finish, then SIGTERM to SIGKILL).
+        let until = Instant::now()
+            + self.config.drain_grace * 2
+            + self.config.cold_start_timeout.min(Duration::from_secs(10));
+        while !self.lock().replicas.is_empty() && Instant::now() < until {
+            let _ = tokio::time::timeout(Duration::from_millis(50), self.changed.notified()).await;
+        }
+    }
+}
+
+/// A request held by the activator: counted in the queue until it leaves, however it
+/// leaves (served, refused, or its client gone).
+struct Held<'a>(&'a Pool);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.queued = st.queued.saturating_sub(1);
+    }
+}
+
+fn cost_of(rate: HourlyRate, time: Duration) -> Money {
+    rate.cost_of(time).unwrap_or(Money::ZERO)
+}
+
+fn epoch_ms(t: SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Weights plus KV cache for `target_in_flight` sequences at the model's context (f16
+/// keys and values), from a GGUF `model` the pool names; the file size alone where its
+/// header cannot be read.
+fn need_bytes(c: &PoolConfig) -> Option<u64> {
+    let model = match &c.kind {
+        Kind::Local { model } => model,
+        Kind::Process { model: Some(m), .. } => m,
+        _ => return None,
+    };
+    let size = std::fs::metadata(model).ok()?.len();
+    let kv = frugal_engine::gguf::Gguf::open(model)
+        .ok()
+        .and_then(|g| frugal_engine::model::Config::from_gguf(&g).ok())
+        .map_or(0, |m| {
+            (2 * m.n_layer * m.n_head_kv * m.head_dim * 2 * m.ctx_len) as u64
+                * u64::from(c.target_in_flight)
+        });
+    Some(size + kv)
+}
+
+/// The `frugal_pool_*` series of every pool, each family under one header.
+#[derive(Default)]
+struct Metrics {
+    replicas: String,
+    desired: String,
+    queue: String,
+    in_flight: String,
+    cold_starts: String,
+    cold_start_seconds: String,
+}
+
+/// Appends the pools' series to a Prometheus page.
+pub fn render_metrics<'a>(pools: impl Iterator<Item = &'a Arc<Pool>>, out: &mut String) {
+    let mut m = Metrics::default();
+    let mut any = false;
+    for p in pools {
+        p.metric_lines(&mut m);
+        any = true;
+    }
+    if !any {
+        return;
+    }
+    for (name, kind, help, lines) in [
+        (
+            "frugal_pool_replicas",
+            "gauge",
+            "Replicas of each pool by state.",
+            &m.replicas,
+        ),
+        (
+            "frugal_pool_desired_replicas",
+            "gauge",
+            "Replicas each pool's autoscaler wants.",
+            &m.desired,
+        ),
+        (
+            "frugal_pool_queue",
+            "gauge",
+            "Requests held by each pool's activator.",
+            &m.queue,
+        ),
+        (
+            "frugal_pool_in_flight",
+            "gauge",
+            "Requests in flight on each pool's replicas.",
+            &m.in_flight,
+        ),
+        (
+            "frugal_pool_cold_starts_total",
+            "counter",
+            "Replicas started and ready.",
+            &m.cold_starts,
+        ),
+        (
+            "frugal_pool_cold_start_seconds",
+            "histogram",
+            "Time from a replica's start to ready.",
+            &m.cold_start_seconds,
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{lines}"
+        ));
+    }
+}
+
+impl Backend for Pool {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn prepare(&self, _job: &Job) -> Result<Plan, ApiError> {
+        // A request cannot hold a replica longer than its timeout, on each try.
+        let worst_case = self.config.rate.map_or(Money::ZERO, |r| {
+            cost_of(r, self.config.timeout * (RETRIES + 1))
+        });
+        Ok(Plan {
+            worst_case,
+            prompt_tokens: None,
+            engine: None,
+        })
+    }
+
+    fn produce<'a>(
+        &'a self,
+        job: &'a Job,
+        _plan: Plan,
+        work: &'a mut Work,
+    ) -> BoxFuture<'a, Result<Output, ApiError>> {
+        Box::pin(async move {
+            let mut tries = 0;
+            loop {
+                let (serving, ticket, waited) = self.acquire().await?;
+                work.wait += waited;
+                // A retry's first hold ends here: what it used is still the request's.
+                if let Some(old) = work.hold.replace(ticket) {
+                    work.share += old.finish();
+                }
+                let result = match &serving.target {
+                    Target::Http(up) => up
+                        .send(job.kind.path(), job.body.clone(), job.common.stream)
+                        .await
+                        .map(|reply| match reply {
+                            Reply::Json(v) => Output::Json(v),
+                            Reply::Stream(resp) => Output::Events(Box::pin(
+                                crate::upstream::sse_events(resp, up.max_event()),
+                            )),
+                        }),
+                    Target::Local(local) => {
+                        let local = local.clone();
+                        let plan = tokio::task::block_in_place(|| local.prepare(job))?;
+                        local.produce(job, plan, work).await
+                    }
+                };
+                match result {
+                    // Nothing was produced: another replica may answer it.
+                    Err(ApiError::Upstream { status, message })
+                        if tries < RETRIES && (status == 502 || status == 503) =>
+                    {
+                        tries += 1;
+                        tracing::warn!(pool = %self.config.name, replica = serving.id, %message, "retrying on another replica");
+                        self.suspect(serving.id);
+                    }
+                    other => return other,
+                }
+            }
+        })
+    }
+
+    fn price(&self, work: &Work) -> Priced {
+        Priced {
+            cost: self
+                .config
+                .rate
+                .map_or(Money::ZERO, |r| cost_of(r, work.share)),
+            busy: Some(work.share),
+            batching_saved: Money::ZERO,
+        }
+    }
+}
+
+impl Pool {
+    /// A replica failed a request without answering: an external endpoint is probed again
+    /// before it gets more; a process replica that died is removed by its exit watcher.
+    fn suspect(&self, id: u32) {
+        if !matches!(self.config.kind, Kind::External { .. }) {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.lock();
+        if let Some(at) = st
+            .replicas
+            .iter()
+            .position(|e| e.id == id && e.phase == ReplicaState::Ready)
+        {
+            let mut e = st.replicas.remove(at);
+            self.close_span(&mut e, now, false);
+        }
+    }
+}

@@ -45,6 +45,8 @@ pub struct PoolConfig {
     pub min_replicas: u32,
     pub max_replicas: u32,
     pub target_in_flight: u32,
+    /// A replica's hard limit: with every ready replica at it, requests are held.
+    pub max_in_flight: u32,
     pub scale_to_zero_after: Duration,
     pub cold_start_timeout: Duration,
     pub stable_window: Duration,
@@ -72,6 +74,7 @@ impl PoolConfig {
             min_replicas: 0,
             max_replicas: 4,
             target_in_flight: 8,
+            max_in_flight: 16,
             scale_to_zero_after: SCALE_TO_ZERO_AFTER,
             cold_start_timeout: COLD_START_TIMEOUT,
             stable_window: STABLE_WINDOW,
@@ -185,6 +188,15 @@ pub fn pool(raw: &RawPool, catalog: &Catalog) -> Result<PoolConfig, ConfigError>
     c.target_in_flight = raw.target_in_flight.unwrap_or(c.target_in_flight);
     if c.target_in_flight == 0 {
         return Err(bad("target_in_flight must be at least 1".into()));
+    }
+    c.max_in_flight = raw
+        .max_in_flight
+        .unwrap_or(c.target_in_flight.saturating_mul(2));
+    if c.max_in_flight < c.target_in_flight {
+        return Err(bad(format!(
+            "max_in_flight ({}) is below target_in_flight ({})",
+            c.max_in_flight, c.target_in_flight
+        )));
     }
     let dur = |key: &str, v: &Option<String>, default: Duration| -> Result<Duration, ConfigError> {
         v.as_deref()

@@ -144,6 +144,10 @@ impl Server {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The lines the server wrote to stderr so far.
     pub fn stderr(&self) -> Vec<String> {
         self.said.lock().unwrap().clone()
@@ -166,23 +170,19 @@ impl Server {
         body: &str,
         headers: &str,
     ) -> (u16, String, String) {
-        let mut s = TcpStream::connect(&self.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-        let status = head
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        (status, head.to_owned(), body.to_owned())
+        request_at(&self.addr, method, path, body, headers)
+    }
+
+    /// A handle for another thread to send requests with.
+    pub fn attach(addr: &str) -> Client {
+        Client {
+            addr: addr.to_owned(),
+        }
+    }
+
+    /// The server's folder (its ledger, its pools' logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.as_ref().unwrap().path()
     }
 
     pub fn json(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
@@ -250,6 +250,44 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
     }
+}
+
+/// Sends requests to a server another thread owns.
+pub struct Client {
+    pub addr: String,
+}
+
+impl Client {
+    pub fn request(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {
+        request_at(&self.addr, method, path, body, "")
+    }
+}
+
+/// One HTTP/1.1 request on a connection of its own: status, head and body.
+pub fn request_at(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &str,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_owned(), body.to_owned())
 }
 
 /// A response header's value (names compared without case).
