@@ -210,12 +210,11 @@ impl Pool {
         }
         let live = ready + starting;
         let demand = in_flight + st.queued;
+        if demand > 0 {
+            st.last_activity = now;
+        }
         let want = if sampled {
-            let idle_for = if demand > 0 {
-                Duration::ZERO
-            } else {
-                now.saturating_duration_since(st.last_activity)
-            };
+            let idle_for = now.saturating_duration_since(st.last_activity);
             st.autoscaler.tick(
                 now,
                 Observed {
@@ -233,6 +232,12 @@ impl Pool {
         if sampled {
             self.cut_spans(&mut st, now);
         }
+        // An external pool's replicas are Kubernetes's: it wants them (KEDA reads `desired`);
+        // here it watches one endpoint while any is wanted.
+        let want = match self.config.kind {
+            Kind::External { .. } => want.min(1),
+            _ => want,
+        };
         if want > live {
             if st.retry_at.is_some_and(|t| now < t) {
                 return;
@@ -420,6 +425,9 @@ impl Pool {
         let (Some((meter, workload)), Some(rate)) = (self.ledger.get(), self.config.rate) else {
             return;
         };
+        if matches!(self.config.kind, Kind::External { .. }) {
+            return; // Not replicas frugal runs: nothing of theirs to bill here.
+        }
         if wall.is_zero() {
             return;
         }
