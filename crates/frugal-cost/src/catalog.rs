@@ -90,6 +90,8 @@ pub struct InstanceOffer {
     pub accelerator_count: f64,
     pub vcpus: Option<f64>,
     pub memory_gib: Option<f64>,
+    /// Accelerator memory of the whole instance (all its accelerators), where known.
+    pub accelerator_memory_gib: Option<f64>,
     pub on_demand: HourlyRate,
     /// Median spot price over the region's zones.
     pub spot: Option<HourlyRate>,
@@ -298,6 +300,23 @@ impl Catalog {
             })
     }
 
+    /// The cheapest offer on demand that could run what `like` runs with at least `gib` of
+    /// accelerator memory: same provider and region, and an accelerator a model moves to
+    /// as it is (see `interchangeable`). Ties go to the first name in order.
+    pub fn cheapest_holding(&self, like: &InstanceOffer, gib: f64) -> Option<&InstanceOffer> {
+        let accelerator = like.accelerator.as_deref()?;
+        self.instances
+            .iter()
+            .filter(|o| o.provider == like.provider && o.region == like.region)
+            .filter(|o| {
+                o.accelerator
+                    .as_deref()
+                    .is_some_and(|a| interchangeable(accelerator, a))
+            })
+            .filter(|o| o.accelerator_memory_gib.is_some_and(|m| m >= gib))
+            .min_by(|a, b| (a.on_demand, &a.instance_type).cmp(&(b.on_demand, &b.instance_type)))
+    }
+
     /// The cheapest instance on demand with at least `vcpus` vCPUs and `memory_gib` GiB of
     /// memory, in the region `instance(type, None)` picks for its type (so one provider's
     /// cheapest far region does not win); offers that do not say their size are left out.
@@ -365,6 +384,69 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// Memory per device of NVIDIA data-centre GPUs, in GiB, from NVIDIA's datasheets (their
+/// "GB" of HBM and GDDR are binary). K80 and M60 boards carry two GPUs, and clouds count
+/// each GPU: 12 and 8 per GPU. Azure's rows and user price files name the accelerator
+/// only; AWS's and GCP's rows say their memory, and win.
+const GPU_MEMORY_GIB: &[(&str, f64)] = &[
+    ("K80", 12.0),
+    ("M60", 8.0),
+    ("P4", 8.0),
+    ("P100", 16.0),
+    ("V100", 16.0),
+    ("V100-32GB", 32.0),
+    ("T4", 16.0),
+    ("T4g", 16.0),
+    ("A10", 24.0),
+    ("A10G", 24.0),
+    ("L4", 24.0),
+    ("L40", 48.0),
+    ("L40S", 48.0),
+    ("A100", 40.0),
+    ("A100-80GB", 80.0),
+    ("H100", 80.0),
+    ("H100-MEGA", 80.0),
+    ("H200", 141.0),
+    ("B200", 180.0),
+    ("RTXPRO6000", 96.0),
+];
+
+fn gpu_memory_gib(accelerator: &str) -> Option<f64> {
+    GPU_MEMORY_GIB
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(accelerator))
+        .map(|(_, gib)| *gib)
+}
+
+/// Whether a model served on accelerator `a` runs on `b` as it is: the same accelerator,
+/// or two NVIDIA GPUs (one CUDA build). Inferentia, Trainium, Gaudi, AMD GPUs and FPGAs
+/// each need their own build.
+fn interchangeable(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b) || (gpu_memory_gib(a).is_some() && gpu_memory_gib(b).is_some())
+}
+
+/// An instance's accelerator memory: AWS's `GpuInfo` says its total, GCP's each device's;
+/// otherwise the device table times the count.
+fn accelerator_memory_gib(gpu_info: &str, accelerator: &str, count: f64) -> Option<f64> {
+    let mib = |key: &str| {
+        let at = gpu_info.find(key)? + key.len();
+        let digits = gpu_info[at..].trim_start();
+        let end = digits
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(digits.len());
+        digits[..end].parse::<f64>().ok()
+    };
+    if let Some(total) = mib("'TotalGpuMemoryInMiB':") {
+        return Some(total / 1024.0);
+    }
+    if let Some(each) = mib("'SizeInMiB':") {
+        return Some(each / 1024.0 * count);
+    }
+    gpu_memory_gib(accelerator)
+        .filter(|_| count > 0.0)
+        .map(|gib| gib * count)
+}
+
 #[derive(Clone, Copy)]
 enum Cloud {
     Aws,
@@ -401,6 +483,8 @@ struct SkyRow {
     vcpus: String,
     #[serde(rename = "MemoryGiB")]
     memory_gib: String,
+    #[serde(rename = "GpuInfo")]
+    gpu_info: String,
     region: String,
     #[serde(default)]
     availability_zone: String,
@@ -456,14 +540,20 @@ fn parse_skypilot(cloud: Cloud, text: &str) -> Result<Vec<InstanceOffer>, Catalo
                 spots.len().max(1) as u32
             };
             let opt = |s: &str| s.parse::<f64>().ok();
+            let count = opt(&row.accelerator_count).unwrap_or(0.0);
             InstanceOffer {
                 provider: cloud.name().to_owned(),
                 instance_type: name,
                 region,
                 accelerator: Some(row.accelerator_name.clone()).filter(|a| !a.is_empty()),
-                accelerator_count: opt(&row.accelerator_count).unwrap_or(0.0),
+                accelerator_count: count,
                 vcpus: opt(&row.vcpus),
                 memory_gib: opt(&row.memory_gib),
+                accelerator_memory_gib: accelerator_memory_gib(
+                    &row.gpu_info,
+                    &row.accelerator_name,
+                    count,
+                ),
                 on_demand: HourlyRate(on_demand),
                 spot: spots.get(spots.len() / 2).copied().map(HourlyRate),
                 spot_min: spots.first().copied().map(HourlyRate),
@@ -512,6 +602,7 @@ impl PriceValue {
 /// region = "us-east-1"
 /// accelerator = "A10G"
 /// accelerator_count = 1
+/// accelerator_memory_gib = 24   # all its accelerators; known GPUs need not say it
 /// on_demand = 1.006             # $ per hour
 /// spot = 0.4
 ///
@@ -540,6 +631,7 @@ struct InstanceEntry {
     region: String,
     accelerator: Option<String>,
     accelerator_count: Option<f64>,
+    accelerator_memory_gib: Option<f64>,
     vcpus: Option<f64>,
     memory_gib: Option<f64>,
     on_demand: PriceValue,
@@ -598,14 +690,29 @@ impl PriceFile {
                     )
                 };
             let spot = opt(&e.spot, "spot")?.map(HourlyRate);
+            let count = e.accelerator_count.unwrap_or(0.0);
+            let accelerator_memory_gib = match e.accelerator_memory_gib {
+                Some(gib) if !(gib.is_finite() && gib > 0.0) => {
+                    return Err(format!(
+                        "{}: must be a positive number of GiB, got {gib}",
+                        key("accelerator_memory_gib")
+                    ));
+                }
+                Some(gib) => Some(gib),
+                None => e
+                    .accelerator
+                    .as_deref()
+                    .and_then(|a| accelerator_memory_gib("", a, count)),
+            };
             out.push(InstanceOffer {
                 provider: e.provider.to_lowercase(),
                 instance_type: e.instance_type.clone(),
                 region: e.region.clone(),
                 accelerator: e.accelerator.clone(),
-                accelerator_count: e.accelerator_count.unwrap_or(0.0),
+                accelerator_count: count,
                 vcpus: e.vcpus,
                 memory_gib: e.memory_gib,
+                accelerator_memory_gib,
                 on_demand: HourlyRate(on_demand),
                 spot,
                 spot_min: spot,
@@ -687,6 +794,92 @@ mod tests {
         // Within a zone the source prices scale with the count (checked in PROVENANCE.md).
         let ratio = a100.on_demand.0.as_f64() / one.on_demand.0.as_f64();
         assert!((ratio - 8.0).abs() < 0.01, "{ratio}");
+    }
+
+    #[test]
+    fn accelerator_memory_from_each_clouds_rows_and_the_table() {
+        let c = Catalog::builtin().unwrap();
+        let gib = |name: &str| c.instance(name, None).unwrap().accelerator_memory_gib;
+        // AWS says each instance's total: 8 x A100 40 GB; a g6f.large has 1/8 of an L4.
+        assert_eq!(gib("p4d.24xlarge"), Some(320.0));
+        assert!(gib("g6f.large").is_some_and(|g| g > 2.0 && g < 3.0));
+        assert_eq!(
+            gib("inf2.xlarge"),
+            Some(32.0),
+            "each device's, where no total"
+        );
+        assert_eq!(gib("f1.2xlarge"), None, "an FPGA's is not said");
+        // GCP says each device's; Azure names the GPU only.
+        assert_eq!(gib("A100:8"), Some(320.0));
+        assert_eq!(gib("H200:8"), Some(8.0 * 141.0));
+        assert_eq!(gib("Standard_NC24ads_A100_v4"), Some(80.0));
+        assert_eq!(gib("Standard_NC6s_v3"), Some(16.0));
+        // Every NVIDIA row knows its memory.
+        for o in c.instances() {
+            if o.accelerator
+                .as_deref()
+                .is_some_and(|a| gpu_memory_gib(a).is_some())
+            {
+                assert!(o.accelerator_memory_gib.is_some_and(|g| g > 0.0), "{o:?}");
+            }
+        }
+
+        let mut c = Catalog::default();
+        let toml = r#"
+            [[instance]]
+            provider = "onprem"
+            instance_type = "box-l4"
+            region = "dc1"
+            accelerator = "L4"
+            accelerator_count = 2
+            on_demand = 1
+            [[instance]]
+            provider = "onprem"
+            instance_type = "box-x"
+            region = "dc1"
+            accelerator = "X1"
+            accelerator_memory_gib = 64
+            on_demand = 1
+        "#;
+        c.extend_from_toml(toml, PriceSource::Builtin).unwrap();
+        let gib = |name: &str| c.instance(name, None).unwrap().accelerator_memory_gib;
+        assert_eq!((gib("box-l4"), gib("box-x")), (Some(48.0), Some(64.0)));
+        let err = c
+            .extend_from_toml(
+                "[[instance]]\nprovider='x'\ninstance_type='y'\nregion='r'\non_demand=1\naccelerator_memory_gib=0",
+                PriceSource::File("bad.toml".into()),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("instance[0].accelerator_memory_gib: must be a positive"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_cheapest_instance_that_holds_a_model() {
+        let c = Catalog::builtin().unwrap();
+        let p4d = c.instance("p4d.24xlarge", None).unwrap();
+        let fit = |like, gib| {
+            c.cheapest_holding(like, gib)
+                .map(|o| o.instance_type.as_str())
+        };
+        // An eighth of an L4 (2.8 GiB) is the cheapest NVIDIA instance; a T4 on a Graviton
+        // host (16 GiB) the cheapest above it; then a whole L4 (22 GiB).
+        assert_eq!(fit(p4d, 2.0), Some("g6f.large"));
+        assert_eq!(fit(p4d, 3.6), Some("g5g.xlarge"));
+        assert_eq!(fit(p4d, 17.0), Some("g6.xlarge"));
+        assert_eq!(fit(p4d, 5_000.0), None);
+        // Inferentia is no home for a CUDA model, nor the reverse.
+        let inf2 = c.instance("inf2.xlarge", None).unwrap();
+        assert_eq!(fit(inf2, 1.0), Some("inf2.xlarge"));
+        let gcp = c.instance("A100:8", None).unwrap();
+        let fit = c.cheapest_holding(gcp, 20.0).unwrap();
+        assert_eq!(
+            (fit.provider.as_str(), fit.region.as_str()),
+            ("gcp", "us-central1")
+        );
     }
 
     #[test]

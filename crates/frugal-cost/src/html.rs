@@ -13,7 +13,9 @@ use crate::present::svg::{
     pos, rect, text,
 };
 use crate::present::{pct, thousands, usd_f64, usd_unit, utc};
-use crate::report::{InferenceLine, Item, Lever, Report, RunLine, Series, utilization_note};
+use crate::report::{
+    InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, utilization_note,
+};
 
 /// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
 const PALETTE: [&str; 8] = [
@@ -63,6 +65,7 @@ pub fn render(report: &Report, source: &str) -> String {
             savings_chart(report),
             levers_section(report),
             inference_table(report),
+            pools_table(report),
             training_table(report),
         ];
         sections.iter().flatten().for_each(|s| out.push_str(s));
@@ -400,6 +403,27 @@ fn inference_table(r: &Report) -> Option<String> {
     Some(section(title, note, &table(head, &rows)))
 }
 
+fn pools_table(r: &Report) -> Option<String> {
+    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd_unit);
+    let row = |p: &PoolLine| {
+        let hours = format!("{:.1}", p.replica_hours);
+        let busy = p.busy_share.map_or(NONE.to_owned(), pct);
+        let starts = format!("{} ({} failed)", p.cold_starts, p.failed_starts);
+        let wait = p
+            .wait_p99_ms
+            .map_or(NONE.to_owned(), |ms| format!("{:.1} s", ms as f64 / 1000.0));
+        let money = [Some(p.cost), p.per_1k, p.fixed_cost, p.saving_vs_fixed].map(opt);
+        let counts = [hours, thousands(p.requests), busy, starts, wait];
+        [&[esc(&p.pool)][..], &counts, &money].concat()
+    };
+    let rows = some(r.pools.iter().map(row).collect())?;
+    let head = "pool|replica-h>|requests>|busy>|cold starts>|p99 wait>|cost>|$/1k req>|\
+                fixed pool>|saved>";
+    let note = "Replicas scaled to demand, against max_replicas running throughout at the same \
+                hourly rate.";
+    Some(section("Pools", note, &table(head, &rows)))
+}
+
 fn training_table(r: &Report) -> Option<String> {
     let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd_unit);
     let row = |l: &RunLine| {
@@ -469,7 +493,7 @@ fn colour(i: usize) -> &'static str {
 mod tests {
     use super::*;
     use crate::catalog::Catalog;
-    use crate::event::{Capacity, Event, Outcome};
+    use crate::event::{Capacity, Event, Outcome, ReplicaSpan, ReplicaState};
     use crate::ledger::{Ledger, Window};
 
     const T0: Millis = 1_793_000_000_000;
@@ -480,9 +504,13 @@ mod tests {
     }
 
     fn render_events(events: &[Event]) -> String {
+        render_with_spans(events, &[])
+    }
+
+    fn render_with_spans(events: &[Event], spans: &[ReplicaSpan]) -> String {
         let dir = tempfile::tempdir().unwrap();
         let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
-        ledger.append("t", events).unwrap();
+        ledger.append_with_spans("t", events, spans).unwrap();
         let catalog = Catalog::builtin().unwrap();
         let report = Report::build(&ledger, &catalog, Window::default()).unwrap();
         render(&report, "/tmp/<ledger>.sqlite")
@@ -545,6 +573,34 @@ mod tests {
         assert!(html.contains("$0.50 saved by batching"));
         // llama per 1,000 requests: ($7 + $3 idle) / 1,000 x 1,000.
         assert!(html.contains(">$10.00<"));
+    }
+
+    #[test]
+    fn pools_get_a_table() {
+        assert!(!render_events(&events()).contains("<h2>Pools</h2>"));
+        let span = ReplicaSpan {
+            ts_ms: T0,
+            duration_ms: HOUR_MS,
+            workload: "<b>&co".into(),
+            pool: "llama".into(),
+            replica: 1,
+            state: ReplicaState::Ready,
+            busy_ms: HOUR_MS / 2,
+            cost: m("2"),
+            instance_type: None,
+            min_replicas: 0,
+            max_replicas: 3,
+            need_bytes: None,
+            failed: false,
+        };
+        let html = render_with_spans(&events(), &[span]);
+        assert!(html.contains("<h2>Pools</h2>"));
+        // 3 replicas for the span's hour at its $2 an hour; 1,000 requests for $2.
+        let row = "<td>llama</td><td class=\"n\">1.0</td><td class=\"n\">1,000</td>\
+                   <td class=\"n\">50%</td><td class=\"n\">0 (0 failed)</td>\
+                   <td class=\"n\">0.0 s</td><td class=\"n\">$2.00</td><td class=\"n\">$2.00</td>\
+                   <td class=\"n\">$6.00</td><td class=\"n\">$4.00</td>";
+        assert!(html.contains(row), "{html}");
     }
 
     #[test]

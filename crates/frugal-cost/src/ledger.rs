@@ -1,9 +1,10 @@
-//! The usage ledger: an append-only SQLite file of usage events.
+//! The usage ledger: an append-only SQLite file of usage events, and of the spans of pool
+//! replicas' lives beside them.
 //!
-//! Every write is one transaction in WAL mode with `synchronous = FULL`: once `append` or
-//! `import` returns, the rows survive a killed process or a power cut, and a write that
-//! did not return leaves nothing behind. Triggers refuse UPDATE and DELETE on events, so
-//! the ledger only grows. Names (workloads, models, runs, instance types) are stored once
+//! Every write is one transaction in WAL mode with `synchronous = FULL`: once `append`,
+//! `append_with_spans` or `import` returns, the rows survive a killed process or a power
+//! cut, and a write that did not return leaves nothing behind. Triggers refuse UPDATE and
+//! DELETE on events and spans, so the ledger only grows. Names (workloads, models, runs, instance types) are stored once
 //! in `dims` and referenced by integer, which keeps rows small and reports fast.
 //!
 //! A file import records the SHA-256 of the file, and each row it stores a content hash
@@ -16,12 +17,12 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, params};
 use serde::Serialize;
 
-use crate::event::{Capacity, Event, Kind, Outcome, waste};
+use crate::event::{Capacity, Event, Kind, Outcome, ReplicaSpan, ReplicaState, waste};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Ids, Key, Pending, Sums};
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
 const APPLICATION_ID: i64 = 0x4652_5547;
@@ -97,6 +98,35 @@ CREATE INDEX imports_sha256 ON imports (sha256) WHERE sha256 IS NOT NULL;
 ALTER TABLE events ADD COLUMN row_hash BLOB;
 CREATE UNIQUE INDEX events_row_hash ON events (row_hash) WHERE row_hash IS NOT NULL;
 "#,
+    r#"
+-- v5: pools of replicas. How long a pool's activator held each request, indexed where it
+-- did (few rows) so a pool's wait percentiles read only those; and each replica's life in
+-- spans, whose pool is a model name (the pool's requests' model).
+ALTER TABLE events ADD COLUMN wait_ms INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX events_waited ON events (model, wait_ms) WHERE wait_ms > 0;
+CREATE TABLE replica_spans (
+    id           INTEGER PRIMARY KEY,
+    ts_ms        INTEGER NOT NULL,
+    duration_ms  INTEGER NOT NULL,
+    workload     INTEGER NOT NULL REFERENCES dims (id),
+    pool         INTEGER NOT NULL REFERENCES dims (id),
+    replica      INTEGER NOT NULL,
+    state        INTEGER NOT NULL,
+    busy_ms      INTEGER NOT NULL,
+    cost         INTEGER NOT NULL,
+    instance     INTEGER REFERENCES dims (id),
+    min_replicas INTEGER NOT NULL,
+    max_replicas INTEGER NOT NULL,
+    need_bytes   INTEGER,
+    failed       INTEGER NOT NULL,
+    import       INTEGER NOT NULL REFERENCES imports (id)
+);
+CREATE INDEX replica_spans_ts ON replica_spans (ts_ms);
+CREATE TRIGGER replica_spans_no_update BEFORE UPDATE ON replica_spans
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+CREATE TRIGGER replica_spans_no_delete BEFORE DELETE ON replica_spans
+    BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
+"#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -168,6 +198,27 @@ pub struct Window {
     pub until_ms: Option<Millis>,
 }
 
+impl Window {
+    /// The whole hours the window touches, as the rollups count it: `since` rounds down to
+    /// the hour, `until` up.
+    pub fn whole_hours(self) -> Window {
+        let hour = rollup::HOUR_MS;
+        Window {
+            since_ms: self.since_ms.map(|s| s - s.rem_euclid(hour)),
+            until_ms: self
+                .until_ms
+                .map(|u| u.saturating_add(hour - 1).div_euclid(hour) * hour),
+        }
+    }
+
+    fn bounds(self) -> (Millis, Millis) {
+        (
+            self.since_ms.unwrap_or(i64::MIN),
+            self.until_ms.unwrap_or(i64::MAX),
+        )
+    }
+}
+
 /// One event as a report reads it: names as ids into `Names`.
 #[derive(Debug, Clone, Copy)]
 pub struct Row {
@@ -191,6 +242,7 @@ pub struct Row {
     pub list_cost: Option<Money>,
     pub outcome: Option<Outcome>,
     pub lost_ms: Millis,
+    pub wait_ms: Millis,
 }
 
 impl Row {
@@ -347,9 +399,23 @@ impl Ledger {
 
     /// Appends events in one transaction; all of them are stored or none.
     pub fn append(&mut self, source: &str, events: &[Event]) -> Result<u64, LedgerError> {
+        self.append_with_spans(source, events, &[])
+    }
+
+    /// Appends events and pool replicas' spans in one transaction; all of them are stored
+    /// or none. Returns the rows stored, events and spans together.
+    pub fn append_with_spans(
+        &mut self,
+        source: &str,
+        events: &[Event],
+        spans: &[ReplicaSpan],
+    ) -> Result<u64, LedgerError> {
         self.import(source, "api", |sink| {
             for e in events {
                 sink.push(e)?;
+            }
+            for span in spans {
+                sink.push_span(span)?;
             }
             Ok::<_, LedgerError>(())
         })
@@ -460,16 +526,12 @@ impl Ledger {
             .prepare(
                 "SELECT ts_ms, duration_ms, kind, workload, model, run, instance, region, capacity,
                         instances, requests, input_tokens, output_tokens, cached_tokens,
-                        utilization, cost, input_cost, list_cost, outcome, lost_ms
+                        utilization, cost, input_cost, list_cost, outcome, lost_ms, wait_ms
                  FROM events WHERE ts_ms >= ?1 AND ts_ms < ?2",
             )
             .map_err(read_err)?;
-        let mut rows = stmt
-            .query(params![
-                window.since_ms.unwrap_or(i64::MIN),
-                window.until_ms.unwrap_or(i64::MAX)
-            ])
-            .map_err(read_err)?;
+        let (since, until) = window.bounds();
+        let mut rows = stmt.query(params![since, until]).map_err(read_err)?;
         let mut n = 0;
         while let Some(r) = rows.next().map_err(read_err)? {
             let int = |i: usize| r.get::<_, i64>(i).map_err(read_err);
@@ -510,6 +572,7 @@ impl Ledger {
                 list_cost: opt(17)?.map(Money::from_nanos),
                 outcome,
                 lost_ms: int(19)?,
+                wait_ms: int(20)?,
             };
             visit(&row);
             n += 1;
@@ -517,18 +580,140 @@ impl Ledger {
         Ok(n)
     }
 
-    /// Calls `visit` for the hourly rollups of the whole hours the window touches: `since`
-    /// rounds down to the hour, `until` up.
+    /// Calls `visit` for every pool replica span that starts in the window, in time order.
+    pub fn spans(
+        &self,
+        window: Window,
+        mut visit: impl FnMut(&ReplicaSpan),
+    ) -> Result<u64, LedgerError> {
+        let read_err = |source| LedgerError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT s.ts_ms, s.duration_ms, w.name, p.name, s.replica, s.state, s.busy_ms,
+                        s.cost, i.name, s.min_replicas, s.max_replicas, s.need_bytes, s.failed
+                 FROM replica_spans s
+                 JOIN dims w ON w.id = s.workload
+                 JOIN dims p ON p.id = s.pool
+                 LEFT JOIN dims i ON i.id = s.instance
+                 WHERE s.ts_ms >= ?1 AND s.ts_ms < ?2
+                 ORDER BY s.ts_ms, s.id",
+            )
+            .map_err(read_err)?;
+        let (since, until) = window.bounds();
+        let mut rows = stmt.query(params![since, until]).map_err(read_err)?;
+        let mut n = 0;
+        while let Some(r) = rows.next().map_err(read_err)? {
+            let code: i64 = r.get(5).map_err(read_err)?;
+            let state = ReplicaState::from_code(code).ok_or_else(|| LedgerError::Corrupt {
+                path: self.path.clone(),
+                what: format!("replica state {code}"),
+            })?;
+            let span = ReplicaSpan {
+                ts_ms: r.get(0).map_err(read_err)?,
+                duration_ms: r.get(1).map_err(read_err)?,
+                workload: r.get(2).map_err(read_err)?,
+                pool: r.get(3).map_err(read_err)?,
+                replica: r.get(4).map_err(read_err)?,
+                state,
+                busy_ms: r.get(6).map_err(read_err)?,
+                cost: Money::from_nanos(r.get(7).map_err(read_err)?),
+                instance_type: r.get(8).map_err(read_err)?,
+                min_replicas: r.get(9).map_err(read_err)?,
+                max_replicas: r.get(10).map_err(read_err)?,
+                need_bytes: r
+                    .get::<_, Option<i64>>(11)
+                    .map_err(read_err)?
+                    .map(|b| b.max(0) as u64),
+                failed: r.get::<_, i64>(12).map_err(read_err)? != 0,
+            };
+            visit(&span);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Nearest-rank percentiles (`percents` in 1..=100) of the activator waits of a pool's
+    /// requests that start in the window (inference events of `workload` whose model is
+    /// `pool`, failed ones left out); `None` when it has none. Most requests did not wait:
+    /// one pass counts them, and the ranks among those that did are read off the index of
+    /// waits, so no wait is held in memory.
+    pub fn wait_percentiles(
+        &self,
+        window: Window,
+        workload: &str,
+        pool: &str,
+        percents: &[u32],
+    ) -> Result<Vec<Option<Millis>>, LedgerError> {
+        let read_err = |source| LedgerError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        const REQUESTS: &str = "FROM events
+             WHERE ts_ms >= ?1 AND ts_ms < ?2 AND kind = ?3
+               AND workload = (SELECT id FROM dims WHERE axis = ?4 AND name = ?5)
+               AND model = (SELECT id FROM dims WHERE axis = ?6 AND name = ?7)
+               AND (outcome IS NULL OR outcome <> ?8)";
+        let (since, until) = window.bounds();
+        let (kind, failed) = (Kind::Inference.code(), Outcome::Failed.code());
+        let (workload_axis, model_axis) = (Axis::Workload as i64, Axis::Model as i64);
+        let args: [&dyn rusqlite::ToSql; 8] = [
+            &since,
+            &until,
+            &kind,
+            &workload_axis,
+            &workload,
+            &model_axis,
+            &pool,
+            &failed,
+        ];
+        let (all, waited): (i64, i64) = self
+            .conn
+            .query_row(
+                &format!("SELECT count(*), count(CASE WHEN wait_ms > 0 THEN 1 END) {REQUESTS}"),
+                &args[..],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(read_err)?;
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT wait_ms {REQUESTS} AND wait_ms > 0 ORDER BY wait_ms LIMIT 1 OFFSET ?9"
+            ))
+            .map_err(read_err)?;
+        let not_waited = all - waited;
+        let mut out = Vec::with_capacity(percents.len());
+        for &p in percents {
+            let rank = (u64::from(p.clamp(1, 100)) * all.max(0) as u64).div_ceil(100) as i64;
+            let wait = if all == 0 {
+                None
+            } else if rank <= not_waited {
+                Some(0)
+            } else {
+                let offset = rank - not_waited - 1;
+                let mut with_offset = args.to_vec();
+                with_offset.push(&offset);
+                Some(
+                    stmt.query_row(&with_offset[..], |r| r.get(0))
+                        .map_err(read_err)?,
+                )
+            };
+            out.push(wait);
+        }
+        Ok(out)
+    }
+
+    /// Calls `visit` for the hourly rollups of the whole hours the window touches (see
+    /// `Window::whole_hours`).
     pub fn rollups(
         &self,
         window: Window,
         visit: impl FnMut(&Key, &Sums),
     ) -> Result<u64, LedgerError> {
-        let hour = rollup::HOUR_MS;
-        let since = window.since_ms.map_or(i64::MIN, |s| s - s.rem_euclid(hour));
-        let until = window.until_ms.map_or(i64::MAX, |u| {
-            u.saturating_add(hour - 1).div_euclid(hour) * hour
-        });
+        let (since, until) = window.whole_hours().bounds();
         rollup::read(&self.conn, since, until, visit).map_err(|e| match e {
             rollup::ReadError::Sql(source) => LedgerError::Read {
                 path: self.path.clone(),
@@ -697,6 +882,42 @@ impl Sink<'_> {
             .map_err(|e| self.write_err(e))
     }
 
+    /// Stores a pool replica's span. Spans are not rolled up: their money is already in
+    /// the pool's request and idle events, so a report reads them apart and adds none of it.
+    pub fn push_span(&mut self, span: &ReplicaSpan) -> Result<(), LedgerError> {
+        let workload = self.dim(Axis::Workload, &span.workload)?;
+        let pool = self.dim(Axis::Model, &span.pool)?;
+        let instance = self.opt_dim(Axis::Instance, span.instance_type.as_deref())?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO replica_spans (ts_ms, duration_ms, workload, pool, replica, state,
+                    busy_ms, cost, instance, min_replicas, max_replicas, need_bytes, failed, import)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    span.ts_ms,
+                    span.duration_ms,
+                    workload,
+                    pool,
+                    span.replica,
+                    span.state.code(),
+                    span.busy_ms,
+                    span.cost.nanos(),
+                    instance,
+                    span.min_replicas,
+                    span.max_replicas,
+                    span.need_bytes
+                        .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
+                    i64::from(span.failed),
+                    self.import_id,
+                ])
+            })
+            .map_err(|err| self.write_err(err))?;
+        self.rows += 1;
+        Ok(())
+    }
+
     fn insert(&mut self, e: &Event, hash: Option<RowHash>) -> Result<bool, LedgerError> {
         let workload = self.dim(Axis::Workload, &e.workload)?;
         let model = self.opt_dim(Axis::Model, e.model.as_deref())?;
@@ -711,9 +932,9 @@ impl Sink<'_> {
                 "INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance,
                     region, capacity, instances, requests, input_tokens, output_tokens,
                     cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
-                    import, saved, lever, tenant, row_hash)
+                    import, saved, lever, tenant, row_hash, wait_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)
                  ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING",
             )
             .and_then(|mut s| {
@@ -743,6 +964,7 @@ impl Sink<'_> {
                     e.lever.map(crate::event::Lever::code),
                     tenant,
                     hash.as_ref().map(|h| &h.0[..]),
+                    e.wait_ms,
                 ])
             })
             .map_err(|err| self.write_err(err))?;
@@ -933,7 +1155,7 @@ mod tests {
         );
         ledger.append("frugal serve", &[event(20, 1)]).unwrap();
         let info = ledger.info().unwrap();
-        assert_eq!((info.schema_version, info.events), (4, 5));
+        assert_eq!((info.schema_version, info.events), (SCHEMA_VERSION, 5));
         assert_eq!(info.total_cost, Money::from_nanos(15 + 30_000_000));
         let files: Vec<_> = info
             .files
@@ -973,6 +1195,157 @@ mod tests {
         let file = sink.file_imported(&"ab".repeat(32)).unwrap().unwrap();
         assert_eq!(file.source, "new.csv");
         assert!(sink.file_imported("cd").unwrap().is_none());
+    }
+
+    fn span(ts: i64, replica: u32, state: ReplicaState) -> ReplicaSpan {
+        ReplicaSpan {
+            ts_ms: ts,
+            duration_ms: 60_000,
+            workload: "chat".into(),
+            pool: "qwen".into(),
+            replica,
+            state,
+            busy_ms: 0,
+            cost: Money::from_cents(2),
+            instance_type: None,
+            min_replicas: 0,
+            max_replicas: 4,
+            need_bytes: None,
+            failed: false,
+        }
+    }
+
+    #[test]
+    fn a_v4_ledger_gains_waits_and_replica_spans_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sqlite");
+        {
+            // A ledger as frugal wrote it before pools.
+            let conn = Connection::open(&path).unwrap();
+            for m in &MIGRATIONS[..4] {
+                conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
+                    .unwrap();
+            }
+            conn.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 4;
+                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat'), (2, 1, 'qwen');
+                 INSERT INTO imports (id, at_ms, source, format, rows, sha256)
+                     VALUES (1, 1000, 'old.csv', 'csv', 1, 'ab');
+                 INSERT INTO events (ts_ms, duration_ms, kind, workload, model, instances,
+                     requests, input_tokens, output_tokens, cached_tokens, cost, lost_ms, import,
+                     row_hash)
+                     VALUES (5, 0, 0, 1, 2, 1, 1, 0, 0, 0, 7, 0, 1, x'01');"
+            ))
+            .unwrap();
+        }
+        let mut ledger = Ledger::open(&path).unwrap();
+        let mut waited = event(10, 1);
+        waited.model = Some("qwen".into());
+        waited.wait_ms = 1_500;
+        let stored = ledger
+            .append_with_spans(
+                "frugal serve",
+                &[waited],
+                &[span(10, 1, ReplicaState::Starting)],
+            )
+            .unwrap();
+        assert_eq!(stored, 2, "an event and a span");
+        let info = ledger.info().unwrap();
+        assert_eq!((info.schema_version, info.events), (5, 2));
+        assert_eq!(info.total_cost, Money::from_nanos(7 + 10_000_000));
+        assert_eq!(info.files[0].sha256.as_deref(), Some("ab"));
+        let mut waits = Vec::new();
+        ledger
+            .scan(Window::default(), |r| waits.push((r.ts_ms, r.wait_ms)))
+            .unwrap();
+        waits.sort();
+        assert_eq!(waits, [(5, 0), (10, 1_500)], "old rows waited 0");
+        assert_eq!(ledger.spans(Window::default(), |_| {}).unwrap(), 1);
+    }
+
+    #[test]
+    fn spans_and_waits_round_trip_in_one_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sqlite");
+        let mut ledger = Ledger::open(&path).unwrap();
+        let mut ready = span(100, 2, ReplicaState::Ready);
+        ready.busy_ms = 45_000;
+        ready.instance_type = Some("g5.xlarge".into());
+        ready.need_bytes = Some(5 << 30);
+        ready.min_replicas = 1;
+        let mut failed = span(50, 1, ReplicaState::Starting);
+        failed.failed = true;
+        let spans = [ready, failed, span(7_000, 2, ReplicaState::Draining)];
+        ledger.append_with_spans("t", &[], &spans).unwrap();
+        drop(ledger);
+        let ledger = Ledger::open_existing(&path).unwrap();
+        let mut seen = Vec::new();
+        let window = Window {
+            since_ms: Some(0),
+            until_ms: Some(1_000),
+        };
+        assert_eq!(ledger.spans(window, |s| seen.push(s.clone())).unwrap(), 2);
+        assert_eq!(seen, [spans[1].clone(), spans[0].clone()], "in time order");
+        for sql in [
+            "UPDATE replica_spans SET cost = 0",
+            "DELETE FROM replica_spans",
+        ] {
+            let err = ledger.conn.execute(sql, []).unwrap_err().to_string();
+            assert!(err.contains("append-only"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_failed_write_stores_neither_events_nor_spans() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "api", |sink| {
+            sink.push(&event(1, 1))?;
+            sink.push_span(&span(1, 1, ReplicaState::Ready))?;
+            Err(LedgerError::Missing("stand-in for a failed write".into()))
+        });
+        assert!(result.is_err());
+        assert_eq!(ledger.info().unwrap().events, 0);
+        assert_eq!(ledger.spans(Window::default(), |_| {}).unwrap(), 0);
+    }
+
+    #[test]
+    fn wait_percentiles_rank_a_pools_requests_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        // 100 requests of pool qwen: 90 not held, 10 held 100 ms .. 1,000 ms; one failed
+        // request held 60 s and another pool's request held longer are not the pool's.
+        let mut events: Vec<Event> = (0..100)
+            .map(|i| {
+                let mut e = event(i, 1);
+                e.model = Some("qwen".into());
+                e.wait_ms = if i < 90 { 0 } else { (i - 89) * 100 };
+                e
+            })
+            .collect();
+        let mut failed = events[0].clone();
+        (failed.outcome, failed.wait_ms) = (Some(Outcome::Failed), 60_000);
+        let mut other = event(5, 1);
+        other.wait_ms = 90_000;
+        events.extend([failed, other]);
+        ledger.append("t", &events).unwrap();
+        let all = ledger
+            .wait_percentiles(Window::default(), "chat", "qwen", &[50, 90, 91, 99, 100])
+            .unwrap();
+        assert_eq!(all, [Some(0), Some(0), Some(100), Some(900), Some(1_000)]);
+        let late = Window {
+            since_ms: Some(95),
+            until_ms: None,
+        };
+        // 600 .. 1,000 ms: the median of five is the third.
+        let p50 = ledger
+            .wait_percentiles(late, "chat", "qwen", &[50])
+            .unwrap();
+        assert_eq!(p50, [Some(800)]);
+        let none = ledger
+            .wait_percentiles(Window::default(), "chat", "nope", &[50])
+            .unwrap();
+        assert_eq!(none, [None]);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The unit-cost report: what a training run, a thousand inferences and a million tokens
-//! cost, which cost dominates, how much of it is waste, and the levers to pull first.
+//! cost, which cost dominates, how much of it is waste, and the levers to pull first; and
+//! for pools of replicas, what scaling to demand saved and what to right-size (`pools`).
 //!
 //! One pass over the ledger's rows (in time order) feeds every table, so a report over ten
 //! million events costs one scan. Money sums are exact; shares, ratios and chart series are
@@ -15,6 +16,10 @@ use crate::ledger::{Ledger, LedgerError, Names, Window};
 use crate::money::{HourlyRate, Millis, Money};
 use crate::present::pct;
 use crate::rollup::{Key, Sums};
+
+mod pools;
+
+pub use pools::{PoolLine, RightSizing, Sizing};
 
 const HOUR_MS: Millis = 3_600_000;
 const DAY_MS: Millis = 24 * HOUR_MS;
@@ -147,6 +152,21 @@ pub struct Series {
     pub lines: Vec<(String, Vec<f64>)>,
 }
 
+/// What a report is asked for beyond its window.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// A pool whose replicas are busy less than this share of their time is flagged.
+    pub pool_busy_below: f64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            pool_busy_below: 0.3,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub window: Window,
@@ -165,6 +185,10 @@ pub struct Report {
     pub inference: Vec<InferenceLine>,
     pub models: Vec<InferenceLine>,
     pub training: Vec<RunLine>,
+    /// Pools of replicas with spans in the window.
+    pub pools: Vec<PoolLine>,
+    /// The busy share under which a pool is flagged for right-sizing.
+    pub pool_busy_below: f64,
     pub levers: Vec<Lever>,
     pub series: Series,
 }
@@ -294,6 +318,8 @@ struct Builder<'a> {
     /// Cost per (hour, workload), for the series.
     hourly: HashMap<(Millis, u32), Money>,
     workload_cost: HashMap<u32, Money>,
+    /// Requests that did not fail per (workload, model): a pool's requests.
+    served: HashMap<(u32, u32), u64>,
 }
 
 impl Report {
@@ -303,6 +329,16 @@ impl Report {
         ledger: &Ledger,
         catalog: &Catalog,
         window: Window,
+    ) -> Result<Report, LedgerError> {
+        Report::build_with(ledger, catalog, window, Options::default())
+    }
+
+    /// `build`, with the thresholds in `options`.
+    pub fn build_with(
+        ledger: &Ledger,
+        catalog: &Catalog,
+        window: Window,
+        options: Options,
     ) -> Result<Report, LedgerError> {
         let names = ledger.names()?;
         let mut b = Builder {
@@ -319,9 +355,17 @@ impl Report {
             baseline: HashMap::new(),
             hourly: HashMap::new(),
             workload_cost: HashMap::new(),
+            served: HashMap::new(),
         };
         ledger.rollups(window, |k, s| b.add(k, s))?;
-        Ok(b.finish(window))
+        let served = b
+            .served
+            .iter()
+            .map(|((w, m), n)| ((names.get(*w), names.get(*m)), *n))
+            .collect();
+        let busy_below = options.pool_busy_below;
+        let pools = pools::build(ledger, catalog, window.whole_hours(), &served, busy_below)?;
+        Ok(b.finish(window, pools, busy_below))
     }
 }
 
@@ -354,6 +398,9 @@ impl Builder<'_> {
                         .add_idle(s.cost);
                 } else {
                     *self.idle_unassigned.entry(k.workload).or_default() += s.cost;
+                }
+                if k.kind == Kind::Inference && k.model != 0 && k.outcome != Some(Outcome::Failed) {
+                    *self.served.entry((k.workload, k.model)).or_default() += s.requests as u64;
                 }
                 if k.kind == Kind::Inference && on_demand && k.instance != 0 {
                     let hours = self.baseline.entry((k.instance, k.region)).or_default();
@@ -406,7 +453,7 @@ impl Builder<'_> {
         }
     }
 
-    fn finish(mut self, window: Window) -> Report {
+    fn finish(mut self, window: Window, pools: Vec<PoolLine>, pool_busy_below: f64) -> Report {
         let names = self.names;
         let name = |id: u32| names.get(id).to_owned();
         let opt_name = |id: u32| (id != 0).then(|| name(id));
@@ -519,7 +566,7 @@ impl Builder<'_> {
             .collect();
         training.sort_by(|a, b| b.cost.cmp(&a.cost).then_with(|| a.run.cmp(&b.run)));
 
-        let levers = self.levers(&inference, &training);
+        let levers = self.levers(&inference, &training, &pools);
         let areas = self.areas(total);
         let dominant = dominant(&areas, &top_items, total);
         let series = self.series();
@@ -541,6 +588,8 @@ impl Builder<'_> {
             inference,
             models,
             training,
+            pools,
+            pool_busy_below,
             levers,
             series,
         }
@@ -588,7 +637,12 @@ impl Builder<'_> {
         areas
     }
 
-    fn levers(&self, inference: &[InferenceLine], training: &[RunLine]) -> Vec<Lever> {
+    fn levers(
+        &self,
+        inference: &[InferenceLine],
+        training: &[RunLine],
+        pools: &[PoolLine],
+    ) -> Vec<Lever> {
         let mut levers = Vec::new();
         let kind = |k: Kind| self.kinds.get(&k).copied().unwrap_or_default();
         let serving_waste = kind(Kind::Idle).1 + kind(Kind::Inference).1;
@@ -639,6 +693,7 @@ impl Builder<'_> {
         if let Some(lever) = cascade_lever(inference) {
             levers.push(lever);
         }
+        levers.extend(pools::levers(pools));
         levers.sort_by_key(|l| std::cmp::Reverse(l.dollars));
         levers
     }

@@ -358,6 +358,10 @@ pub struct ReportArgs {
     /// Also write a self-contained HTML report with charts
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Flag a pool whose replicas were busy less than this share of their time
+    #[arg(long, value_name = "SHARE", value_parser = unit_interval,
+          default_value_t = frugal_cost::report::Options::default().pool_busy_below)]
+    pub pool_busy_below: f64,
 }
 
 #[derive(Debug, Args)]

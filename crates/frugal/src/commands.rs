@@ -8,7 +8,7 @@ use frugal_cost::catalog::InstanceOffer;
 use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
 use frugal_cost::ledger::PriorImport;
 use frugal_cost::present::{pct, thousands, usd, usd_unit, utc};
-use frugal_cost::report::{Report, utilization_note};
+use frugal_cost::report::{Options, PoolLine, Report, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::{
@@ -366,7 +366,10 @@ fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
             .context("--until")?,
     };
     let started = std::time::Instant::now();
-    let report = Report::build(&ledger, catalog, window)?;
+    let options = Options {
+        pool_busy_below: args.pool_busy_below,
+    };
+    let report = Report::build_with(&ledger, catalog, window, options)?;
     tracing::info!(
         events = report.events,
         secs = started.elapsed().as_secs_f64(),
@@ -566,6 +569,8 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
         writeln!(out, "\nTraining runs: cost per run\n{t}")?;
     }
 
+    print_pools(&mut out, &r.pools)?;
+
     if !r.levers.is_empty() {
         let mut t = table::new(&["#>", "lever", "at stake>", "why", "what to do"]);
         for (i, l) in r.levers.iter().enumerate() {
@@ -583,6 +588,74 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// Pools of replicas against a fixed pool of their largest size, and what to right-size.
+fn print_pools(out: &mut impl Write, pools: &[PoolLine]) -> Result<()> {
+    if pools.is_empty() {
+        return Ok(());
+    }
+    let mut t = table::new(&[
+        "pool",
+        "replica-h>",
+        "requests>",
+        "cost>",
+        "$/1k req>",
+        "busy>",
+        "cold starts>",
+        "p99 wait>",
+        "fixed pool>",
+        "saved>",
+    ]);
+    let dash = || "-".to_owned();
+    for p in pools {
+        let starts = match p.failed_starts {
+            0 => p.cold_starts.to_string(),
+            n => format!("{} ({n} failed)", p.cold_starts),
+        };
+        t.add_row(vec![
+            p.pool.clone(),
+            format!("{:.1}", p.replica_hours),
+            thousands(p.requests),
+            usd(p.cost),
+            p.per_1k.map_or_else(dash, usd_unit),
+            p.busy_share.map_or_else(dash, pct),
+            starts,
+            p.wait_p99_ms.map_or_else(dash, seconds),
+            p.fixed_cost.map_or_else(dash, usd),
+            p.saving_vs_fixed.map_or_else(dash, usd),
+        ]);
+    }
+    writeln!(
+        out,
+        "\nPools: replicas scaled to demand against a fixed pool of max_replicas\n{t}"
+    )?;
+    let flags: Vec<_> = pools
+        .iter()
+        .flat_map(|p| p.right_sizing.iter().map(move |f| (p, f)))
+        .collect();
+    if !flags.is_empty() {
+        let mut t = table::new(&["pool", "at stake>", "why", "what to do"]);
+        for (p, f) in flags {
+            t.add_row(vec![
+                p.pool.clone(),
+                usd(f.dollars),
+                f.basis.clone(),
+                f.action.clone(),
+            ]);
+        }
+        writeln!(out, "\nRight-sizing pools\n{t}")?;
+    }
+    Ok(())
+}
+
+/// A wait in milliseconds as seconds: `0.25 s`, `12.0 s`.
+fn seconds(ms: i64) -> String {
+    match ms {
+        0 => "0 s".to_owned(),
+        ms if ms < 1000 => format!("{:.2} s", ms as f64 / 1000.0),
+        ms => format!("{:.1} s", ms as f64 / 1000.0),
+    }
 }
 
 fn date(ms: i64) -> String {

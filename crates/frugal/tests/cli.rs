@@ -190,7 +190,7 @@ fn the_same_usage_is_not_imported_twice() {
     assert_eq!(events(&env), 4);
     let info = stdout(&ok(env.frugal(&["ledger", "info"])));
     assert!(
-        info.contains("schema    v4") && info.contains("Files imported"),
+        info.contains("schema    v5") && info.contains("Files imported"),
         "{info}"
     );
     assert!(
@@ -608,6 +608,94 @@ fn eval_route_answers_with_both_tiers() {
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains("line 1: expected {id, kind, question, answers, check}"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A pool's hour at $1 a replica-hour on a p4d.24xlarge: two replicas 30 minutes each, one
+/// cold start, a quarter of it busy; 10 requests, the first held 6 s by the cold start.
+fn pool_ledger(env: &Env) {
+    use frugal_cost::{Event, Kind, Money, ReplicaSpan, ReplicaState};
+    let t0 = 1_793_000_000_000 - 1_793_000_000_000 % 3_600_000;
+    let minute = 60_000;
+    let span = |at: i64, replica, state, minutes: i64, busy: i64| ReplicaSpan {
+        ts_ms: t0 + at * minute,
+        duration_ms: minutes * minute,
+        workload: "chat".into(),
+        pool: "qwen".into(),
+        replica,
+        state,
+        busy_ms: busy * minute,
+        cost: Money::from_cents(100 * minutes / 60),
+        instance_type: Some("p4d.24xlarge".into()),
+        min_replicas: 1,
+        max_replicas: 4,
+        need_bytes: Some(3 << 30),
+        failed: false,
+    };
+    let spans = [
+        span(0, 1, ReplicaState::Starting, 6, 0),
+        span(6, 1, ReplicaState::Ready, 24, 9),
+        span(0, 2, ReplicaState::Ready, 30, 6),
+    ];
+    let mut events: Vec<Event> = (0..10)
+        .map(|i| {
+            let mut e = Event::new(
+                t0 + i * minute,
+                Kind::Inference,
+                "chat",
+                Money::from_cents(2),
+            );
+            (e.model, e.requests) = (Some("qwen".into()), 1);
+            e.wait_ms = if i == 0 { 6_000 } else { 0 };
+            e
+        })
+        .collect();
+    let mut idle = Event::new(t0, Kind::Idle, "chat", Money::from_cents(80));
+    idle.model = Some("qwen".into());
+    events.push(idle);
+    let mut ledger = frugal_cost::Ledger::open(&env.path("ledger.sqlite")).unwrap();
+    ledger
+        .append_with_spans("frugal serve", &events, &spans)
+        .unwrap();
+}
+
+#[test]
+fn report_prints_pools_and_what_to_right_size() {
+    let env = Env::new();
+    pool_ledger(&env);
+    let text = stdout(&ok(env.frugal(&["report"])));
+    let pools = &text[text.find("Pools:").unwrap()..text.find("Levers to try").unwrap()];
+    insta::assert_snapshot!("report_pools", pools);
+
+    let report = json(&ok(env.frugal(&[
+        "report",
+        "--json",
+        "--pool-busy-below",
+        "0.2",
+    ])));
+    let pool = &report["pools"][0];
+    assert_eq!(pool["pool"], "qwen");
+    assert_eq!(pool["requests"], 10);
+    assert_eq!(
+        pool["fixed_cost"], 2_000_000_000_i64,
+        "4 replicas for 30 minutes at $1/h"
+    );
+    assert_eq!(pool["wait_p99_ms"], 6_000);
+    assert_eq!(report["pool_busy_below"], 0.2);
+    let flags: Vec<&str> = pool["right_sizing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["flag"].as_str().unwrap())
+        .collect();
+    assert_eq!(flags, ["oversized_instance"], "busy 25% is above 20%");
+
+    let o = env.frugal(&["report", "--pool-busy-below", "1.5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("must be above 0 and below 1"),
         "{}",
         stderr(&o)
     );

@@ -1,6 +1,6 @@
 use super::*;
 use crate::catalog::PriceSource;
-use crate::event::Event;
+use crate::event::{Event, ReplicaSpan, ReplicaState};
 
 fn m(s: &str) -> Money {
     s.parse().unwrap()
@@ -300,4 +300,189 @@ fn rollups_match_the_raw_events_exactly() {
     assert_eq!(requests, raw_requests);
     let series: f64 = r.series.lines.iter().flat_map(|(_, v)| v).sum();
     assert!((series - raw_cost.as_f64()).abs() < 1e-6 * raw_cost.as_f64());
+}
+
+const MINUTE_MS: Millis = 60_000;
+
+/// A span of pool `qwen` at $1 an hour, its cost exact for whole tenths of an hour.
+fn span(at_min: i64, replica: u32, state: ReplicaState, min: i64, busy_min: i64) -> ReplicaSpan {
+    ReplicaSpan {
+        ts_ms: T0 + at_min * MINUTE_MS,
+        duration_ms: min * MINUTE_MS,
+        workload: "chat".into(),
+        pool: "qwen".into(),
+        replica,
+        state,
+        busy_ms: busy_min * MINUTE_MS,
+        cost: Money::from_cents(100 * min / 60),
+        instance_type: Some("p4d.24xlarge".into()),
+        min_replicas: 0,
+        max_replicas: 4,
+        need_bytes: Some(3 << 30),
+        failed: false,
+    }
+}
+
+/// Pool `qwen`, worked by hand: three cold starts (one failed), two replicas ready for
+/// 30 minutes each, one draining; 90 replica-minutes for $1.50, 24 of them busy.
+fn pool_example() -> (Vec<Event>, Vec<ReplicaSpan>) {
+    let mut failed_start = span(6, 2, ReplicaState::Starting, 6, 0);
+    failed_start.failed = true;
+    let spans = vec![
+        span(0, 1, ReplicaState::Starting, 6, 0),
+        span(6, 1, ReplicaState::Ready, 30, 18),
+        failed_start,
+        span(12, 3, ReplicaState::Starting, 12, 0),
+        span(24, 3, ReplicaState::Ready, 30, 6),
+        span(36, 1, ReplicaState::Draining, 6, 0),
+    ];
+    // 40 requests at a cent (the busy $0.40): 36 not held, the first held through the
+    // 6-minute cold start, three held 1-3 s; two failed requests held long.
+    let mut events: Vec<Event> = (0..42)
+        .map(|i| {
+            let mut e = inference("chat", "qwen", 1, "0.01");
+            e.ts_ms = T0 + i * MINUTE_MS;
+            e.wait_ms = match i {
+                0 => 6 * MINUTE_MS,
+                1..=3 => i * 1000,
+                40.. => 600_000,
+                _ => 0,
+            };
+            if i >= 40 {
+                (e.outcome, e.cost) = (Some(Outcome::Failed), Money::ZERO);
+            }
+            e
+        })
+        .collect();
+    let mut idle = Event::new(T0, Kind::Idle, "chat", m("1.10"));
+    idle.model = Some("qwen".into());
+    events.push(idle);
+    (events, spans)
+}
+
+fn ledger_with_pool() -> (tempfile::TempDir, Ledger) {
+    let (events, spans) = pool_example();
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+    ledger.append_with_spans("test", &events, &spans).unwrap();
+    (dir, ledger)
+}
+
+#[test]
+fn a_pool_by_hand_against_a_fixed_pool_of_its_largest_size() {
+    let (_dir, ledger) = ledger_with_pool();
+    let r = Report::build(&ledger, &Catalog::builtin().unwrap(), Window::default()).unwrap();
+    assert_eq!(r.total, m("1.5"), "spans add nothing to the events' money");
+    let [pool] = &r.pools[..] else {
+        panic!("{:?}", r.pools)
+    };
+    assert_eq!(
+        (pool.workload.as_str(), pool.pool.as_str()),
+        ("chat", "qwen")
+    );
+    assert_eq!((pool.min_replicas, pool.max_replicas), (0, 4));
+    assert_eq!(pool.replica_hours, 1.5);
+    assert_eq!(pool.cost, m("1.5"));
+    assert_eq!(pool.busy_share, Some(24.0 / 90.0));
+    assert_eq!(pool.requests, 40, "failed requests are not served");
+    // $1.50 / 40 requests x 1,000.
+    assert_eq!(pool.per_1k, Some(m("37.5")));
+    assert_eq!((pool.cold_starts, pool.failed_starts), (3, 1));
+    assert_eq!(
+        (pool.cold_start_p50_s, pool.cold_start_p99_s),
+        (Some(360.0), Some(720.0))
+    );
+    // 36 of 40 did not wait; the 40th is the one held through the cold start.
+    assert_eq!(
+        (pool.wait_p50_ms, pool.wait_p99_ms),
+        (Some(0), Some(360_000))
+    );
+    // 4 replicas from the first start (T0) to the last end (T0 + 54 min) at the replicas'
+    // $1 an hour: 4 x 0.9 h = $3.60, against $1.50 paid.
+    assert_eq!(pool.fixed_cost, Some(m("3.6")));
+    assert_eq!(pool.saving_vs_fixed, Some(m("2.1")));
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["pools"][0]["fixed_cost"], 3_600_000_000_i64);
+    assert_eq!(
+        json["pools"][0]["right_sizing"][0]["flag"],
+        "low_busy_share"
+    );
+    assert_eq!(json["pool_busy_below"], 0.3);
+}
+
+#[test]
+fn pools_busy_below_the_threshold_and_on_oversized_instances_are_flagged() {
+    let (_dir, ledger) = ledger_with_pool();
+    let catalog = Catalog::builtin().unwrap();
+    let r = Report::build(&ledger, &catalog, Window::default()).unwrap();
+    let flags = &r.pools[0].right_sizing;
+    let idle = flags
+        .iter()
+        .find(|f| f.flag == Sizing::LowBusyShare)
+        .unwrap();
+    // Busy 24 of 90 minutes: the other 66 minutes' share of $1.50.
+    assert_eq!(idle.dollars, m("1.1"));
+    assert!(
+        idle.basis
+            .contains("busy 27% of 1.5 replica-hours (flagged below 30%)"),
+        "{}",
+        idle.basis
+    );
+    assert!(
+        idle.action.contains("target_in_flight") && idle.action.contains("scale_to_zero_after")
+    );
+    // 3 GiB with 20% headroom on a p4d.24xlarge (8 x A100): one T4 (16 GiB) holds it.
+    let big = flags
+        .iter()
+        .find(|f| f.flag == Sizing::OversizedInstance)
+        .unwrap();
+    assert_eq!(big.instead.as_deref(), Some("g5g.xlarge"));
+    // ($21.957642 - $0.42) an hour over 1.5 replica-hours.
+    assert_eq!(big.dollars, m("32.306463"));
+    assert!(
+        big.basis.contains("needs 3.0 GiB") && big.basis.contains("has 320 GiB"),
+        "{}",
+        big.basis
+    );
+    let lever = |name: &str| r.levers.iter().find(|l| l.lever == name).unwrap();
+    assert_eq!(lever("scale idle pools in").dollars, m("1.1"));
+    let sizing = lever("right-size pool instances");
+    assert_eq!(sizing.dollars, m("32.306463"));
+    assert_eq!(sizing.basis, "pool `qwen` on p4d.24xlarge fits g5g.xlarge");
+
+    // A lower threshold flags no idle pool; a pool whose need is unknown is not resized.
+    let options = Options {
+        pool_busy_below: 0.2,
+    };
+    let r = Report::build_with(&ledger, &catalog, Window::default(), options).unwrap();
+    assert_eq!(r.pool_busy_below, 0.2);
+    let flags: Vec<Sizing> = r.pools[0].right_sizing.iter().map(|f| f.flag).collect();
+    assert_eq!(flags, [Sizing::OversizedInstance]);
+    let (events, mut spans) = pool_example();
+    spans.iter_mut().for_each(|s| s.need_bytes = None);
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+    ledger.append_with_spans("t", &events, &spans).unwrap();
+    let r = Report::build_with(&ledger, &catalog, Window::default(), options).unwrap();
+    assert!(r.pools[0].right_sizing.is_empty());
+}
+
+#[test]
+fn a_window_without_spans_has_no_pools_and_one_cuts_them_by_the_hour() {
+    let (_dir, ledger) = ledger_with_pool();
+    let catalog = Catalog::builtin().unwrap();
+    let later = Window {
+        since_ms: Some(T0 + HOUR_MS),
+        until_ms: None,
+    };
+    let r = Report::build(&ledger, &catalog, later).unwrap();
+    assert!(r.pools.is_empty());
+    assert!(!r.levers.iter().any(|l| l.lever == "scale idle pools in"));
+    // A window inside the first hour takes all of it, as the rollups do.
+    let inside = Window {
+        since_ms: Some(T0 + 30 * MINUTE_MS),
+        until_ms: Some(T0 + 31 * MINUTE_MS),
+    };
+    let r = Report::build(&ledger, &catalog, inside).unwrap();
+    assert_eq!((r.pools[0].cost, r.pools[0].requests), (m("1.5"), 40));
 }
