@@ -357,7 +357,10 @@ impl Writer {
         if self.pending.is_empty() && self.spans.is_empty() {
             return true;
         }
-        match self.ledger.append("frugal serve", &self.pending) {
+        match self
+            .ledger
+            .append_with_spans("frugal serve", &self.pending, &self.spans)
+        {
             Ok(_) => {
                 self.pending.clear();
                 self.spans.clear();

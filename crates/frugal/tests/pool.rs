@@ -143,12 +143,23 @@ fn a_request_at_zero_is_held_until_a_replica_is_ready_and_an_idle_pool_goes_back
     assert_eq!(states, 3);
     let idle = query(&db, "SELECT COUNT(*) FROM events WHERE kind = 2");
     assert!(idle > 0);
-    // Exact money: every span's cost is its duration at $3.60/h ($1 a second).
+    // Every span's cost is its duration at $3.60/h: 1,000 nano-dollars a millisecond
+    // (priced to the microsecond, so within one millisecond's worth of it).
     let off = query(
         &db,
-        "SELECT COUNT(*) FROM replica_spans WHERE cost != duration_ms * 1000000",
+        "SELECT COUNT(*) FROM replica_spans WHERE ABS(cost - duration_ms * 1000) >= 1000",
     );
     assert_eq!(off, 0);
+    // Requests and idle time together are the replicas' time, to the milliseconds' rounding.
+    let spans = query(&db, "SELECT SUM(cost) FROM replica_spans");
+    let paid = query(
+        &db,
+        "SELECT SUM(cost) FROM events e JOIN dims d ON d.id = e.model WHERE d.name = 'p'",
+    );
+    assert!(
+        (spans - paid).abs() < 10_000,
+        "spans {spans} against requests and idle {paid}"
+    );
 }
 
 #[test]
