@@ -208,18 +208,16 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         .map(|e| SemanticCache::new(e.clone(), semantic_config));
     let keys = raw.key.iter().map(key).collect::<Result<Vec<_>, _>>()?;
     let policies = policies(raw, local)?;
+    // What a route's last tier may be besides the local model.
+    let served: Vec<&str> = upstreams
+        .iter()
+        .map(|u| u.config.name.as_str())
+        .chain(pools.iter().map(|p| p.config.name.as_str()))
+        .collect();
     let routes = raw
         .route
         .iter()
-        .map(|r| {
-            route(
-                r,
-                local,
-                &upstreams,
-                embedder.as_ref(),
-                inputs.embedder_search,
-            )
-        })
+        .map(|r| route(r, local, &served, embedder.as_ref(), inputs.embedder_search))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Assembly {
         upstreams,
@@ -430,12 +428,12 @@ pub fn policies(raw: &RawServe, local: &str) -> Result<HashMap<String, CachePoli
 
 /// A cascade from its `[[serve.route]]` entry: every tier but the last must be the local
 /// model (its answers carry the logprobs the confidence is read from), the last the local
-/// model or an upstream. A skip rule needs `embedder`; `searched` is where one was looked
+/// model or one of `served` (an upstream or a pool). A skip rule needs `embedder`; `searched` is where one was looked
 /// for, named when none was found.
 pub fn route(
     raw: &RawRoute,
     local: &str,
-    upstreams: &[Upstream],
+    served: &[&str],
     embedder: Option<&Arc<Embedder>>,
     searched: &[PathBuf],
 ) -> Result<RouteConfig, ConfigError> {
@@ -446,7 +444,7 @@ pub fn route(
             "tiers is empty; list the models cheapest first",
         ));
     };
-    if raw.name == local || upstreams.iter().any(|u| u.config.name == raw.name) {
+    if raw.name == local || served.contains(&raw.name.as_str()) {
         return Err(invalid(
             what,
             "the name is already a model's; pick another (e.g. \"auto\")",
@@ -460,10 +458,12 @@ pub fn route(
             ),
         ));
     }
-    if last != local && !upstreams.iter().any(|u| &u.config.name == last) {
+    if last != local && !served.contains(&last.as_str()) {
         return Err(invalid(
             what,
-            format!("the last tier `{last}` is neither the local model nor a [[serve.upstream]]"),
+            format!(
+                "the last tier `{last}` is neither the local model nor a [[serve.upstream]] or [[serve.pool]]"
+            ),
         ));
     }
     let quantile = raw.quantile.unwrap_or(0.0);
@@ -640,6 +640,7 @@ mod tests {
                 local,
                 env: &env,
                 embedder_search: &[],
+                pool_logs: Path::new("."),
             },
         )
     }
@@ -814,7 +815,7 @@ mod tests {
             ),
             (
                 route("[\"small\", \"nowhere\"]", ""),
-                "route `auto`: the last tier `nowhere` is neither the local model nor a [[serve.upstream]]",
+                "route `auto`: the last tier `nowhere` is neither the local model nor a [[serve.upstream]] or [[serve.pool]]",
             ),
             (
                 format!(
@@ -933,6 +934,7 @@ mod tests {
             local: Some("small"),
             env: &env,
             embedder_search: search,
+            pool_logs: Path::new("."),
         };
         let a = assemble(&raw(""), &inputs(std::slice::from_ref(&nowhere))).unwrap();
         assert!(a.no_embedder && a.semantic.is_none() && a.cache.is_some());

@@ -138,6 +138,7 @@ fn gateway(backends: Vec<Arc<dyn Backend>>, keys: &[KeyConfig], cache: bool) -> 
         workload: "test".into(),
         capacity: None,
         machines: Vec::new(),
+        pools: Vec::new(),
     })
     .unwrap();
     let state = AppState::new(Parts {

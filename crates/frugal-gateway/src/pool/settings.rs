@@ -269,3 +269,117 @@ pub fn split_command(text: &str) -> Result<Vec<String>, String> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+
+    fn raw(text: &str) -> RawPool {
+        toml::from_str(&format!("name = \"p\"\n{text}")).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn checked(text: &str) -> Result<PoolConfig, String> {
+        pool(&raw(text), &Catalog::builtin().unwrap()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_knatives_and_durations_read_as_written() {
+        let c = checked(
+            "backend = \"process\"\ncommand = \"llama-server -m 'my model.gguf' --port {port}\"",
+        )
+        .unwrap();
+        let Kind::Process { command, .. } = &c.kind else {
+            panic!("{:?}", c.kind)
+        };
+        assert_eq!(
+            command,
+            &["llama-server", "-m", "my model.gguf", "--port", "{port}"]
+        );
+        assert_eq!(
+            (c.stable_window, c.panic_window, c.panic_threshold),
+            (STABLE_WINDOW, PANIC_WINDOW, 2.0)
+        );
+        assert_eq!(
+            (
+                c.min_replicas,
+                c.max_replicas,
+                c.target_in_flight,
+                c.max_in_flight
+            ),
+            (0, 4, 8, 16)
+        );
+        let c = checked(
+            "backend = \"external\"\nurl = \"http://qwen:8080/v1/\"\nscale_to_zero_after = \"90s\"\ncold_start_timeout = \"1m\"\ntick = \"250ms\"\nprice_per_hour = \"1.01\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.kind,
+            Kind::External {
+                url: "http://qwen:8080/v1".into()
+            }
+        );
+        assert_eq!(c.scale_to_zero_after, Duration::from_secs(90));
+        assert_eq!(c.cold_start_timeout, Duration::from_secs(60));
+        assert_eq!(c.tick, Duration::from_millis(250));
+        assert_eq!(c.rate.map(|r| r.0), Some("1.01".parse().unwrap()));
+    }
+
+    #[test]
+    fn each_bad_setting_names_its_key() {
+        for (text, says) in [
+            (
+                "backend = \"process\"\ncommand = \"x {port}\"\ntick = \"5s\"",
+                "tick must be above 0 and at most 1s",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x {port}\"\npanic_window = \"2m\"",
+                "panic_window",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x {port}\"\npanic_threshold = 0.5",
+                "panic_threshold",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x {port}\"\ntarget_in_flight = 0",
+                "target_in_flight must be at least 1",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x {port}\"\ntarget_in_flight = 8\nmax_in_flight = 4",
+                "max_in_flight (4) is below target_in_flight (8)",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x '{port}\"",
+                "unclosed quote",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x {model} {port}\"",
+                "uses {model}",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x {port}\"\nurl = \"http://a\"",
+                "`url` is not a setting of a process pool",
+            ),
+            (
+                "backend = \"external\"\nurl = \"ftp://a\"",
+                "must be http:// or https://",
+            ),
+            (
+                "backend = \"local\"\nmodel = \"m.gguf\"\ncommand = \"x\"",
+                "`command` is not a setting of a local pool",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x {port}\"\nmax_replicas = 0",
+                "max_replicas must be at least 1",
+            ),
+            (
+                "backend = \"process\"\ncommand = \"x {port}\"\ninstance = \"no-such-instance\"",
+                "pool `p`",
+            ),
+        ] {
+            let err = checked(text).unwrap_err();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+}
