@@ -66,6 +66,19 @@ fn chat(pool: &str, question: &str, max_tokens: u32) -> String {
     .to_string()
 }
 
+/// The gateway's child processes: its replicas.
+fn children(server: &Server) -> Vec<String> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-P", &server.pid().to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 fn ledger(dir: &tempfile::TempDir) -> rusqlite::Connection {
     rusqlite::Connection::open(dir.path().join("ledger.sqlite")).unwrap()
 }
@@ -217,7 +230,19 @@ fn a_burst_scales_up_at_the_first_tick_and_scale_down_drains_without_cutting_a_r
         !codes.is_empty() && codes.iter().all(|&c| c == 200),
         "{codes:?}"
     );
-    let (_, dir) = server.stop();
+    let replicas = children(&server);
+    assert!(!replicas.is_empty());
+    let (exit, dir) = server.stop();
+    assert!(exit.success());
+    // Stopping the gateway stopped its replicas.
+    for pid in replicas {
+        let alive = std::process::Command::new("kill")
+            .args(["-0", &pid])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!alive.success(), "replica {pid} outlived the gateway");
+    }
     let drained = query(
         &ledger(&dir),
         "SELECT COUNT(*) FROM replica_spans WHERE state = 2",
@@ -250,14 +275,9 @@ fn a_replica_killed_under_load_is_replaced_and_every_request_gets_an_answer() {
         })
         .collect();
     std::thread::sleep(Duration::from_secs(1));
-    let children = std::process::Command::new("pgrep")
-        .args(["-P", &server.pid().to_string()])
-        .output()
-        .unwrap();
-    let pids = String::from_utf8(children.stdout).unwrap();
-    let victim = pids.lines().next().expect("a replica process");
+    let victim = children(&server).pop().expect("a replica process");
     std::process::Command::new("kill")
-        .args(["-9", victim])
+        .args(["-9", &victim])
         .status()
         .unwrap();
     // The pool notices, replaces the replica, and serves on.
