@@ -66,16 +66,18 @@ fn chat(pool: &str, question: &str, max_tokens: u32) -> String {
     .to_string()
 }
 
-/// The gateway's child processes: its replicas.
+/// The gateway's child processes (its replicas), from /proc: their parent is the gateway.
 fn children(server: &Server) -> Vec<String> {
-    let out = std::process::Command::new("pgrep")
-        .args(["-P", &server.pid().to_string()])
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout)
+    let parent = server.pid().to_string();
+    std::fs::read_dir("/proc")
         .unwrap()
-        .lines()
-        .map(str::to_owned)
+        .filter_map(|e| {
+            let pid = e.ok()?.file_name().into_string().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // pid (comm) state ppid ...: comm may hold spaces, so read after its ')'.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+            (ppid == parent).then_some(pid)
+        })
         .collect()
 }
 
