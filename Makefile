@@ -3,7 +3,7 @@ CARGO ?= cargo
 JOBS ?= 2
 OUT ?= out
 
-.PHONY: run demo test lint fmt models bench sample
+.PHONY: run demo test lint fmt models bench sample manifest-validator
 
 MODEL ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 # The larger (qwen2) tier, which the tests also load.
@@ -42,8 +42,14 @@ sample:
 
 # The whole test suite, with the lints CI enforces (the tests use the default model and
 # the larger tier, fetched if missing).
-test: lint $(MODEL) $(LARGE) $(EMBEDDER)
+test: lint $(MODEL) $(LARGE) $(EMBEDDER) manifest-validator
 	$(CARGO) test --workspace --release -j $(JOBS)
+
+# What scripts/validate-manifests.py needs to check `frugal deploy kubernetes`'s output
+# offline (Kubernetes' schemas come inside kubernetes-validate), installed if missing.
+manifest-validator:
+	python3 -c 'import kubernetes_validate, jsonschema' 2>/dev/null || \
+		python3 -m pip install --quiet --disable-pip-version-check 'kubernetes-validate>=1.30' jsonschema
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -3,16 +3,18 @@
 //! gateway runs on.
 //!
 //! Paths are taken as given: the binary resolves them against the config file's folder,
-//! and lays the command line's flags over these fields, before assembly.
+//! and lays the command line's flags over these fields, before assembly. They serialize too:
+//! `frugal deploy kubernetes` writes the gateway's `[serve]` back out with its pools rewritten
+//! ([`pool::kube`](crate::pool::kube)).
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// `[serve]`: the gateway, its caches, upstreams, routes and keys, and the local model's
 /// settings (which the binary reads: `model`, `name`, `host`, `port`, the machine's price,
 /// the batch and queue bounds, `workload`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServe {
     pub model: Option<PathBuf>,
@@ -59,7 +61,7 @@ pub struct RawServe {
 /// `[[serve.pool]]`: a model served by replicas that the gateway starts and stops with
 /// demand (or, `external`, that something else scales from the demand it publishes).
 /// Durations are written as `"500ms"`, `"15s"`, `"5m"`, `"1h"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPool {
     /// The model name clients ask for.
@@ -122,7 +124,7 @@ pub struct RawPool {
 }
 
 /// What runs a pool's replicas.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolBackend {
     Local,
@@ -131,7 +133,7 @@ pub enum PoolBackend {
 }
 
 /// `[[serve.route]]`: a cascade, cheapest tier first.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     pub name: String,
@@ -155,7 +157,7 @@ pub struct RawRoute {
 }
 
 /// `[[serve.key]]`: one API key, by its hash (`frugal keys new` prints the entry).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKey {
     /// Whose key: it names the cache namespace and the budgets.
@@ -167,7 +169,7 @@ pub struct RawKey {
 }
 
 /// `[[serve.upstream]]`: one OpenAI-compatible server, by the name clients use for it.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub name: String,

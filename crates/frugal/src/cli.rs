@@ -65,6 +65,29 @@ pub enum Command {
     /// Run a training command under a spot-safe supervisor: checkpoint before preemptions,
     /// resume from a store on any machine, restart after crashes, say why the GPU idles
     Train(TrainArgs),
+    /// Write Kubernetes objects that run `frugal serve`'s gateway and pools, scaled by KEDA
+    #[command(subcommand)]
+    Deploy(DeployCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeployCommand {
+    /// The gateway (ConfigMap, Deployment, Service), and per local or process pool a
+    /// Deployment, a Service and a KEDA ScaledObject, as YAML files in --out
+    Kubernetes(KubernetesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KubernetesArgs {
+    /// Folder the files are written to (created if missing)
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Namespace of every object
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// frugal's container image: the gateway's, and a local pool's without an `image`
+    #[arg(long, default_value = concat!("frugal:", env!("CARGO_PKG_VERSION")))]
+    pub image: String,
 }
 
 /// Where preemption notices come from.

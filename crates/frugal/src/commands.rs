@@ -12,8 +12,8 @@ use frugal_cost::report::{Options, PoolLine, Report, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::{
-    Cli, Command, ImportFormat, KeysCommand, LedgerCommand, NewKeyArgs, PriceSort, PricesArgs,
-    ReportArgs,
+    Cli, Command, DeployCommand, ImportFormat, KeysCommand, LedgerCommand, NewKeyArgs, PriceSort,
+    PricesArgs, ReportArgs,
 };
 use crate::config::{self, Config, Sources};
 use crate::progress::Bar;
@@ -71,6 +71,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
         Command::Bench(args) => crate::bench::run(&catalog, &args),
         Command::Keys(KeysCommand::New(args)) => new_key(&args),
+        Command::Deploy(DeployCommand::Kubernetes(args)) => {
+            crate::deploy::kubernetes(cli.config.as_deref(), &catalog, &args)
+        }
     }
 }
 

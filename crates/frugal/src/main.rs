@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod commands;
 mod config;
+mod deploy;
 mod eval_cache;
 mod eval_route;
 mod progress;

@@ -19,6 +19,7 @@
 //! the rest of each span is idle capacity.
 
 pub mod autoscale;
+pub mod kube;
 mod replica;
 pub mod settings;
 
