@@ -99,7 +99,7 @@ impl AppState {
                 backends: p
                     .backends
                     .into_iter()
-                    .chain(p.pools.iter().map(|p| -> Arc<dyn Backend> { p.clone() }))
+                    .chain(p.pools.iter().map(|p| Arc::clone(p) as Arc<dyn Backend>))
                     .map(|b| (b.name().to_owned(), b))
                     .collect(),
                 pools: p

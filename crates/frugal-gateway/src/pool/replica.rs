@@ -42,7 +42,7 @@ pub(crate) struct Serving {
 
 pub(crate) enum Target {
     /// An OpenAI-compatible server: a process replica, or an external pool's endpoint.
-    Http(Upstream),
+    Http(Box<Upstream>),
     /// frugal's own engine in this process.
     Local(Arc<Local>),
 }
@@ -122,7 +122,7 @@ pub(crate) async fn start(
             wait_ready(probe, &health, deadline, None).await?;
             Ok(Serving {
                 id,
-                target: Target::Http(http_target(pool, id, url)?),
+                target: Target::Http(Box::new(http_target(pool, id, url)?)),
                 clock: Clock::shared(),
                 process: None,
             })
@@ -208,11 +208,11 @@ async fn start_process(
     }
     Ok(Serving {
         id,
-        target: Target::Http(http_target(
+        target: Target::Http(Box::new(http_target(
             pool,
             id,
             &format!("http://127.0.0.1:{port}/v1"),
-        )?),
+        )?)),
         clock: Clock::shared(),
         process: Some(process),
     })
