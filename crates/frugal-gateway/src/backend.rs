@@ -233,6 +233,23 @@ impl Backend for Local {
     }
 }
 
+impl Upstream {
+    /// Sends `job` as the client asked it (whole or streamed), once or with retries as
+    /// configured.
+    pub(crate) async fn call(&self, job: &Job) -> Result<Output, ApiError> {
+        let reply = self
+            .send(job.kind.path(), job.body.clone(), job.common.stream)
+            .await?;
+        Ok(match reply {
+            Reply::Json(v) => Output::Json(v),
+            Reply::Stream(resp) => Output::Events(Box::pin(crate::upstream::sse_events(
+                resp,
+                self.max_event(),
+            ))),
+        })
+    }
+}
+
 impl Backend for Upstream {
     fn name(&self) -> &str {
         &self.config.name
@@ -268,16 +285,7 @@ impl Backend for Upstream {
     ) -> BoxFuture<'a, Result<Output, ApiError>> {
         Box::pin(async move {
             work.hold = Some(self.occupy());
-            let reply = self
-                .send(job.kind.path(), job.body.clone(), job.common.stream)
-                .await?;
-            Ok(match reply {
-                Reply::Json(v) => Output::Json(v),
-                Reply::Stream(resp) => Output::Events(Box::pin(crate::upstream::sse_events(
-                    resp,
-                    self.max_event(),
-                ))),
-            })
+            self.call(job).await
         })
     }
 

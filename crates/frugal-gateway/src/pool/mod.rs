@@ -39,7 +39,7 @@ use crate::backend::{Backend, Output, Plan, Priced, Work};
 use crate::error::ApiError;
 use crate::meter::Meter;
 use crate::metrics::Histogram;
-use crate::upstream::{Reply, Ticket};
+use crate::upstream::Ticket;
 use crate::validate::Job;
 
 use autoscale::{Autoscaler, Observed};
@@ -774,15 +774,7 @@ impl Backend for Pool {
                     work.share += old.finish();
                 }
                 let result = match &serving.target {
-                    Target::Http(up) => up
-                        .send(job.kind.path(), job.body.clone(), job.common.stream)
-                        .await
-                        .map(|reply| match reply {
-                            Reply::Json(v) => Output::Json(v),
-                            Reply::Stream(resp) => Output::Events(Box::pin(
-                                crate::upstream::sse_events(resp, up.max_event()),
-                            )),
-                        }),
+                    Target::Http(up) => up.call(job).await,
                     Target::Local(local) => {
                         let local = local.clone();
                         let plan = tokio::task::block_in_place(|| local.prepare(job))?;
