@@ -71,14 +71,15 @@ for ts, dur, c, state, failed in db.execute("SELECT ts_ms, duration_ms, cost, st
         cost += c / 1e9 * (hi - lo) / dur
     if state == 0 and not failed and t0 <= ts < t1:
         cold += 1
-waits = sorted(w for (w,) in db.execute("SELECT wait_ms FROM events WHERE kind = 0"))
+waits = sorted(w for (w,) in db.execute("SELECT wait_ms FROM events WHERE kind = 0 AND outcome IS NULL"))
+rank = lambda q: waits[max(0, -(-len(waits) * q // 100) - 1)] if waits else 0  # nearest rank
 b = json.load(open(f"{d}/bench.json"))
 ok = b["requests"] - b["errors"]
 row = {
     "mode": mode, "window_s": (t1 - t0) / 1000, "replica_s": secs, "cost_usd": cost,
     "per_1k_usd": cost / ok * 1000 if ok else None, "requests": b["requests"], "errors": b["errors"],
     "ttft_p50_s": b["ttft"]["p50"], "ttft_p99_s": b["ttft"]["p99"], "cold_starts": cold,
-    "wait_p99_ms": waits[int(0.99 * (len(waits) - 1))] if waits else 0,
+    "held": sum(1 for w in waits if w > 0), "wait_p99_ms": rank(99), "wait_max_ms": waits[-1] if waits else 0,
 }
 json.dump(row, open(f"{d}/row.json", "w"))
 print(json.dumps(row))
@@ -90,10 +91,13 @@ run fixed "$MAX"
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
 a, f = (json.load(open(f"{sys.argv[1]}/{m}/row.json")) for m in ("autoscale", "fixed"))
+import subprocess
+cpu = subprocess.run("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2", shell=True, capture_output=True, text=True).stdout.strip()
+print(f"on {cpu}, {subprocess.run('nproc', capture_output=True, text=True).stdout.strip()} vCPU")
 print(f"{'':22}{'autoscaled (min 0)':>20}{'fixed at peak':>16}")
 for k, fmt in [("window_s", "{:.0f}"), ("replica_s", "{:.0f}"), ("cost_usd", "${:.4f}"), ("per_1k_usd", "${:.4f}"),
                ("requests", "{}"), ("errors", "{}"), ("ttft_p50_s", "{:.3f}"), ("ttft_p99_s", "{:.3f}"),
-               ("cold_starts", "{}"), ("wait_p99_ms", "{}")]:
+               ("cold_starts", "{}"), ("held", "{}"), ("wait_p99_ms", "{}"), ("wait_max_ms", "{}")]:
     print(f"{k:22}{fmt.format(a[k]):>20}{fmt.format(f[k]):>16}")
 print(f"replica-seconds saved: {1 - a['replica_s'] / f['replica_s']:.0%}; "
       f"p99 TTFT {a['ttft_p99_s'] / f['ttft_p99_s']:.2f}x the fixed pool's")

@@ -393,7 +393,7 @@ pub struct ServeArgs {
     /// models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]
     #[arg(long, conflicts_with = "no_model")]
     pub model: Option<PathBuf>,
-    /// Run no model here: a gateway for the [[serve.upstream]] servers only
+    /// Run no model here: a gateway for the [[serve.upstream]] servers and [[serve.pool]] pools
     #[arg(long)]
     pub no_model: bool,
     /// Name clients use for the model [default: the file name without .gguf]
