@@ -371,14 +371,12 @@ impl Pool {
         let Some(e) = st.replicas.iter_mut().find(|e| e.id == id) else {
             return;
         };
-        if e.phase == ReplicaState::Draining {
-            return;
-        }
-        self.close_span(e, now, false);
-        e.phase = ReplicaState::Draining;
-        let Some(serving) = e.serving.clone() else {
+        // A starting replica is drained once ready (`started` sees the pool stopping).
+        let (ReplicaState::Ready, Some(serving)) = (e.phase, e.serving.clone()) else {
             return;
         };
+        self.close_span(e, now, false);
+        e.phase = ReplicaState::Draining;
         tracing::info!(pool = %self.config.name, replica = id, "draining a replica");
         let pool = self.clone();
         tokio::spawn(async move {
@@ -529,9 +527,15 @@ impl Pool {
                 .await
                 .is_err()
             {
+                let busy = self.lock().replicas.iter().any(|e| e.serving.is_some());
+                let why = if busy {
+                    "had every replica busy (max_in_flight)"
+                } else {
+                    "had no replica ready"
+                };
                 return Err(ApiError::Unavailable {
                     message: format!(
-                        "pool `{}` had no replica ready within cold_start_timeout ({:.0?})",
+                        "pool `{}` {why} for cold_start_timeout ({:.0?})",
                         self.config.name, self.config.cold_start_timeout
                     ),
                     retry_after_s: 5,
