@@ -155,7 +155,9 @@ impl Meter {
         match tx {
             Some(tx) if tx.send(record).is_ok() => {}
             _ => {
-                tracing::error!("the ledger writer has stopped; a settled request is not recorded")
+                tracing::error!(
+                    "the ledger writer has stopped; a settled request (or replica span) is not recorded"
+                )
             }
         }
     }

@@ -98,7 +98,10 @@ impl Autoscaler {
         };
         if o.demand > 0 {
             want = want.max(1);
-        } else if want == 0 && o.live > 0 && o.idle_for < self.zero_after {
+        } else if o.idle_for >= self.zero_after {
+            // Idle past the grace: to zero, whatever the averages still remember.
+            want = 0;
+        } else if want == 0 && o.live > 0 {
             // Averages reach zero before the idle grace is over: keep one warm until then.
             want = 1;
         }

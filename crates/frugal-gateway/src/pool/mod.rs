@@ -53,6 +53,8 @@ pub const REPLICA_ENV: &str = "FRUGAL_POOL_REPLICA";
 const SPAN_EVERY: Duration = Duration::from_secs(60);
 /// Longest wait between failed starts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A replica up this long ends a crash loop's backoff.
+const STAYED_UP: Duration = Duration::from_secs(60);
 /// Tries of a request on other replicas after its replica failed before answering.
 const RETRIES: u32 = 2;
 /// Cold-start histogram bounds in seconds.
@@ -72,6 +74,9 @@ pub struct Pool {
     log_dir: PathBuf,
     /// Set once the gateway has its meter.
     ledger: OnceLock<(Meter, String)>,
+    /// Spans closed under the pool's lock, sent to the meter after it is released (a full
+    /// ledger queue must not block the pool while it is locked).
+    outbox: Mutex<Vec<(ReplicaSpan, Money)>>,
     /// Memory a replica needs, for right-sizing (weights plus KV cache), where known.
     need_bytes: Option<u64>,
     stopping: AtomicBool,
@@ -86,8 +91,10 @@ struct State {
     next_id: u32,
     last_activity: Instant,
     autoscaler: Autoscaler,
-    /// Starts that failed in a row, and when the next may begin.
+    /// Starts that failed in a row, ready replicas that exited since one last stayed up,
+    /// and when the next start may begin.
     failures: u32,
+    crashes: u32,
     retry_at: Option<Instant>,
     /// Bumped at each failed start; a held request that saw it move while nothing else
     /// can serve it gives up with a 503.
@@ -102,7 +109,7 @@ struct Entry {
     /// The open span: since when, and the replica's clock share then.
     since: (Instant, SystemTime),
     share_mark: Duration,
-    /// Started as a cold start (not as a min_replicas warm-up at gateway start).
+    /// When its start began.
     started: Instant,
 }
 
@@ -151,6 +158,7 @@ impl Pool {
                 last_activity: now,
                 autoscaler: Autoscaler::new(&config),
                 failures: 0,
+                crashes: 0,
                 retry_at: None,
                 failed_starts: 0,
                 last_error: None,
@@ -161,6 +169,7 @@ impl Pool {
             probe,
             log_dir,
             ledger: OnceLock::new(),
+            outbox: Mutex::new(Vec::new()),
             need_bytes,
             stopping: AtomicBool::new(false),
             cold_starts: AtomicU64::new(0),
@@ -190,6 +199,7 @@ impl Pool {
                 return;
             }
             self.decide(sampled);
+            self.flush_spans();
         }
     }
 
@@ -213,6 +223,15 @@ impl Pool {
         let demand = in_flight + st.queued;
         if demand > 0 {
             st.last_activity = now;
+        }
+        if st.crashes > 0
+            && st.replicas.iter().any(|e| {
+                e.phase == ReplicaState::Ready
+                    && now.saturating_duration_since(e.started) >= STAYED_UP
+            })
+        {
+            // A replica has stayed up: the crashes before it are over.
+            st.crashes = 0;
         }
         let want = if sampled {
             let idle_for = now.saturating_duration_since(st.last_activity);
@@ -240,11 +259,12 @@ impl Pool {
             _ => want,
         };
         if want > live {
-            if st.retry_at.is_some_and(|t| now < t) {
+            let failing = st.failures > 0 || st.crashes > 0;
+            if st.retry_at.is_some_and(|t| now < t) || (failing && starting > 0) {
                 return;
             }
-            // After failures, one start at a time: a crash loop must not fork a storm.
-            let n = if st.failures > 0 { 1 } else { want - live };
+            // While starts fail, one at a time: a crash loop must not fork a storm.
+            let n = if failing { 1 } else { want - live };
             for _ in 0..n {
                 self.spawn_start(&mut st);
             }
@@ -287,8 +307,8 @@ impl Pool {
 
     /// A start ended: ready, or failed (backoff, and held requests told).
     fn started(self: &Arc<Pool>, id: u32, result: Result<Serving, String>) {
-        let now = Instant::now();
         let mut st = self.lock();
+        let now = Instant::now();
         let Some(at) = st.replicas.iter().position(|e| e.id == id) else {
             return;
         };
@@ -319,14 +339,13 @@ impl Pool {
                 let mut e = st.replicas.remove(at);
                 self.close_span(&mut e, now, true);
                 st.failures += 1;
-                let backoff = (Duration::from_secs(1) * 2u32.saturating_pow(st.failures - 1))
-                    .min(MAX_BACKOFF);
-                st.retry_at = Some(now + backoff);
+                st.retry_at = Some(now + backoff(st.failures));
                 st.failed_starts += 1;
                 st.last_error = Some(why);
             }
         }
         drop(st);
+        self.flush_spans();
         self.changed.notify_waiters();
     }
 
@@ -339,8 +358,8 @@ impl Pool {
                 return;
             };
             let status = process.exited().await;
-            let now = Instant::now();
             let mut st = pool.lock();
+            let now = Instant::now();
             let Some(at) = st
                 .replicas
                 .iter()
@@ -357,10 +376,12 @@ impl Pool {
                 process.log.display()
             );
             tracing::warn!(pool = %pool.config.name, "{why}");
-            st.failures += 1;
-            st.retry_at = Some(now + Duration::from_secs(1).min(MAX_BACKOFF));
+            // Ready, then gone: it backs off as failed starts do, until one stays up.
+            st.crashes += 1;
+            st.retry_at = Some(now + backoff(st.crashes));
             st.last_error = Some(why);
             drop(st);
+            pool.flush_spans();
             pool.changed.notify_waiters();
         });
     }
@@ -382,13 +403,16 @@ impl Pool {
         tokio::spawn(async move {
             let grace = pool.config.drain_grace;
             let until = Instant::now() + grace;
+            // An engine in this process cannot be killed: its requests, bounded by their
+            // max_tokens, finish before its span closes. A process gets the grace.
+            let bounded = serving.process.is_some();
             loop {
                 let in_flight = serving
                     .clock
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .in_flight;
-                if in_flight == 0 || Instant::now() >= until {
+                if in_flight == 0 || (bounded && Instant::now() >= until) {
                     break;
                 }
                 let freed = pool.changed.notified();
@@ -397,13 +421,14 @@ impl Pool {
             if let Some(p) = &serving.process {
                 p.stop(grace).await;
             }
-            let now = Instant::now();
             let mut st = pool.lock();
+            let now = Instant::now();
             if let Some(at) = st.replicas.iter().position(|e| e.id == id) {
                 let mut e = st.replicas.remove(at);
                 pool.close_span(&mut e, now, false);
             }
             drop(st);
+            pool.flush_spans();
             pool.changed.notify_waiters();
         });
     }
@@ -421,7 +446,7 @@ impl Pool {
         let start = e.since.1;
         e.since = (now, start + wall);
         e.share_mark = share;
-        let (Some((meter, workload)), Some(rate)) = (self.ledger.get(), self.config.rate) else {
+        let (Some((_, workload)), Some(rate)) = (self.ledger.get(), self.config.rate) else {
             return;
         };
         if matches!(self.config.kind, Kind::External { .. }) {
@@ -446,7 +471,20 @@ impl Pool {
             need_bytes: self.need_bytes,
             failed,
         };
-        meter.record_span(span, cost_of(rate, wall - busy));
+        self.outbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((span, cost_of(rate, wall - busy)));
+    }
+
+    /// Sends the spans closed so far to the meter; called with the pool's lock released.
+    fn flush_spans(&self) {
+        let spans = std::mem::take(&mut *self.outbox.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some((meter, _)) = self.ledger.get() {
+            for (span, idle) in spans {
+                meter.record_span(span, idle);
+            }
+        }
     }
 
     /// Cuts ready replicas' spans older than a minute.
@@ -462,8 +500,14 @@ impl Pool {
 
     /// A replica for one request: the ready one with the fewest in flight, or, at zero or
     /// with every replica busy, the first to become ready or free. Returns the replica, its hold, and how long the request was held.
-    async fn acquire(&self) -> Result<(Arc<Serving>, Ticket, Duration), ApiError> {
+    async fn acquire(&self, avoid: &[u32]) -> Result<(Arc<Serving>, Ticket, Duration), ApiError> {
         let arrived = Instant::now();
+        // An external pool's endpoint is a Service in front of many pods: no per-replica
+        // limit holds for it.
+        let limit = match self.config.kind {
+            Kind::External { .. } => u32::MAX,
+            _ => self.config.max_in_flight,
+        };
         let deadline = arrived + self.config.cold_start_timeout;
         let mut held: Option<Held<'_>> = None;
         let mut seen_failures = 0;
@@ -473,6 +517,12 @@ impl Pool {
             changed.as_mut().enable();
             {
                 let mut st = self.lock();
+                if self.stopping.load(Ordering::Acquire) {
+                    return Err(ApiError::Unavailable {
+                        message: format!("pool `{}` is stopping", self.config.name),
+                        retry_after_s: 5,
+                    });
+                }
                 st.last_activity = Instant::now();
                 let (mut best, mut live): (Option<(u32, &Arc<Serving>)>, u32) = (None, 0);
                 for e in &st.replicas {
@@ -482,13 +532,18 @@ impl Pool {
                     let (ReplicaState::Ready, Some(s)) = (e.phase, &e.serving) else {
                         continue;
                     };
+                    // A replica that failed this request, or whose process is gone and not
+                    // yet removed, is passed over.
+                    if avoid.contains(&e.id) || s.process.as_ref().is_some_and(|p| p.has_exited()) {
+                        continue;
+                    }
                     let n = s.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight;
                     if best.is_none_or(|(m, _)| n < m) {
                         best = Some((n, s));
                     }
                 }
                 if let Some((n, s)) = best
-                    && n < self.config.max_in_flight
+                    && n < limit
                 {
                     let s = s.clone();
                     let ticket = Ticket::take(&s.clock, Some(self.changed.clone()));
@@ -527,7 +582,11 @@ impl Pool {
                 .await
                 .is_err()
             {
-                let busy = self.lock().replicas.iter().any(|e| e.serving.is_some());
+                let busy = self
+                    .lock()
+                    .replicas
+                    .iter()
+                    .any(|e| e.phase == ReplicaState::Ready);
                 let why = if busy {
                     "had every replica busy (max_in_flight)"
                 } else {
@@ -620,9 +679,9 @@ impl Pool {
     pub async fn shutdown(self: &Arc<Pool>) {
         self.stopping.store(true, Ordering::Release);
         self.wake.notify_one();
-        let now = Instant::now();
         {
             let mut st = self.lock();
+            let now = Instant::now();
             let ids: Vec<u32> = st.replicas.iter().map(|e| e.id).collect();
             for id in ids {
                 self.spawn_drain(&mut st, id, now);
@@ -636,6 +695,15 @@ impl Pool {
         while !self.lock().replicas.is_empty() && Instant::now() < until {
             let _ = tokio::time::timeout(Duration::from_millis(50), self.changed.notified()).await;
         }
+        // What is left (a start still loading) is given up: its span closes here, and its
+        // process is killed when its start task is dropped with the runtime.
+        let mut st = self.lock();
+        let now = Instant::now();
+        for mut e in std::mem::take(&mut st.replicas) {
+            self.close_span(&mut e, now, false);
+        }
+        drop(st);
+        self.flush_spans();
     }
 }
 
@@ -648,6 +716,12 @@ impl Drop for Held<'_> {
         let mut st = self.0.lock();
         st.queued = st.queued.saturating_sub(1);
     }
+}
+
+/// The wait before the next start after `n` failures in a row: 1 s, doubling, at most
+/// `MAX_BACKOFF`.
+fn backoff(n: u32) -> Duration {
+    (Duration::from_secs(1) * 2u32.saturating_pow(n.saturating_sub(1).min(16))).min(MAX_BACKOFF)
 }
 
 fn cost_of(rate: HourlyRate, time: Duration) -> Money {
@@ -769,29 +843,37 @@ impl Backend for Pool {
         work: &'a mut Work,
     ) -> BoxFuture<'a, Result<Output, ApiError>> {
         Box::pin(async move {
-            let mut tries = 0;
+            let mut failed: Vec<u32> = Vec::new();
+            let mut last: Option<ApiError> = None;
             loop {
-                let (serving, ticket, waited) = self.acquire().await?;
+                let (serving, ticket, waited) = match self.acquire(&failed).await {
+                    Ok(got) => got,
+                    // A retry that finds no replica ends as the failure it retried: the
+                    // request is settled as failed, with the replica time it used.
+                    Err(e) => return Err(last.unwrap_or(e)),
+                };
                 work.wait += waited;
-                // A retry's first hold ends here: what it used is still the request's.
-                if let Some(old) = work.hold.replace(ticket) {
-                    work.share += old.finish();
-                }
+                work.hold = Some(ticket);
                 let result = match &serving.target {
                     Target::Http(up) => up.call(job).await,
                     Target::Local(local) => {
-                        let local = local.clone();
-                        let plan = tokio::task::block_in_place(|| local.prepare(job))?;
+                        let plan = local.prepare(job)?;
                         local.produce(job, plan, work).await
                     }
                 };
                 match result {
                     // Nothing was produced: another replica may answer it.
                     Err(ApiError::Upstream { status, message })
-                        if tries < RETRIES && (status == 502 || status == 503) =>
+                        if failed.len() < RETRIES as usize && (status == 502 || status == 503) =>
                     {
-                        tries += 1;
                         tracing::warn!(pool = %self.config.name, replica = serving.id, %message, "retrying on another replica");
+                        // The failed try's hold ends now: the wait for another replica is
+                        // not this replica's time.
+                        if let Some(old) = work.hold.take() {
+                            work.share += old.finish();
+                        }
+                        failed.push(serving.id);
+                        last = Some(ApiError::Upstream { status, message });
                         self.suspect(serving.id);
                     }
                     other => return other,
@@ -819,8 +901,8 @@ impl Pool {
         if !matches!(self.config.kind, Kind::External { .. }) {
             return;
         }
-        let now = Instant::now();
         let mut st = self.lock();
+        let now = Instant::now();
         if let Some(at) = st
             .replicas
             .iter()
@@ -829,5 +911,7 @@ impl Pool {
             let mut e = st.replicas.remove(at);
             self.close_span(&mut e, now, false);
         }
+        drop(st);
+        self.flush_spans();
     }
 }

@@ -62,35 +62,40 @@ impl Process {
         seen.ok().and_then(|s| *s)
     }
 
-    fn has_exited(&self) -> bool {
+    pub(crate) fn has_exited(&self) -> bool {
         self.exited.borrow().is_some()
     }
 
+    /// To the whole group, whether or not its leader is still there: a worker it forked
+    /// may be. (A group's id is not reused while any member lives, so this reaches no one
+    /// else; once all are gone it is ESRCH.)
     fn signal(&self, sig: Signal) {
-        if self.has_exited() {
-            return;
-        }
         if let Err(e) = nix::sys::signal::killpg(self.pid, sig) {
             tracing::debug!(pid = %self.pid, ?sig, "killpg: {e}");
         }
     }
 
-    /// SIGTERM to the group; SIGKILL if it is still there after `grace`.
+    /// SIGTERM to the group; SIGKILL if its leader is still there after `grace`, and to
+    /// the group in any case, for members that outlived their leader.
     pub async fn stop(&self, grace: Duration) {
         self.signal(Signal::SIGTERM);
-        if tokio::time::timeout(grace, self.exited()).await.is_ok() {
-            return;
+        if tokio::time::timeout(grace, self.exited()).await.is_err() {
+            tracing::warn!(pid = %self.pid, ?grace, "replica did not stop after SIGTERM; killing it");
         }
-        tracing::warn!(pid = %self.pid, ?grace, "replica did not stop after SIGTERM; killing it");
         self.signal(Signal::SIGKILL);
         let _ = tokio::time::timeout(KILL_WAIT, self.exited()).await;
     }
 }
 
 impl Drop for Process {
-    /// A replica never outlives the handle that owns it (a gateway that panics included).
+    /// A replica never outlives the handle that owns it (a gateway that panics included;
+    /// one that is SIGKILLed cannot take its replicas along: they are in groups of their
+    /// own, and setting a parent-death signal would need `unsafe` in `pre_exec`).
     fn drop(&mut self) {
-        self.signal(Signal::SIGKILL);
+        // Only while the leader lives: long after its exit, its id could name a new group.
+        if !self.has_exited() {
+            self.signal(Signal::SIGKILL);
+        }
     }
 }
 

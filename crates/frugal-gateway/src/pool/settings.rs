@@ -238,6 +238,10 @@ pub fn pool(raw: &RawPool, catalog: &Catalog) -> Result<PoolConfig, ConfigError>
         c.panic_threshold = t;
     }
     c.max_queue = raw.max_queue.unwrap_or(c.max_queue);
+    if c.max_queue == 0 {
+        // A request at zero must be held to wake the pool.
+        return Err(bad("max_queue must be at least 1".into()));
+    }
     if let Some(t) = raw.timeout_s {
         c.timeout = Duration::from_secs(t);
     }
