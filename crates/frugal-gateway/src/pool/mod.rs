@@ -23,6 +23,7 @@ pub mod kube;
 mod replica;
 pub mod settings;
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -86,8 +87,11 @@ pub struct Pool {
 
 struct State {
     replicas: Vec<Entry>,
-    /// Requests held by the activator.
-    queued: u32,
+    /// Requests held by the activator, oldest first: their number, and whether they keep
+    /// their turn (a retry that must avoid a replica takes any slot it can use, so that it
+    /// never blocks the line).
+    waiting: VecDeque<(u64, bool)>,
+    next_held: u64,
     next_id: u32,
     last_activity: Instant,
     autoscaler: Autoscaler,
@@ -153,7 +157,8 @@ impl Pool {
         Ok(Arc::new(Pool {
             state: Mutex::new(State {
                 replicas: Vec::new(),
-                queued: 0,
+                waiting: VecDeque::new(),
+                next_held: 0,
                 next_id: 1,
                 last_activity: now,
                 autoscaler: Autoscaler::new(&config),
@@ -220,7 +225,7 @@ impl Pool {
             }
         }
         let live = ready + starting;
-        let demand = in_flight + st.queued;
+        let demand = in_flight + st.queued();
         if demand > 0 {
             st.last_activity = now;
         }
@@ -244,7 +249,7 @@ impl Pool {
                     idle_for,
                 },
             )
-        } else if st.queued > 0 && live == 0 {
+        } else if st.queued() > 0 && live == 0 {
             st.autoscaler.activate(now, live)
         } else {
             return;
@@ -509,6 +514,7 @@ impl Pool {
             _ => self.config.max_in_flight,
         };
         let deadline = arrived + self.config.cold_start_timeout;
+        let fifo = avoid.is_empty();
         let mut held: Option<Held<'_>> = None;
         let mut seen_failures = 0;
         loop {
@@ -542,7 +548,11 @@ impl Pool {
                         best = Some((n, s));
                     }
                 }
-                if let Some((n, s)) = best
+                // First come, first served: a slot goes to the oldest held request.
+                let first = st.first_in_line();
+                let my_turn = !fifo || first == held.as_ref().map(|h| h.1);
+                if my_turn
+                    && let Some((n, s)) = best
                     && n < limit
                 {
                     let s = s.clone();
@@ -552,15 +562,18 @@ impl Pool {
                     return Ok((s, ticket, arrived.elapsed()));
                 }
                 if held.is_none() {
-                    if st.queued >= self.config.max_queue as u32 {
+                    if st.queued() >= self.config.max_queue as u32 {
                         return Err(ApiError::Overloaded(format!(
                             "pool `{}` holds {} requests already (max_queue); try again shortly",
-                            self.config.name, st.queued
+                            self.config.name,
+                            st.queued()
                         )));
                     }
-                    st.queued += 1;
+                    let n = st.next_held;
+                    st.next_held += 1;
+                    st.waiting.push_back((n, fifo));
                     seen_failures = st.failed_starts;
-                    held = Some(Held(self));
+                    held = Some(Held(self, n));
                     if live == 0 {
                         self.wake.notify_one();
                     }
@@ -609,7 +622,7 @@ impl Pool {
         let mut s = Status {
             pool: self.config.name.clone(),
             in_flight: 0,
-            queued: st.queued,
+            queued: st.queued(),
             demand: 0,
             ready: 0,
             starting: 0,
@@ -707,14 +720,29 @@ impl Pool {
     }
 }
 
-/// A request held by the activator: counted in the queue until it leaves, however it
-/// leaves (served, refused, or its client gone).
-struct Held<'a>(&'a Pool);
+/// A request held by the activator, by its number: in the line until it leaves, however
+/// it leaves (served, refused, or its client gone); the next in line is told.
+struct Held<'a>(&'a Pool, u64);
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         let mut st = self.0.lock();
-        st.queued = st.queued.saturating_sub(1);
+        if let Some(at) = st.waiting.iter().position(|(n, _)| *n == self.1) {
+            st.waiting.remove(at);
+        }
+        drop(st);
+        self.0.changed.notify_waiters();
+    }
+}
+
+impl State {
+    fn queued(&self) -> u32 {
+        self.waiting.len() as u32
+    }
+
+    /// The oldest held request that keeps its turn.
+    fn first_in_line(&self) -> Option<u64> {
+        self.waiting.iter().find(|(_, fifo)| *fifo).map(|(n, _)| *n)
     }
 }
 
