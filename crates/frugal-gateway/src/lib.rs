@@ -14,6 +14,7 @@
 pub mod api;
 pub mod assemble;
 pub mod backend;
+pub mod batch;
 pub mod cache;
 mod cascade;
 pub mod config;
