@@ -446,3 +446,167 @@ async fn a_budget_overshoots_by_at_most_one_reservation() {
     let spent: Money = g.rows().iter().map(|r| r.cost).sum();
     assert_eq!(spent, Money::from_nanos(2 * 12_000));
 }
+
+mod batch_runs {
+    use super::*;
+    use crate::batch::input::{self, Limits};
+    use crate::batch::run::{Ended, Progress, RunConfig, run};
+    use crate::batch::store::{Options, Paths, Store};
+
+    /// A batch input of `n` chat lines; `model(i)` names each line's model.
+    fn write_input(
+        dir: &std::path::Path,
+        n: usize,
+        model: impl Fn(usize) -> &'static str,
+    ) -> std::path::PathBuf {
+        let path = dir.join("in.jsonl");
+        let text: String = (0..n)
+            .map(|i| {
+                let body = ask(model(i), json!({ "max_tokens": 4 }));
+                format!(
+                    "{}\n",
+                    json!({ "custom_id": format!("r{i}"), "method": "POST", "url": "/v1/chat/completions", "body": body })
+                )
+            })
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn ids(path: &std::path::Path) -> Vec<String> {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["custom_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    fn config() -> RunConfig {
+        RunConfig {
+            concurrency: 4,
+            max_attempts: 3,
+            backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+            model: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_line_once_retries_for_what_may_pass_and_refusals_to_the_error_file() {
+        let good = Fake::new("fake", Act::Whole);
+        let down = Fake::new("down", Act::Fail);
+        let g = gateway(vec![good.clone(), down.clone()], &[], false);
+        let dir = tempfile::tempdir().unwrap();
+        let model = |i: usize| match i {
+            5 => "nowhere",
+            i if i % 10 == 9 => "down",
+            _ => "fake",
+        };
+        let input_path = write_input(dir.path(), 40, model);
+        let input = input::read(&input_path, &Limits::default()).unwrap();
+        let paths = Paths::beside(&dir.path().join("out.jsonl"));
+        let store =
+            Arc::new(Store::open(&paths, &input_path, &input, &Options::default()).unwrap());
+        let progress = Arc::new(Progress::default());
+        let app = crate::router(g.state.clone());
+        let ended = run(
+            app,
+            store.clone(),
+            &input,
+            &config(),
+            progress.clone(),
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(ended, Ended::Finished);
+        let counts = store.counts().unwrap();
+        assert_eq!((counts.total, counts.completed, counts.failed), (40, 35, 5));
+        let mut out = ids(&paths.output);
+        out.sort();
+        out.dedup();
+        assert_eq!(out.len(), 35, "each answered line once");
+        let errors = std::fs::read_to_string(&paths.errors).unwrap();
+        let errors: Vec<Value> = errors
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(errors.len(), 5);
+        let status = |id: &str| {
+            errors.iter().find(|e| e["custom_id"] == id).unwrap()["response"]["status_code"]
+                .as_u64()
+        };
+        // An unknown model is the client's mistake: written at once, not retried.
+        assert_eq!(status("r5"), Some(404));
+        assert_eq!(status("r9"), Some(502));
+        assert_eq!(good.calls.load(Ordering::Relaxed), 35);
+        assert_eq!(
+            down.calls.load(Ordering::Relaxed),
+            4 * 3,
+            "three tries each"
+        );
+        assert_eq!(progress.retries.load(Ordering::Relaxed), 4 * 2);
+        // Every call went to the ledger once: 35 answers, 12 failed tries.
+        let rows = g.rows();
+        assert_eq!(rows.len(), 35 + 12);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_run_resumes_with_the_lines_left_and_writes_each_once() {
+        let slow = Arc::new(Fake {
+            name: "fake".into(),
+            act: Act::Whole,
+            calls: AtomicUsize::new(0),
+            delay: Duration::from_millis(20),
+        });
+        let g = gateway(vec![slow.clone()], &[], false);
+        let dir = tempfile::tempdir().unwrap();
+        let input_path = write_input(dir.path(), 30, |_| "fake");
+        let input = input::read(&input_path, &Limits::default()).unwrap();
+        let paths = Paths::beside(&dir.path().join("out.jsonl"));
+        let open =
+            || Arc::new(Store::open(&paths, &input_path, &input, &Options::default()).unwrap());
+        let store = open();
+        let mut c = config();
+        c.concurrency = 2;
+        let stop = tokio::time::sleep(Duration::from_millis(100));
+        let app = crate::router(g.state.clone());
+        let ended = run(
+            app.clone(),
+            store.clone(),
+            &input,
+            &c,
+            Arc::new(Progress::default()),
+            stop,
+        )
+        .await
+        .unwrap();
+        assert_eq!(ended, Ended::Stopped);
+        let first = store.counts().unwrap().completed;
+        assert!(first > 0 && first < 30, "{first}");
+        drop(store);
+        let store = open();
+        assert_eq!(store.pending().unwrap().len(), 30 - first);
+        let ended = run(
+            app,
+            store.clone(),
+            &input,
+            &c,
+            Arc::new(Progress::default()),
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(ended, Ended::Finished);
+        let mut out = ids(&paths.output);
+        assert_eq!(out.len(), 30);
+        out.sort();
+        out.dedup();
+        assert_eq!(out.len(), 30, "no line twice");
+        assert_eq!(slow.calls.load(Ordering::Relaxed), 30, "no line run twice");
+    }
+}

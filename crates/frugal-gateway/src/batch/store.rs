@@ -367,6 +367,9 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
+    /// The thread that wrote a result stopped (it panicked): the line stays pending.
+    #[error("a batch result was not written: {0}")]
+    Task(String),
 }
 
 fn db_hint(e: &rusqlite::Error) -> &'static str {
