@@ -78,8 +78,9 @@ pub struct Pool {
     /// Spans closed under the pool's lock, sent to the meter after it is released (a full
     /// ledger queue must not block the pool while it is locked).
     outbox: Mutex<Vec<(ReplicaSpan, Money)>>,
-    /// Memory a replica needs, for right-sizing (weights plus KV cache), where known.
-    need_bytes: Option<u64>,
+    /// Memory a replica needs, for right-sizing (weights plus KV cache), where known: read
+    /// from the model file at the first start, off the gateway's start-up.
+    need_bytes: OnceLock<Option<u64>>,
     stopping: AtomicBool,
     cold_starts: AtomicU64,
     cold_start_seconds: Histogram,
@@ -152,7 +153,6 @@ impl Pool {
             } => d.clone(),
             _ => log_dir,
         };
-        let need_bytes = need_bytes(&config);
         let now = Instant::now();
         Ok(Arc::new(Pool {
             state: Mutex::new(State {
@@ -175,7 +175,7 @@ impl Pool {
             log_dir,
             ledger: OnceLock::new(),
             outbox: Mutex::new(Vec::new()),
-            need_bytes,
+            need_bytes: OnceLock::new(),
             stopping: AtomicBool::new(false),
             cold_starts: AtomicU64::new(0),
             cold_start_seconds: Histogram::with_bounds(COLD_START_BUCKETS),
@@ -213,17 +213,12 @@ impl Pool {
     fn decide(self: &Arc<Pool>, sampled: bool) {
         let now = Instant::now();
         let mut st = self.lock();
-        let (mut ready, mut starting, mut draining, mut in_flight) = (0, 0, 0, 0);
-        for e in &st.replicas {
-            match e.phase {
-                ReplicaState::Starting => starting += 1,
-                ReplicaState::Ready => ready += 1,
-                ReplicaState::Draining => draining += 1,
-            }
-            if let Some(s) = &e.serving {
-                in_flight += s.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight;
-            }
-        }
+        let Census {
+            ready,
+            starting,
+            draining,
+            in_flight,
+        } = st.census();
         let live = ready + starting;
         let demand = in_flight + st.queued();
         if demand > 0 {
@@ -279,11 +274,7 @@ impl Pool {
                 .replicas
                 .iter()
                 .filter(|e| e.phase == ReplicaState::Ready)
-                .min_by_key(|e| {
-                    e.serving.as_ref().map_or(0, |s| {
-                        s.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight
-                    })
-                })
+                .min_by_key(|e| e.serving.as_ref().map_or(0, |s| s.in_flight()))
                 .map(|e| e.id);
             if let Some(id) = victim {
                 self.spawn_drain(&mut st, id, now);
@@ -303,6 +294,14 @@ impl Pool {
             share_mark: Duration::ZERO,
             started: now,
         });
+        if self.need_bytes.get().is_none() {
+            // Beside the start, which reads the same file: spans closed before it is known
+            // carry none.
+            let pool = self.clone();
+            tokio::task::spawn_blocking(move || {
+                pool.need_bytes.get_or_init(|| need_bytes(&pool.config));
+            });
+        }
         let pool = self.clone();
         tokio::spawn(async move {
             let result = replica::start(&pool.config, id, &pool.log_dir, &pool.probe).await;
@@ -412,11 +411,7 @@ impl Pool {
             // max_tokens, finish before its span closes. A process gets the grace.
             let bounded = serving.process.is_some();
             loop {
-                let in_flight = serving
-                    .clock
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .in_flight;
+                let in_flight = serving.in_flight();
                 if in_flight == 0 || (bounded && Instant::now() >= until) {
                     break;
                 }
@@ -473,7 +468,7 @@ impl Pool {
             instance_type: self.config.instance_type.clone(),
             min_replicas: self.config.min_replicas,
             max_replicas: self.config.max_replicas,
-            need_bytes: self.need_bytes,
+            need_bytes: self.need_bytes.get().copied().flatten(),
             failed,
         };
         self.outbox
@@ -543,7 +538,7 @@ impl Pool {
                     if avoid.contains(&e.id) || s.process.as_ref().is_some_and(|p| p.has_exited()) {
                         continue;
                     }
-                    let n = s.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight;
+                    let n = s.in_flight();
                     if best.is_none_or(|(m, _)| n < m) {
                         best = Some((n, s));
                     }
@@ -619,33 +614,22 @@ impl Pool {
     /// What the pool is doing now.
     pub fn status(&self) -> Status {
         let st = self.lock();
-        let mut s = Status {
+        let c = st.census();
+        Status {
             pool: self.config.name.clone(),
-            in_flight: 0,
+            in_flight: c.in_flight,
             queued: st.queued(),
-            demand: 0,
-            ready: 0,
-            starting: 0,
-            draining: 0,
+            demand: c.in_flight + st.queued(),
+            ready: c.ready,
+            starting: c.starting,
+            draining: c.draining,
             desired_replicas: st.autoscaler.desired(),
             target_in_flight: self.config.target_in_flight,
             min_replicas: self.config.min_replicas,
             max_replicas: self.config.max_replicas,
             cold_starts: self.cold_starts.load(Ordering::Relaxed),
             last_error: st.last_error.clone(),
-        };
-        for e in &st.replicas {
-            match e.phase {
-                ReplicaState::Starting => s.starting += 1,
-                ReplicaState::Ready => s.ready += 1,
-                ReplicaState::Draining => s.draining += 1,
-            }
-            if let Some(r) = &e.serving {
-                s.in_flight += r.clock.lock().unwrap_or_else(|p| p.into_inner()).in_flight;
-            }
         }
-        s.demand = s.in_flight + s.queued;
-        s
     }
 
     /// Prometheus lines for this pool (`frugal_pool_*`), after the `# HELP`/`# TYPE` lines
@@ -735,7 +719,33 @@ impl Drop for Held<'_> {
     }
 }
 
+/// A pool's replicas by state, and their requests in flight.
+struct Census {
+    ready: u32,
+    starting: u32,
+    draining: u32,
+    in_flight: u32,
+}
+
 impl State {
+    fn census(&self) -> Census {
+        let mut c = Census {
+            ready: 0,
+            starting: 0,
+            draining: 0,
+            in_flight: 0,
+        };
+        for e in &self.replicas {
+            match e.phase {
+                ReplicaState::Starting => c.starting += 1,
+                ReplicaState::Ready => c.ready += 1,
+                ReplicaState::Draining => c.draining += 1,
+            }
+            c.in_flight += e.serving.as_ref().map_or(0, |s| s.in_flight());
+        }
+        c
+    }
+
     fn queued(&self) -> u32 {
         self.waiting.len() as u32
     }

@@ -40,6 +40,16 @@ pub(crate) struct Serving {
     pub process: Option<Process>,
 }
 
+impl Serving {
+    /// Requests on this replica now.
+    pub fn in_flight(&self) -> u32 {
+        self.clock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .in_flight
+    }
+}
+
 pub(crate) enum Target {
     /// An OpenAI-compatible server: a process replica, or an external pool's endpoint.
     Http(Box<Upstream>),
