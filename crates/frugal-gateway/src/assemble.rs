@@ -144,6 +144,7 @@ pub struct Assembly {
     pub shared_cache: Option<String>,
     /// Pools of replicas, not yet started.
     pub pools: Vec<Arc<Pool>>,
+    pub batch_semantic: bool,
 }
 
 impl Assembly {
@@ -165,6 +166,7 @@ impl Assembly {
             keys: self.keys,
             backends: Vec::new(),
             pools: self.pools,
+            batch_semantic: self.batch_semantic,
         }
     }
 }
@@ -229,6 +231,7 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         cache,
         semantic,
         pools,
+        batch_semantic: raw.batch_semantic_cache.unwrap_or(false),
     })
 }
 

@@ -34,6 +34,9 @@ pub struct RawServe {
     /// A Redis URL: the exact cache shared with other replicas.
     pub cache_redis: Option<String>,
     pub semantic_cache: Option<bool>,
+    /// Batch jobs' lines use the semantic cache too [default: false, the exact cache only:
+    /// an offline job has time to have each answer made for it].
+    pub batch_semantic_cache: Option<bool>,
     pub semantic_threshold: Option<f32>,
     /// The threshold for pairs whose content words all align [default: the built-in one, or
     /// as far below `semantic_threshold` as the built-in ones are apart].

@@ -49,13 +49,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::json;
 
 pub use backend::Local;
 pub use state::{AppState, Parts};
 
 use crate::backend::Backend;
+use crate::batch::BatchLine;
 use crate::error::ApiError;
 use crate::metrics::Gauges;
 use crate::pipeline::Ask;
@@ -133,12 +134,24 @@ async fn health() -> &'static str {
     "ok"
 }
 
-async fn chat(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    s.handle(&headers, || Job::chat(&body)).await
+async fn chat(
+    State(s): State<AppState>,
+    line: Option<Extension<BatchLine>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    s.handle(&headers, line.map(|l| l.0), || Job::chat(&body))
+        .await
 }
 
-async fn completions(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    s.handle(&headers, || Job::completion(&body)).await
+async fn completions(
+    State(s): State<AppState>,
+    line: Option<Extension<BatchLine>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    s.handle(&headers, line.map(|l| l.0), || Job::completion(&body))
+        .await
 }
 
 /// With keys configured, only a client with a valid key may list what is served or read
@@ -236,18 +249,29 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
 }
 
 impl AppState {
-    /// Checks the key and budgets, parses the request with `parse`, and answers it.
+    /// Checks the key (a batch line carries its job's tenant instead) and budgets, parses
+    /// the request with `parse`, and answers it.
     async fn handle(
         &self,
         headers: &HeaderMap,
+        line: Option<BatchLine>,
         parse: impl FnOnce() -> Result<Job, ApiError>,
     ) -> Response {
-        let tenant = match self.admit(headers) {
+        let admitted = match &line {
+            Some(l) => l.tenant.as_ref().map_or(Ok(None), |t| {
+                t.admit(chrono::Utc::now()).map(|()| Some(t.clone()))
+            }),
+            None => self.admit(headers),
+        };
+        let tenant = match admitted {
             Ok(t) => t,
             Err(e) => return self.reject(e),
         };
         let job = match parse() {
-            Ok(j) => Arc::new(j),
+            Ok(mut j) => {
+                j.batch = line.map(|l| l.job);
+                Arc::new(j)
+            }
             Err(e) => return self.reject(e),
         };
         let ask = Ask {

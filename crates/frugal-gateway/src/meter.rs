@@ -24,6 +24,8 @@ const QUEUE: usize = 16_384;
 /// Rows kept in memory at most while the ledger cannot be written; past it, the writer
 /// stops taking rows, so the queue fills and requests wait until the disk takes them.
 const PENDING_MAX: usize = 100_000;
+/// The workload batch jobs' lines are recorded under, beside interactive traffic.
+pub const BATCH_WORKLOAD: &str = "batch";
 
 /// What the meter needs to write rows.
 #[derive(Debug, Clone)]
@@ -77,6 +79,8 @@ pub struct Row {
     pub tenant: Option<String>,
     /// Time a pool's activator held it.
     pub wait: Duration,
+    /// The batch job it was a line of: recorded as workload `batch`, the job as its run.
+    pub batch: Option<Arc<str>>,
 }
 
 /// A saving apart from any call: a cascade's cheap tier answered, so its dearest tier's
@@ -281,12 +285,12 @@ impl Writer {
     }
 
     fn add(&mut self, r: Row) {
-        let mut e = Event::new(
-            epoch_ms(r.started),
-            Kind::Inference,
-            self.config.workload.clone(),
-            r.cost,
-        );
+        let workload = match r.batch {
+            Some(_) => BATCH_WORKLOAD.to_owned(),
+            None => self.config.workload.clone(),
+        };
+        let mut e = Event::new(epoch_ms(r.started), Kind::Inference, workload, r.cost);
+        e.run_id = r.batch.map(|j| j.to_string());
         e.duration_ms = r.duration.as_millis() as i64;
         if let Some(machine) = self.machine(&r.model) {
             e.instance_type.clone_from(&machine.instance_type);
@@ -410,6 +414,7 @@ mod tests {
             saved: None,
             tenant: Some("t".into()),
             wait: Duration::ZERO,
+            batch: None,
         }
     }
 

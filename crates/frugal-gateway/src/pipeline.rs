@@ -105,6 +105,7 @@ pub async fn start(
         ask.tenant.clone(),
         reservation,
     );
+    bill.batch.clone_from(&job.batch);
     let id = response_id(job.kind, started);
     if let Some(tokens) = plan.prompt_tokens {
         bill.work.prompt_tokens = tokens;

@@ -107,6 +107,8 @@ pub struct Bill {
     recorded: Vec<cache::Chunk>,
     /// Set once settled: what the request cost.
     settled: Option<Money>,
+    /// The batch job the request is a line of.
+    pub batch: Option<Arc<str>>,
 }
 
 impl Bill {
@@ -126,6 +128,7 @@ impl Bill {
             work: Work::default(),
             recorded: Vec::new(),
             settled: None,
+            batch: None,
         }
     }
 
@@ -234,6 +237,7 @@ impl Bill {
                 saved,
                 tenant: self.tenant.as_ref().map(|t| t.name.clone()),
                 wait: self.work.wait,
+                batch: self.batch.clone(),
             });
         }
         if let End::Completed {

@@ -47,6 +47,8 @@ pub(crate) struct Inner {
     pub keys: Keys,
     pub metrics: Metrics,
     pub started: i64,
+    /// Batch lines consult the semantic cache.
+    pub batch_semantic: bool,
 }
 
 /// What a gateway is made of.
@@ -74,6 +76,8 @@ pub struct Parts {
     pub policies: HashMap<String, CachePolicy>,
     /// No keys: the API is open.
     pub keys: Keys,
+    /// Batch jobs' lines use the semantic cache (else the exact one only).
+    pub batch_semantic: bool,
 }
 
 /// Where a request's model name leads.
@@ -114,6 +118,7 @@ impl AppState {
                     .collect(),
                 policies: p.policies,
                 keys: p.keys,
+                batch_semantic: p.batch_semantic,
                 metrics: Metrics::default(),
                 started: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
@@ -240,6 +245,12 @@ impl AppState {
         } = &mut lookup
         {
             probe.threshold = policy.semantic_threshold;
+        }
+        if job.batch.is_some()
+            && !self.inner.batch_semantic
+            && let Lookup::Key { probe, .. } = &mut lookup
+        {
+            *probe = None;
         }
         lookup
     }

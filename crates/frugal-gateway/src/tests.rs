@@ -183,14 +183,17 @@ impl Gateway {
 
     /// Closes the meter and reads what it wrote.
     fn rows(self) -> Vec<Row> {
+        self.rows_named().0
+    }
+
+    /// The inference rows, and the names their ids stand for.
+    fn rows_named(self) -> (Vec<Row>, frugal_cost::ledger::Names) {
         self.meter.close();
         let mut rows = Vec::new();
-        Ledger::open(&self.ledger)
-            .unwrap()
-            .scan(Window::default(), |r| rows.push(*r))
-            .unwrap();
+        let ledger = Ledger::open(&self.ledger).unwrap();
+        ledger.scan(Window::default(), |r| rows.push(*r)).unwrap();
         rows.retain(|r| r.kind == EventKind::Inference);
-        rows
+        (rows, ledger.names().unwrap())
     }
 }
 
@@ -492,6 +495,7 @@ mod batch_runs {
             backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(5),
             model: None,
+            tenant: None,
         }
     }
 
@@ -550,9 +554,16 @@ mod batch_runs {
             "three tries each"
         );
         assert_eq!(progress.retries.load(Ordering::Relaxed), 4 * 2);
-        // Every call went to the ledger once: 35 answers, 12 failed tries.
-        let rows = g.rows();
+        // Every call went to the ledger once: 35 answers, 12 failed tries, each under the
+        // workload `batch` with the job as its run.
+        let (rows, names) = g.rows_named();
         assert_eq!(rows.len(), 35 + 12);
+        let job = store.job().id.clone();
+        assert!(job.starts_with("batch_") && job.len() == 30, "{job}");
+        for r in &rows {
+            assert_eq!(names.get(r.workload), "batch");
+            assert_eq!(r.run.map(|id| names.get(id)), Some(job.as_str()));
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,8 @@
 //! cascade evaluation (`frugal eval-route`) renders and tokenizes through the same
 //! [`prompt_tokens`], so both add BOS and apply chat templates the same way.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use serde_json::Value;
 
@@ -74,6 +76,9 @@ pub struct Job {
     /// Token logprobs wanted, with this many alternatives.
     pub top: Option<usize>,
     pub input: Input,
+    /// The batch job this request is a line of (set by the batch runner, never by a
+    /// client): it is billed to the job and yields to interactive requests.
+    pub batch: Option<Arc<str>>,
 }
 
 impl Job {
@@ -143,6 +148,7 @@ impl Job {
             common,
             top,
             input,
+            batch: None,
         })
     }
 

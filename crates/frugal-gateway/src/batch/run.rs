@@ -19,8 +19,10 @@ use axum::http::{Request, StatusCode, header};
 use serde_json::Value;
 use tower::ServiceExt;
 
+use super::BatchLine;
 use super::input::{Input, Line};
 use super::store::{Failure, LineError, Response, Store, StoreError};
+use crate::keys::Tenant;
 use crate::upstream::retry_after;
 
 /// Largest answer body read for one line.
@@ -37,6 +39,8 @@ pub struct RunConfig {
     pub max_backoff: Duration,
     /// Every line asks for this model instead of its body's.
     pub model: Option<String>,
+    /// Whose budgets the lines spend (the tenant that submitted the job).
+    pub tenant: Option<Arc<Tenant>>,
 }
 
 impl Default for RunConfig {
@@ -47,6 +51,7 @@ impl Default for RunConfig {
             backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(60),
             model: None,
+            tenant: None,
         }
     }
 }
@@ -87,7 +92,10 @@ pub async fn run(
         .map(|l| (l.custom_id.as_str(), l))
         .collect();
     let pending = store.pending()?;
-    let expires = store.job().expires_at();
+    let tag = BatchLine {
+        job: Arc::from(store.job().id.as_str()),
+        tenant: config.tenant.clone(),
+    };
     let gate = Arc::new(tokio::sync::Semaphore::new(config.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(stop);
@@ -101,12 +109,17 @@ pub async fn run(
             () = &mut stop => { stopped = true; break; }
         };
         let Ok(permit) = permit else { break };
-        let (app, store, progress, config) =
-            (app.clone(), store.clone(), progress.clone(), config.clone());
+        let (app, store, progress, config, tag) = (
+            app.clone(),
+            store.clone(),
+            progress.clone(),
+            config.clone(),
+            tag.clone(),
+        );
         let (line, attempts) = ((*line).clone(), p.attempts);
         tasks.spawn(async move {
             let _permit = permit;
-            run_line(app, &store, &line, attempts, &config, &progress, expires).await
+            run_line(app, &store, &line, attempts, &config, &progress, tag).await
         });
         // Results (and store errors) are taken as they come, so a failing disk stops the
         // job early.
@@ -143,9 +156,10 @@ async fn run_line(
     mut attempts: u32,
     config: &RunConfig,
     progress: &Progress,
-    expires: u64,
+    tag: BatchLine,
 ) -> Result<(), StoreError> {
     let body = body_for(line, config.model.as_deref());
+    let expires = store.job().expires_at();
     loop {
         if now_s() >= expires {
             let failure = Failure::Error(LineError {
@@ -155,7 +169,7 @@ async fn run_line(
             progress.failed.fetch_add(1, Ordering::Relaxed);
             return blocking(store, move |s, id| s.record_failed(id, &failure), line).await;
         }
-        let answer = send(app.clone(), line, body.clone()).await;
+        let answer = send(app.clone(), line, body.clone(), tag.clone()).await;
         let retryable = match &answer {
             Answer::Http { status, .. } => {
                 *status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
@@ -279,9 +293,10 @@ impl Answer {
     }
 }
 
-async fn send(app: Router, line: &Line, body: axum::body::Bytes) -> Answer {
+async fn send(app: Router, line: &Line, body: axum::body::Bytes, tag: BatchLine) -> Answer {
     let request = Request::post(line.url.url())
         .header(header::CONTENT_TYPE, "application/json")
+        .extension(tag)
         .body(Body::from(body));
     let request = match request {
         Ok(r) => r,

@@ -36,6 +36,7 @@ const LOCK_FILE: &str = "lock";
 const SCHEMA: &str = r#"
 CREATE TABLE job (
     id                  INTEGER PRIMARY KEY CHECK (id = 1),
+    batch_id            TEXT NOT NULL,
     input_path          TEXT NOT NULL,
     input_sha256        TEXT NOT NULL,
     output_path         TEXT NOT NULL,
@@ -90,6 +91,9 @@ pub struct Options {
     pub completion_window: Duration,
     /// Refuse to start with less free space than this on a disk the job writes to.
     pub min_free_bytes: u64,
+    /// The state was moved (restored from a store on another machine or directory): it
+    /// takes the paths given now instead of refusing those that differ from its own.
+    pub relocate: bool,
 }
 
 impl Default for Options {
@@ -97,6 +101,7 @@ impl Default for Options {
         Options {
             completion_window: DEFAULT_COMPLETION_WINDOW,
             min_free_bytes: MIN_FREE_BYTES,
+            relocate: false,
         }
     }
 }
@@ -104,6 +109,9 @@ impl Default for Options {
 /// The job a state directory holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {
+    /// `batch_` and 24 random hex digits, as OpenAI's batch ids look; kept for the job's
+    /// life, moves included, and recorded as the run of its lines in the ledger.
+    pub id: String,
     pub input_path: PathBuf,
     pub input_sha256: String,
     pub output_path: PathBuf,
@@ -473,6 +481,10 @@ impl Store {
                     given: input.sha256.clone(),
                 });
             }
+            Some((mut job, status)) if options.relocate => {
+                relocate(&db, &mut job, input_path, &output, &errors).map_err(db_err)?;
+                (job, status)
+            }
             Some((job, _)) if job.output_path != output || job.errors_path != errors => {
                 let (what, recorded, given) = if job.output_path != output {
                     ("output", job.output_path, output)
@@ -498,6 +510,7 @@ impl Store {
                     }
                 }
                 let job = Job {
+                    id: new_id(),
                     input_path: std::path::absolute(input_path)
                         .unwrap_or_else(|_| input_path.to_owned()),
                     input_sha256: input.sha256.clone(),
@@ -969,7 +982,7 @@ fn path_text(p: &Path) -> String {
 fn load_job(db: &Connection) -> rusqlite::Result<Option<(Job, JobStatus)>> {
     db.query_row(
         "SELECT input_path, input_sha256, output_path, errors_path, created_at,
-                completion_window_s, status FROM job WHERE id = 1",
+                completion_window_s, status, batch_id FROM job WHERE id = 1",
         [],
         |r| {
             let status: String = r.get(6)?;
@@ -981,6 +994,7 @@ fn load_job(db: &Connection) -> rusqlite::Result<Option<(Job, JobStatus)>> {
                 )
             })?;
             let job = Job {
+                id: r.get(7)?,
                 input_path: PathBuf::from(r.get::<_, String>(0)?),
                 input_sha256: r.get(1)?,
                 output_path: PathBuf::from(r.get::<_, String>(2)?),
@@ -1000,8 +1014,8 @@ fn create_job(db: &mut Connection, job: &Job, input: &Input) -> rusqlite::Result
     let tx = db.transaction()?;
     tx.execute(
         "INSERT INTO job (id, input_path, input_sha256, output_path, errors_path, created_at,
-                          completion_window_s, status)
-         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                          completion_window_s, status, batch_id)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![
             path_text(&job.input_path),
             job.input_sha256,
@@ -1010,6 +1024,7 @@ fn create_job(db: &mut Connection, job: &Job, input: &Input) -> rusqlite::Result
             job.created_at as i64,
             job.completion_window.as_secs() as i64,
             JobStatus::InProgress.as_str(),
+            job.id,
         ],
     )?;
     {
@@ -1020,6 +1035,42 @@ fn create_job(db: &mut Connection, job: &Job, input: &Input) -> rusqlite::Result
         }
     }
     tx.commit()
+}
+
+/// A moved job's files are where it is opened now.
+fn relocate(
+    db: &Connection,
+    job: &mut Job,
+    input: &Path,
+    output: &Path,
+    errors: &Path,
+) -> rusqlite::Result<()> {
+    job.input_path = std::path::absolute(input).unwrap_or_else(|_| input.to_owned());
+    job.output_path = output.to_owned();
+    job.errors_path = errors.to_owned();
+    db.execute(
+        "UPDATE job SET input_path = ?1, output_path = ?2, errors_path = ?3 WHERE id = 1",
+        params![
+            path_text(&job.input_path),
+            path_text(output),
+            path_text(errors)
+        ],
+    )?;
+    Ok(())
+}
+
+/// A new job's id: `batch_` and 96 random bits in hex (the clock's nanoseconds where the
+/// OS has no randomness to give).
+fn new_id() -> String {
+    let mut bytes = [0u8; 12];
+    if getrandom::fill(&mut bytes).is_err() {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes.copy_from_slice(&nanos.to_le_bytes()[..12]);
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("batch_{hex}")
 }
 
 fn load_lines(db: &Connection) -> rusqlite::Result<HashMap<String, Entry>> {
