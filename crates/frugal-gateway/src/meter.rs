@@ -48,12 +48,20 @@ pub struct Machine {
     pub model: String,
     pub rate: HourlyRate,
     pub instance_type: Option<String>,
+    /// What it would cost an hour on demand, where `rate` is a spot or committed one: its
+    /// rows carry the on-demand price of their time as the list cost.
+    pub on_demand: Option<HourlyRate>,
 }
 
 impl Machine {
     /// `time` on this machine, priced to the microsecond.
     pub fn cost(&self, time: Duration) -> Money {
         self.rate.cost_of(time).unwrap_or(Money::ZERO)
+    }
+
+    /// `time` on this machine at its on-demand price, where it has one.
+    pub fn list_cost(&self, time: Duration) -> Option<Money> {
+        self.on_demand.and_then(|r| r.cost_of(time))
     }
 }
 
@@ -295,6 +303,7 @@ impl Writer {
         if let Some(machine) = self.machine(&r.model) {
             e.instance_type.clone_from(&machine.instance_type);
             e.capacity = self.config.capacity;
+            e.list_cost = machine.list_cost(r.busy.unwrap_or_default());
             *self.busy.entry(r.model.clone()).or_default() += r.busy.unwrap_or_default();
         } else if let Some(pool) = self.config.pools.iter().find(|m| m.model == r.model) {
             e.instance_type.clone_from(&pool.instance_type);
@@ -349,6 +358,7 @@ impl Writer {
                     e.model = Some(m.model.clone());
                     e.instance_type.clone_from(&m.instance_type);
                     e.capacity = self.config.capacity;
+                    e.list_cost = m.list_cost(idle);
                     e
                 })
             })
@@ -430,6 +440,7 @@ mod tests {
                 model: "m".into(),
                 rate: HourlyRate(Money::from_cents(360_000)),
                 instance_type: None,
+                on_demand: None,
             }],
             pools: Vec::new(),
         })
@@ -474,6 +485,7 @@ mod tests {
             model: "m".into(),
             rate: HourlyRate(Money::from_cents(360_000)),
             instance_type: None,
+            on_demand: None,
         };
         // $3,600 an hour is a micro-dollar per microsecond.
         assert_eq!(

@@ -278,6 +278,7 @@ impl Upstream {
                 model: self.config.name.clone(),
                 rate: *rate,
                 instance_type: instance_type.clone(),
+                on_demand: None,
             }),
             _ => None,
         }

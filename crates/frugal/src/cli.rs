@@ -68,6 +68,95 @@ pub enum Command {
     /// Write Kubernetes objects that run `frugal serve`'s gateway and pools, scaled by KEDA
     #[command(subcommand)]
     Deploy(DeployCommand),
+    /// Batch inference in OpenAI's Batch format, exactly once through kills and preemptions
+    #[command(subcommand)]
+    Batch(BatchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BatchCommand {
+    /// Run (or resume) a batch: every line of INPUT answered once in --output, failures in
+    /// --errors; run the same command again to resume after a kill or a preemption
+    Run(BatchRunArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "The format, resuming, spot and stores: docs/batch.md")]
+pub struct BatchRunArgs {
+    /// The batch: JSONL lines {"custom_id", "method", "url", "body"} for /v1/chat/completions
+    /// or /v1/completions
+    #[arg(value_name = "INPUT.jsonl")]
+    pub input: PathBuf,
+    /// Answered lines, as OpenAI writes them
+    #[arg(long, value_name = "OUT.jsonl")]
+    pub output: PathBuf,
+    /// Failed lines [default: OUT.errors.jsonl]
+    #[arg(long, value_name = "ERR.jsonl")]
+    pub errors: Option<PathBuf>,
+    /// The job's durable progress [default: OUT.jsonl.frugal-batch/ beside the output]
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
+    /// Every line asks for this served name (the local model, an upstream, a pool or a route)
+    /// instead of its body's `model`
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Lines in flight at once
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// The local model's GGUF file [default: [serve] model in frugal.toml, else the default
+    /// model]
+    #[arg(long, value_name = "FILE", conflicts_with = "no_model")]
+    pub model_file: Option<PathBuf>,
+    /// Run no model here: lines go to the [[serve.upstream]] servers and [[serve.pool]] pools
+    #[arg(long)]
+    pub no_model: bool,
+    /// Kernel threads [default: one per core]
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Sequences the local engine decodes together at most [default: 16]
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// Tries of a line answered 429, 5xx or not at all, in all
+    #[arg(long, default_value_t = 5)]
+    pub max_attempts: u32,
+    /// Unfinished lines fail as batch_expired this long after the job began (e.g. 24h, 90m)
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub completion_window: std::time::Duration,
+    /// This machine is spot: priced so (with --instance), preemption notices are watched
+    #[arg(long)]
+    pub spot: bool,
+    /// Instance type, priced from the catalog (e.g. g5.xlarge)
+    #[arg(long, value_name = "TYPE")]
+    pub instance: Option<String>,
+    /// Region of the instance's price [default: the provider's usual one]
+    #[arg(long)]
+    pub region: Option<String>,
+    /// The machine's price per hour, instead of the catalog's
+    #[arg(long, value_name = "USD")]
+    pub price_per_hour: Option<String>,
+    /// Keep the job's state in a store, to resume on another machine: a directory, or a
+    /// file://, s3://, gs:// or az:// URL (credentials from the usual AWS_*, GOOGLE_*, AZURE_*)
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    /// Time between copies of the job's state to --store (and one at every stop)
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub store_every: std::time::Duration,
+    /// Where preemption notices come from
+    #[arg(long, value_enum, default_value_t = NoticeArg::Auto)]
+    pub notice: NoticeArg,
+    /// Base URL of the metadata endpoint [default: the cloud's own]
+    #[arg(long, value_name = "URL")]
+    pub metadata_url: Option<String>,
+    /// Seconds between notice polls
+    #[arg(long, default_value_t = 5.0, value_name = "S")]
+    pub poll: f64,
+    /// Seconds lines in flight may take to finish after SIGTERM or Ctrl-C, before they are
+    /// left to run again on the next start
+    #[arg(long, default_value_t = 20.0, value_name = "S")]
+    pub grace: f64,
+    /// Do not write usage to the ledger
+    #[arg(long)]
+    pub no_meter: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -387,7 +476,7 @@ pub struct ReportArgs {
     pub pool_busy_below: f64,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub struct ServeArgs {
     /// GGUF model file (llama or qwen2 family) [default: [serve] model in frugal.toml, else
     /// models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -546,8 +635,9 @@ pub enum BoundFor {
     Population,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum BatchingArg {
+    #[default]
     Continuous,
     Static,
     Drain,

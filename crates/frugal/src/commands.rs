@@ -12,8 +12,8 @@ use frugal_cost::report::{Options, PoolLine, Report, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::{
-    Cli, Command, DeployCommand, ImportFormat, KeysCommand, LedgerCommand, NewKeyArgs, PriceSort,
-    PricesArgs, ReportArgs,
+    BatchCommand, Cli, Command, DeployCommand, ImportFormat, KeysCommand, LedgerCommand,
+    NewKeyArgs, PriceSort, PricesArgs, ReportArgs,
 };
 use crate::config::{self, Config, Sources};
 use crate::progress::Bar;
@@ -36,6 +36,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::EvalCache(args) => crate::eval_cache::run(&args),
         Command::EvalRoute(args) => crate::eval_route::run(&args),
         Command::Train(args) => crate::train::run(&config, &catalog, &args),
+        Command::Batch(BatchCommand::Run(args)) => crate::batch::run(&config, &catalog, &args),
         Command::Prices(args) => prices(&catalog, &args),
         Command::Ledger(LedgerCommand::Import(args)) => {
             let ledger = open_for_write(&config)?;

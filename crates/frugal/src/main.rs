@@ -1,6 +1,7 @@
 //! The `frugal` binary: parses the command line, resolves configuration once, and runs
 //! one command. Business logic lives in the library crates.
 
+mod batch;
 mod bench;
 mod cli;
 mod commands;
@@ -33,7 +34,9 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let mut stderr = std::io::stderr().lock();
-            if err.downcast_ref::<train::Stopped>().is_some() {
+            if err.downcast_ref::<train::Stopped>().is_some()
+                || err.downcast_ref::<batch::Stopped>().is_some()
+            {
                 let _ = writeln!(stderr, "{err}");
                 return ExitCode::from(train::EXIT_RESUMABLE);
             }

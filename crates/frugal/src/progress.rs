@@ -16,6 +16,26 @@ impl Bar {
         Bar::styled(label, "{msg} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
     }
 
+    /// Lines of a batch: done of total, and a message of what else to say.
+    pub fn lines(total: u64) -> Bar {
+        let bar = Bar::styled(
+            "lines",
+            "{msg:<10} [{bar:30}] {pos}/{len} eta {eta} · {prefix}",
+        );
+        bar.0.set_length(total);
+        bar
+    }
+
+    /// Moves the bar to `pos`, saying `note` beside it.
+    pub fn set(&self, pos: u64, note: String) {
+        self.0.set_position(pos);
+        self.0.set_prefix(note);
+    }
+
+    pub fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+
     fn styled(label: &str, template: &str) -> Bar {
         let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
         let style = ProgressStyle::with_template(template)

@@ -23,145 +23,211 @@ use frugal_gateway::{AppState, Local};
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
 use crate::config::Config;
 
-pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
-    // Flags beat `[serve]` in frugal.toml, which beats the defaults.
-    let mut serve = with_flags(&config.serve, args);
-    if let Ok(replica) = std::env::var(frugal_gateway::pool::REPLICA_ENV)
-        && !serve.pool.is_empty()
-    {
-        // A replica that reads the gateway's frugal.toml must not start pools of its own.
-        writeln!(
-            std::io::stderr(),
-            "frugal serve: replica {replica} of a pool: the [[serve.pool]] entries of the config are not started here"
+/// How the machine that runs the local model is paid for, when the caller knows (a batch
+/// job on spot); else `frugal serve`'s rules price it on demand.
+pub struct Paid {
+    pub rate: HourlyRate,
+    pub instance_type: Option<String>,
+    pub capacity: Capacity,
+    /// Its on-demand price, where `rate` is another kind's.
+    pub on_demand: Option<HourlyRate>,
+}
+
+/// A gateway built from the config and flags, not yet listening: `frugal serve` puts it on
+/// a port, `frugal batch run` sends its lines through its router in process.
+pub struct Gateway {
+    pub state: AppState,
+    pub runtime: tokio::runtime::Runtime,
+    pub workload: String,
+    /// What it serves, in words.
+    pub what: String,
+}
+
+impl Gateway {
+    /// Builds the gateway: flags over `[serve]`, the configuration checked, the model
+    /// loaded and its engine started, the meter opened.
+    pub fn build(
+        config: &Config,
+        catalog: &Catalog,
+        args: &ServeArgs,
+        paid: Option<Paid>,
+    ) -> Result<Gateway> {
+        // Flags beat `[serve]` in frugal.toml, which beats the defaults.
+        let mut serve = with_flags(&config.serve, args);
+        if let Ok(replica) = std::env::var(frugal_gateway::pool::REPLICA_ENV)
+            && !serve.pool.is_empty()
+        {
+            // A replica that reads the gateway's frugal.toml must not start pools of its own.
+            writeln!(
+                std::io::stderr(),
+                "frugal serve: replica {replica} of a pool: the [[serve.pool]] entries of the config are not started here"
+            )?;
+            serve.pool.clear();
+        }
+        let workload = serve.workload.clone().unwrap_or_else(|| "serve".into());
+        let paid = match paid {
+            Some(p) => p,
+            None => {
+                // Only a local model runs on this machine (a gateway's costs nothing here),
+                // and only a meter records what it costs.
+                let this_machine = (!args.no_model && !args.no_meter).then(|| {
+                    let mut bases = frugal_train::notice::Bases::default();
+                    if let Some(url) = &args.metadata_url {
+                        (bases.aws, bases.gcp, bases.azure) =
+                            (url.clone(), url.clone(), url.clone());
+                    }
+                    bases
+                });
+                let (rate, instance_type) = machine_rate(
+                    catalog,
+                    serve.price_per_hour.as_deref(),
+                    serve.instance.as_deref(),
+                    this_machine.as_ref(),
+                )?;
+                Paid {
+                    rate,
+                    instance_type,
+                    capacity: Capacity::OnDemand,
+                    on_demand: None,
+                }
+            }
+        };
+        // The local model's file and served name, known before it loads so that the
+        // configuration is checked first.
+        let model = (!args.no_model).then(|| {
+            let path = serve
+                .model
+                .clone()
+                .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
+            let name = serve.name.clone().unwrap_or_else(|| {
+                path.file_stem()
+                    .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+            });
+            (path, name)
+        });
+        let search = embedder_search(config.data_home.as_deref());
+        // Process pools' replicas log beside the ledger unless a pool says where.
+        let pool_logs = config
+            .ledger
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .join("frugal-pools");
+        let assembly = assemble(
+            &serve,
+            &Inputs {
+                catalog,
+                local: model.as_ref().map(|(_, name)| name.as_str()),
+                env: &|var| std::env::var(var).ok(),
+                embedder_search: &search,
+                pool_logs: &pool_logs,
+            },
         )?;
-        serve.pool.clear();
+        if assembly.no_embedder {
+            let searched: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
+            writeln!(
+                std::io::stderr(),
+                "frugal serve: no embedding model in {}, so the semantic cache is off; `scripts/fetch-models.sh minilm` fetches it, --embedder DIR names one",
+                searched.join(" or ")
+            )?;
+        }
+        let capacity = paid.capacity;
+        let local = match model {
+            Some((path, name)) => Some(start_local(args, &serve, &path, name, paid)?),
+            None => None,
+        };
+        let what = match &local {
+            Some(l) => format!("{} (machine at {}/h)", l.machine.model, l.machine.rate.0),
+            None => format!(
+                "a gateway to {} upstream(s) and {} pool(s)",
+                assembly.upstreams.len(),
+                assembly.pools.len()
+            ),
+        };
+        let meter = if args.no_meter {
+            None
+        } else {
+            if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            Some(Meter::start(MeterConfig {
+                ledger: config.ledger.clone(),
+                workload: workload.clone(),
+                capacity: Some(capacity),
+                pools: assembly
+                    .pools
+                    .iter()
+                    .map(|p| Machine {
+                        model: p.config.name.clone(),
+                        rate: p.config.rate.unwrap_or(HourlyRate(Money::ZERO)),
+                        instance_type: p.config.instance_type.clone(),
+                        on_demand: None,
+                    })
+                    .collect(),
+                machines: local
+                    .iter()
+                    .map(|l| l.machine.clone())
+                    .chain(assembly.upstreams.iter().filter_map(Upstream::machine))
+                    .collect(),
+            })?)
+        };
+        // Beside a local model the engine's threads take the cores and two async workers
+        // carry the HTTP; a gateway alone uses them all.
+        let workers = if local.is_some() {
+            2
+        } else {
+            std::thread::available_parallelism().map_or(2, usize::from)
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let shared = match (&assembly.shared_cache, &assembly.cache) {
+            (Some(url), Some(cache)) => Some(
+                runtime
+                    .block_on(SharedCache::connect(url, cache.ttl))
+                    .map_err(|e| anyhow::anyhow!("cannot reach the shared cache: {e}"))?,
+            ),
+            _ => None,
+        };
+        if meter.is_some() {
+            // Budgets count what the ledger already has for this day and month.
+            let ledger = frugal_cost::Ledger::open(&config.ledger)?;
+            assembly.keys.preload(chrono::Utc::now(), |start| {
+                ledger.tenant_spend(start.timestamp_millis())
+            })?;
+        }
+        let state = AppState::new(assembly.into_parts(local, meter, shared));
+        Ok(Gateway {
+            state,
+            runtime,
+            workload,
+            what,
+        })
     }
+
+    /// Stops the pools, lets what was cut off settle as its tasks are dropped with the
+    /// runtime, then has the meter write every settled row before the process exits.
+    pub fn close(self) {
+        let meter = self.state.meter();
+        self.runtime.block_on(self.state.stop_pools());
+        self.runtime
+            .shutdown_timeout(std::time::Duration::from_secs(5));
+        if let Some(meter) = meter {
+            meter.close();
+        }
+    }
+}
+
+pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
+    let gateway = Gateway::build(config, catalog, args, None)?;
+    let serve = with_flags(&config.serve, args);
     let host = serve.host.as_deref().unwrap_or("127.0.0.1");
     let port = serve.port.unwrap_or(8080);
-    let workload = serve.workload.clone().unwrap_or_else(|| "serve".into());
-    // Only a local model runs on this machine (a gateway's costs nothing here), and only a
-    // meter records what it costs.
-    let this_machine = (!args.no_model && !args.no_meter).then(|| {
-        let mut bases = frugal_train::notice::Bases::default();
-        if let Some(url) = &args.metadata_url {
-            (bases.aws, bases.gcp, bases.azure) = (url.clone(), url.clone(), url.clone());
-        }
-        bases
-    });
-    let (rate, instance_type) = machine_rate(
-        catalog,
-        serve.price_per_hour.as_deref(),
-        serve.instance.as_deref(),
-        this_machine.as_ref(),
-    )?;
-    // The local model's file and served name, known before it loads so that the
-    // configuration is checked first.
-    let model = (!args.no_model).then(|| {
-        let path = serve
-            .model
-            .clone()
-            .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
-        let name = serve.name.clone().unwrap_or_else(|| {
-            path.file_stem()
-                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
-        });
-        (path, name)
-    });
-    let search = embedder_search(config.data_home.as_deref());
-    // Process pools' replicas log beside the ledger unless a pool says where.
-    let pool_logs = config
-        .ledger
-        .parent()
-        .unwrap_or_else(|| Path::new("."))
-        .join("frugal-pools");
-    let assembly = assemble(
-        &serve,
-        &Inputs {
-            catalog,
-            local: model.as_ref().map(|(_, name)| name.as_str()),
-            env: &|var| std::env::var(var).ok(),
-            embedder_search: &search,
-            pool_logs: &pool_logs,
-        },
-    )?;
-    if assembly.no_embedder {
-        let searched: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
-        writeln!(
-            std::io::stderr(),
-            "frugal serve: no embedding model in {}, so the semantic cache is off; `scripts/fetch-models.sh minilm` fetches it, --embedder DIR names one",
-            searched.join(" or ")
-        )?;
-    }
-    let local = match model {
-        Some((path, name)) => Some(start_local(args, &serve, &path, name, rate, instance_type)?),
-        None => None,
-    };
-    let what = match &local {
-        Some(l) => format!("{} (machine at {}/h)", l.machine.model, l.machine.rate.0),
-        None => format!(
-            "a gateway to {} upstream(s) and {} pool(s)",
-            assembly.upstreams.len(),
-            assembly.pools.len()
-        ),
-    };
-    let meter = if args.no_meter {
-        None
-    } else {
-        if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        Some(Meter::start(MeterConfig {
-            ledger: config.ledger.clone(),
-            workload: workload.clone(),
-            capacity: Some(Capacity::OnDemand),
-            pools: assembly
-                .pools
-                .iter()
-                .map(|p| Machine {
-                    model: p.config.name.clone(),
-                    rate: p.config.rate.unwrap_or(HourlyRate(Money::ZERO)),
-                    instance_type: p.config.instance_type.clone(),
-                })
-                .collect(),
-            machines: local
-                .iter()
-                .map(|l| l.machine.clone())
-                .chain(assembly.upstreams.iter().filter_map(Upstream::machine))
-                .collect(),
-        })?)
-    };
-    // Beside a local model the engine's threads take the cores and two async workers carry
-    // the HTTP; a gateway alone uses them all.
-    let workers = if local.is_some() {
-        2
-    } else {
-        std::thread::available_parallelism().map_or(2, usize::from)
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let shared = match (&assembly.shared_cache, &assembly.cache) {
-        (Some(url), Some(cache)) => Some(
-            runtime
-                .block_on(SharedCache::connect(url, cache.ttl))
-                .map_err(|e| anyhow::anyhow!("cannot reach the shared cache: {e}"))?,
-        ),
-        _ => None,
-    };
-    if meter.is_some() {
-        // Budgets count what the ledger already has for this day and month.
-        let ledger = frugal_cost::Ledger::open(&config.ledger)?;
-        assembly.keys.preload(chrono::Utc::now(), |start| {
-            ledger.tenant_spend(start.timestamp_millis())
-        })?;
-    }
-    let state = AppState::new(assembly.into_parts(local, meter, shared));
     let drain = std::time::Duration::from_secs(args.drain_timeout.unwrap_or(30));
-    let meter = state.meter();
-    let served = runtime.block_on(async {
+    let state = gateway.state.clone();
+    let served = gateway.runtime.block_on(async {
         let addr = format!("{host}:{port}");
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
@@ -175,22 +241,16 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         }
         writeln!(
             std::io::stderr(),
-            "frugal serve: {what} on http://{local}/v1; Ctrl-C to stop"
+            "frugal serve: {} on http://{local}/v1; Ctrl-C to stop",
+            gateway.what
         )?;
-        state.start_pools(&workload);
+        state.start_pools(&gateway.workload);
         let app = frugal_gateway::router(state.clone());
-        let served = frugal_gateway::serve(listener, app, shutdown_signal(), drain).await;
-        // Replicas stop (and their last spans are written) whether or not serving failed.
-        state.stop_pools().await;
-        served?;
+        frugal_gateway::serve(listener, app, shutdown_signal(), drain).await?;
         Ok::<_, anyhow::Error>(())
     });
-    // HTTP is drained; what was cut off settles as its tasks are dropped with the runtime,
-    // then the meter writes every settled row before the process exits.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
-    if let Some(meter) = meter {
-        meter.close();
-    }
+    // Replicas stop (and their last spans are written) whether or not serving failed.
+    gateway.close();
     served
 }
 
@@ -231,15 +291,14 @@ pub fn embedder_search(data_home: Option<&Path>) -> Vec<PathBuf> {
     dirs
 }
 
-/// Loads the local model at `path` and starts its engine, served as `name` and priced at
-/// `rate`.
+/// Loads the local model at `path` and starts its engine, served as `name` and priced as
+/// `paid`.
 fn start_local(
     args: &ServeArgs,
     serve: &RawServe,
     path: &Path,
     name: String,
-    rate: HourlyRate,
-    instance_type: Option<String>,
+    paid: Paid,
 ) -> Result<Local> {
     if !path.exists() {
         bail!(
@@ -279,8 +338,9 @@ fn start_local(
     )?;
     let machine = Machine {
         model: name,
-        rate,
-        instance_type,
+        rate: paid.rate,
+        instance_type: paid.instance_type,
+        on_demand: paid.on_demand,
     };
     Ok(Local::new(engine, tokenizer, template, machine))
 }
@@ -331,7 +391,7 @@ pub fn machine_rate(
     Ok((found.rate, found.instance_type))
 }
 
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -75,7 +75,13 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let summary = runtime.block_on(async {
-        let source = notice_source(args).await?;
+        let source = notice_source(
+            args.notice,
+            args.spot,
+            args.metadata_url.as_deref(),
+            seconds("--poll", args.poll)?,
+        )
+        .await?;
         let record = |s: &Segment| {
             ledger
                 .append("frugal train", &[pricing.event(&run_id, s)])
@@ -111,7 +117,7 @@ fn default_run_id(args: &TrainArgs) -> String {
     format!("run-{hex}")
 }
 
-fn seconds(flag: &str, s: f64) -> Result<Duration> {
+pub fn seconds(flag: &str, s: f64) -> Result<Duration> {
     Duration::try_from_secs_f64(s)
         .map_err(|_| anyhow::anyhow!("{flag}: `{s}` is not a duration in seconds"))
 }
@@ -130,7 +136,25 @@ fn parse_signal(name: &str) -> Result<nix::sys::signal::Signal> {
 
 /// The run's pricing from the flags; the library prices it.
 fn pricing(catalog: &Catalog, args: &TrainArgs) -> Result<Pricing> {
-    let price_per_hour = match &args.price_per_hour {
+    machine_pricing(
+        catalog,
+        args.spot,
+        args.price_per_hour.as_deref(),
+        args.instance.as_deref(),
+        args.region.as_deref(),
+    )
+}
+
+/// A machine's pricing from the flags (spot or on demand, a given price or a catalog
+/// instance); the library prices it.
+pub fn machine_pricing(
+    catalog: &Catalog,
+    spot: bool,
+    price_per_hour: Option<&str>,
+    instance: Option<&str>,
+    region: Option<&str>,
+) -> Result<Pricing> {
+    let price_per_hour = match price_per_hour {
         Some(text) => {
             let price: Money = text
                 .parse()
@@ -142,35 +166,35 @@ fn pricing(catalog: &Catalog, args: &TrainArgs) -> Result<Pricing> {
         }
         None => None,
     };
-    if price_per_hour.is_none() && args.instance.is_none() {
-        tracing::warn!(
-            "no --instance or --price-per-hour: the run's segments cost $0 in the ledger"
-        );
+    if price_per_hour.is_none() && instance.is_none() {
+        tracing::warn!("no --instance or --price-per-hour: its work costs $0 in the ledger");
     }
     let request = Request {
-        capacity: if args.spot {
+        capacity: if spot {
             Capacity::Spot
         } else {
             Capacity::OnDemand
         },
         price_per_hour,
-        instance: args.instance.as_deref(),
-        region: args.region.as_deref(),
+        instance,
+        region,
     };
     Ok(Pricing::new(catalog, &request)?)
 }
 
-async fn notice_source(args: &TrainArgs) -> Result<Option<AnySource>> {
-    let base = |default: &str| {
-        args.metadata_url
-            .clone()
-            .unwrap_or_else(|| default.to_owned())
-    };
+/// The notices to watch: `notice` as the flags name it (`auto` probes the metadata
+/// endpoints only on `spot` capacity), at `metadata_url` or the cloud's own.
+pub async fn notice_source(
+    notice: NoticeArg,
+    spot: bool,
+    metadata_url: Option<&str>,
+    poll: Duration,
+) -> Result<Option<AnySource>> {
+    let base = |default: &str| metadata_url.unwrap_or(default).to_owned();
     let bases = Bases::default();
-    let poll = seconds("--poll", args.poll)?;
-    let source = match args.notice {
+    let source = match notice {
         NoticeArg::None => None,
-        NoticeArg::Auto if !args.spot => None,
+        NoticeArg::Auto if !spot => None,
         NoticeArg::Auto => {
             let bases = Bases {
                 aws: base(&bases.aws),

@@ -32,6 +32,9 @@ pub const MIN_FREE_BYTES: u64 = 16 * 1024 * 1024;
 const SCHEMA_VERSION: i64 = 1;
 const DB_FILE: &str = "batch.sqlite";
 const LOCK_FILE: &str = "lock";
+const SNAPSHOT_DB: &str = "batch.sqlite";
+const SNAPSHOT_OUTPUT: &str = "output.jsonl";
+const SNAPSHOT_ERRORS: &str = "errors.jsonl";
 
 const SCHEMA: &str = r#"
 CREATE TABLE job (
@@ -687,6 +690,41 @@ impl Store {
         Ok(())
     }
 
+    /// Copies the job as it stands into `dir` (created): its database (`VACUUM INTO`, a
+    /// consistent copy), output and error file, with no result written meanwhile. What
+    /// [`restore_snapshot`] puts back on another machine.
+    pub fn snapshot(&self, dir: &Path) -> Result<(), StoreError> {
+        let state = self.state()?;
+        let unwritable = |path: &Path| {
+            let path = path.to_owned();
+            move |source| StoreError::Unwritable {
+                what: "snapshot",
+                path,
+                source,
+            }
+        };
+        std::fs::create_dir_all(dir).map_err(unwritable(dir))?;
+        let db = dir.join(SNAPSHOT_DB);
+        if db.exists() {
+            std::fs::remove_file(&db).map_err(unwritable(&db))?;
+        }
+        state
+            .db
+            .execute("VACUUM INTO ?1", params![path_text(&db)])
+            .map_err(|source| StoreError::Db {
+                path: db.clone(),
+                source,
+            })?;
+        for (sink, name) in [
+            (&state.output, SNAPSHOT_OUTPUT),
+            (&state.errors, SNAPSHOT_ERRORS),
+        ] {
+            let to = dir.join(name);
+            std::fs::copy(&sink.path, &to).map_err(unwritable(&to))?;
+        }
+        Ok(())
+    }
+
     /// The output line's `id`: stable for a job and line, so a rerun's files compare equal.
     fn request_id(&self, custom_id: &str) -> String {
         let mut hash = Sha256::new();
@@ -1035,6 +1073,43 @@ fn create_job(db: &mut Connection, job: &Job, input: &Input) -> rusqlite::Result
         }
     }
     tx.commit()
+}
+
+/// Puts a [`Store::snapshot`] in `from` in place at `paths`, for [`Store::open`] with
+/// `relocate` to resume. Refused where the place already holds a job or results: a
+/// snapshot never overwrites work.
+pub fn restore_snapshot(from: &Path, paths: &Paths) -> Result<(), StoreError> {
+    let db = paths.state.join(DB_FILE);
+    for (path, what) in [
+        (&db, "batch state"),
+        (&paths.output, "output"),
+        (&paths.errors, "error file"),
+    ] {
+        if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+            return Err(StoreError::NotOurs {
+                what,
+                path: path.clone(),
+                state: paths.state.clone(),
+            });
+        }
+    }
+    std::fs::create_dir_all(&paths.state).map_err(|source| StoreError::StateDir {
+        path: paths.state.clone(),
+        source,
+    })?;
+    for (name, to, what) in [
+        (SNAPSHOT_OUTPUT, &paths.output, "output"),
+        (SNAPSHOT_ERRORS, &paths.errors, "error file"),
+        (SNAPSHOT_DB, &db, "batch state"),
+    ] {
+        // The database last: until it is there, the place holds no job.
+        std::fs::copy(from.join(name), to).map_err(|source| StoreError::Unwritable {
+            what,
+            path: to.clone(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// A moved job's files are where it is opened now.

@@ -307,6 +307,7 @@ async fn start_local(pool: &PoolConfig, id: u32, model: &Path) -> Result<Serving
         model: pool.name.clone(),
         rate: pool.rate.unwrap_or(HourlyRate(Money::ZERO)),
         instance_type: pool.instance_type.clone(),
+        on_demand: None,
     };
     let scheduler = SchedulerConfig {
         max_batch: (pool.target_in_flight as usize).clamp(1, 64),

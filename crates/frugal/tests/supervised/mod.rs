@@ -10,7 +10,7 @@
 )]
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -578,3 +578,47 @@ fn a_job_killed_at_random_moments_writes_each_line_once() {
     let want: Vec<String> = (0..KILLED_LINES).map(|i| format!("r{i}")).collect();
     assert_eq!(sorted(ids(&output)), sorted(want));
 }
+
+#[test]
+fn a_snapshot_moves_the_job_to_another_place_and_it_resumes_there_with_the_same_id() {
+    let f = Fixture::new(6);
+    let store = f.open().unwrap();
+    for n in 0..3 {
+        store.record_done(&format!("r{n}"), &ok(n)).unwrap();
+    }
+    let snap = f.dir.path().join("snap");
+    store.snapshot(&snap).unwrap();
+    let id = store.job().id.clone();
+    // Results after the snapshot are not in it: they run again in the new place.
+    store.record_done("r3", &ok(3)).unwrap();
+    drop(store);
+
+    let elsewhere = tempfile::tempdir().unwrap();
+    let moved = Paths::beside(&elsewhere.path().join("out.jsonl"));
+    restore_snapshot(&snap, &moved).unwrap();
+    // Without `relocate` the state refuses paths other than its own.
+    let err = f.open_with(&moved, &Options::default()).err().unwrap();
+    assert!(matches!(err, StoreError::DifferentPath { .. }), "{err}");
+    let relocate = Options {
+        relocate: true,
+        ..Options::default()
+    };
+    let store = f.open_with(&moved, &relocate).unwrap();
+    assert_eq!(store.job().id, id);
+    assert_eq!(store.job().output_path, moved.output);
+    let pending: Vec<String> = store
+        .pending()
+        .unwrap()
+        .into_iter()
+        .map(|p| p.custom_id)
+        .collect();
+    assert_eq!(pending, ["r3", "r4", "r5"]);
+    for n in 3..6 {
+        store.record_done(&format!("r{n}"), &ok(n)).unwrap();
+    }
+    assert_eq!(ids(&moved.output), ["r0", "r1", "r2", "r3", "r4", "r5"]);
+    drop(store);
+    // A place that holds a job (or results) is never overwritten by a snapshot.
+    let err = restore_snapshot(&snap, &moved).err().unwrap();
+    assert!(matches!(err, StoreError::NotOurs { .. }), "{err}");
+}
