@@ -17,8 +17,10 @@ use crate::money::{HourlyRate, Millis, Money};
 use crate::present::pct;
 use crate::rollup::{Key, Sums};
 
+mod batch;
 mod pools;
 
+pub use batch::BatchJobLine;
 pub use pools::{PoolLine, RightSizing, Sizing};
 
 const HOUR_MS: Millis = 3_600_000;
@@ -185,6 +187,8 @@ pub struct Report {
     pub inference: Vec<InferenceLine>,
     pub models: Vec<InferenceLine>,
     pub training: Vec<RunLine>,
+    /// Batch jobs, each beside its model's interactive unit costs.
+    pub batch: Vec<BatchJobLine>,
     /// Pools of replicas with spans in the window.
     pub pools: Vec<PoolLine>,
     /// The busy share under which a pool is flagged for right-sizing.
@@ -320,6 +324,8 @@ struct Builder<'a> {
     workload_cost: HashMap<u32, Money>,
     /// Requests that did not fail per (workload, model): a pool's requests.
     served: HashMap<(u32, u32), u64>,
+    /// Batch jobs' lines per (job, model).
+    jobs: HashMap<(u32, u32), batch::JobAcc>,
 }
 
 impl Report {
@@ -356,6 +362,7 @@ impl Report {
             hourly: HashMap::new(),
             workload_cost: HashMap::new(),
             served: HashMap::new(),
+            jobs: HashMap::new(),
         };
         ledger.rollups(window, |k, s| b.add(k, s))?;
         let served = b
@@ -386,6 +393,13 @@ impl Builder<'_> {
         let on_demand = matches!(k.capacity, None | Some(Capacity::OnDemand));
         match k.kind {
             Kind::Inference | Kind::Idle => {
+                if k.kind == Kind::Inference && k.run != 0 {
+                    // Only a batch job's lines carry a run among inference events.
+                    self.jobs
+                        .entry((k.run, k.model))
+                        .or_default()
+                        .add(k.workload, k.capacity, s);
+                }
                 if k.kind == Kind::Inference {
                     self.lines
                         .entry((k.workload, k.model))
@@ -566,6 +580,7 @@ impl Builder<'_> {
             .collect();
         training.sort_by(|a, b| b.cost.cmp(&a.cost).then_with(|| a.run.cmp(&b.run)));
 
+        let batch = batch::lines(&self.jobs, &self.lines, names);
         let levers = self.levers(&inference, &training, &pools);
         let areas = self.areas(total);
         let dominant = dominant(&areas, &top_items, total);
@@ -588,6 +603,7 @@ impl Builder<'_> {
             inference,
             models,
             training,
+            batch,
             pools,
             pool_busy_below,
             levers,

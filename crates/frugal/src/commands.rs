@@ -541,6 +541,42 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
         print_savings(&mut out, r)?;
     }
 
+    if !r.batch.is_empty() {
+        let mut t = table::new(&[
+            "batch job",
+            "model",
+            "lines>",
+            "tokens>",
+            "cost>",
+            "on demand>",
+            "saved>",
+            "$/1k lines>",
+            "$/1M tok>",
+            "interactive $/1k>",
+            "interactive $/1M tok>",
+        ]);
+        let opt = |m: Option<Money>| m.map(usd_unit).unwrap_or_else(|| "-".into());
+        for l in &r.batch {
+            t.add_row(vec![
+                l.job.clone(),
+                l.model.clone().unwrap_or_else(|| "-".into()),
+                thousands(l.lines),
+                thousands(l.input_tokens + l.output_tokens),
+                usd_unit(l.cost),
+                opt(l.on_demand_cost),
+                opt(l.saving),
+                opt(l.per_1k),
+                opt(l.per_m_tokens),
+                opt(l.interactive_per_1k),
+                opt(l.interactive_per_m_tokens),
+            ]);
+        }
+        writeln!(
+            out,
+            "\nBatch jobs: cost per unit beside the same model's interactive traffic (idle included there)\n{t}"
+        )?;
+    }
+
     if !r.training.is_empty() {
         let mut t = table::new(&[
             "run",

@@ -486,3 +486,39 @@ fn a_window_without_spans_has_no_pools_and_one_cuts_them_by_the_hour() {
     let r = Report::build(&ledger, &catalog, inside).unwrap();
     assert_eq!((r.pools[0].cost, r.pools[0].requests), (m("1.5"), 40));
 }
+
+#[test]
+fn a_batch_job_on_spot_is_priced_per_unit_beside_the_models_interactive_traffic() {
+    // Interactive: 100 requests of 1,000 tokens for $1, and $1 idle on the same model.
+    let mut chat = inference("serve", "llama", 100, "1");
+    chat.input_tokens = 80_000;
+    chat.output_tokens = 20_000;
+    chat.instance_type = Some("g5.xlarge".into());
+    let mut idle = Event::new(T0, Kind::Idle, "serve", m("1"));
+    idle.model = Some("llama".into());
+    // A batch job on spot: 400 lines of 1,000 tokens for $1, $3 on demand.
+    let mut lines = inference("batch", "llama", 400, "1");
+    lines.input_tokens = 300_000;
+    lines.output_tokens = 100_000;
+    lines.run_id = Some("batch_1".into());
+    lines.capacity = Some(Capacity::Spot);
+    lines.list_cost = Some(m("3"));
+    let (_dir, ledger) = ledger_with(&[chat, idle, lines]);
+    let catalog = Catalog::builtin().unwrap();
+    let r = Report::build(&ledger, &catalog, Window::default()).unwrap();
+    let [job] = r.batch.as_slice() else {
+        panic!("{:?}", r.batch)
+    };
+    assert_eq!(job.job, "batch_1");
+    assert_eq!(job.workload, "batch");
+    assert_eq!(job.model.as_deref(), Some("llama"));
+    assert_eq!(job.lines, 400);
+    assert_eq!(job.per_1k, Some(m("2.5")));
+    assert_eq!(job.per_m_tokens, Some(m("2.5")));
+    assert_eq!(job.spot_share, 1.0);
+    assert_eq!(job.on_demand_cost, Some(m("3")));
+    assert_eq!(job.saving, Some(m("2")));
+    // Interactive paid $2 (idle included) for 100 requests and 100,000 tokens.
+    assert_eq!(job.interactive_per_1k, Some(m("20")));
+    assert_eq!(job.interactive_per_m_tokens, Some(m("20")));
+}
