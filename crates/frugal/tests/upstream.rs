@@ -813,3 +813,107 @@ fn no_secret_in_any_log() {
         assert!(!logs.contains(secret), "{secret} in the logs:\n{logs}");
     }
 }
+
+/// `frugal batch run` with no local model: its lines go to the upstream as `frugal serve`
+/// would send them; what the upstream garbles or refuses lands in the error file with the
+/// reason, what it answers after retries in the output, each line once.
+#[test]
+fn a_batch_on_an_upstream_answers_what_it_can_and_files_the_rest_with_the_reason() {
+    let (url, calls) = mock_upstream();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("prices.toml"),
+        "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("frugal.toml"),
+        format!(
+            "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 1\nretries = 0\n"
+        ),
+    )
+    .unwrap();
+    let prompts = [
+        "hello",
+        "hi",
+        "malformed",
+        "always 500",
+        "bad request",
+        "fail twice",
+    ];
+    let input: String = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            format!(
+                "{}\n",
+                json!({ "custom_id": format!("l{i}"), "method": "POST", "url": "/v1/chat/completions",
+                        "body": { "model": "mock", "messages": [{ "role": "user", "content": p }] } })
+            )
+        })
+        .collect();
+    std::fs::write(dir.path().join("in.jsonl"), input).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .current_dir(dir.path())
+        .args([
+            "--config",
+            "frugal.toml",
+            "--ledger",
+            "ledger.sqlite",
+            "batch",
+            "run",
+        ])
+        .args([
+            "in.jsonl",
+            "--output",
+            "out.jsonl",
+            "--no-model",
+            "--max-attempts",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    let read = |name: &str| -> HashMap<String, Value> {
+        std::fs::read_to_string(dir.path().join(name))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                (v["custom_id"].as_str().unwrap().to_owned(), v)
+            })
+            .collect()
+    };
+    let done = read("out.jsonl");
+    let failed = read("out.errors.jsonl");
+    let mut ids: Vec<&String> = done.keys().chain(failed.keys()).collect();
+    ids.sort();
+    assert_eq!(ids, ["l0", "l1", "l2", "l3", "l4", "l5"], "each line once");
+    assert_eq!(
+        done["l0"]["response"]["body"]["choices"][0]["message"]["content"],
+        "echo: hello"
+    );
+    // Two 503s, then an answer: retried.
+    assert!(done.contains_key("l5"), "{failed:?}");
+    let failure = |id: &str| {
+        let r = &failed[id]["response"];
+        (
+            r["status_code"].as_u64().unwrap(),
+            r["body"]["error"]["message"].to_string(),
+        )
+    };
+    let (status, why) = failure("l2");
+    assert_eq!(status, 502);
+    assert!(why.contains("malformed JSON"), "{why}");
+    let (status, why) = failure("l3");
+    assert_eq!(status, 502, "{why}");
+    assert!(why.contains("the GPU fell over"), "{why}");
+    // The client's mistake is filed at once, not retried.
+    let (status, why) = failure("l4");
+    assert_eq!(status, 400);
+    assert!(why.contains("messages[0] is wrong"), "{why}");
+    // hello, hi, bad request once; fail twice three times; malformed and always 500 three
+    // tries each.
+    assert_eq!(calls.load(Ordering::SeqCst), 3 + 3 + 3 + 3);
+}
