@@ -272,3 +272,48 @@ fn nix_term(pid: u32) {
         .unwrap();
     assert!(status.success());
 }
+
+#[test]
+fn a_store_that_goes_away_mid_run_costs_nothing_and_the_job_moves_once_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    write_input(&input, 40, 16);
+    let stores = tempfile::tempdir().unwrap();
+    let store = stores.path().join("store");
+    let away = stores.path().join("away");
+    let url = store.to_str().unwrap();
+    let child = batch(dir.path(), &input, &["--store", url, "--store-every", "1s"])
+        .spawn()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(120),
+        || store.exists() && lines_in(&dir.path().join("out.jsonl")) >= 3,
+        || "no copy to the store".into(),
+    );
+    // The store goes away: a file where its folder was.
+    std::fs::rename(&store, &away).unwrap();
+    std::fs::write(&store, "not a folder").unwrap();
+    let at = lines_in(&dir.path().join("out.jsonl"));
+    wait_until(
+        Duration::from_secs(120),
+        || lines_in(&dir.path().join("out.jsonl")) >= at + 5,
+        || "the job stopped while the store was away".into(),
+    );
+    std::fs::remove_file(&store).unwrap();
+    std::fs::rename(&away, &store).unwrap();
+    let out = finish(child);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(said(&out).contains("was not copied"), "{}", said(&out));
+    assert_eq!(answers(&dir.path().join("out.jsonl")).len(), 40);
+    // The last copy holds the whole job: a fresh machine has nothing left to run.
+    let fresh = tempfile::tempdir().unwrap();
+    let moved = fresh.path().join("in.jsonl");
+    std::fs::copy(&input, &moved).unwrap();
+    let out = batch(fresh.path(), &moved, &["--store", url])
+        .output()
+        .unwrap();
+    let text = said(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("40 lines, 0 left"), "{text}");
+    assert_eq!(answers(&fresh.path().join("out.jsonl")).len(), 40);
+}
