@@ -88,10 +88,8 @@ pub struct Pool {
 
 struct State {
     replicas: Vec<Entry>,
-    /// Requests held by the activator, oldest first: their number, and whether they keep
-    /// their turn (a retry that must avoid a replica takes any slot it can use, so that it
-    /// never blocks the line).
-    waiting: VecDeque<(u64, bool)>,
+    /// Requests held by the activator, oldest first.
+    waiting: VecDeque<Waiting>,
     next_held: u64,
     next_id: u32,
     last_activity: Instant,
@@ -499,8 +497,13 @@ impl Pool {
     }
 
     /// A replica for one request: the ready one with the fewest in flight, or, at zero or
-    /// with every replica busy, the first to become ready or free. Returns the replica, its hold, and how long the request was held.
-    async fn acquire(&self, avoid: &[u32]) -> Result<(Arc<Serving>, Ticket, Duration), ApiError> {
+    /// with every replica busy, the first to become ready or free (interactive requests
+    /// before batch lines). Returns the replica, its hold, and how long the request was held.
+    async fn acquire(
+        &self,
+        avoid: &[u32],
+        batch: bool,
+    ) -> Result<(Arc<Serving>, Ticket, Duration), ApiError> {
         let arrived = Instant::now();
         // An external pool's endpoint is a Service in front of many pods: no per-replica
         // limit holds for it.
@@ -543,7 +546,8 @@ impl Pool {
                         best = Some((n, s));
                     }
                 }
-                // First come, first served: a slot goes to the oldest held request.
+                // First come, first served: a slot goes to the oldest held interactive
+                // request, else to the oldest held batch line.
                 let first = st.first_in_line();
                 let my_turn = !fifo || first == held.as_ref().map(|h| h.1);
                 if my_turn
@@ -566,7 +570,7 @@ impl Pool {
                     }
                     let n = st.next_held;
                     st.next_held += 1;
-                    st.waiting.push_back((n, fifo));
+                    st.waiting.push_back(Waiting { n, fifo, batch });
                     seen_failures = st.failed_starts;
                     held = Some(Held(self, n));
                     if live == 0 {
@@ -704,6 +708,27 @@ impl Pool {
     }
 }
 
+/// A request held by the activator.
+struct Waiting {
+    n: u64,
+    /// It keeps its turn: a retry that must avoid a replica takes any slot it can use, so
+    /// that it never blocks the line.
+    fifo: bool,
+    /// A batch job's line: served after every held interactive request.
+    batch: bool,
+}
+
+/// The oldest held interactive request that keeps its turn, else the oldest batch line.
+fn first_in_line(waiting: &VecDeque<Waiting>) -> Option<u64> {
+    let keeps_turn = |batch: bool| {
+        waiting
+            .iter()
+            .find(|w| w.fifo && w.batch == batch)
+            .map(|w| w.n)
+    };
+    keeps_turn(false).or_else(|| keeps_turn(true))
+}
+
 /// A request held by the activator, by its number: in the line until it leaves, however
 /// it leaves (served, refused, or its client gone); the next in line is told.
 struct Held<'a>(&'a Pool, u64);
@@ -711,7 +736,7 @@ struct Held<'a>(&'a Pool, u64);
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         let mut st = self.0.lock();
-        if let Some(at) = st.waiting.iter().position(|(n, _)| *n == self.1) {
+        if let Some(at) = st.waiting.iter().position(|w| w.n == self.1) {
             st.waiting.remove(at);
         }
         drop(st);
@@ -750,9 +775,8 @@ impl State {
         self.waiting.len() as u32
     }
 
-    /// The oldest held request that keeps its turn.
     fn first_in_line(&self) -> Option<u64> {
-        self.waiting.iter().find(|(_, fifo)| *fifo).map(|(n, _)| *n)
+        first_in_line(&self.waiting)
     }
 }
 
@@ -884,12 +908,13 @@ impl Backend for Pool {
             let mut failed: Vec<u32> = Vec::new();
             let mut last: Option<ApiError> = None;
             loop {
-                let (serving, ticket, waited) = match self.acquire(&failed).await {
-                    Ok(got) => got,
-                    // A retry that finds no replica ends as the failure it retried: the
-                    // request is settled as failed, with the replica time it used.
-                    Err(e) => return Err(last.unwrap_or(e)),
-                };
+                let (serving, ticket, waited) =
+                    match self.acquire(&failed, job.batch.is_some()).await {
+                        Ok(got) => got,
+                        // A retry that finds no replica ends as the failure it retried: the
+                        // request is settled as failed, with the replica time it used.
+                        Err(e) => return Err(last.unwrap_or(e)),
+                    };
                 work.wait += waited;
                 work.hold = Some(ticket);
                 let result = match &serving.target {
@@ -951,5 +976,28 @@ impl Pool {
         }
         drop(st);
         self.flush_spans();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_interactive_requests_go_before_older_batch_lines_and_retries_keep_no_turn() {
+        let w = |n, fifo, batch| Waiting { n, fifo, batch };
+        let mut line: VecDeque<Waiting> = [w(1, true, true), w(2, false, false), w(3, true, true)]
+            .into_iter()
+            .collect();
+        // Batch lines only (a retry keeps no turn): the oldest batch line.
+        assert_eq!(first_in_line(&line), Some(1));
+        line.push_back(w(4, true, false));
+        line.push_back(w(5, true, false));
+        assert_eq!(first_in_line(&line), Some(4));
+        line.retain(|x| x.n != 4);
+        assert_eq!(first_in_line(&line), Some(5));
+        line.retain(|x| x.n != 5);
+        assert_eq!(first_in_line(&line), Some(1));
+        assert_eq!(first_in_line(&VecDeque::new()), None);
     }
 }
