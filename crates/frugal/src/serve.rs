@@ -14,6 +14,7 @@ use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::assemble::{Inputs, PriceError, assemble, hourly_price};
+use frugal_gateway::batch::service::BatchConfig;
 use frugal_gateway::config::RawServe;
 use frugal_gateway::meter::{Machine, Meter, MeterConfig};
 use frugal_gateway::shared::SharedCache;
@@ -158,7 +159,13 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             ledger.tenant_spend(start.timestamp_millis())
         })?;
     }
-    let state = AppState::new(assembly.into_parts(local, meter, shared));
+    let mut parts = assembly.into_parts(local, meter, shared);
+    // The Batch API's files and batches live beside the ledger, as the pools' logs do; a
+    // pool's replica serves its gateway's lines and takes no batches of its own.
+    let replica = std::env::var_os(frugal_gateway::pool::REPLICA_ENV).is_some();
+    parts.batches =
+        (!replica).then(|| BatchConfig::new(pool_logs.with_file_name("frugal-batches")));
+    let state = AppState::new(parts);
     let drain = std::time::Duration::from_secs(args.drain_timeout.unwrap_or(30));
     let meter = state.meter();
     let served = runtime.block_on(async {
@@ -178,8 +185,10 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             "frugal serve: {what} on http://{local}/v1; Ctrl-C to stop"
         )?;
         state.start_pools(&workload);
+        state.start_batches();
         let app = frugal_gateway::router(state.clone());
         let served = frugal_gateway::serve(listener, app, shutdown_signal(), drain).await;
+        state.stop_batches().await;
         // Replicas stop (and their last spans are written) whether or not serving failed.
         state.stop_pools().await;
         served?;
