@@ -167,6 +167,7 @@ impl Assembly {
             backends: Vec::new(),
             pools: self.pools,
             batch_semantic: self.batch_semantic,
+            batches: None,
         }
     }
 }

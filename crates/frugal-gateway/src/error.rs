@@ -15,6 +15,17 @@ pub enum ApiError {
     },
     #[error("the model `{0}` does not exist")]
     UnknownModel(String),
+    /// No such object (a file, a batch) for this client.
+    #[error("{message}")]
+    NotFound {
+        param: Option<&'static str>,
+        message: String,
+    },
+    /// The object is not in a state that allows the request (cancelling a finished batch).
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    TooLarge(String),
     #[error("{0}")]
     ContextLength(String),
     #[error("{0}")]
@@ -59,6 +70,16 @@ impl ApiError {
                 "invalid_request_error",
                 Some("model"),
                 Some("model_not_found"),
+            ),
+            ApiError::NotFound { param, .. } => {
+                (StatusCode::NOT_FOUND, "invalid_request_error", *param, None)
+            }
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "invalid_request_error", None, None),
+            ApiError::TooLarge(_) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                None,
+                Some("file_too_large"),
             ),
             ApiError::ContextLength(_) => (
                 StatusCode::BAD_REQUEST,

@@ -256,6 +256,15 @@ impl Keys {
         Ok(())
     }
 
+    pub fn is_open(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+
+    /// The tenant named `name`, if a configured key still belongs to it.
+    pub fn tenant(&self, name: &str) -> Option<Arc<Tenant>> {
+        self.by_hash.values().find(|t| t.name == name).cloned()
+    }
+
     /// The tenant of the request's bearer key; `None` when no keys are configured.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Arc<Tenant>>, ApiError> {
         if self.by_hash.is_empty() {

@@ -1,12 +1,13 @@
 //! frugal-gateway: the OpenAI-compatible HTTP API over frugal's engine and upstreams.
 //!
 //! `POST /v1/chat/completions` and `POST /v1/completions` (both with SSE streaming and the
-//! final usage chunk), `GET /v1/models`, `/health` and Prometheus `/metrics`. A request goes
-//! one way whatever serves it ([`pipeline`]): validated into a [`validate::Job`], resolved to
-//! a [`backend::Backend`] (the local engine, an upstream) or a cascade route, then *consult
-//! the caches -> produce -> settle*, where settling ([`settle::Bill`]) writes the ledger row,
-//! charges the tenant and fills the caches on every exit: success, error, a client gone
-//! mid-stream, a timeout, a panic. Every response says what it cost ([`render`]).
+//! final usage chunk), `GET /v1/models`, `/health` and Prometheus `/metrics`, and OpenAI's
+//! Files and Batches API ([`batch::api`]), whose lines take the way requests take. A request
+//! goes one way whatever serves it ([`pipeline`]): validated into a [`validate::Job`],
+//! resolved to a [`backend::Backend`] (the local engine, an upstream) or a cascade route,
+//! then *consult the caches -> produce -> settle*, where settling ([`settle::Bill`]) writes
+//! the ledger row, charges the tenant and fills the caches on every exit: success, error, a
+//! client gone mid-stream, a timeout, a panic. Every response says what it cost ([`render`]).
 //!
 //! A gateway is assembled from `[serve]` of `frugal.toml` ([`config`], checked by
 //! [`assemble`]); [`route_eval`] replays a cascade offline to choose its threshold.
@@ -64,6 +65,7 @@ use crate::state::Target;
 use crate::validate::Job;
 
 pub fn router(state: AppState) -> Router {
+    let max_upload = state.max_upload();
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -71,6 +73,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/pools/{name}/scale", get(pool_scale))
+        .merge(batch::api::routes(max_upload))
         .with_state(state)
 }
 

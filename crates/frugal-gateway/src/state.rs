@@ -2,12 +2,13 @@
 //! keys and meter, and how a request's model name resolves to a backend.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, header};
 
 use crate::backend::{Backend, Local};
+use crate::batch::service::{BatchConfig, Batches, describe};
 use crate::cache::{self, CachePolicy, ExactCache, Lookup};
 use crate::error::ApiError;
 use crate::keys::{Keys, Tenant};
@@ -49,6 +50,11 @@ pub(crate) struct Inner {
     pub started: i64,
     /// Batch lines consult the semantic cache.
     pub batch_semantic: bool,
+    /// Where the Batch API keeps its state; `None`: no Batch API.
+    pub batch_config: Option<BatchConfig>,
+    /// The Batch API once [`AppState::start_batches`] has opened its directory, or why
+    /// it could not.
+    pub batches: OnceLock<Result<Arc<Batches>, String>>,
 }
 
 /// What a gateway is made of.
@@ -78,6 +84,9 @@ pub struct Parts {
     pub keys: Keys,
     /// Batch jobs' lines use the semantic cache (else the exact one only).
     pub batch_semantic: bool,
+    /// The Batch API's data directory (files, batches) and how its batches run; opened by
+    /// [`AppState::start_batches`].
+    pub batches: Option<BatchConfig>,
 }
 
 /// Where a request's model name leads.
@@ -119,6 +128,8 @@ impl AppState {
                 policies: p.policies,
                 keys: p.keys,
                 batch_semantic: p.batch_semantic,
+                batch_config: p.batches,
+                batches: OnceLock::new(),
                 metrics: Metrics::default(),
                 started: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
@@ -142,6 +153,52 @@ impl AppState {
     pub async fn stop_pools(&self) {
         let pools: Vec<_> = self.inner.pools.values().cloned().collect();
         futures_util::future::join_all(pools.iter().map(|p| p.shutdown())).await;
+    }
+
+    /// Opens the Batch API's directory and resumes the batches a stopped server left
+    /// unfinished (on the current runtime). A directory that cannot be opened (another
+    /// server holds it, it is not writable) leaves this server without the Batch API: it
+    /// says why in its log and in each Batch API answer, and serves the rest.
+    pub fn start_batches(&self) {
+        let Some(config) = &self.inner.batch_config else {
+            return;
+        };
+        let opened = Batches::open(config.clone()).map(Arc::new);
+        if let Err(e) = &opened {
+            tracing::warn!("{}; this server has no Batch API", describe(e));
+        }
+        let opened = opened.map_err(|e| describe(&e));
+        if let Ok(batches) = self.inner.batches.get_or_init(|| opened) {
+            match batches.resume(self) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(batches = n, "resuming unfinished batches"),
+                Err(e) => tracing::error!("cannot resume the unfinished batches: {}", describe(&e)),
+            }
+        }
+    }
+
+    /// Stops the batches' tasks, leaving each batch to resume at the next start.
+    pub async fn stop_batches(&self) {
+        if let Some(Ok(b)) = self.inner.batches.get() {
+            b.stop().await;
+        }
+    }
+
+    /// The Batch API, or why this server has none.
+    pub(crate) fn batches(&self) -> Result<&Arc<Batches>, &str> {
+        match self.inner.batches.get() {
+            Some(Ok(b)) => Ok(b),
+            Some(Err(why)) => Err(why),
+            None => Err("it was not started"),
+        }
+    }
+
+    /// The largest upload the Batch API takes.
+    pub(crate) fn max_upload(&self) -> u64 {
+        self.inner
+            .batch_config
+            .as_ref()
+            .map_or(crate::batch::input::MAX_BYTES, |c| c.max_file_bytes)
     }
 
     pub(crate) fn pool(&self, name: &str) -> Option<&Arc<Pool>> {

@@ -18,6 +18,7 @@ use frugal_cost::ledger::{Row, Window};
 use frugal_cost::{Kind as EventKind, Ledger, Money, Outcome};
 
 use crate::backend::{Backend, Output, Plan, Priced, Work};
+use crate::batch::service::BatchConfig;
 use crate::cache::{CacheConfig, ExactCache};
 use crate::error::ApiError;
 use crate::keys::{KeyConfig, Keys, hash_key};
@@ -131,6 +132,16 @@ struct Gateway {
 }
 
 fn gateway(backends: Vec<Arc<dyn Backend>>, keys: &[KeyConfig], cache: bool) -> Gateway {
+    gateway_with(backends, keys, cache, None)
+}
+
+/// With the Batch API kept in `batches` (not started).
+fn gateway_with(
+    backends: Vec<Arc<dyn Backend>>,
+    keys: &[KeyConfig],
+    cache: bool,
+    batches: Option<BatchConfig>,
+) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.sqlite");
     let meter = Meter::start(MeterConfig {
@@ -147,6 +158,7 @@ fn gateway(backends: Vec<Arc<dyn Backend>>, keys: &[KeyConfig], cache: bool) -> 
         backends,
         keys: Keys::new(keys),
         policies: HashMap::new(),
+        batches,
         ..Parts::default()
     });
     Gateway {
@@ -449,6 +461,8 @@ async fn a_budget_overshoots_by_at_most_one_reservation() {
     let spent: Money = g.rows().iter().map(|r| r.cost).sum();
     assert_eq!(spent, Money::from_nanos(2 * 12_000));
 }
+
+mod batch_api;
 
 mod batch_runs {
     use super::*;

@@ -14,6 +14,7 @@ use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::assemble::{Inputs, PriceError, assemble, hourly_price};
+use frugal_gateway::batch::service::BatchConfig;
 use frugal_gateway::config::RawServe;
 use frugal_gateway::meter::{Machine, Meter, MeterConfig};
 use frugal_gateway::shared::SharedCache;
@@ -198,7 +199,14 @@ impl Gateway {
                 ledger.tenant_spend(start.timestamp_millis())
             })?;
         }
-        let state = AppState::new(assembly.into_parts(local, meter, shared));
+        let mut parts = assembly.into_parts(local, meter, shared);
+        // The Batch API's files and batches live beside the ledger, as the pools' logs do
+        // (opened by `frugal serve` only, at start_batches); a pool's replica serves its
+        // gateway's lines and takes no batches of its own.
+        let replica = std::env::var_os(frugal_gateway::pool::REPLICA_ENV).is_some();
+        parts.batches =
+            (!replica).then(|| BatchConfig::new(pool_logs.with_file_name("frugal-batches")));
+        let state = AppState::new(parts);
         Ok(Gateway {
             state,
             runtime,
@@ -245,8 +253,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             gateway.what
         )?;
         state.start_pools(&gateway.workload);
+        state.start_batches();
         let app = frugal_gateway::router(state.clone());
-        frugal_gateway::serve(listener, app, shutdown_signal(), drain).await?;
+        let served = frugal_gateway::serve(listener, app, shutdown_signal(), drain).await;
+        // Running batches stop resumable before the pools they may use.
+        state.stop_batches().await;
+        served?;
         Ok::<_, anyhow::Error>(())
     });
     // Replicas stop (and their last spans are written) whether or not serving failed.

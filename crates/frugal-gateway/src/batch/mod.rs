@@ -2,12 +2,19 @@
 //! anything runs ([`input`]), and each job's durable progress, which writes every line's
 //! result to the output exactly once through crashes and restarts ([`store`]), and the
 //! runner that sends the pending lines through a gateway with retries ([`run`]).
+//!
+//! `frugal serve` offers them as OpenAI's Files and Batches API ([`api`]): uploads and
+//! batches kept in a data directory, each batch driven by a task of its own ([`service`]).
 
+pub mod api;
+pub mod files;
 pub mod input;
 pub mod run;
+pub mod service;
 pub mod store;
 
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::keys::Tenant;
 
@@ -20,4 +27,18 @@ pub struct BatchLine {
     pub job: Arc<str>,
     /// Whose budget the job spends (the tenant that submitted it); `None`: an open API.
     pub tenant: Option<Arc<Tenant>>,
+}
+
+/// An id as OpenAI's look: `prefix` and 96 random bits in hex (the clock's nanoseconds
+/// where the OS has no randomness to give).
+pub(crate) fn random_id(prefix: &str) -> String {
+    let mut bytes = [0u8; 12];
+    if getrandom::fill(&mut bytes).is_err() {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes.copy_from_slice(&nanos.to_le_bytes()[..12]);
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}{hex}")
 }

@@ -88,10 +88,13 @@ impl Paths {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// A new job's window (a resumed job keeps its own).
     pub completion_window: Duration,
+    /// A new job's id (`None`: a new random one); a resumed job keeps its own. The Batch
+    /// API gives its batch's id, so the ledger's run of each line is the batch clients see.
+    pub id: Option<String>,
     /// Refuse to start with less free space than this on a disk the job writes to.
     pub min_free_bytes: u64,
     /// The state was moved (restored from a store on another machine or directory): it
@@ -103,6 +106,7 @@ impl Default for Options {
     fn default() -> Options {
         Options {
             completion_window: DEFAULT_COMPLETION_WINDOW,
+            id: None,
             min_free_bytes: MIN_FREE_BYTES,
             relocate: false,
         }
@@ -170,7 +174,7 @@ impl JobStatus {
         }
     }
 
-    fn parse(s: &str) -> Option<JobStatus> {
+    pub fn parse(s: &str) -> Option<JobStatus> {
         JobStatus::ALL.into_iter().find(|j| j.as_str() == s)
     }
 }
@@ -513,7 +517,10 @@ impl Store {
                     }
                 }
                 let job = Job {
-                    id: new_id(),
+                    id: options
+                        .id
+                        .clone()
+                        .unwrap_or_else(|| super::random_id("batch_")),
                     input_path: std::path::absolute(input_path)
                         .unwrap_or_else(|_| input_path.to_owned()),
                     input_sha256: input.sha256.clone(),
@@ -937,8 +944,9 @@ fn reconcile(
     Ok(changed)
 }
 
-/// Takes the job's lock, or names the process that holds it.
-fn lock(dir: &Path) -> Result<File, StoreError> {
+/// Takes the lock of `dir` (a job's, or the Batch API's data directory), or names the
+/// process that holds it.
+pub(crate) fn lock(dir: &Path) -> Result<File, StoreError> {
     let path = dir.join(LOCK_FILE);
     let lock_err = |source| StoreError::Lock {
         path: path.clone(),
@@ -1132,20 +1140,6 @@ fn relocate(
         ],
     )?;
     Ok(())
-}
-
-/// A new job's id: `batch_` and 96 random bits in hex (the clock's nanoseconds where the
-/// OS has no randomness to give).
-fn new_id() -> String {
-    let mut bytes = [0u8; 12];
-    if getrandom::fill(&mut bytes).is_err() {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        bytes.copy_from_slice(&nanos.to_le_bytes()[..12]);
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("batch_{hex}")
 }
 
 fn load_lines(db: &Connection) -> rusqlite::Result<HashMap<String, Entry>> {
