@@ -1,5 +1,5 @@
 //! Continuous (in-flight) batching: one engine thread owns the model and every running
-//! sequence, and runs the loop `admit -> next_batch -> forward -> sample -> filter`.
+//! sequence, and runs the loop `admit -> filter_gone -> step` (plan, forward, sample).
 //!
 //! A waiting request joins the running batch at the next step when there is room; prefill
 //! is cut into chunks under a per-step token budget so it never stalls the decoding
@@ -7,6 +7,23 @@
 //! before the next step. Memory is bounded up front: a request is admitted only when its
 //! worst case (prompt + max_tokens positions of KV cache) fits the budget, and the queue
 //! behind it is bounded, so overload is an immediate "overloaded" error, never an OOM.
+//!
+//! Requests have a [`Priority`]. Interactive ones are admitted before any batch one (an
+//! offline batch job's lines), FIFO within each class, and batch lines fill the slots and
+//! KV budget left. A step's token budget goes to decodes first, then interactive prefill,
+//! then batch prefill. When an interactive request cannot be admitted for want of a slot
+//! or of KV room, batch sequences are preempted, the most recently admitted first, until
+//! it fits: batch lines never hold its first token back by more than the step in flight.
+//!
+//! Preemption is by recompute, as in vLLM: the sequence frees its KV cache and reservation
+//! and goes back to the front of the batch queue with all else it had (tokens generated,
+//! sampler state, times). Readmitted, it prefills its prompt and the tokens it had fed,
+//! then decodes on from its pending token, so its client sees no token twice and a greedy
+//! output is that of an uninterrupted run. Swapping the cache out instead would gain
+//! nothing on a CPU engine, where it is in host memory already: only freeing it lets the
+//! interactive reservation fit, and recomputing a batch line costs one prefill.
+//!
+//! Static and drain batching, kept as baselines, ignore priorities.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc as events;
 
-use crate::model::{Chunk, KvCache, Model, ModelError};
+use crate::model::{Chunk, Config, KvCache, Model, ModelError};
 use crate::sampling::{Sampled, Sampler, SamplingParams};
 
 /// When waiting requests may join the batch.
@@ -33,6 +50,16 @@ pub enum Batching {
     /// Static admission, but a finished request leaves the batch at once: the batch drains
     /// and runs smaller, the kindest baseline for continuous batching.
     Drain,
+}
+
+/// Who waits for a request: a client at the other end, or an offline batch job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Priority {
+    /// Admitted first, and never preempted.
+    #[default]
+    Interactive,
+    /// Fills what interactive requests leave, and is preempted to make room for them.
+    Batch,
 }
 
 /// Limits of the scheduler.
@@ -71,6 +98,8 @@ pub struct Request {
     pub stop_tokens: Vec<u32>,
     /// Generate exactly `max_tokens`, through stop tokens (load tests need set lengths).
     pub ignore_eos: bool,
+    /// Batch requests yield to interactive ones.
+    pub priority: Priority,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,15 +162,39 @@ pub enum SubmitError {
 /// Gauges and counters the server exports.
 #[derive(Debug, Default)]
 pub struct Stats {
+    /// Requests waiting for admission, batch ones and preempted ones included.
     pub waiting: AtomicUsize,
+    /// Of those, batch requests.
+    pub waiting_batch: AtomicUsize,
     pub running: AtomicUsize,
     pub last_batch: AtomicUsize,
     pub steps: AtomicU64,
+    /// Prompt tokens prefilled, each request's once.
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     /// Tokens computed for answered requests as static batching's padding: waste.
     pub padding_tokens: AtomicU64,
     pub kv_reserved: AtomicUsize,
+    /// Batch sequences preempted to admit an interactive request.
+    pub preempted: AtomicU64,
+    /// Positions prefilled again by preempted sequences: what preemption cost.
+    pub recomputed_tokens: AtomicU64,
+}
+
+impl Stats {
+    fn enqueued(&self, priority: Priority) {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        if priority == Priority::Batch {
+            self.waiting_batch.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn dequeued(&self, priority: Priority) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        if priority == Priority::Batch {
+            self.waiting_batch.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 struct Job {
@@ -162,6 +215,16 @@ pub struct Engine {
 impl Engine {
     /// Starts the engine thread that owns `model`.
     pub fn start(model: Model, config: SchedulerConfig) -> Result<Engine, ModelError> {
+        let (engine, worker) = Engine::new(model, config);
+        std::thread::Builder::new()
+            .name("frugal-scheduler".into())
+            .spawn(move || worker.run())
+            .map_err(|e| ModelError::Threads(e.to_string()))?;
+        Ok(engine)
+    }
+
+    /// The handle, and the worker that serves it once run (tests turn it by hand).
+    fn new(model: Model, config: SchedulerConfig) -> (Engine, Worker) {
         let (tx, rx) = mpsc::sync_channel(config.max_queue);
         let stats = Arc::new(Stats::default());
         let ctx_len = model.config.ctx_len.min(config.kv_positions);
@@ -170,21 +233,19 @@ impl Engine {
             config,
             rx,
             waiting: VecDeque::new(),
+            waiting_batch: VecDeque::new(),
             running: Vec::new(),
             stats: stats.clone(),
             reserved: 0,
             solo_decode: None,
         };
-        std::thread::Builder::new()
-            .name("frugal-scheduler".into())
-            .spawn(move || worker.run())
-            .map_err(|e| ModelError::Threads(e.to_string()))?;
-        Ok(Engine {
+        let engine = Engine {
             tx,
             stats,
             config,
             ctx_len,
-        })
+        };
+        (engine, worker)
     }
 
     pub fn stats(&self) -> &Stats {
@@ -216,6 +277,7 @@ impl Engine {
             return Err(SubmitError::Overloaded(waiting));
         }
         let (events, rx) = events::unbounded_channel();
+        let priority = request.priority;
         let job = Job {
             request,
             events,
@@ -223,9 +285,9 @@ impl Engine {
         };
         // Counted before the send: the engine thread may take the job and count it out
         // before this thread would get to count it in.
-        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        self.stats.enqueued(priority);
         self.tx.try_send(job).map_err(|e| {
-            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.stats.dequeued(priority);
             match e {
                 mpsc::TrySendError::Full(_) => SubmitError::Overloaded(self.config.max_queue),
                 mpsc::TrySendError::Disconnected(_) => SubmitError::Stopped,
@@ -235,29 +297,148 @@ impl Engine {
     }
 }
 
+/// A request from its arrival to its end: waiting, running, and waiting again if it is
+/// preempted, keeping all but its cache.
 struct Sequence {
     job: Job,
+    /// Empty while waiting.
     cache: KvCache,
     sampler: Sampler,
-    /// Prompt tokens already in the cache.
-    prefilled: usize,
+    /// Sampled tokens fed back into the cache after the prompt: with the prompt, what a
+    /// preempted sequence prefills again.
+    fed: Vec<u32>,
     /// The last sampled token, fed at the next step.
     next: Option<u32>,
     generated: usize,
     first_token: Option<Duration>,
-    admitted: Instant,
+    /// Its first admission.
+    admitted: Option<Instant>,
     engine: EngineTime,
-    /// KV positions reserved for it.
+    /// KV positions reserved for it while it runs.
     reserved: usize,
+    /// Positions its cache held when it was last preempted: prefilling them is recompute.
+    computed: usize,
     /// Answered, and kept computing as static batching's padding.
     padding: bool,
+}
+
+impl Sequence {
+    fn new(job: Job, model: &Config) -> Sequence {
+        Sequence {
+            cache: KvCache::new(model),
+            sampler: Sampler::new(job.request.sampling),
+            fed: Vec::new(),
+            next: None,
+            generated: 0,
+            first_token: None,
+            admitted: None,
+            engine: EngineTime::default(),
+            reserved: 0,
+            computed: 0,
+            padding: false,
+            job,
+        }
+    }
+
+    fn priority(&self) -> Priority {
+        self.job.request.priority
+    }
+
+    /// Positions the cache holds before the pending token is fed.
+    fn context_len(&self) -> usize {
+        self.job.request.prompt.len() + self.fed.len()
+    }
+
+    /// Tokens of the context at positions `start..end`.
+    fn context(&self, start: usize, end: usize) -> Vec<u32> {
+        let prompt = &self.job.request.prompt;
+        prompt
+            .iter()
+            .chain(&self.fed)
+            .skip(start)
+            .take(end - start)
+            .copied()
+            .collect()
+    }
+}
+
+/// Where a running sequence stands, as a step's plan sees it.
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    priority: Priority,
+    /// Positions in its cache.
+    cached: usize,
+    /// Positions its cache holds before it decodes.
+    context: usize,
+    /// The sampled token to feed next.
+    pending: Option<u32>,
+}
+
+/// A sequence's part in one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Feeds its pending token and samples the next.
+    Decode(u32),
+    /// Feeds context positions `start..end`. `logits` at the end of a new prompt, to
+    /// sample the first token; a recomputed context ends without (its next token waits).
+    Prefill {
+        start: usize,
+        end: usize,
+        logits: bool,
+    },
+}
+
+impl Part {
+    fn logits(self) -> bool {
+        match self {
+            Part::Decode(_) => true,
+            Part::Prefill { logits, .. } => logits,
+        }
+    }
+}
+
+/// A step's work under a budget of `step_tokens`, in running order: every decode (never
+/// starved), then interactive prefill chunks, then batch ones in what is left, each class
+/// in running order, which is admission order.
+fn plan_step(step_tokens: usize, seqs: &[Progress]) -> Vec<(usize, Part)> {
+    let mut budget = step_tokens.max(seqs.len());
+    let mut plan = Vec::with_capacity(seqs.len());
+    for (i, s) in seqs.iter().enumerate() {
+        if let Some(token) = s.pending.filter(|_| s.cached == s.context) {
+            plan.push((i, Part::Decode(token)));
+            budget -= 1;
+        }
+    }
+    for class in [Priority::Interactive, Priority::Batch] {
+        for (i, s) in seqs.iter().enumerate() {
+            if s.priority == class && s.cached < s.context && budget > 0 {
+                let end = s.context.min(s.cached + budget);
+                let logits = end == s.context && s.pending.is_none();
+                plan.push((
+                    i,
+                    Part::Prefill {
+                        start: s.cached,
+                        end,
+                        logits,
+                    },
+                ));
+                budget -= end - s.cached;
+            }
+        }
+    }
+    plan.sort_by_key(|(i, _)| *i);
+    plan
 }
 
 struct Worker {
     model: Model,
     config: SchedulerConfig,
     rx: mpsc::Receiver<Job>,
-    waiting: VecDeque<Job>,
+    /// Jobs waiting in arrival order: interactive ones, and every one where priorities do
+    /// not apply (static and drain batching).
+    waiting: VecDeque<Sequence>,
+    /// Batch jobs waiting behind every interactive one, preempted sequences in front.
+    waiting_batch: VecDeque<Sequence>,
     running: Vec<Sequence>,
     stats: Arc<Stats>,
     /// KV positions reserved by running sequences.
@@ -272,34 +453,56 @@ const SOLO_WEIGHT: f64 = 0.1;
 
 impl Worker {
     fn run(mut self) {
-        loop {
-            if !self.receive() {
-                return;
-            }
-            self.admit();
-            self.filter_gone();
-            if self.running.is_empty() {
-                continue;
-            }
-            self.step();
-        }
+        while self.turn() {}
     }
 
-    /// Takes new jobs; blocks while there is nothing to do. False when every handle is gone.
-    fn receive(&mut self) -> bool {
-        if self.running.is_empty() && self.waiting.is_empty() {
-            match self.rx.recv() {
-                Ok(job) => self.waiting.push_back(job),
-                Err(_) => return false,
-            }
+    /// One round of the loop. False when every handle is gone.
+    fn turn(&mut self) -> bool {
+        if !self.receive() {
+            return false;
         }
-        while let Ok(job) = self.rx.try_recv() {
-            self.waiting.push_back(job);
+        self.admit();
+        self.filter_gone();
+        if !self.running.is_empty() {
+            self.step();
         }
         true
     }
 
-    /// Moves waiting jobs into the batch while their worst case fits.
+    /// Takes new jobs; blocks while there is nothing to do. False when every handle is gone.
+    fn receive(&mut self) -> bool {
+        if self.running.is_empty() && self.waiting.is_empty() && self.waiting_batch.is_empty() {
+            match self.rx.recv() {
+                Ok(job) => self.enqueue(job),
+                Err(_) => return false,
+            }
+        }
+        while let Ok(job) = self.rx.try_recv() {
+            self.enqueue(job);
+        }
+        true
+    }
+
+    fn enqueue(&mut self, job: Job) {
+        let s = Sequence::new(job, &self.model.config);
+        if self.rank(&s) == Priority::Batch {
+            self.waiting_batch.push_back(s);
+        } else {
+            self.waiting.push_back(s);
+        }
+    }
+
+    /// A sequence's priority where priorities apply; the same for all elsewhere.
+    fn rank(&self, s: &Sequence) -> Priority {
+        match self.config.batching {
+            Batching::Continuous => s.priority(),
+            Batching::Static | Batching::Drain => Priority::Interactive,
+        }
+    }
+
+    /// Moves waiting jobs into the batch while their worst case fits: interactive ones
+    /// first, preempting batch sequences for them if need be, then batch ones in the room
+    /// left. A batch job waits while an interactive one does.
     fn admit(&mut self) {
         if self.config.batching != Batching::Continuous && !self.running.is_empty() {
             return;
@@ -310,43 +513,102 @@ impl Worker {
                 .waiting
                 .iter()
                 .take(self.config.max_batch)
-                .map(|j| j.request.max_tokens)
+                .map(|s| s.job.request.max_tokens)
                 .max(),
             _ => None,
         };
-        while self.running.len() < self.config.max_batch {
-            let Some(job) = self.waiting.front() else {
+        loop {
+            self.drop_gone_waiting();
+            let from_batch = self.waiting.is_empty();
+            let queue = if from_batch {
+                &self.waiting_batch
+            } else {
+                &self.waiting
+            };
+            let Some(s) = queue.front() else {
                 break;
             };
-            if job.events.is_closed() {
-                self.waiting.pop_front();
-                self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
-                continue;
-            }
-            let need = job.request.prompt.len() + longest.unwrap_or(job.request.max_tokens);
-            if self.reserved + need > self.config.kv_positions && !self.running.is_empty() {
+            let need = s.job.request.prompt.len() + longest.unwrap_or(s.job.request.max_tokens);
+            // A batch job never preempts; an interactive one preempts batch sequences only.
+            if !self.fits(need) && (from_batch || !self.preempt_for(need)) {
                 break;
             }
-            let Some(job) = self.waiting.pop_front() else {
+            let queue = if from_batch {
+                &mut self.waiting_batch
+            } else {
+                &mut self.waiting
+            };
+            let Some(mut s) = queue.pop_front() else {
                 break;
             };
-            self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.stats.dequeued(s.priority());
             self.reserved += need;
-            self.running.push(Sequence {
-                cache: KvCache::with_capacity(&self.model.config, need),
-                sampler: Sampler::new(job.request.sampling),
-                prefilled: 0,
-                next: None,
-                generated: 0,
-                first_token: None,
-                admitted: Instant::now(),
-                engine: EngineTime::default(),
-                reserved: need,
-                padding: false,
-                job,
-            });
+            s.reserved = need;
+            s.cache = KvCache::with_capacity(&self.model.config, need);
+            s.admitted.get_or_insert_with(Instant::now);
+            self.running.push(s);
         }
         self.publish();
+    }
+
+    /// Drops the jobs at the queues' fronts whose client has gone.
+    fn drop_gone_waiting(&mut self) {
+        for queue in [&mut self.waiting, &mut self.waiting_batch] {
+            while queue.front().is_some_and(|s| s.job.events.is_closed()) {
+                if let Some(s) = queue.pop_front() {
+                    self.stats.dequeued(s.priority());
+                }
+            }
+        }
+    }
+
+    /// Whether a sequence of worst case `need` can join the batch now.
+    fn fits(&self, need: usize) -> bool {
+        self.running.len() < self.config.max_batch
+            && (self.reserved + need <= self.config.kv_positions || self.running.is_empty())
+    }
+
+    /// Preempts batch sequences, the most recently admitted first, until `need` fits; none
+    /// when preempting them all would not be enough. True when it fits.
+    fn preempt_for(&mut self, need: usize) -> bool {
+        let (kept, kept_kv) = self
+            .running
+            .iter()
+            .filter(|s| self.rank(s) == Priority::Interactive)
+            .fold((0, 0), |(n, kv), s| (n + 1, kv + s.reserved));
+        let enough = kept < self.config.max_batch
+            && (kept == 0 || kept_kv + need <= self.config.kv_positions);
+        if !enough {
+            return false;
+        }
+        while !self.fits(need) {
+            let Some(i) = self
+                .running
+                .iter()
+                .rposition(|s| self.rank(s) == Priority::Batch)
+            else {
+                return false;
+            };
+            self.preempt(i);
+        }
+        true
+    }
+
+    /// Sends running sequence `i` back to the front of the batch queue, without its cache.
+    fn preempt(&mut self, i: usize) {
+        let mut s = self.running.remove(i);
+        self.reserved -= s.reserved;
+        s.reserved = 0;
+        s.computed = s.computed.max(s.cache.len());
+        s.cache = KvCache::new(&self.model.config);
+        tracing::debug!(
+            generated = s.generated,
+            recompute = s.context_len(),
+            "preempted a batch sequence"
+        );
+        self.stats.enqueued(Priority::Batch);
+        self.stats.preempted.fetch_add(1, Ordering::Relaxed);
+        self.waiting_batch.push_front(s);
     }
 
     /// Drops sequences whose client has gone, before any work is spent on them.
@@ -372,27 +634,29 @@ impl Worker {
             .store(self.reserved, Ordering::Relaxed);
     }
 
-    /// One forward step: every decoding sequence's next token, then prefill chunks, oldest
-    /// first, in what is left of the token budget.
+    /// One forward step of the work [`plan_step`] gives it; then each sequence that wanted
+    /// logits samples its next token.
     fn step(&mut self) {
-        let mut budget = self.config.step_tokens.max(self.running.len());
-        let mut plan: Vec<(usize, Vec<u32>, bool)> = Vec::with_capacity(self.running.len());
-        for (i, s) in self.running.iter().enumerate() {
-            if let Some(t) = s.next {
-                plan.push((i, vec![t], true));
-                budget -= 1;
-            }
-        }
-        for (i, s) in self.running.iter().enumerate() {
-            let prompt = &s.job.request.prompt;
-            if s.next.is_none() && s.prefilled < prompt.len() && budget > 0 {
-                let n = (prompt.len() - s.prefilled).min(budget);
-                let done = s.prefilled + n == prompt.len();
-                plan.push((i, prompt[s.prefilled..s.prefilled + n].to_vec(), done));
-                budget -= n;
-            }
-        }
-        plan.sort_by_key(|(i, _, _)| *i);
+        let progress: Vec<Progress> = self
+            .running
+            .iter()
+            .map(|s| Progress {
+                priority: self.rank(s),
+                cached: s.cache.len(),
+                context: s.context_len(),
+                pending: s.next,
+            })
+            .collect();
+        let plan: Vec<(usize, Part, Vec<u32>)> = plan_step(self.config.step_tokens, &progress)
+            .into_iter()
+            .map(|(i, part)| {
+                let tokens = match part {
+                    Part::Decode(token) => vec![token],
+                    Part::Prefill { start, end, .. } => self.running[i].context(start, end),
+                };
+                (i, part, tokens)
+            })
+            .collect();
         // Only a step shared by several sequences saved anything by batching.
         let solo = if plan.len() > 1 {
             self.solo_decode(&plan)
@@ -403,20 +667,20 @@ impl Worker {
         let result = {
             let mut chunks: Vec<Chunk<'_>> = Vec::with_capacity(plan.len());
             let mut seqs = self.running.iter_mut().enumerate();
-            for (i, tokens, logits) in &plan {
+            for (i, part, tokens) in &plan {
                 let Some((_, s)) = seqs.find(|(j, _)| j == i) else {
                     continue;
                 };
                 chunks.push(Chunk {
                     tokens,
                     cache: &mut s.cache,
-                    logits: *logits,
+                    logits: part.logits(),
                 });
             }
             self.model.forward(&mut chunks)
         };
         let elapsed = started.elapsed();
-        let tokens_in_step: usize = plan.iter().map(|(_, t, _)| t.len()).sum();
+        let tokens_in_step: usize = plan.iter().map(|(_, _, t)| t.len()).sum();
         if plan.len() == 1 && tokens_in_step == 1 {
             self.solo_decode = Some(self.solo_decode.map_or(elapsed, |s| {
                 s.mul_f64(1.0 - SOLO_WEIGHT) + elapsed.mul_f64(SOLO_WEIGHT)
@@ -441,24 +705,30 @@ impl Worker {
         };
         let mut logits = logits.into_iter();
         let mut finished = Vec::new();
-        for (i, tokens, wants) in &plan {
+        for (i, part, tokens) in &plan {
             let s = &mut self.running[*i];
             // Engine time is shared by the tokens of the step. A decode token alone would
             // have taken a solo step; a prefill chunk is counted at its share (it is a batch
             // of its own already), so batching is never credited with more than it saved.
             let share = elapsed.mul_f64(tokens.len() as f64 / tokens_in_step.max(1) as f64);
             s.engine.shared += share;
-            s.engine.alone += match solo {
-                Some(solo) if s.next.is_some() => solo.max(share),
+            s.engine.alone += match (solo, part) {
+                (Some(solo), Part::Decode(_)) => solo.max(share),
                 _ => share,
             };
-            if s.next.is_none() {
-                s.prefilled += tokens.len();
-                self.stats
-                    .prompt_tokens
-                    .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+            match *part {
+                Part::Decode(token) => s.fed.push(token),
+                Part::Prefill { start, end, .. } => {
+                    let again = end.min(s.computed).saturating_sub(start);
+                    self.stats
+                        .recomputed_tokens
+                        .fetch_add(again as u64, Ordering::Relaxed);
+                    self.stats
+                        .prompt_tokens
+                        .fetch_add((end - start - again) as u64, Ordering::Relaxed);
+                }
             }
-            if !wants {
+            if !part.logits() {
                 continue;
             }
             let Some(row) = logits.next() else { continue };
@@ -492,11 +762,14 @@ impl Worker {
                 } else {
                     FinishReason::Length
                 };
+                let queued = s
+                    .admitted
+                    .map_or(Duration::ZERO, |a| a.duration_since(s.job.arrived));
                 let _ = s.job.events.send(Event::Done {
                     reason,
                     prompt_tokens: s.job.request.prompt.len(),
                     completion_tokens: s.generated,
-                    queued: s.admitted.duration_since(s.job.arrived),
+                    queued,
                     first_token: s.first_token.unwrap_or_default(),
                     engine: s.engine,
                 });
@@ -519,10 +792,10 @@ impl Worker {
     /// What a decode step of one sequence takes, for a step that batches a decode with
     /// other work. Measured once on a throwaway sequence (a few milliseconds) if no step
     /// has run one sequence alone yet.
-    fn solo_decode(&mut self, plan: &[(usize, Vec<u32>, bool)]) -> Option<Duration> {
+    fn solo_decode(&mut self, plan: &[(usize, Part, Vec<u32>)]) -> Option<Duration> {
         let decodes = plan
             .iter()
-            .filter(|(i, _, _)| self.running[*i].next.is_some());
+            .filter(|(_, part, _)| matches!(part, Part::Decode(_)));
         if self.solo_decode.is_none() && decodes.count() > 0 {
             let mut cache = KvCache::with_capacity(&self.model.config, 2);
             let mut times = Vec::with_capacity(2);
@@ -587,6 +860,71 @@ mod tests {
             },
             stop_tokens: vec![2],
             ignore_eos: true,
+            priority: Priority::Interactive,
+        }
+    }
+
+    /// `request`, as a batch line.
+    fn batch(max_tokens: usize) -> Request {
+        Request {
+            priority: Priority::Batch,
+            ..request(max_tokens)
+        }
+    }
+
+    /// An engine whose worker the test turns by hand, one step at a time.
+    fn by_hand(config: SchedulerConfig) -> (Engine, Worker) {
+        let model = Model::from_gguf(test_model(), LoadOptions::default()).unwrap();
+        Engine::new(model, config)
+    }
+
+    /// A request's events as a worker turned by hand sends them.
+    struct Client {
+        rx: events::UnboundedReceiver<Event>,
+        tokens: Vec<u32>,
+        /// The turn that brought the first token.
+        first: Option<usize>,
+        completion_tokens: Option<usize>,
+    }
+
+    impl Client {
+        fn submit(e: &Engine, request: Request) -> Client {
+            Client {
+                rx: e.submit(request).unwrap(),
+                tokens: Vec::new(),
+                first: None,
+                completion_tokens: None,
+            }
+        }
+
+        fn poll(&mut self, turn: usize) {
+            while let Ok(e) = self.rx.try_recv() {
+                match e {
+                    Event::Token(s, _) => {
+                        self.tokens.push(s.token);
+                        self.first.get_or_insert(turn);
+                    }
+                    Event::Done {
+                        completion_tokens, ..
+                    } => self.completion_tokens = Some(completion_tokens),
+                    Event::Failed(e) => panic!("failed: {e}"),
+                }
+            }
+        }
+
+        fn done(&self) -> bool {
+            self.completion_tokens.is_some()
+        }
+    }
+
+    /// Turns `w` until every client is done, counting turns on from `turn`.
+    fn finish(w: &mut Worker, clients: &mut [&mut Client], mut turn: usize) {
+        while !clients.iter().all(|c| c.done()) {
+            let idle = w.running.is_empty() && w.waiting.is_empty() && w.waiting_batch.is_empty();
+            assert!(!idle, "clients wait on an idle engine");
+            turn += 1;
+            assert!(w.turn());
+            clients.iter_mut().for_each(|c| c.poll(turn));
         }
     }
 
@@ -699,5 +1037,135 @@ mod tests {
             e.submit(request(ctx)),
             Err(SubmitError::TooLong { .. })
         ));
+    }
+
+    #[test]
+    fn an_interactive_request_preempts_batch_lines_for_its_first_token() {
+        let (e, mut w) = by_hand(SchedulerConfig {
+            max_batch: 2,
+            ..SchedulerConfig::default()
+        });
+        let mut lines = [Client::submit(&e, batch(16)), Client::submit(&e, batch(16))];
+        for turn in 1..=4 {
+            assert!(w.turn());
+            lines.iter_mut().for_each(|c| c.poll(turn));
+        }
+        assert_eq!(lines.each_ref().map(|c| c.tokens.len()), [4, 4]);
+        let mut chat = Client::submit(&e, request(4));
+        let before = e.stats().steps.load(Ordering::Relaxed);
+        assert!(w.turn());
+        chat.poll(5);
+        // Without preemption it would wait 12 steps for a slot. On the engine thread, the
+        // step in flight when it arrives comes on top.
+        let steps = e.stats().steps.load(Ordering::Relaxed) - before;
+        assert_eq!((chat.tokens.len(), steps), (1, 1));
+        assert_eq!(e.stats().preempted.load(Ordering::Relaxed), 1);
+        assert_eq!(e.stats().waiting_batch.load(Ordering::Relaxed), 1);
+        let [first, second] = &mut lines;
+        finish(&mut w, &mut [first, second, &mut chat], 5);
+        // The later line was preempted: its client saw no gap and no repeat, and it kept
+        // its greedy output.
+        assert_eq!(lines[1].tokens, lines[0].tokens);
+        assert_eq!(lines[1].completion_tokens, Some(16));
+        assert_eq!(lines[1].tokens.len(), 16);
+        assert_eq!(chat.tokens.len(), 4);
+        assert_eq!(e.stats().preempted.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_batch_line_preempted_for_kv_room_resumes_with_its_sampler() {
+        // Seeded sampling: the line's output is the same only if its sampler carries on.
+        let line = || Request {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                seed: Some(7),
+                ..SamplingParams::default()
+            },
+            ..batch(16)
+        };
+        let alone = drain(engine(Batching::Continuous, 4, 8).submit(line()).unwrap()).0;
+        // Room for the line (21 positions) or the chat (13), not both.
+        let (e, mut w) = by_hand(SchedulerConfig {
+            max_batch: 4,
+            kv_positions: 30,
+            ..SchedulerConfig::default()
+        });
+        let mut batched = Client::submit(&e, line());
+        for turn in 1..=6 {
+            assert!(w.turn());
+            batched.poll(turn);
+        }
+        let mut chat = Client::submit(&e, request(8));
+        finish(&mut w, &mut [&mut batched, &mut chat], 6);
+        let st = e.stats();
+        assert_eq!(st.preempted.load(Ordering::Relaxed), 1);
+        assert_eq!(batched.tokens, alone);
+        assert_eq!(batched.completion_tokens, Some(16));
+        // Six tokens sampled, five of them fed: the prompt and those five are recomputed,
+        // and each prompt counts once.
+        assert_eq!(st.recomputed_tokens.load(Ordering::Relaxed), 5 + 5);
+        assert_eq!(st.prompt_tokens.load(Ordering::Relaxed), 5 + 5);
+        assert_eq!(st.kv_reserved.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn waiting_interactive_requests_go_before_earlier_batch_lines() {
+        let (e, mut w) = by_hand(SchedulerConfig {
+            max_batch: 1,
+            ..SchedulerConfig::default()
+        });
+        let mut running = Client::submit(&e, request(4));
+        assert!(w.turn());
+        running.poll(1);
+        let mut lines = [Client::submit(&e, batch(2)), Client::submit(&e, batch(2))];
+        let mut chat = Client::submit(&e, request(2));
+        assert!(w.turn());
+        let st = e.stats();
+        assert_eq!(st.waiting.load(Ordering::Relaxed), 3);
+        assert_eq!(st.waiting_batch.load(Ordering::Relaxed), 2);
+        let [first, second] = &mut lines;
+        finish(&mut w, &mut [&mut running, first, second, &mut chat], 2);
+        assert!(running.first < chat.first);
+        assert!(chat.first < lines[0].first);
+        assert!(lines[0].first < lines[1].first);
+        // Neither the running interactive request for another, nor a line for a line.
+        assert_eq!(st.preempted.load(Ordering::Relaxed), 0);
+        assert_eq!(st.waiting.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn batch_prefill_gets_only_the_budget_interactive_prefill_leaves() {
+        let p = |priority, cached, context, pending| Progress {
+            priority,
+            cached,
+            context,
+            pending,
+        };
+        let prefill = |start, end, logits| Part::Prefill { start, end, logits };
+        let seqs = [
+            // A batch line's long prompt, admitted first.
+            p(Priority::Batch, 0, 100, None),
+            p(Priority::Interactive, 0, 10, None),
+            p(Priority::Interactive, 4, 4, Some(9)),
+            p(Priority::Batch, 0, 7, Some(3)),
+        ];
+        // Decodes first, then the interactive prompt whole, then batch prefill.
+        assert_eq!(
+            plan_step(16, &seqs),
+            [
+                (0, prefill(0, 5, false)),
+                (1, prefill(0, 10, true)),
+                (2, Part::Decode(9)),
+            ]
+        );
+        assert_eq!(
+            plan_step(8, &seqs),
+            [(1, prefill(0, 7, false)), (2, Part::Decode(9))]
+        );
+        // A preempted line recomputes without sampling, then feeds its pending token.
+        let resumed = p(Priority::Batch, 0, 7, Some(3));
+        assert_eq!(plan_step(16, &[resumed]), [(0, prefill(0, 7, false))]);
+        let resumed = p(Priority::Batch, 7, 7, Some(3));
+        assert_eq!(plan_step(16, &[resumed]), [(0, Part::Decode(3))]);
     }
 }

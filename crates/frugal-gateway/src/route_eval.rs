@@ -20,7 +20,7 @@ use std::path::Path;
 
 use frugal_cost::Progress;
 use frugal_engine::sampling::SamplingParams;
-use frugal_engine::scheduler::{Engine, Event, Request};
+use frugal_engine::scheduler::{Engine, Event, Priority, Request};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_semantic::{EmbedError, Embedder};
@@ -174,6 +174,7 @@ impl Tier {
             },
             stop_tokens: self.tokenizer.end_of_generation().to_vec(),
             ignore_eos: false,
+            priority: Priority::Interactive,
         };
         let mut rx = self.engine.submit(request).map_err(|e| engine_error(&e))?;
         let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());

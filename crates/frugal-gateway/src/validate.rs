@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use frugal_engine::prompt::{self, PromptError};
 use frugal_engine::sampling::SamplingParams;
-use frugal_engine::scheduler::Request;
+use frugal_engine::scheduler::{Priority, Request};
 use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
 
@@ -350,6 +350,7 @@ pub fn engine_request(
             },
             stop_tokens: stop_tokens.to_vec(),
             ignore_eos: c.ignore_eos,
+            priority: Priority::Interactive,
         },
         stops,
     })
