@@ -235,6 +235,9 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
             generated_tokens: st.generated_tokens.load(Ordering::Relaxed),
             padding_tokens: st.padding_tokens.load(Ordering::Relaxed),
             steps: st.steps.load(Ordering::Relaxed),
+            waiting_batch: st.waiting_batch.load(Ordering::Relaxed),
+            preempted: st.preempted.load(Ordering::Relaxed),
+            recomputed_tokens: st.recomputed_tokens.load(Ordering::Relaxed),
         }
     });
     let mut text = s.inner.metrics.render(gauges.as_ref());

@@ -116,6 +116,11 @@ pub struct Gauges {
     pub generated_tokens: u64,
     pub padding_tokens: u64,
     pub steps: u64,
+    /// Batch lines among `waiting`.
+    pub waiting_batch: usize,
+    /// Batch lines preempted for interactive requests, and the positions they prefilled again.
+    pub preempted: u64,
+    pub recomputed_tokens: u64,
 }
 
 impl Metrics {
@@ -164,6 +169,27 @@ impl Metrics {
             "Requests waiting for admission.",
             "gauge",
             g.waiting as f64,
+        );
+        gauge(
+            out,
+            "frugal_queue_depth_batch",
+            "Batch lines among the requests waiting for admission (admitted after interactive ones).",
+            "gauge",
+            g.waiting_batch as f64,
+        );
+        gauge(
+            out,
+            "frugal_batch_preemptions_total",
+            "Batch lines preempted to admit interactive requests (resumed later by recomputing).",
+            "counter",
+            g.preempted as f64,
+        );
+        gauge(
+            out,
+            "frugal_recomputed_tokens_total",
+            "Positions prefilled again by preempted batch lines: what preemption cost.",
+            "counter",
+            g.recomputed_tokens as f64,
         );
         gauge(
             out,

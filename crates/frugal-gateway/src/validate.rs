@@ -350,7 +350,12 @@ pub fn engine_request(
             },
             stop_tokens: stop_tokens.to_vec(),
             ignore_eos: c.ignore_eos,
-            priority: Priority::Interactive,
+            // A batch job's line yields to interactive requests in the engine.
+            priority: if job.batch.is_some() {
+                Priority::Batch
+            } else {
+                Priority::Interactive
+            },
         },
         stops,
     })
