@@ -7,7 +7,9 @@
 #      what the batch would do to interactive traffic without its lower priority.
 # Then the report's cost per 1M tokens of the batch against the interactive traffic.
 #
-#   scripts/bench-batch-mix.sh        (ROWS=60 SPEEDUP=1 BATCH=3000 to change the load)
+#   scripts/bench-batch-mix.sh   (ROWS=60 SPEEDUP=1 BATCH=3000 MAXB=16 to change the load; the
+#                                  Batch API runs 8 lines of a batch at once, so MAXB=8 lets
+#                                  the batch fill the engine and interactive requests preempt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 frugal=./target/release/frugal
@@ -16,12 +18,13 @@ out=${OUT:-out/bench-batch-mix}
 ROWS=${ROWS:-60}
 SPEEDUP=${SPEEDUP:-1}
 BATCH=${BATCH:-3000}
+MAXB=${MAXB:-16}
 port=8302
 api=http://127.0.0.1:$port/v1
 rm -rf "$out" && mkdir -p "$out"
 python3 scripts/make-batch.py --lines "$BATCH" --max-tokens 24 --out "$out/batch.jsonl"
 
-$frugal --ledger "$out/ledger.sqlite" serve --model "$model" --port $port --no-cache \
+$frugal --ledger "$out/ledger.sqlite" serve --model "$model" --port $port --no-cache --max-batch "$MAXB" \
   --price-per-hour 0.40 2>"$out/serve.log" &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
@@ -48,6 +51,7 @@ start=$(date +%s.%N)
 trace with-batch
 end=$(date +%s.%N)
 read -r after _ < <(counts "$batch")
+preempted=$(curl -sf "http://127.0.0.1:$port/metrics" | awk '/^frugal_batch_preemptions_total/ {print $2}')
 curl -sf -X POST "$api/batches/$batch/cancel" >/dev/null
 until counts "$batch" | grep -q cancelled; do sleep 0.5; done
 
@@ -64,6 +68,7 @@ kill $server && wait $server || true
 trap - EXIT
 $frugal --ledger "$out/ledger.sqlite" report --json >"$out/report.json"
 
+echo "max batch $MAXB; batch lines preempted for interactive requests during B: $preempted"
 python3 - "$out" "$before" "$after" "$start" "$end" <<'PY'
 import json, sys
 out, before, after, start, end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
@@ -74,7 +79,8 @@ for name, label in [("alone", "A alone"), ("with-batch", "B + batch (low priorit
 secs = end - start
 print(f"batch lines done during B: {after - before} in {secs:.0f} s ({(after - before) / secs:.2f} lines/s)")
 rep = json.load(open(f"{out}/report.json"))
+usd = lambda nanos: "-" if nanos is None else f"${nanos / 1e9:.4f}"
 for j in rep.get("batch", []):
-    print(f"batch {j['job']}: {j['lines']} lines, cost/1M tok {j['per_m_tokens']}, interactive {j['interactive_per_m_tokens']}; "
-          f"/1k lines {j['per_1k']}, interactive /1k {j['interactive_per_1k']}")
+    print(f"batch {j['job']}: {j['lines']} lines; per 1M tokens {usd(j['per_m_tokens'])} against interactive "
+          f"{usd(j['interactive_per_m_tokens'])}; per 1k {usd(j['per_1k'])} against {usd(j['interactive_per_1k'])}")
 PY

@@ -139,16 +139,13 @@ pub fn run(config: &Config, catalog: &Catalog, args: &BatchRunArgs) -> Result<()
 /// How this machine is paid for when the flags say (spot, an instance, a price); `None`:
 /// as `frugal serve` prices it.
 fn paid(catalog: &Catalog, args: &BatchRunArgs) -> Result<Option<Paid>> {
-    if !args.spot && args.instance.is_none() && args.price_per_hour.is_none() {
+    if !args.machine.spot
+        && args.machine.instance.is_none()
+        && args.machine.price_per_hour.is_none()
+    {
         return Ok(None);
     }
-    let p = machine_pricing(
-        catalog,
-        args.spot,
-        args.price_per_hour.as_deref(),
-        args.instance.as_deref(),
-        args.region.as_deref(),
-    )?;
+    let p = machine_pricing(catalog, &args.machine)?;
     Ok(Some(Paid {
         rate: p.rate,
         instance_type: p.instance_type,
@@ -164,7 +161,7 @@ fn serve_args(args: &BatchRunArgs) -> ServeArgs {
         no_model: args.no_model,
         threads: args.threads,
         max_batch: args.max_batch,
-        metadata_url: args.metadata_url.clone(),
+        metadata_url: args.machine.metadata_url.clone(),
         workload: Some(frugal_gateway::meter::BATCH_WORKLOAD.into()),
         no_meter: args.no_meter,
         ..ServeArgs::default()
@@ -216,9 +213,8 @@ impl Job<'_> {
     /// Runs the lines until done or stopped, copying the state to the store every
     /// `--store-every` and at the end; says how it ended, and why it stopped.
     async fn run(&self, app: axum::Router, args: &BatchRunArgs) -> Result<(Ended, Option<String>)> {
-        let poll = seconds("--poll", args.poll)?;
-        let source =
-            notice_source(args.notice, args.spot, args.metadata_url.as_deref(), poll).await?;
+        let poll = seconds("--poll", args.machine.poll)?;
+        let source = notice_source(&args.machine).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<(String, Duration)>);
         let watch = async move {
             let (why, left) = tokio::select! {

@@ -122,18 +122,8 @@ pub struct BatchRunArgs {
     /// Unfinished lines fail as batch_expired this long after the job began (e.g. 24h, 90m)
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     pub completion_window: std::time::Duration,
-    /// This machine is spot: priced so (with --instance), preemption notices are watched
-    #[arg(long)]
-    pub spot: bool,
-    /// Instance type, priced from the catalog (e.g. g5.xlarge)
-    #[arg(long, value_name = "TYPE")]
-    pub instance: Option<String>,
-    /// Region of the instance's price [default: the provider's usual one]
-    #[arg(long)]
-    pub region: Option<String>,
-    /// The machine's price per hour, instead of the catalog's
-    #[arg(long, value_name = "USD")]
-    pub price_per_hour: Option<String>,
+    #[command(flatten)]
+    pub machine: MachineArgs,
     /// Keep the job's state in a store, to resume on another machine: a directory, or a
     /// file://, s3://, gs:// or az:// URL (credentials from the usual AWS_*, GOOGLE_*, AZURE_*)
     #[arg(long, value_name = "URL")]
@@ -141,15 +131,6 @@ pub struct BatchRunArgs {
     /// Time between copies of the job's state to --store (and one at every stop)
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub store_every: std::time::Duration,
-    /// Where preemption notices come from
-    #[arg(long, value_enum, default_value_t = NoticeArg::Auto)]
-    pub notice: NoticeArg,
-    /// Base URL of the metadata endpoint [default: the cloud's own]
-    #[arg(long, value_name = "URL")]
-    pub metadata_url: Option<String>,
-    /// Seconds between notice polls
-    #[arg(long, default_value_t = 5.0, value_name = "S")]
-    pub poll: f64,
     /// Seconds lines in flight may take to finish after SIGTERM or Ctrl-C, before they are
     /// left to run again on the next start
     #[arg(long, default_value_t = 20.0, value_name = "S")]
@@ -191,11 +172,10 @@ pub enum NoticeArg {
     None,
 }
 
+/// The machine a job runs on: how it is priced, and where its preemption notices come from
+/// (`frugal train`, `frugal batch run`).
 #[derive(Debug, Args)]
-#[command(
-    after_help = "The command's contract (environment, checkpoints, metrics): docs/training.md"
-)]
-pub struct TrainArgs {
+pub struct MachineArgs {
     /// The capacity is spot (priced so, and preemption notices are watched)
     #[arg(long)]
     pub spot: bool,
@@ -208,6 +188,24 @@ pub struct TrainArgs {
     /// The machine's price per hour, instead of the catalog's
     #[arg(long, value_name = "USD")]
     pub price_per_hour: Option<String>,
+    /// Where preemption notices come from
+    #[arg(long, value_enum, default_value_t = NoticeArg::Auto)]
+    pub notice: NoticeArg,
+    /// Base URL of the metadata endpoint [default: the cloud's own]
+    #[arg(long, value_name = "URL")]
+    pub metadata_url: Option<String>,
+    /// Seconds between notice polls
+    #[arg(long, default_value_t = 5.0, value_name = "S")]
+    pub poll: f64,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "The command's contract (environment, checkpoints, metrics): docs/training.md"
+)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub machine: MachineArgs,
     /// The run's id, the same on every machine of one run [default: a hash of the command]
     #[arg(long, value_name = "ID")]
     pub run: Option<String>,
@@ -218,15 +216,6 @@ pub struct TrainArgs {
     /// the usual AWS_*, GOOGLE_*, AZURE_* variables) [default: checkpoints/ beside the ledger]
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
-    /// Where preemption notices come from
-    #[arg(long, value_enum, default_value_t = NoticeArg::Auto)]
-    pub notice: NoticeArg,
-    /// Base URL of the metadata endpoint [default: the cloud's own]
-    #[arg(long, value_name = "URL")]
-    pub metadata_url: Option<String>,
-    /// Seconds between notice polls
-    #[arg(long, default_value_t = 5.0, value_name = "S")]
-    pub poll: f64,
     /// The signal that asks the command for a checkpoint now
     #[arg(long, default_value = "SIGUSR1", value_name = "SIG")]
     pub checkpoint_signal: String,

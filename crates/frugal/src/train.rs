@@ -12,7 +12,7 @@ use frugal_train::store::CheckpointStore;
 use frugal_train::supervisor::{Ending, Plan, Segment, supervise};
 use sha2::{Digest, Sha256};
 
-use crate::cli::{NoticeArg, TrainArgs};
+use crate::cli::{MachineArgs, NoticeArg, TrainArgs};
 use crate::config::Config;
 use crate::table;
 
@@ -30,7 +30,7 @@ pub struct Stopped {
 }
 
 pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
-    let pricing = pricing(catalog, args)?;
+    let pricing = machine_pricing(catalog, &args.machine)?;
     let run_id = args.run.clone().unwrap_or_else(|| default_run_id(args));
     let work = std::path::Path::new(".frugal").join(&run_id);
     let checkpoint_dir = args
@@ -56,7 +56,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         checkpoint_signal: parse_signal(&args.checkpoint_signal)?,
         stop_grace: seconds("--stop-grace", args.stop_grace)?,
         term_deadline: seconds("--signal-deadline", args.signal_deadline)?,
-        poll: seconds("--poll", args.poll)?,
+        poll: seconds("--poll", args.machine.poll)?,
         max_restarts: args.max_restarts,
         backoff: seconds("--backoff", args.backoff)?,
         max_backoff: Duration::from_secs(300),
@@ -75,13 +75,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let summary = runtime.block_on(async {
-        let source = notice_source(
-            args.notice,
-            args.spot,
-            args.metadata_url.as_deref(),
-            seconds("--poll", args.poll)?,
-        )
-        .await?;
+        let source = notice_source(&args.machine).await?;
         let record = |s: &Segment| {
             ledger
                 .append("frugal train", &[pricing.event(&run_id, s)])
@@ -134,27 +128,10 @@ fn parse_signal(name: &str) -> Result<nix::sys::signal::Signal> {
     })
 }
 
-/// The run's pricing from the flags; the library prices it.
-fn pricing(catalog: &Catalog, args: &TrainArgs) -> Result<Pricing> {
-    machine_pricing(
-        catalog,
-        args.spot,
-        args.price_per_hour.as_deref(),
-        args.instance.as_deref(),
-        args.region.as_deref(),
-    )
-}
-
 /// A machine's pricing from the flags (spot or on demand, a given price or a catalog
 /// instance); the library prices it.
-pub fn machine_pricing(
-    catalog: &Catalog,
-    spot: bool,
-    price_per_hour: Option<&str>,
-    instance: Option<&str>,
-    region: Option<&str>,
-) -> Result<Pricing> {
-    let price_per_hour = match price_per_hour {
+pub fn machine_pricing(catalog: &Catalog, m: &MachineArgs) -> Result<Pricing> {
+    let price_per_hour = match m.price_per_hour.as_deref() {
         Some(text) => {
             let price: Money = text
                 .parse()
@@ -166,35 +143,31 @@ pub fn machine_pricing(
         }
         None => None,
     };
-    if price_per_hour.is_none() && instance.is_none() {
+    if price_per_hour.is_none() && m.instance.is_none() {
         tracing::warn!("no --instance or --price-per-hour: its work costs $0 in the ledger");
     }
     let request = Request {
-        capacity: if spot {
+        capacity: if m.spot {
             Capacity::Spot
         } else {
             Capacity::OnDemand
         },
         price_per_hour,
-        instance,
-        region,
+        instance: m.instance.as_deref(),
+        region: m.region.as_deref(),
     };
     Ok(Pricing::new(catalog, &request)?)
 }
 
-/// The notices to watch: `notice` as the flags name it (`auto` probes the metadata
-/// endpoints only on `spot` capacity), at `metadata_url` or the cloud's own.
-pub async fn notice_source(
-    notice: NoticeArg,
-    spot: bool,
-    metadata_url: Option<&str>,
-    poll: Duration,
-) -> Result<Option<AnySource>> {
-    let base = |default: &str| metadata_url.unwrap_or(default).to_owned();
+/// The notices to watch: `--notice` (`auto` probes the metadata endpoints only on spot
+/// capacity), at `--metadata-url` or the cloud's own.
+pub async fn notice_source(m: &MachineArgs) -> Result<Option<AnySource>> {
+    let base = |default: &str| m.metadata_url.as_deref().unwrap_or(default).to_owned();
     let bases = Bases::default();
-    let source = match notice {
+    let poll = seconds("--poll", m.poll)?;
+    let source = match m.notice {
         NoticeArg::None => None,
-        NoticeArg::Auto if !spot => None,
+        NoticeArg::Auto if !m.spot => None,
         NoticeArg::Auto => {
             let bases = Bases {
                 aws: base(&bases.aws),
