@@ -260,9 +260,33 @@ fn bad_inputs_and_a_second_run_are_refused_before_anything_runs() {
     for (id, a) in kept {
         assert_eq!(done[&id], a);
     }
-    // Every line is in the ledger once, as batch work, on top of the machine's idle time.
-    let report = common::report(&dir.path().join("ledger.sqlite"), &["--json"]);
-    assert!(report.contains("\"batch\""), "{report}");
+    // Every line is in the ledger once, as batch work.
+    let lines_in_ledger = |dir: &Path| {
+        let report = common::report(&dir.join("ledger.sqlite"), &["--json"]);
+        let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+        report["batch"].as_array().unwrap().clone()
+    };
+    let jobs = lines_in_ledger(dir.path());
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0]["lines"], 60, "{jobs:?}");
+    assert_eq!(jobs[0]["workload"], "batch");
+
+    // On spot, priced against the instance's on-demand price: the report says what spot saved.
+    let spot = tempfile::tempdir().unwrap();
+    let small = spot.path().join("in.jsonl");
+    write_input(&small, 4, 4);
+    let flags = ["--spot", "--instance", "g5.xlarge", "--notice", "none"];
+    let out = batch(spot.path(), &small, &flags).output().unwrap();
+    let text = said(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("on demand (saved"), "{text}");
+    let jobs = lines_in_ledger(spot.path());
+    let (cost, on_demand) = (
+        jobs[0]["cost"].as_i64().unwrap(),
+        jobs[0]["on_demand_cost"].as_i64().unwrap(),
+    );
+    assert!(cost > 0 && on_demand > cost, "{jobs:?}");
+    assert_eq!(jobs[0]["spot_share"], 1.0);
 }
 
 fn nix_term(pid: u32) {
