@@ -14,7 +14,7 @@ use crate::present::svg::{
 };
 use crate::present::{pct, thousands, usd_f64, usd_unit, utc};
 use crate::report::{
-    InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, utilization_note,
+    BatchJobLine, InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, utilization_note,
 };
 
 /// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
@@ -66,6 +66,7 @@ pub fn render(report: &Report, source: &str) -> String {
             levers_section(report),
             inference_table(report),
             pools_table(report),
+            batch_table(report),
             training_table(report),
         ];
         sections.iter().flatten().for_each(|s| out.push_str(s));
@@ -424,6 +425,30 @@ fn pools_table(r: &Report) -> Option<String> {
     Some(section("Pools", note, &table(head, &rows)))
 }
 
+fn batch_table(r: &Report) -> Option<String> {
+    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd_unit);
+    let row = |l: &BatchJobLine| {
+        let names = [esc(&l.job), esc(l.model.as_deref().unwrap_or(NONE))];
+        let counts = [l.lines, l.input_tokens + l.output_tokens].map(thousands);
+        let money = [
+            Some(l.cost),
+            l.on_demand_cost,
+            l.saving,
+            l.per_1k,
+            l.per_m_tokens,
+        ];
+        let beside = [l.interactive_per_1k, l.interactive_per_m_tokens];
+        [&names[..], &counts, &money.map(opt), &beside.map(opt)].concat()
+    };
+    let rows = some(r.batch.iter().map(row).collect())?;
+    let head = "job|model|lines>|tokens>|cost>|on demand>|saved>|$/1k lines>|$/1M tok>|\
+                interactive $/1k>|interactive $/1M tok>";
+    let note = "Each batch job beside its model's interactive traffic, whose idle capacity is \
+                charged to it; on demand: the same machine time at the on-demand price, where \
+                the job ran on spot.";
+    Some(section("Batch jobs", note, &table(head, &rows)))
+}
+
 fn training_table(r: &Report) -> Option<String> {
     let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd_unit);
     let row = |l: &RunLine| {
@@ -573,6 +598,21 @@ mod tests {
         assert!(html.contains("$0.50 saved by batching"));
         // llama per 1,000 requests: ($7 + $3 idle) / 1,000 x 1,000.
         assert!(html.contains(">$10.00<"));
+    }
+
+    #[test]
+    fn batch_jobs_get_a_table_beside_interactive_costs() {
+        assert!(!render_events(&events()).contains("<h2>Batch jobs</h2>"));
+        let mut lines = event(Kind::Inference, "batch", Some("llama"), 400, "1");
+        lines.run_id = Some("batch_<1>".into());
+        lines.list_cost = Some(m("3"));
+        let mut all = events();
+        all.push(lines);
+        let html = render_events(&all);
+        assert!(html.contains("<h2>Batch jobs</h2>"), "{html}");
+        let row = "<td>batch_&lt;1&gt;</td><td>llama</td><td class=\"n\">400</td>";
+        assert!(html.contains(row), "{html}");
+        assert!(html.contains("<td class=\"n\">$3.00</td><td class=\"n\">$2.00</td>"));
     }
 
     #[test]
