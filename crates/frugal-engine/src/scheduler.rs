@@ -944,11 +944,19 @@ mod tests {
     /// Two slots; a long request, a short one, and a third waiting: the steps each mode
     /// takes, the padding it computes, and the tokens it returns.
     fn run(batching: Batching) -> (u64, u64, Vec<Vec<u32>>) {
-        let e = engine(batching, 2, 8);
+        let (e, worker) = by_hand(SchedulerConfig {
+            batching,
+            max_batch: 2,
+            max_queue: 8,
+            ..SchedulerConfig::default()
+        });
+        // All three are queued before the worker runs: a worker that took the first alone
+        // would batch them otherwise than the test means.
         let rxs: Vec<_> = [24, 4, 4]
             .into_iter()
             .map(|n| e.submit(request(n)).unwrap())
             .collect();
+        std::thread::spawn(move || worker.run());
         let outs: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
         let st = e.stats();
         (
