@@ -37,7 +37,7 @@ use crate::money::{HourlyRate, Millis, Money};
 pub(crate) const HOUR_MS: Millis = 3_600_000;
 /// Hours in the month that monthly figures are quoted for: 8,760 hours a year over 12, as
 /// the clouds' own monthly prices count it.
-pub const HOURS_PER_MONTH: i128 = 730;
+pub const HOURS_PER_MONTH: u32 = 730;
 
 /// What `hours` of one instance cost at `rate`, to the millisecond.
 fn cost_of_hours(rate: HourlyRate, hours: f64) -> Money {

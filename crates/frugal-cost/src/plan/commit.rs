@@ -342,7 +342,7 @@ pub fn plan_commitments(
 
 /// A window's cost per 730-hour month.
 fn monthly(cost: Money, hours: usize) -> Money {
-    cost.mul_div(HOURS_PER_MONTH, hours.max(1) as i128)
+    cost.mul_div(i128::from(HOURS_PER_MONTH), hours.max(1) as i128)
         .unwrap_or(Money::from_nanos(i64::MAX))
 }
 
