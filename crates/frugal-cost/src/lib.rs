@@ -2,9 +2,9 @@
 //!
 //! Money and units (`money`), the price catalog (`catalog`), usage events (`event`), the
 //! append-only SQLite ledger (`ledger`), importers for CSV, JSONL and FOCUS billing
-//! exports (`import`), and the unit-cost report (`report`, rendered by `html`), with how
-//! figures read and charts draw wherever they are shown (`present`). It knows nothing of
-//! HTTP or models.
+//! exports (`import`), the unit-cost report (`report`, rendered by `html`), with how
+//! figures read and charts draw wherever they are shown (`present`), and capacity planning
+//! from demand and spot traces (`plan`). It knows nothing of HTTP or models.
 
 pub mod catalog;
 pub mod event;
@@ -12,6 +12,7 @@ pub mod html;
 pub mod import;
 pub mod ledger;
 pub mod money;
+pub mod plan;
 pub mod present;
 pub mod report;
 pub mod rollup;
