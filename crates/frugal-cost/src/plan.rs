@@ -16,7 +16,9 @@
 pub mod backtest;
 pub mod commit;
 pub mod demand;
+pub mod html;
 pub mod spot;
+pub mod whole;
 
 pub use backtest::{
     Backtest, BacktestConfig, BacktestError, Rule, RuleResult, VENDOR_LOOKBACK_DAYS, WindowScore,
@@ -31,6 +33,8 @@ pub use spot::{
     DeadlinePlan, IntervalCost, Job, Policy, Replay, SpotError, SpotPrices, SpotTrace,
     TraceReading, TraceStats, plan_deadline, replay, sweep_intervals, young_daly_interval,
 };
+
+pub use whole::{Plan, PlanError, Recommended, SpotAsk, SpotPlan, ledger_demand};
 
 use crate::money::{HourlyRate, Millis, Money};
 

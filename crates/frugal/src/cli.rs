@@ -71,6 +71,67 @@ pub enum Command {
     /// Batch inference in OpenAI's Batch format, exactly once through kills and preemptions
     #[command(subcommand)]
     Batch(BatchCommand),
+    /// The capacity mix for a workload (reserved, on demand, spot) from its demand, backtested
+    /// on the months it was not fitted on
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Demand as `timestamp,value` lines, a value being the instances of --instance needed
+    /// (times --scale)
+    #[arg(long, value_name = "FILE.csv", conflicts_with = "workload")]
+    pub demand: Option<PathBuf>,
+    /// Demand from the ledger: the instance-hours this workload's requests and training held
+    /// each hour
+    #[arg(long, value_name = "NAME")]
+    pub workload: Option<String>,
+    /// The instance type, priced from the catalog (reserved prices from a price file)
+    #[arg(long, value_name = "TYPE")]
+    pub instance: String,
+    /// Region of the instance's price [default: the provider's usual one]
+    #[arg(long)]
+    pub region: Option<String>,
+    /// Instances per unit of the demand file's value
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// What one value of the demand file counts (said beside the plan)
+    #[arg(long, default_value = "instances")]
+    pub unit: String,
+    /// Backtest: choose on this much history (e.g. 30d) ...
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub fit: Option<std::time::Duration>,
+    /// ... and score on the next this much, rolling [default: as --fit]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub test: Option<std::time::Duration>,
+    /// Fill hours missing from the demand with the hour before (else they are refused)
+    #[arg(long)]
+    pub fill_gaps: bool,
+    /// Plan spot for an interruptible run of this much work (e.g. 24h)
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub work: Option<std::time::Duration>,
+    /// The run must finish within this (e.g. 36h): whether spot alone does, and the
+    /// uniform-progress policy's mix of spot and on demand
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub deadline: Option<std::time::Duration>,
+    /// A preemption trace (SkyPilot's spot traces' format)
+    #[arg(
+        long,
+        value_name = "FILE.json",
+        default_value = "data/spot-traces/preemption/1-node/aws-04-22-2023/us-east-1c_v100_1.json"
+    )]
+    pub spot_trace: PathBuf,
+    /// Time one checkpoint takes
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub checkpoint: std::time::Duration,
+    /// Time a restart takes (a new machine, the checkpoint loaded)
+    #[arg(long, default_value = "6m", value_parser = humantime::parse_duration)]
+    pub restart: std::time::Duration,
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the plan as an HTML page with charts
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

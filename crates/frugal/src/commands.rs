@@ -37,6 +37,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::EvalRoute(args) => crate::eval_route::run(&args),
         Command::Train(args) => crate::train::run(&config, &catalog, &args),
         Command::Batch(BatchCommand::Run(args)) => crate::batch::run(&config, &catalog, &args),
+        Command::Plan(args) => crate::plan::run(&config, &catalog, &args),
         Command::Prices(args) => prices(&catalog, &args),
         Command::Ledger(LedgerCommand::Import(args)) => {
             let ledger = open_for_write(&config)?;

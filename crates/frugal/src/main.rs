@@ -9,6 +9,7 @@ mod config;
 mod deploy;
 mod eval_cache;
 mod eval_route;
+mod plan;
 mod progress;
 mod serve;
 mod table;

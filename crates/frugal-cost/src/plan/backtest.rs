@@ -40,6 +40,28 @@ pub enum BacktestError {
     },
 }
 
+impl BacktestConfig {
+    /// Refuses windows that `data_hours` of demand cannot hold: a fit window longer than
+    /// the data, or no whole test window after it.
+    pub fn fits(&self, data_hours: usize) -> Result<(), BacktestError> {
+        let (fit_hours, test_hours) = (self.fit_hours, self.test_hours);
+        if fit_hours > data_hours {
+            return Err(BacktestError::FitTooLong {
+                fit_hours,
+                data_hours,
+            });
+        }
+        if fit_hours + test_hours > data_hours {
+            return Err(BacktestError::NoTestWindow {
+                fit_hours,
+                test_hours,
+                data_hours,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The windows to roll and how our rule sizes its commitment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BacktestConfig {
@@ -145,21 +167,9 @@ pub fn backtest(
     on_demand: HourlyRate,
     config: &BacktestConfig,
 ) -> Result<Backtest, BacktestError> {
+    config.fits(demand.len())?;
     let hourly = demand.instances();
     let (fit, test, data_hours) = (config.fit_hours, config.test_hours, hourly.len());
-    if fit > data_hours {
-        return Err(BacktestError::FitTooLong {
-            fit_hours: fit,
-            data_hours,
-        });
-    }
-    if fit + test > data_hours {
-        return Err(BacktestError::NoTestWindow {
-            fit_hours: fit,
-            test_hours: test,
-            data_hours,
-        });
-    }
     let starts: Vec<usize> = (fit..=data_hours - test).step_by(test).collect();
     let run = |rule: Rule| {
         let (history, sizing) = match rule {

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -959,17 +959,27 @@ pub(crate) fn lock(dir: &Path) -> Result<File, StoreError> {
         .truncate(false)
         .open(&path)
         .map_err(lock_err)?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
-            return Err(StoreError::Locked {
-                dir: dir.to_owned(),
-                pid: pid.trim().parse().ok(),
-            });
+    // A child this process starts shares its open files from fork to exec, locks
+    // included: a lock that this process's own id holds is waited for a moment.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) => {
+                let pid: Option<u32> = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|p| p.trim().parse().ok());
+                if pid == Some(std::process::id()) && std::time::Instant::now() < patience {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                return Err(StoreError::Locked {
+                    dir: dir.to_owned(),
+                    pid,
+                });
+            }
+            Err(TryLockError::Error(source)) => return Err(lock_err(source)),
         }
-        Err(TryLockError::Error(source)) => return Err(lock_err(source)),
     }
     // The holder's pid, for the message a second process gets.
     file.set_len(0)

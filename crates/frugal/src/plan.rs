@@ -1,0 +1,254 @@
+//! `frugal plan`: the capacity mix for a workload from its demand, backtested; the planner
+//! is `frugal_cost::plan`.
+
+use std::io::Write;
+
+use anyhow::{Context, Result, bail};
+use frugal_cost::plan::{
+    BacktestConfig, DemandOptions, Gaps, HourlyDemand, Job, Plan, Rule, SpotAsk, SpotTrace,
+    TraceReading, ledger_demand,
+};
+use frugal_cost::present::{pct, usd, usd_unit, utc};
+use frugal_cost::{Catalog, Ledger, Window};
+
+use crate::cli::PlanArgs;
+use crate::config::Config;
+use crate::table;
+
+pub fn run(config: &Config, catalog: &Catalog, args: &PlanArgs) -> Result<()> {
+    if !(args.scale.is_finite() && args.scale > 0.0) {
+        bail!("--scale must be a positive number, not {}", args.scale);
+    }
+    let offer = catalog.instance(&args.instance, args.region.as_deref())?;
+    let (demand, source) = demand(config, args)?;
+    let windows = match (args.fit, args.test) {
+        (None, None) => None,
+        (fit, test) => {
+            let fit = fit.or(test).unwrap_or_default();
+            Some(BacktestConfig::new(fit, test.unwrap_or(fit))?)
+        }
+    };
+    let trace;
+    let spot = match spot_job(args)? {
+        Some(job) => {
+            trace = SpotTrace::read(&args.spot_trace, TraceReading::Unavailable)
+                .with_context(|| format!("--spot-trace {}", args.spot_trace.display()))?;
+            Some(SpotAsk {
+                trace: &trace,
+                trace_name: args.spot_trace.display().to_string(),
+                job,
+                deadline_hours: args.deadline.map(|d| d.as_secs_f64() / 3600.0),
+            })
+        }
+        None => None,
+    };
+    let plan = Plan::build(source, &demand, offer, windows.as_ref(), spot)?;
+    if let Some(path) = &args.html {
+        std::fs::write(path, frugal_cost::plan::html::render(&plan))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.json {
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &plan)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    print(&plan, demand.filled_hours())
+}
+
+/// The hourly demand and where it came from: a file, or the ledger's workload.
+fn demand(config: &Config, args: &PlanArgs) -> Result<(HourlyDemand, String)> {
+    if let Some(path) = &args.demand {
+        let options = DemandOptions {
+            gaps: if args.fill_gaps {
+                Gaps::CarryForward
+            } else {
+                Gaps::Refuse
+            },
+            ..DemandOptions::new(args.scale)
+        };
+        let demand = HourlyDemand::read_csv(path, &options).map_err(|e| match e {
+            frugal_cost::plan::DemandError::Gaps { .. } => {
+                anyhow::anyhow!("{e} (--fill-gaps repeats the hour before)")
+            }
+            e => e.into(),
+        })?;
+        let source = format!("{} ({} x {})", path.display(), args.unit, args.scale);
+        return Ok((demand, source));
+    }
+    let Some(workload) = &args.workload else {
+        bail!("give --demand FILE.csv or --workload NAME (the ledger's demand)");
+    };
+    let ledger = Ledger::open_existing(&config.ledger)?;
+    let demand = ledger_demand(&ledger, workload, Window::default())?.with_context(|| {
+        format!(
+            "the ledger {} holds no busy time of workload `{workload}`",
+            config.ledger.display()
+        )
+    })?;
+    Ok((demand, format!("the ledger's workload {workload}")))
+}
+
+/// The interruptible run to plan on spot, when asked for (`--work`, or `--deadline` with a
+/// day's work).
+fn spot_job(args: &PlanArgs) -> Result<Option<Job>> {
+    let work = match (args.work, args.deadline) {
+        (Some(w), _) => w,
+        (None, Some(_)) => std::time::Duration::from_secs(24 * 3600),
+        (None, None) => return Ok(None),
+    };
+    let hours = |d: std::time::Duration| d.as_secs_f64() / 3600.0;
+    if work.is_zero() {
+        bail!("--work must be longer than zero");
+    }
+    Ok(Some(Job {
+        work_hours: hours(work),
+        checkpoint_hours: hours(args.checkpoint),
+        restart_hours: hours(args.restart),
+        // Replaced by Young/Daly's where the trace gives an MTBF.
+        interval_hours: 1.0,
+    }))
+}
+
+fn print(plan: &Plan, filled: usize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "Plan for {} ({}) from {}: {} hours from {} UTC, peak {:.1}, mean {:.1} instances{}",
+        plan.instance_type,
+        plan.region,
+        plan.source,
+        plan.hourly.len(),
+        utc(plan.start_ms, "%Y-%m-%d"),
+        plan.peak,
+        plan.mean,
+        if filled > 0 {
+            format!(" ({filled} missing hours filled with the hour before)")
+        } else {
+            String::new()
+        }
+    )?;
+    let c = &plan.commitments;
+    let mut t = table::new(&[
+        "capacity",
+        "committed>",
+        "$/month>",
+        "saved in window>",
+        "saved>",
+        "busy>",
+        "on-demand peak>",
+    ]);
+    for o in [
+        Some(&c.on_demand),
+        c.reserved_1y.as_ref(),
+        c.reserved_3y.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        t.add_row(vec![
+            o.capacity.to_string(),
+            o.count.to_string(),
+            usd(o.monthly_cost),
+            usd(o.saving),
+            o.saving_share.map_or("-".into(), pct),
+            o.utilization.map_or("-".into(), pct),
+            o.on_demand_peak.to_string(),
+        ]);
+    }
+    writeln!(out, "\nWhat to commit to\n{t}")?;
+    for r in &c.refused {
+        writeln!(out, "no {}: {}", r.capacity, r.reason)?;
+    }
+    if let Some(b) = &plan.backtest {
+        let rules: Vec<_> = std::iter::once(&b.ours).chain(&b.lookbacks).collect();
+        let name = |r: &Rule| match r {
+            Rule::Fit { hours, .. } => format!("ours, fit {} d", hours / 24),
+            Rule::Lookback { days } => format!("{days}-day lookback"),
+        };
+        let mut heads = vec!["test window".to_owned(), "ours>".into(), "optimum>".into()];
+        heads.extend(rules.iter().map(|r| format!("{} regret>", name(&r.rule))));
+        heads.push("ours busy>".into());
+        let heads: Vec<&str> = heads.iter().map(String::as_str).collect();
+        let mut t = table::new(&heads);
+        let points = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+        for (i, w) in b.ours.windows.iter().enumerate() {
+            let mut row = vec![
+                utc(w.test_start_ms, "%Y-%m-%d"),
+                w.count.to_string(),
+                w.optimum_count.to_string(),
+            ];
+            row.extend(
+                rules
+                    .iter()
+                    .map(|r| points(r.windows.get(i).and_then(|w| w.regret))),
+            );
+            row.push(w.utilization.map_or("-".into(), pct));
+            t.add_row(row);
+        }
+        let mut row = vec!["mean".to_owned(), String::new(), String::new()];
+        row.extend(rules.iter().map(|r| points(r.mean_regret)));
+        row.push(b.ours.utilization.map_or("-".into(), pct));
+        t.add_row(row);
+        writeln!(
+            out,
+            "\nBacktest of {} at {}/h against {}/h on demand, fit on {} days, scored on the next {}: regret in points of the all-on-demand cost\n{t}",
+            b.capacity,
+            usd_unit(b.reserved.0),
+            usd_unit(b.on_demand.0),
+            b.fit_hours / 24,
+            b.test_hours / 24,
+        )?;
+    }
+    if let Some(s) = &plan.spot {
+        writeln!(
+            out,
+            "\nSpot for {:.0} h of work on {}: {} preemptions in {:.0} h (MTBF {}); checkpoint every {:.2} h (Young/Daly)",
+            s.job.work_hours,
+            s.trace,
+            s.stats.preemptions,
+            s.stats.hours,
+            s.stats
+                .mtbf_hours
+                .map_or("none".into(), |h| format!("{h:.2} h")),
+            s.job.interval_hours
+        )?;
+        let mut t = table::new(&[
+            "policy",
+            "finish h>",
+            "cost>",
+            "spot h>",
+            "on-demand h>",
+            "preemptions>",
+            "lost h>",
+            "deadline",
+        ]);
+        let mut runs = vec![("spot only", &s.spot_only), ("on demand", &s.on_demand)];
+        if let Some(d) = &s.deadline {
+            runs.push(("uniform progress", &d.uniform_progress));
+        }
+        for (name, r) in runs {
+            t.add_row(vec![
+                name.to_owned(),
+                format!("{:.1}", r.finish_hours),
+                usd(r.cost),
+                format!("{:.1}", r.spot_hours),
+                format!("{:.1}", r.on_demand_hours),
+                r.preemptions.to_string(),
+                format!("{:.2}", r.lost_work_hours),
+                r.deadline_met
+                    .map_or("-".into(), |m| if m { "met" } else { "missed" }.into()),
+            ]);
+        }
+        writeln!(out, "{t}")?;
+        if let Some(d) = &s.deadline {
+            writeln!(
+                out,
+                "spot alone {} the {:.0} h deadline",
+                if d.spot_only_meets { "meets" } else { "misses" },
+                d.deadline_hours
+            )?;
+        }
+    }
+    Ok(())
+}
