@@ -5,10 +5,10 @@ use std::io::Write;
 
 use anyhow::{Context, Result, bail};
 use frugal_cost::plan::{
-    BacktestConfig, DemandOptions, Gaps, HourlyDemand, Job, Plan, Rule, SpotAsk, SpotTrace,
-    TraceReading, ledger_demand,
+    BacktestConfig, DemandOptions, Gaps, HourlyDemand, Job, Plan, SpotAsk, SpotTrace, TraceReading,
+    html, ledger_demand,
 };
-use frugal_cost::present::{pct, usd, usd_unit, utc};
+use frugal_cost::present::{pct, usd_unit, utc};
 use frugal_cost::{Catalog, Ledger, Window};
 
 use crate::cli::PlanArgs;
@@ -128,46 +128,22 @@ fn print(plan: &Plan, filled: usize) -> Result<()> {
             String::new()
         }
     )?;
-    let c = &plan.commitments;
-    let mut t = table::new(&[
-        "capacity",
-        "committed>",
-        "$/month>",
-        "saved in window>",
-        "saved>",
-        "busy>",
-        "on-demand peak>",
-    ]);
-    for o in [
-        Some(&c.on_demand),
-        c.reserved_1y.as_ref(),
-        c.reserved_3y.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        t.add_row(vec![
-            o.capacity.to_string(),
-            o.count.to_string(),
-            usd(o.monthly_cost),
-            usd(o.saving),
-            o.saving_share.map_or("-".into(), pct),
-            o.utilization.map_or("-".into(), pct),
-            o.on_demand_peak.to_string(),
-        ]);
+    let mut t = table::new(&html::OPTION_HEAD);
+    for o in html::options(plan) {
+        t.add_row(html::option_cells(o));
     }
     writeln!(out, "\nWhat to commit to\n{t}")?;
-    for r in &c.refused {
+    for r in &plan.commitments.refused {
         writeln!(out, "no {}: {}", r.capacity, r.reason)?;
     }
     if let Some(b) = &plan.backtest {
         let rules: Vec<_> = std::iter::once(&b.ours).chain(&b.lookbacks).collect();
-        let name = |r: &Rule| match r {
-            Rule::Fit { hours, .. } => format!("ours, fit {} d", hours / 24),
-            Rule::Lookback { days } => format!("{days}-day lookback"),
-        };
         let mut heads = vec!["test window".to_owned(), "ours>".into(), "optimum>".into()];
-        heads.extend(rules.iter().map(|r| format!("{} regret>", name(&r.rule))));
+        heads.extend(
+            rules
+                .iter()
+                .map(|r| format!("{} regret>", html::rule_name(&r.rule))),
+        );
         heads.push("ours busy>".into());
         let heads: Vec<&str> = heads.iter().map(String::as_str).collect();
         let mut t = table::new(&heads);
@@ -213,32 +189,9 @@ fn print(plan: &Plan, filled: usize) -> Result<()> {
                 .map_or("none".into(), |h| format!("{h:.2} h")),
             s.job.interval_hours
         )?;
-        let mut t = table::new(&[
-            "policy",
-            "finish h>",
-            "cost>",
-            "spot h>",
-            "on-demand h>",
-            "preemptions>",
-            "lost h>",
-            "deadline",
-        ]);
-        let mut runs = vec![("spot only", &s.spot_only), ("on demand", &s.on_demand)];
-        if let Some(d) = &s.deadline {
-            runs.push(("uniform progress", &d.uniform_progress));
-        }
-        for (name, r) in runs {
-            t.add_row(vec![
-                name.to_owned(),
-                format!("{:.1}", r.finish_hours),
-                usd(r.cost),
-                format!("{:.1}", r.spot_hours),
-                format!("{:.1}", r.on_demand_hours),
-                r.preemptions.to_string(),
-                format!("{:.2}", r.lost_work_hours),
-                r.deadline_met
-                    .map_or("-".into(), |m| if m { "met" } else { "missed" }.into()),
-            ]);
+        let mut t = table::new(&html::REPLAY_HEAD);
+        for (name, r) in html::replays(s) {
+            t.add_row(html::replay_cells(name, r));
         }
         writeln!(out, "{t}")?;
         if let Some(d) = &s.deadline {

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use super::backtest::{Rule, RuleResult};
 use super::commit::CommitOption;
 use super::spot::Replay;
-use super::whole::Plan;
+use super::whole::{Plan, SpotPlan};
 use crate::money::Money;
 use crate::present::chart::{Chart, Series};
 use crate::present::page::{document, esc};
@@ -57,11 +57,7 @@ pub fn render(plan: &Plan) -> String {
             s.job.interval_hours,
             s.job.restart_hours * 60.0
         );
-        let mut runs = vec![("spot only", &s.spot_only), ("on demand", &s.on_demand)];
-        if let Some(d) = &s.deadline {
-            runs.push(("uniform progress to the deadline", &d.uniform_progress));
-        }
-        body.push_str(&replay_table(&runs));
+        body.push_str(&replay_table(&replays(s)));
     }
     document("frugal plan", STYLE, &body)
 }
@@ -86,38 +82,86 @@ fn table(head: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-fn options_table(plan: &Plan) -> String {
+/// The headings of [`option_cells`]; `>` marks a number column.
+pub const OPTION_HEAD: [&str; 7] = [
+    "capacity",
+    "committed>",
+    "$/month>",
+    "saved in the window>",
+    "saved>",
+    "commitment busy>",
+    "on-demand peak>",
+];
+
+/// One way to buy the capacity, as a row of text (the terminal's and the page's).
+pub fn option_cells(o: &CommitOption) -> Vec<String> {
+    vec![
+        o.capacity.to_string(),
+        o.count.to_string(),
+        usd(o.monthly_cost),
+        usd(o.saving),
+        o.saving_share.map_or("-".into(), pct),
+        o.utilization.map_or("-".into(), pct),
+        o.on_demand_peak.to_string(),
+    ]
+}
+
+/// On demand, then each term the plan priced.
+pub fn options(plan: &Plan) -> impl Iterator<Item = &CommitOption> {
     let c = &plan.commitments;
-    let row = |o: &CommitOption| {
-        vec![
-            o.capacity.to_string(),
-            o.count.to_string(),
-            usd(o.monthly_cost),
-            usd(o.saving),
-            o.saving_share.map_or("-".into(), pct),
-            o.utilization.map_or("-".into(), pct),
-            o.on_demand_peak.to_string(),
-        ]
-    };
-    let rows: Vec<Vec<String>> = [
+    [
         Some(&c.on_demand),
         c.reserved_1y.as_ref(),
         c.reserved_3y.as_ref(),
     ]
     .into_iter()
     .flatten()
-    .map(row)
-    .collect();
-    let head = [
-        "capacity",
-        "committed>",
-        "$/month>",
-        "saved in the window>",
-        "saved>",
-        "commitment busy>",
-        "on-demand peak>",
-    ];
-    let mut out = format!("<h2>What to commit to</h2>\n{}", table(&head, &rows));
+}
+
+/// The headings of [`replay_cells`].
+pub const REPLAY_HEAD: [&str; 8] = [
+    "policy",
+    "finish (h)>",
+    "cost>",
+    "spot h>",
+    "on-demand h>",
+    "preemptions>",
+    "work lost (h)>",
+    "deadline met",
+];
+
+/// A replay of the run under the policy `name`, as a row of text.
+pub fn replay_cells(name: &str, r: &Replay) -> Vec<String> {
+    vec![
+        name.to_owned(),
+        if r.finished {
+            format!("{:.1}", r.finish_hours)
+        } else {
+            "not finished".into()
+        },
+        usd(r.cost),
+        format!("{:.1}", r.spot_hours),
+        format!("{:.1}", r.on_demand_hours),
+        r.preemptions.to_string(),
+        format!("{:.2}", r.lost_work_hours),
+        r.deadline_met
+            .map_or("-".into(), |m| if m { "yes" } else { "no" }.into()),
+    ]
+}
+
+/// The replays a plan shows: spot alone, on demand, and the deadline policy.
+pub fn replays(s: &SpotPlan) -> Vec<(&'static str, &Replay)> {
+    let mut runs = vec![("spot only", &s.spot_only), ("on demand", &s.on_demand)];
+    if let Some(d) = &s.deadline {
+        runs.push(("uniform progress to the deadline", &d.uniform_progress));
+    }
+    runs
+}
+
+fn options_table(plan: &Plan) -> String {
+    let c = &plan.commitments;
+    let rows: Vec<Vec<String>> = options(plan).map(option_cells).collect();
+    let mut out = format!("<h2>What to commit to</h2>\n{}", table(&OPTION_HEAD, &rows));
     for r in &c.refused {
         let _ = writeln!(
             out,
@@ -173,7 +217,8 @@ fn demand_chart(plan: &Plan) -> String {
     )
 }
 
-fn rule_name(r: &Rule) -> String {
+/// A backtest rule in words.
+pub fn rule_name(r: &Rule) -> String {
     match r {
         Rule::Fit { hours, .. } => format!("ours (fit on {} days)", hours / 24),
         Rule::Lookback { days } => format!("{days}-day lookback"),
@@ -281,36 +326,8 @@ fn regret_chart(rules: &[&RuleResult]) -> String {
 }
 
 fn replay_table(runs: &[(&str, &Replay)]) -> String {
-    let rows: Vec<Vec<String>> = runs
-        .iter()
-        .map(|(name, r)| {
-            vec![
-                (*name).to_owned(),
-                if r.finished {
-                    format!("{:.1}", r.finish_hours)
-                } else {
-                    "not finished".into()
-                },
-                usd(r.cost),
-                format!("{:.1}", r.spot_hours),
-                format!("{:.1}", r.on_demand_hours),
-                r.preemptions.to_string(),
-                format!("{:.2}", r.lost_work_hours),
-                r.deadline_met
-                    .map_or("-".into(), |m| if m { "yes" } else { "no" }.into()),
-            ]
-        })
-        .collect();
-    let head = [
-        "policy",
-        "finish (h)>",
-        "cost>",
-        "spot h>",
-        "on-demand h>",
-        "preemptions>",
-        "work lost (h)>",
-        "deadline met",
-    ];
+    let rows: Vec<Vec<String>> = runs.iter().map(|(n, r)| replay_cells(n, r)).collect();
+    let head = REPLAY_HEAD;
     let saved = match runs {
         [(_, spot), (_, od), ..] if od.cost > Money::ZERO => format!(
             "<p class=\"note\">Spot alone costs {} of on demand's {}.</p>\n",
