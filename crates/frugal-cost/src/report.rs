@@ -14,6 +14,7 @@ use crate::catalog::Catalog;
 use crate::event::{Capacity, Kind, Outcome};
 use crate::ledger::{Ledger, LedgerError, Names, Window};
 use crate::money::{HourlyRate, Millis, Money};
+use crate::plan::{choose_commitment, window_cost};
 use crate::present::pct;
 use crate::rollup::{Key, Sums};
 
@@ -700,7 +701,7 @@ impl Builder<'_> {
                     "{} of on-demand training at the catalog's median spot price is {}; preemptions in this window re-did {} of work",
                     self.spot.on_demand, self.spot.at_spot, lost
                 ),
-                action: "run training on spot capacity with frequent checkpoints and automatic resume",
+                action: "run training on spot capacity with frequent checkpoints and automatic resume (`frugal train --spot`); `frugal plan --instance TYPE --work 24h --deadline 36h` replays a run on a real preemption trace",
             });
         }
         if let Some(lever) = self.reserved_lever() {
@@ -714,7 +715,8 @@ impl Builder<'_> {
         levers
     }
 
-    /// Reserved capacity for the floor of on-demand serving that ran every hour.
+    /// Reserved capacity for on-demand serving: the planner's exact cheapest commitment
+    /// over the window's whole hours (what `frugal plan` recommends and backtests).
     fn reserved_lever(&self) -> Option<Lever> {
         let mut dollars = Money::ZERO;
         let mut parts = Vec::new();
@@ -728,18 +730,19 @@ impl Builder<'_> {
             if span < 24 {
                 continue;
             }
-            let floor = (1..=span)
-                .map(|h| hours.get(&(first + h * HOUR_MS)).copied().unwrap_or(0))
-                .min()
-                .unwrap_or(0);
-            if floor == 0 {
-                continue;
-            }
-            // Replicas are whole: traffic in every hour needs at least one. A hundredth of
-            // an hour of slack absorbs requests that straddle hour boundaries.
-            let instances = ((floor - HOUR_MS / 100).max(0) as u64)
-                .div_ceil(HOUR_MS as u64)
-                .max(1);
+            // Replicas are whole: traffic in an hour needs at least one. A hundredth of an
+            // hour of slack absorbs requests that straddle hour boundaries.
+            let demand: Vec<u32> = (1..=span)
+                .map(|h| {
+                    let busy = hours.get(&(first + h * HOUR_MS)).copied().unwrap_or(0);
+                    match busy {
+                        0 => 0,
+                        b => ((b - HOUR_MS / 100).max(0) as u64)
+                            .div_ceil(HOUR_MS as u64)
+                            .max(1) as u32,
+                    }
+                })
+                .collect();
             let name = self.names.get(*instance);
             let region = (*region != 0).then(|| self.names.get(*region));
             let Ok(offer) = self.catalog.instance(name, region) else {
@@ -749,17 +752,17 @@ impl Builder<'_> {
                 unpriced.push(name.to_owned());
                 continue;
             };
-            let hours_ms = span * HOUR_MS;
-            let od = offer
-                .on_demand
-                .cost(hours_ms, instances as u32)
-                .unwrap_or(Money::ZERO);
-            let rs = reserved
-                .cost(hours_ms, instances as u32)
-                .unwrap_or(Money::ZERO);
-            dollars += od - rs;
+            let cheapest = crate::plan::Sizing::Cheapest;
+            let k = choose_commitment(&demand, reserved, offer.on_demand, cheapest);
+            if k == 0 {
+                continue;
+            }
+            let all = window_cost(&demand, 0, reserved, offer.on_demand);
+            let best = window_cost(&demand, k, reserved, offer.on_demand);
+            dollars += all.cost - best.cost;
             parts.push(format!(
-                "traffic kept {instances} x {name} busy in every one of {span} h"
+                "{k} x {name} committed over {span} h of on-demand serving would have been {} busy",
+                best.utilization.map_or("-".into(), pct)
             ));
         }
         if dollars > Money::ZERO {
@@ -767,10 +770,10 @@ impl Builder<'_> {
                 lever: "reserve the steady baseline",
                 dollars,
                 basis: format!(
-                    "{} on demand; priced at the catalog's 1-year reserved rate",
+                    "{}; the exact cheapest commitment at the catalog's 1-year reserved rate",
                     parts.join(", ")
                 ),
-                action: "commit (reserved or savings plan) for the baseline that never goes away; keep on-demand plus autoscaling above it",
+                action: "commit (reserved or savings plan) for the baseline, on-demand plus autoscaling above it; `frugal plan --workload NAME --instance TYPE --fit 30d --test 30d` backtests the count",
             })
         } else if !unpriced.is_empty() {
             unpriced.sort();
