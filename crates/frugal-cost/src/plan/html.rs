@@ -1,11 +1,12 @@
 //! The plan as one self-contained HTML page: the recommendation, demand over time with the
 //! commitment and what spills above it, the backtest per window beside the vendors' rule,
-//! and the spot replays.
+//! the spot replays, the instance types per 1M tokens and scale to zero.
 
 use std::fmt::Write;
 
 use super::backtest::{Rule, RuleResult};
 use super::commit::CommitOption;
+use super::size::{RightSizing, ZeroPlan};
 use super::spot::Replay;
 use super::whole::{Plan, SpotPlan};
 use crate::money::Money;
@@ -58,6 +59,12 @@ pub fn render(plan: &Plan) -> String {
             s.job.restart_hours * 60.0
         );
         body.push_str(&replay_table(&replays(s)));
+    }
+    if let Some(s) = &plan.sizing {
+        body.push_str(&sizing_table(s));
+    }
+    if let Some(z) = &plan.scale_to_zero {
+        body.push_str(&zero_section(z));
     }
     document("frugal plan", STYLE, &body)
 }
@@ -337,4 +344,89 @@ fn replay_table(runs: &[(&str, &Replay)]) -> String {
         _ => String::new(),
     };
     table(&head, &rows) + &saved
+}
+
+fn sizing_table(s: &RightSizing) -> String {
+    let opt_usd = |m: Option<Money>| m.map_or("-".into(), usd_unit);
+    let secs = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.0}", v * 1000.0));
+    let rows: Vec<Vec<String>> = s
+        .candidates
+        .iter()
+        .map(|c| {
+            let m = &c.measured;
+            vec![
+                m.instance_type.clone(),
+                usd_unit(m.rate.0),
+                format!("{:.0}", m.output_tokens_per_s),
+                opt_usd(c.per_1m_output_tokens),
+                opt_usd(c.per_1m_tokens),
+                secs(m.ttft_p99_s),
+                c.refused.clone().unwrap_or_else(|| "meets the SLO".into()),
+            ]
+        })
+        .collect();
+    let head = [
+        "instance",
+        "$/hour>",
+        "output tokens/s>",
+        "$ per 1M output tokens>",
+        "$ per 1M tokens>",
+        "TTFT p99 (ms)>",
+        "SLO",
+    ];
+    let slo = s.slo.ttft_p99_s.map_or("no latency SLO".into(), |v| {
+        format!("TTFT p99 within {:.0} ms", v * 1000.0)
+    });
+    let pick = s
+        .recommended
+        .as_deref()
+        .map_or("none of them meets it".to_owned(), |t| {
+            format!("the cheapest that meets it is {}", esc(t))
+        });
+    format!(
+        "<h2>Right size: cost per 1M tokens</h2>\n<p class=\"note\">From bench runs on each \
+         type, {}; {pick}.</p>\n{}",
+        esc(&slo),
+        table(&head, &rows)
+    )
+}
+
+fn zero_section(z: &ZeroPlan) -> String {
+    let from = if z.measured_cold_starts > 0 {
+        format!(
+            "the median of {} replica starts in the ledger",
+            z.measured_cold_starts
+        )
+    } else {
+        "given".into()
+    };
+    let rows = vec![vec![
+        z.requests.to_string(),
+        format!("{:.1}", z.always_on_hours),
+        format!("{:.1}", z.scaled_hours),
+        usd(z.saved),
+        z.cold_starts.to_string(),
+        z.waiting_share.map_or("-".into(), pct),
+        z.mean_wait_s.map_or("-".into(), |s| format!("{s:.1}")),
+    ]];
+    let head = [
+        "requests>",
+        "always on (h)>",
+        "scaled to zero (h)>",
+        "saved>",
+        "cold starts>",
+        "requests waiting>",
+        "mean wait (s)>",
+    ];
+    format!(
+        "<h2>Scale to zero</h2>\n<p class=\"note\">A replica stays up {:.0} s after its last \
+         request and takes {:.0} s to start ({from}); against one always on for {:.1} hours \
+         ({}). Verdict: {}.</p>\n{}",
+        z.grace_s,
+        z.cold_start_s,
+        z.span_hours,
+        usd(z.always_on_cost),
+        esc(&z.verdict),
+        table(&head, &rows)
+    )
 }
