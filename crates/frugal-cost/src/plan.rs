@@ -8,6 +8,8 @@
 //!   each term costs, saves, leaves idle and spills to on demand.
 //! - `backtest`: rolling fit/test windows scored against the hindsight optimum of each test
 //!   window and against the cloud vendors' lookback rule.
+//! - `size`: the instance type that serves a million tokens cheapest within a latency SLO,
+//!   and whether scaling a pool to zero between requests pays.
 //! - `spot`: preemption traces, the Young/Daly checkpoint interval, replays of a run on a
 //!   trace, and the "Can't Be Late" deadline policy.
 //!
@@ -17,6 +19,7 @@ pub mod backtest;
 pub mod commit;
 pub mod demand;
 pub mod html;
+pub mod size;
 pub mod spot;
 pub mod whole;
 
@@ -29,6 +32,10 @@ pub use commit::{
     WindowCost, choose_commitment, plan_commitments, window_cost,
 };
 pub use demand::{DemandError, DemandOptions, Gaps, HourlyDemand};
+pub use size::{
+    ColdStart, DEFAULT_MAX_WAITING_SHARE, Measured, RightSizing, SizeError, Slo, ZeroPlan,
+    ZeroPolicy, ledger_arrivals, ledger_cold_start, right_size, scale_to_zero,
+};
 pub use spot::{
     DeadlinePlan, IntervalCost, Job, Policy, Replay, SpotError, SpotPrices, SpotTrace,
     TraceReading, TraceStats, plan_deadline, replay, sweep_intervals, young_daly_interval,

@@ -10,5 +10,5 @@ pub mod format;
 pub mod page;
 pub mod svg;
 
-pub use format::{pct, pct1, thousands, usd, usd_f64, usd_unit, utc};
+pub use format::{pct, pct1, thousands, usd, usd_f64, usd_per_1m, usd_unit, utc};
 pub use page::esc;

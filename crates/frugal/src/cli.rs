@@ -127,6 +127,25 @@ pub struct PlanArgs {
     /// Time a restart takes (a new machine, the checkpoint loaded)
     #[arg(long, default_value = "6m", value_parser = humantime::parse_duration)]
     pub restart: std::time::Duration,
+    /// Right-size: a `frugal bench --json` run on an instance type (priced from the catalog),
+    /// repeated for each type to compare per 1M tokens
+    #[arg(long, value_name = "TYPE=FILE.json", value_parser = parse_bench)]
+    pub bench: Vec<(String, PathBuf)>,
+    /// The SLO the right size must meet: time to first token at the 99th percentile (e.g.
+    /// 500ms) [default: no SLO]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub slo_ttft_p99: Option<std::time::Duration>,
+    /// Scale to zero (with --workload): a replica's cold start [default: the median of the
+    /// workload's replica starts in the ledger, else 30s]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub cold_start: Option<std::time::Duration>,
+    /// Scale to zero: how long an idle replica stays up after its last request
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub scale_to_zero_after: std::time::Duration,
+    /// Scale to zero pays only while fewer than this share of requests wait for a cold start
+    #[arg(long, value_name = "SHARE", value_parser = unit_interval,
+          default_value_t = frugal_cost::plan::DEFAULT_MAX_WAITING_SHARE)]
+    pub max_waiting_share: f64,
     #[arg(long)]
     pub json: bool,
     /// Also write the plan as an HTML page with charts
@@ -699,5 +718,15 @@ fn unit_interval(s: &str) -> Result<f64, String> {
         Ok(v) if v > 0.0 && v < 1.0 => Ok(v),
         Ok(_) => Err("must be above 0 and below 1".into()),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `TYPE=FILE.json` of `--bench`.
+fn parse_bench(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((ty, file)) if !ty.is_empty() && !file.is_empty() => {
+            Ok((ty.to_owned(), PathBuf::from(file)))
+        }
+        _ => Err(format!("`{s}` is not TYPE=FILE.json")),
     }
 }

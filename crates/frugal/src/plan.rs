@@ -4,9 +4,11 @@
 use std::io::Write;
 
 use anyhow::{Context, Result, bail};
+use frugal_cost::money::HourlyRate;
 use frugal_cost::plan::{
-    BacktestConfig, DemandOptions, Gaps, HourlyDemand, Job, Plan, SpotAsk, SpotTrace, TraceReading,
-    html, ledger_demand,
+    BacktestConfig, ColdStart, DemandOptions, Gaps, HourlyDemand, Job, Measured, Plan, RightSizing,
+    Slo, SpotAsk, SpotTrace, TraceReading, ZeroPlan, ZeroPolicy, html, ledger_arrivals,
+    ledger_cold_start, ledger_demand, right_size, scale_to_zero,
 };
 use frugal_cost::present::{pct, usd_unit, utc};
 use frugal_cost::{Catalog, Ledger, Window};
@@ -42,7 +44,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &PlanArgs) -> Result<()> {
         }
         None => None,
     };
-    let plan = Plan::build(source, &demand, offer, windows.as_ref(), spot)?;
+    let mut plan = Plan::build(source, &demand, offer, windows.as_ref(), spot)?;
+    plan.sizing = sizing(catalog, args)?;
+    plan.scale_to_zero = match &args.workload {
+        Some(workload) => zero(config, args, workload, offer.on_demand)?,
+        None => None,
+    };
     if let Some(path) = &args.html {
         std::fs::write(path, frugal_cost::plan::html::render(&plan))
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -87,6 +94,55 @@ fn demand(config: &Config, args: &PlanArgs) -> Result<(HourlyDemand, String)> {
         )
     })?;
     Ok((demand, format!("the ledger's workload {workload}")))
+}
+
+/// The right size among the instance types of `--bench`, when given.
+fn sizing(catalog: &Catalog, args: &PlanArgs) -> Result<Option<RightSizing>> {
+    if args.bench.is_empty() {
+        return Ok(None);
+    }
+    let mut measured = Vec::new();
+    for (ty, path) in &args.bench {
+        let context = || format!("--bench {ty}={}", path.display());
+        let offer = catalog
+            .instance(ty, args.region.as_deref())
+            .with_context(context)?;
+        let json = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))
+            .with_context(context)?;
+        measured.push(Measured::from_bench_json(ty, offer.on_demand, &json).with_context(context)?);
+    }
+    let slo = Slo {
+        ttft_p99_s: args.slo_ttft_p99.map(|d| d.as_secs_f64()),
+    };
+    Ok(Some(right_size(&measured, slo)))
+}
+
+/// A replica's start where neither `--cold-start` nor the ledger says: a model server
+/// pulling its image and loading a few GB of weights.
+const DEFAULT_COLD_START: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Scale to zero replayed on the ledger's arrivals of `workload`, at `rate`.
+fn zero(
+    config: &Config,
+    args: &PlanArgs,
+    workload: &str,
+    rate: HourlyRate,
+) -> Result<Option<ZeroPlan>> {
+    let ledger = Ledger::open_existing(&config.ledger)?;
+    let arrivals = ledger_arrivals(&ledger, workload, Window::default())?;
+    if arrivals.is_empty() {
+        return Ok(None);
+    }
+    let cold_start = match args.cold_start {
+        Some(d) => ColdStart::given(d),
+        None => ledger_cold_start(&ledger, workload, DEFAULT_COLD_START)?,
+    };
+    let policy = ZeroPolicy {
+        max_waiting_share: args.max_waiting_share,
+        ..ZeroPolicy::new(cold_start, args.scale_to_zero_after)
+    };
+    Ok(Some(scale_to_zero(&arrivals, &policy, rate)))
 }
 
 /// The interruptible run to plan on spot, when asked for (`--work`, or `--deadline` with a
@@ -203,5 +259,31 @@ fn print(plan: &Plan, filled: usize) -> Result<()> {
             )?;
         }
     }
+    if let Some(s) = &plan.sizing {
+        print_sizing(&mut out, s)?;
+    }
+    if let Some(z) = &plan.scale_to_zero {
+        print_zero(&mut out, z)?;
+    }
+    Ok(())
+}
+
+fn print_sizing(out: &mut impl Write, s: &RightSizing) -> Result<()> {
+    let mut t = table::new(&html::SIZE_HEAD);
+    for c in &s.candidates {
+        t.add_row(html::candidate_cells(c));
+    }
+    writeln!(
+        out,
+        "\nRight size per 1M tokens: {}\n{t}",
+        html::sizing_summary(s)
+    )?;
+    Ok(())
+}
+
+fn print_zero(out: &mut impl Write, z: &ZeroPlan) -> Result<()> {
+    let mut t = table::new(&html::ZERO_HEAD);
+    t.add_row(html::zero_cells(z));
+    writeln!(out, "\nScale to zero: {}\n{t}", html::zero_summary(z))?;
     Ok(())
 }

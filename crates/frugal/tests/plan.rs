@@ -173,3 +173,141 @@ fn bad_demand_and_impossible_windows_are_clear_errors() {
     assert_eq!(out.status.code(), Some(1));
     assert!(said(&out).contains("--demand"), "{}", said(&out));
 }
+
+/// A `frugal bench --json` summary with the figures sizing reads.
+fn bench_json(output_tokens_per_s: f64, ttft_p99: f64) -> String {
+    serde_json::json!({
+        "requests": 100, "errors": 0, "error_samples": [], "wall_s": 10.0,
+        "prompt_tokens": 20000, "output_tokens": (output_tokens_per_s * 10.0) as u64,
+        "requests_per_s": 10.0, "output_tokens_per_s": output_tokens_per_s,
+        "ttft": {"p50": ttft_p99 / 3.0, "p90": ttft_p99 / 2.0, "p99": ttft_p99, "mean": ttft_p99 / 3.0},
+        "tpot": {"p50": 0.02, "p90": 0.03, "p99": 0.04, "mean": 0.02},
+        "latency": {"p50": 1.0, "p90": 1.5, "p99": 2.0, "mean": 1.1},
+        "cost": 0, "cache": {}, "routes": {}
+    })
+    .to_string()
+}
+
+#[test]
+fn the_cheapest_type_per_token_within_the_ttft_slo_is_recommended() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    // g6.xlarge ($0.8048/h) serves twice the tokens of g5.xlarge ($1.006/h), but late.
+    std::fs::write(&a, bench_json(1000.0, 0.3)).unwrap();
+    std::fs::write(&b, bench_json(2000.0, 0.8)).unwrap();
+    let bench = |ty: &str, p: &Path| format!("{ty}={}", p.display());
+    let (a, b) = (bench("g5.xlarge", &a), bench("g6.xlarge", &b));
+    let mut args = vec![
+        "--demand",
+        "data/demand-traces/nyc_taxi.csv",
+        "--scale",
+        "0.001",
+        "--instance",
+        "p3.2xlarge",
+        "--bench",
+        &a,
+        "--bench",
+        &b,
+        "--json",
+    ];
+    let free = plan(dir.path(), &args);
+    assert!(free.status.success(), "{}", said(&free));
+    let v: serde_json::Value = serde_json::from_slice(&free.stdout).unwrap();
+    assert_eq!(
+        v["sizing"]["recommended"], "g6.xlarge",
+        "no SLO: the cheapest"
+    );
+    let html = dir.path().join("plan.html");
+    args.extend(["--slo-ttft-p99", "500ms", "--html", html.to_str().unwrap()]);
+    let out = plan(dir.path(), &args);
+    assert!(out.status.success(), "{}", said(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["sizing"];
+    assert_eq!(s["recommended"], "g5.xlarge", "{s}");
+    let [late, fits] = s["candidates"].as_array().unwrap().as_slice() else {
+        panic!("{s}")
+    };
+    assert_eq!(late["instance_type"], "g6.xlarge");
+    assert_eq!(late["refused"], "TTFT p99 800 ms is above the SLO's 500 ms");
+    // $0.8048/h over 7.2M tokens an hour; $1.006/h over 3.6M.
+    assert_eq!(late["per_1m_output_tokens"], 111_777_778, "{late}");
+    assert_eq!(fits["per_1m_output_tokens"], 279_444_444, "{fits}");
+    assert_eq!(fits["refused"], serde_json::Value::Null);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("the cheapest that meets it is g5.xlarge"));
+
+    let unknown = bench("g9.xlarge", Path::new("a.json"));
+    let out = plan(
+        dir.path(),
+        &[
+            "--demand",
+            "data/demand-traces/nyc_taxi.csv",
+            "--instance",
+            "p3.2xlarge",
+            "--bench",
+            &unknown,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(said(&out).contains("--bench g9.xlarge"), "{}", said(&out));
+    assert!(
+        said(&out).contains("unknown instance type"),
+        "{}",
+        said(&out)
+    );
+}
+
+#[test]
+fn scale_to_zero_replays_the_ledgers_arrivals() {
+    let dir = tempfile::tempdir().unwrap();
+    // Ten requests a minute apart from 00:00, ten from 02:00, one at 04:00.
+    let minutes = (0..10).chain(120..130).chain([240]);
+    let jsonl: String = minutes
+        .map(|m| {
+            format!(
+                "{{\"ts\": \"2025-01-06T{:02}:{:02}:00Z\", \"kind\": \"inference\", \"workload\": \"chat\", \"cost_usd\": 0.01}}\n",
+                m / 60,
+                m % 60
+            )
+        })
+        .collect();
+    let file = dir.path().join("chat.jsonl");
+    std::fs::write(&file, jsonl).unwrap();
+    let import = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--ledger")
+        .arg(dir.path().join("ledger.sqlite"))
+        .args(["ledger", "import"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(import.status.success(), "{}", said(&import));
+    let run = |share: &str| {
+        let out = plan(
+            dir.path(),
+            &[
+                "--workload",
+                "chat",
+                "--instance",
+                "p3.2xlarge",
+                "--max-waiting-share",
+                share,
+                "--json",
+            ],
+        );
+        assert!(out.status.success(), "{}", said(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["scale_to_zero"].clone()
+    };
+    let z = run("0.05");
+    // Both gaps run 111 minutes; past the 5-minute grace 106 of each are saved: 212 of
+    // the span's 240 minutes at $3.06/h, and each gap's next request waits the 30 s start.
+    assert_eq!(z["requests"], 21, "{z}");
+    assert_eq!(z["cold_starts"], 2, "{z}");
+    assert_eq!(z["measured_cold_starts"], 0, "no spans: the default 30 s");
+    assert_eq!(z["cold_start_s"], 30.0);
+    assert_eq!(z["always_on_cost"], 12_240_000_000_i64, "{z}");
+    assert_eq!(z["saved"], 10_812_000_000_i64, "{z}");
+    assert_eq!(z["waiting_requests"], 2);
+    assert_eq!(z["pays"], false, "2 of 21 wait: {z}");
+    assert_eq!(run("0.1")["pays"], true);
+}

@@ -1,17 +1,18 @@
 //! The plan as one self-contained HTML page: the recommendation, demand over time with the
 //! commitment and what spills above it, the backtest per window beside the vendors' rule,
-//! and the spot replays.
+//! the spot replays, the instance types per 1M tokens and scale to zero.
 
 use std::fmt::Write;
 
 use super::backtest::{Rule, RuleResult};
 use super::commit::CommitOption;
+use super::size::{Candidate, RightSizing, ZeroPlan};
 use super::spot::Replay;
 use super::whole::{Plan, SpotPlan};
 use crate::money::Money;
 use crate::present::chart::{Chart, Series};
 use crate::present::page::{document, esc};
-use crate::present::{pct, usd, usd_unit, utc};
+use crate::present::{pct, pct1, usd, usd_per_1m, usd_unit, utc};
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;\
 color:#222;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1.5em}\
@@ -58,6 +59,12 @@ pub fn render(plan: &Plan) -> String {
             s.job.restart_hours * 60.0
         );
         body.push_str(&replay_table(&replays(s)));
+    }
+    if let Some(s) = &plan.sizing {
+        body.push_str(&sizing_table(s));
+    }
+    if let Some(z) = &plan.scale_to_zero {
+        body.push_str(&zero_section(z));
     }
     document("frugal plan", STYLE, &body)
 }
@@ -337,4 +344,104 @@ fn replay_table(runs: &[(&str, &Replay)]) -> String {
         _ => String::new(),
     };
     table(&head, &rows) + &saved
+}
+
+/// The right-size table's columns, shared by the page and the terminal.
+pub const SIZE_HEAD: [&str; 7] = [
+    "instance",
+    "$/hour>",
+    "output tokens/s>",
+    "$ per 1M output tokens>",
+    "$ per 1M tokens>",
+    "TTFT p99 (ms)>",
+    "SLO",
+];
+
+pub fn candidate_cells(c: &Candidate) -> Vec<String> {
+    let m = &c.measured;
+    let per_1m = |v: Option<Money>| v.map_or("-".into(), usd_per_1m);
+    vec![
+        m.instance_type.clone(),
+        usd_unit(m.rate.0),
+        format!("{:.0}", m.output_tokens_per_s),
+        per_1m(c.per_1m_output_tokens),
+        per_1m(c.per_1m_tokens),
+        m.ttft_p99_s
+            .map_or("-".into(), |v| format!("{:.0}", v * 1000.0)),
+        c.refused.clone().unwrap_or_else(|| "meets".into()),
+    ]
+}
+
+/// The SLO and the pick, in words.
+pub fn sizing_summary(s: &RightSizing) -> String {
+    let slo = s.slo.ttft_p99_s.map_or("no latency SLO".into(), |v| {
+        format!("TTFT p99 within {:.0} ms", v * 1000.0)
+    });
+    let pick = s
+        .recommended
+        .as_deref()
+        .map_or("none of them meets it".to_owned(), |t| {
+            format!("the cheapest that meets it is {t}")
+        });
+    format!("{slo}; {pick}")
+}
+
+fn sizing_table(s: &RightSizing) -> String {
+    let rows: Vec<Vec<String>> = s.candidates.iter().map(candidate_cells).collect();
+    format!(
+        "<h2>Right size: cost per 1M tokens</h2>\n<p class=\"note\">From bench runs on each \
+         type, {}.</p>\n{}",
+        esc(&sizing_summary(s)),
+        table(&SIZE_HEAD, &rows)
+    )
+}
+
+/// The scale-to-zero table's columns, shared by the page and the terminal.
+pub const ZERO_HEAD: [&str; 8] = [
+    "requests>",
+    "always on (h)>",
+    "scaled to zero (h)>",
+    "saved>",
+    "always-on cost>",
+    "cold starts>",
+    "requests waiting>",
+    "mean wait (s)>",
+];
+
+pub fn zero_cells(z: &ZeroPlan) -> Vec<String> {
+    vec![
+        z.requests.to_string(),
+        format!("{:.1}", z.always_on_hours),
+        format!("{:.1}", z.scaled_hours),
+        usd(z.saved),
+        usd(z.always_on_cost),
+        z.cold_starts.to_string(),
+        z.waiting_share.map_or("-".into(), pct1),
+        z.mean_wait_s.map_or("-".into(), |s| format!("{s:.1}")),
+    ]
+}
+
+/// The policy replayed and the verdict, in words.
+pub fn zero_summary(z: &ZeroPlan) -> String {
+    let from = if z.measured_cold_starts > 0 {
+        format!(
+            "the median of {} replica starts in the ledger",
+            z.measured_cold_starts
+        )
+    } else {
+        "not from the ledger".into()
+    };
+    format!(
+        "a replica stays up {:.0} s after its last request and takes {:.0} s to start ({from}), \
+         against one always on for {:.1} hours: {}",
+        z.grace_s, z.cold_start_s, z.span_hours, z.verdict
+    )
+}
+
+fn zero_section(z: &ZeroPlan) -> String {
+    format!(
+        "<h2>Scale to zero</h2>\n<p class=\"note\">{}.</p>\n{}",
+        esc(&zero_summary(z)),
+        table(&ZERO_HEAD, &[zero_cells(z)])
+    )
 }

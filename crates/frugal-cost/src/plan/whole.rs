@@ -7,6 +7,7 @@ use serde::Serialize;
 use super::backtest::{Backtest, BacktestConfig, BacktestError, backtest};
 use super::commit::{CommitPlan, CommitPrices, Sizing, plan_commitments};
 use super::demand::HourlyDemand;
+use super::size::{RightSizing, ZeroPlan};
 use super::spot::{
     DeadlinePlan, Job, Policy, Replay, SpotError, SpotPrices, SpotTrace, TraceStats, plan_deadline,
     replay, young_daly_interval,
@@ -56,6 +57,10 @@ pub struct Plan {
     /// Rolling fit/test windows for the cheapest term with a price.
     pub backtest: Option<Backtest>,
     pub spot: Option<SpotPlan>,
+    /// The instance type per 1M tokens within the SLO, from bench runs on each.
+    pub sizing: Option<RightSizing>,
+    /// Scale to zero replayed on the workload's arrivals from the ledger.
+    pub scale_to_zero: Option<ZeroPlan>,
     /// Hourly demand in whole instances, for the chart.
     pub hourly: Vec<u32>,
 }
@@ -132,6 +137,8 @@ impl Plan {
             commitments,
             backtest,
             spot,
+            sizing: None,
+            scale_to_zero: None,
             hourly: demand.instances(),
         })
     }

@@ -16,6 +16,12 @@ pub fn usd_unit(m: Money) -> String {
     usd_text(&m.to_string_places(if small { 6 } else { 2 }))
 }
 
+/// A price per million tokens to four decimals: instance types a few tenths of a cent
+/// apart per million still differ by thousands of dollars a year.
+pub fn usd_per_1m(m: Money) -> String {
+    usd_text(&m.to_string_places(4))
+}
+
 /// Float dollars (a chart value) as money.
 pub fn usd_f64(v: f64) -> String {
     Money::from_f64_dollars(v).map_or_else(|| format!("${v:.2}"), usd_unit)
