@@ -8,6 +8,7 @@ pub mod notice;
 pub mod pricing;
 pub mod store;
 pub mod supervisor;
+pub mod tune;
 pub mod watchdog;
 
 #[cfg(test)]

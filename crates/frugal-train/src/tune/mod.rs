@@ -1,0 +1,11 @@
+//! The core of `frugal tune`: a search space read from TOML ([`space`]), asynchronous
+//! successive halving over trials ([`asha`]) and the tuner's durable state ([`state`]).
+//! Running trials, the CLI and the ledger live elsewhere; nothing here starts a process.
+
+pub mod asha;
+pub mod space;
+pub mod state;
+
+pub use asha::{Asha, AshaConfig, AshaError, Job, Mode, TrialId};
+pub use space::{Param, Params, Space, SpaceError, Value};
+pub use state::{StateError, TrialRecord, TrialStatus, TuneState};
