@@ -7,5 +7,5 @@ pub mod space;
 pub mod state;
 
 pub use asha::{Asha, AshaConfig, AshaError, Job, Mode, TrialId};
-pub use space::{Param, Params, Space, SpaceError, Value};
+pub use space::{Limit, Param, Params, Space, SpaceError, Value, param_env, render_args};
 pub use state::{StateError, TrialRecord, TrialStatus, TuneState};

@@ -202,6 +202,26 @@ impl Space {
         }
     }
 
+    /// Refuses a `{name}` in the command that names no parameter: a typo would otherwise
+    /// reach the command as written. Braces around anything but a name are left alone.
+    pub fn check_args(&self, args: &[String]) -> Result<(), SpaceError> {
+        for arg in args {
+            let mut rest = arg.as_str();
+            while let Some(open) = rest.find('{') {
+                rest = &rest[open + 1..];
+                let Some(close) = rest.find('}') else { break };
+                let name = &rest[..close];
+                if check_name("", name).is_ok() && !self.params.contains_key(name) {
+                    return Err(invalid(
+                        "space",
+                        format!("the command's `{{{name}}}` names no parameter of the space"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The configuration of `trial`, a function of the seed and the trial alone, so a
     /// resumed tuner samples what the first one would have.
     pub fn sample(&self, seed: u64, trial: TrialId) -> Params {
@@ -657,18 +677,27 @@ dropout = { uniform = [0.0, 0.3] }
 
     #[test]
     fn names_that_collide_as_variables_are_refused() {
-        let text = ISSUE_SPACE.replace("[space]\n", "[space]\nLR = { uniform = [0.0, 1.0] }\n");
-        let error = parse(&text).map(|_| ()).unwrap_err_or_default();
+        let error = error_with("[space]\n", "[space]\nLR = { uniform = [0.0, 1.0] }\n");
         assert!(error.contains("FRUGAL_PARAM_LR"), "{error}");
     }
 
-    trait ErrText {
-        fn unwrap_err_or_default(self) -> String;
-    }
-
-    impl ErrText for Result<(), SpaceError> {
-        fn unwrap_err_or_default(self) -> String {
-            self.err().map(|e| e.to_string()).unwrap_or_default()
-        }
+    #[test]
+    fn a_placeholder_that_names_no_parameter_is_refused() {
+        let space = parse(ISSUE_SPACE).unwrap_or_else(|e| unreachable!("{e}"));
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(
+            space
+                .check_args(&args(&["--lr", "{lr}", "{\"a\": 1}", "{}"]))
+                .is_ok()
+        );
+        let error = space
+            .check_args(&args(&["--lr", "{lrate}"]))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            error.contains("`{lrate}` names no parameter of the space"),
+            "{error}"
+        );
     }
 }

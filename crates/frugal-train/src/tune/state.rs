@@ -161,7 +161,12 @@ impl TuneState {
             path: path.clone(),
             source,
         };
-        let wanted = serde_json::to_string(&config).map_err(|e| StateError::Corrupt {
+        // The trial count may grow between runs (to extend a search); the rungs may not.
+        let rungs_of = AshaConfig {
+            max_trials: None,
+            ..config.clone()
+        };
+        let wanted = serde_json::to_string(&rungs_of).map_err(|e| StateError::Corrupt {
             path: path.clone(),
             reason: e.to_string(),
         })?;
@@ -673,6 +678,29 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(error.contains("schema version 99"), "{error}");
+    }
+
+    #[test]
+    fn a_search_may_grow_its_trial_count_on_resume() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| unreachable!("{e}"));
+        let mut small = config();
+        small.max_trials = Some(1);
+        let mut state = TuneState::open(dir.path(), small).unwrap_or_else(|e| unreachable!("{e}"));
+        run(&mut state, 1);
+        assert_eq!(
+            state
+                .next_job(params)
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            Job::Done
+        );
+        drop(state);
+        let mut state = open(dir.path());
+        assert!(matches!(
+            state
+                .next_job(params)
+                .unwrap_or_else(|e| unreachable!("{e}")),
+            Job::Start { trial: 1, .. }
+        ));
     }
 
     #[test]
