@@ -211,7 +211,7 @@ impl Space {
                 rest = &rest[open + 1..];
                 let Some(close) = rest.find('}') else { break };
                 let name = &rest[..close];
-                if check_name("", name).is_ok() && !self.params.contains_key(name) {
+                if is_name(name) && !self.params.contains_key(name) {
                     return Err(invalid(
                         "space",
                         format!("the command's `{{{name}}}` names no parameter of the space"),
@@ -396,12 +396,7 @@ impl RawParam {
 
 /// A name must make a `{name}` placeholder and an environment variable.
 fn check_name(key: &str, name: &str) -> Result<(), SpaceError> {
-    let mut chars = name.chars();
-    let ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ok {
+    if is_name(name) {
         Ok(())
     } else {
         Err(invalid(
@@ -409,6 +404,14 @@ fn check_name(key: &str, name: &str) -> Result<(), SpaceError> {
             "a parameter name is letters, digits and `_`, not starting with a digit",
         ))
     }
+}
+
+fn is_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 fn env_name(name: &str) -> String {

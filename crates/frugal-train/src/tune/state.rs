@@ -126,6 +126,8 @@ pub struct TrialRecord {
     pub status: TrialStatus,
     /// The last rung it reported.
     pub rung: Option<usize>,
+    /// The rung its job runs it to, while running.
+    pub target: Option<usize>,
     /// `(resource, metric)` at each rung reached, in rung order.
     pub results: Vec<(u64, f64)>,
     pub checkpoint: Option<String>,
@@ -198,7 +200,7 @@ impl TuneState {
             .into_iter()
             .map(|r| Trial {
                 metrics: r.results.iter().map(|&(_, m)| m).collect(),
-                target: (r.status == TrialStatus::Running).then(|| r.rung.map_or(0, |k| k + 1)),
+                target: r.target,
                 running: false,
                 failed: r.status == TrialStatus::Failed,
             })
@@ -364,13 +366,14 @@ fn load_trials(db: &Connection, path: &Path) -> Result<Vec<TrialRecord>, StateEr
         String,
         String,
         Option<u32>,
+        Option<u32>,
         Option<String>,
         u32,
         Option<String>,
     );
     let rows: Vec<Row> = db
         .prepare(
-            "SELECT id, params, status, rung, checkpoint, attempts, last_error
+            "SELECT id, params, status, rung, target, checkpoint, attempts, last_error
              FROM trials ORDER BY id",
         )
         .and_then(|mut s| {
@@ -383,6 +386,7 @@ fn load_trials(db: &Connection, path: &Path) -> Result<Vec<TrialRecord>, StateEr
                     r.get(4)?,
                     r.get(5)?,
                     r.get(6)?,
+                    r.get(7)?,
                 ))
             })?
             .collect()
@@ -396,7 +400,7 @@ fn load_trials(db: &Connection, path: &Path) -> Result<Vec<TrialRecord>, StateEr
         })
         .map_err(db_err)?;
     let mut trials = Vec::with_capacity(rows.len());
-    for (expected_id, (id, params, status, rung, checkpoint, attempts, last_error)) in
+    for (expected_id, (id, params, status, rung, target, checkpoint, attempts, last_error)) in
         (0..).zip(rows)
     {
         if id != expected_id {
@@ -418,11 +422,23 @@ fn load_trials(db: &Connection, path: &Path) -> Result<Vec<TrialRecord>, StateEr
                 results.len()
             )));
         }
+        let target = target.map(|k| k as usize);
+        let target_ok = match status {
+            TrialStatus::Running => target == Some(rung.map_or(0, |k| k as usize + 1)),
+            _ => target.is_none(),
+        };
+        if !target_ok {
+            return Err(corrupt(format!(
+                "trial {id} is {} toward rung {target:?} from rung {rung:?}",
+                status.as_str()
+            )));
+        }
         trials.push(TrialRecord {
             id,
             params,
             status,
             rung: rung.map(|k| k as usize),
+            target,
             results,
             checkpoint,
             attempts,
