@@ -426,6 +426,44 @@ mod tests {
     }
 
     #[test]
+    fn on_parallel_slots_every_promotion_is_in_its_rungs_top_quarter_at_that_moment() {
+        let mut asha = Asha::new(config(Mode::Min, 16));
+        let mut slots: Vec<(TrialId, usize)> = Vec::new();
+        loop {
+            // Fill 4 slots, then finish the oldest job: results arrive out of start order.
+            while slots.len() < 4 {
+                let job = asha.next_job();
+                if let Job::Promote {
+                    trial, from_rung, ..
+                } = job
+                {
+                    let ranked = asha.ranked(from_rung);
+                    let top = &ranked[..ranked.len() / 4];
+                    assert!(top.iter().any(|&(id, _)| id == trial), "{job:?}");
+                }
+                match job.target() {
+                    Some(slot) => slots.push(slot),
+                    None => break,
+                }
+            }
+            if slots.is_empty() {
+                break;
+            }
+            let (trial, rung) = slots.remove(0);
+            asha.report(trial, rung, metric(trial, rung))
+                .unwrap_or_else(|e| unreachable!("{e}"));
+        }
+        assert_eq!(asha.peek_job(), Job::Done);
+        // Once every result is in, the final top quarter of each rung has gone on.
+        for rung in 0..2 {
+            let ranked = asha.ranked(rung);
+            for &(id, _) in &ranked[..ranked.len() / 4] {
+                assert!(asha.trials()[id as usize].metrics.len() > rung + 1, "{id}");
+            }
+        }
+    }
+
+    #[test]
     fn max_mode_promotes_the_highest_metrics() {
         let mut asha = Asha::new(config(Mode::Max, 16));
         let promoted: Vec<Job> = run_serially(&mut asha)
