@@ -11,12 +11,13 @@
 //! when the job has finished.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use frugal_cost::durable::{LockError, OpenError, open_versioned};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -948,44 +949,13 @@ fn reconcile(
 /// process that holds it.
 pub(crate) fn lock(dir: &Path) -> Result<File, StoreError> {
     let path = dir.join(LOCK_FILE);
-    let lock_err = |source| StoreError::Lock {
-        path: path.clone(),
-        source,
-    };
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(lock_err)?;
-    // A child this process starts shares its open files from fork to exec, locks
-    // included: a lock that this process's own id holds is waited for a moment.
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    loop {
-        match file.try_lock() {
-            Ok(()) => break,
-            Err(TryLockError::WouldBlock) => {
-                let pid: Option<u32> = std::fs::read_to_string(&path)
-                    .ok()
-                    .and_then(|p| p.trim().parse().ok());
-                if pid == Some(std::process::id()) && std::time::Instant::now() < patience {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                    continue;
-                }
-                return Err(StoreError::Locked {
-                    dir: dir.to_owned(),
-                    pid,
-                });
-            }
-            Err(TryLockError::Error(source)) => return Err(lock_err(source)),
-        }
-    }
-    // The holder's pid, for the message a second process gets.
-    file.set_len(0)
-        .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()))
-        .map_err(lock_err)?;
-    Ok(file)
+    frugal_cost::durable::lock_file(&path).map_err(|e| match e {
+        LockError::Locked(pid) => StoreError::Locked {
+            dir: dir.to_owned(),
+            pid,
+        },
+        LockError::Io(source) => StoreError::Lock { path, source },
+    })
 }
 
 fn check_free(dir: &Path, needed: u64) -> Result<(), StoreError> {
@@ -1005,30 +975,16 @@ fn check_free(dir: &Path, needed: u64) -> Result<(), StoreError> {
 }
 
 fn open_db(path: &Path) -> Result<Connection, StoreError> {
-    let db_err = |source| StoreError::Db {
-        path: path.to_owned(),
-        source,
-    };
-    let db = Connection::open(path).map_err(db_err)?;
-    // WAL with FULL sync: a committed row survives a power cut, not only a crash.
-    db.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
-        .map_err(db_err)?;
-    let version: i64 = db
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(db_err)?;
-    if version > SCHEMA_VERSION {
-        return Err(StoreError::NewerSchema {
+    open_versioned(path, SCHEMA, SCHEMA_VERSION).map_err(|e| match e {
+        OpenError::Db(source) => StoreError::Db {
             path: path.to_owned(),
-            found: version,
-        });
-    }
-    if version == 0 {
-        db.execute_batch(&format!(
-            "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-        ))
-        .map_err(db_err)?;
-    }
-    Ok(db)
+            source,
+        },
+        OpenError::Newer(found) => StoreError::NewerSchema {
+            path: path.to_owned(),
+            found,
+        },
+    })
 }
 
 fn path_text(p: &Path) -> String {

@@ -3,11 +3,10 @@
 //! preempted tuner resumes with the scheduler exactly where it was. A lock file keeps a
 //! second tuner off the same directory.
 
-use std::fs::{File, OpenOptions, TryLockError};
-use std::io::Write;
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
+use frugal_cost::durable::{LockError, OpenError, open_versioned};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::asha::{Asha, AshaConfig, AshaError, Job, Trial, TrialId};
@@ -452,70 +451,26 @@ fn load_trials(db: &Connection, path: &Path) -> Result<Vec<TrialRecord>, StateEr
 /// second tuner gets.
 fn lock(dir: &Path) -> Result<File, StateError> {
     let path = dir.join(LOCK_FILE);
-    let lock_err = |source| StateError::Lock {
-        path: path.clone(),
-        source,
-    };
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(lock_err)?;
-    // A child this process starts shares its open files from fork to exec, locks
-    // included: a lock that this process's own id holds is waited for a moment.
-    let patience = Instant::now() + Duration::from_secs(2);
-    loop {
-        match file.try_lock() {
-            Ok(()) => break,
-            Err(TryLockError::WouldBlock) => {
-                let pid: Option<u32> = std::fs::read_to_string(&path)
-                    .ok()
-                    .and_then(|p| p.trim().parse().ok());
-                if pid == Some(std::process::id()) && Instant::now() < patience {
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                }
-                return Err(StateError::Locked {
-                    dir: dir.to_owned(),
-                    pid,
-                });
-            }
-            Err(TryLockError::Error(source)) => return Err(lock_err(source)),
-        }
-    }
-    file.set_len(0)
-        .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()))
-        .map_err(lock_err)?;
-    Ok(file)
+    frugal_cost::durable::lock_file(&path).map_err(|e| match e {
+        LockError::Locked(pid) => StateError::Locked {
+            dir: dir.to_owned(),
+            pid,
+        },
+        LockError::Io(source) => StateError::Lock { path, source },
+    })
 }
 
 fn open_db(path: &Path) -> Result<Connection, StateError> {
-    let db_err = |source| StateError::Db {
-        path: path.to_owned(),
-        source,
-    };
-    let db = Connection::open(path).map_err(db_err)?;
-    // WAL with FULL sync: a rung result, once recorded, survives a power cut.
-    db.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
-        .map_err(db_err)?;
-    let version: i64 = db
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(db_err)?;
-    if version > SCHEMA_VERSION {
-        return Err(StateError::NewerSchema {
+    open_versioned(path, SCHEMA, SCHEMA_VERSION).map_err(|e| match e {
+        OpenError::Db(source) => StateError::Db {
             path: path.to_owned(),
-            found: version,
-        });
-    }
-    if version == 0 {
-        db.execute_batch(&format!(
-            "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-        ))
-        .map_err(db_err)?;
-    }
-    Ok(db)
+            source,
+        },
+        OpenError::Newer(found) => StateError::NewerSchema {
+            path: path.to_owned(),
+            found,
+        },
+    })
 }
 
 #[cfg(test)]
