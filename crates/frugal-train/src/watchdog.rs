@@ -49,6 +49,16 @@ pub struct StepMetrics {
     pub sync_s: f64,
     pub batch: Option<u64>,
     pub loss: Option<f64>,
+    /// The whole line, for fields the watchdog does not know (a tuner's metric).
+    #[serde(skip)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl StepMetrics {
+    /// A numeric field of the line by name (`step` and the named fields included).
+    pub fn number(&self, name: &str) -> Option<f64> {
+        self.fields.get(name).and_then(serde_json::Value::as_f64)
+    }
 }
 
 /// Follows the metrics file as the trainer appends to it; a torn last line waits for its end.
@@ -86,7 +96,15 @@ impl MetricsTail {
                 break;
             }
             self.offset += n as u64;
-            match serde_json::from_str::<StepMetrics>(line.trim()) {
+            let parsed = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
+                line.trim(),
+            )
+            .and_then(|fields| {
+                let mut m = StepMetrics::deserialize(serde_json::Value::Object(fields.clone()))?;
+                m.fields = fields;
+                Ok(m)
+            });
+            match parsed {
                 Ok(m) => out.push(m),
                 Err(e) if !line.trim().is_empty() => {
                     self.bad_lines += 1;
@@ -614,6 +632,7 @@ mod tests {
             sync_s,
             batch: Some(8),
             loss: None,
+            fields: serde_json::Map::new(),
         }
     }
 
