@@ -125,6 +125,17 @@ impl Pricing {
         e
     }
 
+    /// One of `slots` equal shares of the machine (a tuner's slot): each pays its part.
+    pub fn share(&self, slots: u32) -> Pricing {
+        let part =
+            |r: HourlyRate| HourlyRate(r.0.mul_div(1, i128::from(slots.max(1))).unwrap_or(r.0));
+        Pricing {
+            rate: part(self.rate),
+            on_demand: self.on_demand.map(part),
+            ..self.clone()
+        }
+    }
+
     /// The run's totals over `segments`.
     pub fn run_cost(&self, run_id: &str, segments: &[Segment]) -> RunCost {
         let mut total = RunCost {

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use crate::contract;
 use crate::notice::{Action, Notice, NoticeSource};
 use crate::store::{CheckpointStore, local_checkpoints};
-use crate::watchdog::{Diagnosis, MetricsTail, Watchdog};
+use crate::watchdog::{Diagnosis, MetricsTail, StepMetrics, Watchdog};
 
 /// How often checkpoints are looked for and the watchdog samples.
 const TICK: Duration = Duration::from_millis(250);
@@ -52,7 +52,26 @@ pub struct Plan {
     pub store_wait: Duration,
     /// Watch GPUs through NVML (off: CPU-only mode).
     pub gpu: bool,
+    /// More variables for the command (a tuner's parameters, a slot's device).
+    pub env: Vec<(String, String)>,
+    /// Where the command's stdout and stderr go (appended); `None`: the supervisor's own.
+    pub log: Option<PathBuf>,
 }
+
+/// Watches a run from outside (a tuner) and may end it early.
+pub trait Observer {
+    /// A segment's command started as process (and group) `pid`, resuming from a checkpoint
+    /// at `resumed_from`.
+    fn started(&mut self, _attempt: u32, _pid: u32, _resumed_from: Option<u64>) {}
+    /// The metrics lines since the last call, every tick (often none): `true` asks the
+    /// command to checkpoint and stop, and the run ends [`Ending::Paused`].
+    fn watch(&mut self, _steps: &[StepMetrics]) -> bool {
+        false
+    }
+}
+
+/// No observer: `frugal train`.
+impl Observer for () {}
 
 /// One life of the command.
 #[derive(Debug, Clone)]
@@ -87,6 +106,8 @@ pub enum Ending {
     Completed,
     /// Stopped by a signal to the supervisor with its progress saved: run it again to resume.
     Stopped,
+    /// Stopped when its [`Observer`] asked, with its progress saved.
+    Paused,
 }
 
 #[derive(Debug)]
@@ -145,6 +166,8 @@ enum StopReason {
     Notice(Notice),
     /// SIGTERM or SIGINT to the supervisor: stop for good.
     Signal(&'static str),
+    /// The observer asked: stop for good.
+    Asked,
 }
 
 #[derive(Debug)]
@@ -163,6 +186,7 @@ pub async fn supervise<S: NoticeSource + 'static>(
     store: CheckpointStore,
     source: Option<S>,
     mut record: impl FnMut(&Segment) -> Result<(), String>,
+    observer: &mut dyn Observer,
 ) -> Result<Summary, SuperviseError> {
     let dir_err = |path: &Path| {
         let path = path.to_owned();
@@ -200,6 +224,7 @@ pub async fn supervise<S: NoticeSource + 'static>(
         clear_partial(&plan.checkpoint_dir);
         let resume = resume_point(&plan.checkpoint_dir, &store, &bad).await?;
         let mut life = Life::start(plan, attempt, resume.as_ref(), &mut watchdog)?;
+        observer.started(attempt, life.pid.as_raw().unsigned_abs(), life.resumed_from);
         let status = life
             .run(
                 plan,
@@ -207,6 +232,7 @@ pub async fn supervise<S: NoticeSource + 'static>(
                 notices.as_ref(),
                 &uploader,
                 &mut watchdog,
+                observer,
             )
             .await;
         let segment = life.finish(started, attempt, status, &watchdog);
@@ -238,6 +264,7 @@ pub async fn supervise<S: NoticeSource + 'static>(
         let ending = match (outcome, &reason) {
             (Outcome::Completed, _) => Some(Ending::Completed),
             (_, Some(StopReason::Signal(_))) => Some(Ending::Stopped),
+            (_, Some(StopReason::Asked)) => Some(Ending::Paused),
             _ => None,
         };
         if let Some(ending) = ending {
@@ -393,6 +420,21 @@ impl Life {
             // Its own process group: a terminal's Ctrl-C reaches the supervisor, which stops
             // the command cleanly, and a stop reaches the command's workers too.
             .process_group(0);
+        for (k, v) in &plan.env {
+            cmd.env(k, v);
+        }
+        if let Some(path) = &plan.log {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|source| SuperviseError::Dir {
+                    path: path.clone(),
+                    source,
+                })?;
+            let err = file.try_clone().map_err(spawn_err)?;
+            cmd.stdout(file).stderr(err);
+        }
         if let Some((step, path)) = resume {
             tracing::info!("segment {attempt}: resuming from checkpoint {step}");
             cmd.env(contract::RESUME_FROM, path);
@@ -433,6 +475,7 @@ impl Life {
         notices: Option<&NoticeTask>,
         uploader: &Uploader,
         watchdog: &mut Watchdog,
+        observer: &mut dyn Observer,
     ) -> std::io::Result<ExitStatus> {
         let mut notice_rx = notices.map(|n| n.current.clone());
         loop {
@@ -443,11 +486,13 @@ impl Life {
             };
             tokio::select! {
                 status = self.child.wait() => {
-                    self.scan(plan, uploader, watchdog);
+                    self.scan(plan, uploader, watchdog, observer);
                     return status;
                 }
                 () = tokio::time::sleep(tick) => {
-                    self.scan(plan, uploader, watchdog);
+                    if self.scan(plan, uploader, watchdog, observer) && self.stopping.is_none() {
+                        self.begin_stop(plan, StopReason::Asked, Instant::now() + plan.term_deadline);
+                    }
                     self.advance_stop(plan);
                 }
                 Ok(()) = changed(&mut notice_rx) => {
@@ -559,8 +604,15 @@ impl Life {
         let _ = killpg(self.pid, sig);
     }
 
-    /// New checkpoints go to the uploader; new step metrics to the watchdog.
-    fn scan(&mut self, plan: &Plan, uploader: &Uploader, watchdog: &mut Watchdog) {
+    /// New checkpoints go to the uploader; new step metrics to the observer and the
+    /// watchdog. `true`: the observer asks for a stop.
+    fn scan(
+        &mut self,
+        plan: &Plan,
+        uploader: &Uploader,
+        watchdog: &mut Watchdog,
+        observer: &mut dyn Observer,
+    ) -> bool {
         let now = Instant::now();
         for (step, path) in local_checkpoints(&plan.checkpoint_dir).unwrap_or_default() {
             if self.known.insert(step) {
@@ -575,11 +627,13 @@ impl Life {
         if let Some(last) = steps.last() {
             self.last_step = Some(last.step);
         }
+        let stop = observer.watch(&steps);
         watchdog.sample(steps);
         if let Some(d) = watchdog.news() {
             tracing::warn!("{d}");
             self.diagnoses.push(d);
         }
+        stop
     }
 
     fn finish(
@@ -605,10 +659,11 @@ impl Life {
                 let why = match &s.reason {
                     StopReason::Notice(n) => format!("{} notice: {}", n.cloud, n.detail),
                     StopReason::Signal(name) => (*name).to_owned(),
+                    StopReason::Asked => "stopped by its observer".to_owned(),
                 };
                 let outcome = match s.reason {
                     StopReason::Notice(_) => Outcome::Preempted,
-                    StopReason::Signal(_) => Outcome::Stopped,
+                    StopReason::Signal(_) | StopReason::Asked => Outcome::Stopped,
                 };
                 (outcome, format!("{why}, then {exit}"))
             }
@@ -725,13 +780,13 @@ impl Signals {
 }
 
 /// Polls the cloud's notice endpoint on its own task: a long poll never holds up the rest.
-struct NoticeTask {
-    current: watch::Receiver<Option<Notice>>,
+pub(crate) struct NoticeTask {
+    pub(crate) current: watch::Receiver<Option<Notice>>,
     acks: mpsc::UnboundedSender<Notice>,
 }
 
 impl NoticeTask {
-    fn spawn<S: NoticeSource + 'static>(mut source: S, poll: Duration) -> NoticeTask {
+    pub(crate) fn spawn<S: NoticeSource + 'static>(mut source: S, poll: Duration) -> NoticeTask {
         let (tx, current) = watch::channel(None);
         let (acks, mut ack_rx) = mpsc::unbounded_channel::<Notice>();
         tokio::spawn(async move {
@@ -776,7 +831,7 @@ impl NoticeTask {
         NoticeTask { current, acks }
     }
 
-    fn acknowledge(&self, notice: Notice) {
+    pub(crate) fn acknowledge(&self, notice: Notice) {
         let _ = self.acks.send(notice);
     }
 

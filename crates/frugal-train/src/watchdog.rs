@@ -96,14 +96,14 @@ impl MetricsTail {
                 break;
             }
             self.offset += n as u64;
-            let parsed = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
-                line.trim(),
-            )
-            .and_then(|fields| {
-                let mut m = StepMetrics::deserialize(serde_json::Value::Object(fields.clone()))?;
-                m.fields = fields;
-                Ok(m)
-            });
+            let parsed =
+                serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line.trim())
+                    .and_then(|fields| {
+                        let mut m =
+                            StepMetrics::deserialize(serde_json::Value::Object(fields.clone()))?;
+                        m.fields = fields;
+                        Ok(m)
+                    });
             match parsed {
                 Ok(m) => out.push(m),
                 Err(e) if !line.trim().is_empty() => {
@@ -555,7 +555,13 @@ fn gpus() -> Option<Gpus> {
             None
         }
         Err(e) => {
-            tracing::warn!("no NVML ({e}): CPU-only mode, the CPU stands in for the accelerator");
+            // Once a process: a tuner starts many supervised segments.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "no NVML ({e}): CPU-only mode, the CPU stands in for the accelerator"
+                );
+            });
             None
         }
     }

@@ -74,6 +74,9 @@ pub enum Command {
     /// The capacity mix for a workload (reserved, on demand, spot) from its demand, backtested
     /// on the months it was not fitted on
     Plan(PlanArgs),
+    /// Search hyperparameters with ASHA over any training command: trials stopped at rungs
+    /// resume from their checkpoints when promoted, spot-safe and priced
+    Tune(TuneArgs),
 }
 
 #[derive(Debug, Args)]
@@ -292,6 +295,22 @@ pub struct TrainArgs {
     /// Local checkpoint directory [default: .frugal/RUN/checkpoints]
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub supervisor: SupervisorArgs,
+    /// Restarts allowed, after crashes and preemptions together
+    #[arg(long, default_value_t = 10)]
+    pub max_restarts: u32,
+    /// Seconds before the first restart after a crash; doubles each time, up to 5 minutes
+    #[arg(long, default_value_t = 1.0, value_name = "S")]
+    pub backoff: f64,
+    /// The training command and its arguments
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// How a supervised command is checkpointed and stopped (`frugal train`, `frugal tune`).
+#[derive(Debug, Args)]
+pub struct SupervisorArgs {
     /// Checkpoint store: a directory, or a file://, s3://, gs:// or az:// URL (credentials from
     /// the usual AWS_*, GOOGLE_*, AZURE_* variables) [default: checkpoints/ beside the ledger]
     #[arg(long, value_name = "URL")]
@@ -302,15 +321,9 @@ pub struct TrainArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping the command
     #[arg(long, default_value_t = 10.0, value_name = "S")]
     pub stop_grace: f64,
-    /// Seconds a SIGTERM or SIGINT to the supervisor leaves for the checkpoint and the stop
+    /// Seconds a stop (a SIGTERM or SIGINT, a tuner's rung) leaves for the checkpoint
     #[arg(long, default_value_t = 25.0, value_name = "S")]
     pub signal_deadline: f64,
-    /// Restarts allowed, after crashes and preemptions together
-    #[arg(long, default_value_t = 10)]
-    pub max_restarts: u32,
-    /// Seconds before the first restart after a crash; doubles each time, up to 5 minutes
-    #[arg(long, default_value_t = 1.0, value_name = "S")]
-    pub backoff: f64,
     /// Checkpoints kept, in the store and locally
     #[arg(long, default_value_t = 3)]
     pub keep: usize,
@@ -320,9 +333,52 @@ pub struct TrainArgs {
     /// Do not look for GPUs (the CPU stands in for the accelerator)
     #[arg(long)]
     pub no_gpu: bool,
-    /// The training command and its arguments
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "The search space's TOML and the summary's fields: docs/tune.md. \
+The command's contract: docs/training.md"
+)]
+pub struct TuneArgs {
+    /// The search space, metric, resource and rungs (TOML)
+    #[arg(long, value_name = "FILE.toml")]
+    pub space: PathBuf,
+    /// Trials run at once, each on its own slot
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub parallel: u32,
+    /// The tuner's state, and each trial's checkpoints, metrics and log [default: .frugal/tune/ID]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Print the summary as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// The search's id, in the ledger and the trials' run ids [default: a hash of the space
+    /// and the command]
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+    /// Seeds the configurations sampled
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Launch each trial through this command, run by `sh -c`: `{command}` is the trial's
+    /// command, `{env}` its variables as NAME=VALUE words, `{run}`, `{trial}`, `{slot}`
+    /// (e.g. 'srun --gres=gpu:1 env {env} {command}')
+    #[arg(long, value_name = "TEMPLATE")]
+    pub launcher: Option<String>,
+    /// CUDA_VISIBLE_DEVICES of each slot, comma-separated (`0,1,2,3`; `0+1,2+3` for two
+    /// devices a slot)
+    #[arg(long, value_name = "LIST")]
+    pub devices: Option<String>,
+    /// Seconds a trial may go without reporting a step before it counts as hung
+    #[arg(long, default_value_t = 1800.0, value_name = "S")]
+    pub trial_timeout: f64,
+    #[command(flatten)]
+    pub machine: MachineArgs,
+    #[command(flatten)]
+    pub supervisor: SupervisorArgs,
+    /// The training command, with `{name}` where a parameter's value goes
     #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<std::ffi::OsString>,
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

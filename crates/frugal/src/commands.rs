@@ -38,6 +38,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => crate::train::run(&config, &catalog, &args),
         Command::Batch(BatchCommand::Run(args)) => crate::batch::run(&config, &catalog, &args),
         Command::Plan(args) => crate::plan::run(&config, &catalog, &args),
+        Command::Tune(args) => crate::tune::run(&config, &catalog, &args),
         Command::Prices(args) => prices(&catalog, &args),
         Command::Ledger(LedgerCommand::Import(args)) => {
             let ledger = open_for_write(&config)?;
@@ -129,7 +130,8 @@ fn new_key(args: &NewKeyArgs) -> Result<()> {
     Ok(())
 }
 
-fn open_for_write(config: &Config) -> Result<Ledger> {
+/// The ledger, its folder made first.
+pub fn open_for_write(config: &Config) -> Result<Ledger> {
     if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;

@@ -14,6 +14,7 @@ mod progress;
 mod serve;
 mod table;
 mod train;
+mod tune;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -37,6 +38,7 @@ fn main() -> ExitCode {
             let mut stderr = std::io::stderr().lock();
             if err.downcast_ref::<train::Stopped>().is_some()
                 || err.downcast_ref::<batch::Stopped>().is_some()
+                || err.downcast_ref::<tune::Stopped>().is_some()
             {
                 let _ = writeln!(stderr, "{err}");
                 return ExitCode::from(train::EXIT_RESUMABLE);
@@ -51,8 +53,9 @@ fn main() -> ExitCode {
 }
 
 fn init_tracing(verbose: u8) {
+    // The tuner's trials and rung results are its progress: shown unless asked otherwise.
     let default = match verbose {
-        0 => "warn",
+        0 => "warn,frugal_train::tune::run=info",
         1 => "info",
         2 => "debug",
         _ => "trace",

@@ -2,6 +2,7 @@
 //! summary printed. Pricing is `frugal_train::pricing`'s.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -12,7 +13,7 @@ use frugal_train::store::CheckpointStore;
 use frugal_train::supervisor::{Ending, Plan, Segment, supervise};
 use sha2::{Digest, Sha256};
 
-use crate::cli::{MachineArgs, NoticeArg, TrainArgs};
+use crate::cli::{MachineArgs, NoticeArg, SupervisorArgs, TrainArgs};
 use crate::config::Config;
 use crate::table;
 
@@ -37,38 +38,17 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         .checkpoint_dir
         .clone()
         .unwrap_or_else(|| work.join("checkpoints"));
-    let store_url = match &args.store {
-        Some(url) => url.clone(),
-        None => config
-            .ledger
-            .parent()
-            .map(|d| d.join("checkpoints"))
-            .context("no place for the default checkpoint store: give --store")?
-            .display()
-            .to_string(),
-    };
-    let store = CheckpointStore::open(&store_url, &run_id)?;
+    let store = CheckpointStore::open(&store_url(config, &args.supervisor)?, &run_id)?;
     let plan = Plan {
         command: args.command.clone(),
         run_id: run_id.clone(),
         checkpoint_dir: std::path::absolute(&checkpoint_dir)?,
         metrics: std::path::absolute(work.join("metrics.jsonl"))?,
-        checkpoint_signal: parse_signal(&args.checkpoint_signal)?,
-        stop_grace: seconds("--stop-grace", args.stop_grace)?,
-        term_deadline: seconds("--signal-deadline", args.signal_deadline)?,
-        poll: seconds("--poll", args.machine.poll)?,
         max_restarts: args.max_restarts,
         backoff: seconds("--backoff", args.backoff)?,
-        max_backoff: Duration::from_secs(300),
-        keep: args.keep.max(1),
-        store_wait: seconds("--store-wait", args.store_wait)?,
-        gpu: !args.no_gpu,
+        ..base_plan(&args.supervisor, &args.machine)?
     };
-    if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
-    }
-    let mut ledger = frugal_cost::Ledger::open(&config.ledger)?;
+    let mut ledger = crate::commands::open_for_write(config)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -82,14 +62,14 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
                 .map(|_| ())
                 .map_err(|e| format!("{e:#}"))
         };
-        anyhow::Ok(supervise(&plan, store, source, record).await?)
+        anyhow::Ok(supervise(&plan, store, source, record, &mut ()).await?)
     })?;
 
     let mut out = std::io::stdout().lock();
     print_summary(&mut out, &run_id, &pricing, &summary.segments)?;
     match summary.ending {
         Ending::Completed => Ok(()),
-        Ending::Stopped => Err(Stopped {
+        Ending::Stopped | Ending::Paused => Err(Stopped {
             run: run_id,
             checkpoint: summary
                 .stored
@@ -97,6 +77,42 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         }
         .into()),
     }
+}
+
+/// The checkpoint store: `--store`, or checkpoints/ beside the ledger.
+pub fn store_url(config: &Config, args: &SupervisorArgs) -> Result<String> {
+    Ok(match &args.store {
+        Some(url) => url.clone(),
+        None => config
+            .ledger
+            .parent()
+            .map(|d| d.join("checkpoints"))
+            .context("no place for the default checkpoint store: give --store")?
+            .display()
+            .to_string(),
+    })
+}
+
+/// The supervisor's settings from the flags; the command, run id and paths are the caller's.
+pub fn base_plan(args: &SupervisorArgs, machine: &MachineArgs) -> Result<Plan> {
+    Ok(Plan {
+        command: Vec::new(),
+        run_id: String::new(),
+        checkpoint_dir: PathBuf::new(),
+        metrics: PathBuf::new(),
+        checkpoint_signal: parse_signal(&args.checkpoint_signal)?,
+        stop_grace: seconds("--stop-grace", args.stop_grace)?,
+        term_deadline: seconds("--signal-deadline", args.signal_deadline)?,
+        poll: seconds("--poll", machine.poll)?,
+        max_restarts: 0,
+        backoff: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(300),
+        keep: args.keep.max(1),
+        store_wait: seconds("--store-wait", args.store_wait)?,
+        gpu: !args.no_gpu,
+        env: Vec::new(),
+        log: None,
+    })
 }
 
 /// The same command gives the same run id, on any machine.

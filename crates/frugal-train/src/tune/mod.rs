@@ -1,8 +1,9 @@
 //! The core of `frugal tune`: a search space read from TOML ([`space`]), asynchronous
 //! successive halving over trials ([`asha`]) and the tuner's durable state ([`state`]).
-//! Running trials, the CLI and the ledger live elsewhere; nothing here starts a process.
+//! [`run`] runs the trials under the supervisor.
 
 pub mod asha;
+pub mod run;
 pub mod space;
 pub mod state;
 

@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use frugal_cost::Money;
 use frugal_cost::durable::{LockError, OpenError, open_versioned};
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -33,6 +34,14 @@ CREATE TABLE results (
     resource INTEGER NOT NULL,
     metric REAL,
     PRIMARY KEY (trial, rung)
+);
+CREATE TABLE segments (
+    trial INTEGER NOT NULL REFERENCES trials(id),
+    started_ms INTEGER NOT NULL,
+    seconds REAL NOT NULL,
+    steps INTEGER NOT NULL,
+    cost TEXT NOT NULL,
+    outcome TEXT NOT NULL
 );
 ";
 
@@ -133,6 +142,27 @@ pub struct TrialRecord {
     /// Crashed attempts of the job it is on (0 after each rung it reports).
     pub attempts: u32,
     pub last_error: Option<String>,
+    /// What its segments used, all together.
+    pub work: Work,
+}
+
+/// What one or more segments of a trial used.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Work {
+    pub segments: u32,
+    pub seconds: f64,
+    /// Steps trained (a resumed segment counts from its checkpoint).
+    pub steps: u64,
+    pub cost: Money,
+}
+
+impl std::ops::AddAssign for Work {
+    fn add_assign(&mut self, o: Work) {
+        self.segments += o.segments;
+        self.seconds += o.seconds;
+        self.steps += o.steps;
+        self.cost += o.cost;
+    }
 }
 
 /// The open state of one tune job: the scheduler, mirrored in SQLite before each change
@@ -319,6 +349,29 @@ impl TuneState {
         Ok(())
     }
 
+    /// Records one segment of `trial` (its time, steps and cost) as it ends.
+    pub fn record_segment(
+        &mut self,
+        trial: TrialId,
+        started_ms: i64,
+        outcome: &str,
+        work: Work,
+    ) -> Result<(), StateError> {
+        self.exec(
+            "INSERT INTO segments (trial, started_ms, seconds, steps, cost, outcome)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                trial,
+                started_ms,
+                work.seconds,
+                i64::try_from(work.steps).unwrap_or(i64::MAX),
+                work.cost.to_string_places(9),
+                outcome
+            ],
+        )?;
+        Ok(())
+    }
+
     /// Starts no more trials (a spent budget); running ones go on.
     pub fn close(&mut self) -> Result<(), StateError> {
         self.exec(
@@ -398,6 +451,25 @@ fn load_trials(db: &Connection, path: &Path) -> Result<Vec<TrialRecord>, StateEr
                 .collect()
         })
         .map_err(db_err)?;
+    let mut work: std::collections::BTreeMap<u32, Work> = std::collections::BTreeMap::new();
+    let segments: Vec<(u32, f64, i64, String)> = db
+        .prepare("SELECT trial, seconds, steps, cost FROM segments")
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect()
+        })
+        .map_err(db_err)?;
+    for (trial, seconds, steps, cost) in segments {
+        let cost: Money = cost
+            .parse()
+            .map_err(|e| corrupt(format!("trial {trial}'s segment cost {cost:?}: {e}")))?;
+        *work.entry(trial).or_default() += Work {
+            segments: 1,
+            seconds,
+            steps: u64::try_from(steps).unwrap_or(0),
+            cost,
+        };
+    }
     let mut trials = Vec::with_capacity(rows.len());
     for (expected_id, (id, params, status, rung, target, checkpoint, attempts, last_error)) in
         (0..).zip(rows)
@@ -442,6 +514,7 @@ fn load_trials(db: &Connection, path: &Path) -> Result<Vec<TrialRecord>, StateEr
             checkpoint,
             attempts,
             last_error,
+            work: work.get(&id).copied().unwrap_or_default(),
         });
     }
     Ok(trials)
