@@ -77,17 +77,19 @@ pub enum TuneError {
         source: SuperviseError,
     },
     #[error(
-        "trial {trial} never reported `{metric}` up to {resource} {field} (first rung at {rung}): \
+        "trial {trial} never reported `{metric}` by {field} {reached} (its rung is at {rung}): \
          its metrics lines have {seen}; report the metric at least every {rung} {field}s"
     )]
     NoMetric {
         trial: TrialId,
         metric: String,
         field: String,
-        resource: String,
+        reached: String,
         rung: u64,
         seen: String,
     },
+    #[error("every trial failed; trial {trial}'s last error: {error}")]
+    AllFailed { trial: TrialId, error: String },
     #[error(
         "trial {trial} ignores {}: resumed from checkpoint {checkpoint}, it reported step \
          {first} (it must load the checkpoint and go on from its step)",
@@ -212,6 +214,7 @@ struct TrialWatch {
     fields: BTreeSet<String>,
     /// `(resource, metric)` of the first report at or past the rung.
     result: Option<(f64, f64)>,
+    last_resource: Option<f64>,
     last_progress: Instant,
     timeout: Duration,
     stop: watch::Receiver<bool>,
@@ -248,15 +251,16 @@ impl Observer for TrialWatch {
                 }
             }
             self.fields.extend(line.fields.keys().cloned());
-            let metric = match line.fields.get(&self.metric) {
-                // JSON has no NaN: a diverged run writes null (or a string).
-                Some(v) => Some(v.as_f64().unwrap_or(f64::NAN)),
-                None => None,
-            };
+            // JSON has no NaN: a diverged run writes null (or a string).
+            let metric = line
+                .fields
+                .get(&self.metric)
+                .map(|v| v.as_f64().unwrap_or(f64::NAN));
             self.metric_seen |= metric.is_some();
             let Some(resource) = line.number(&self.resource) else {
                 continue;
             };
+            self.last_resource = Some(resource);
             if let Some(m) = metric
                 && resource >= self.target as f64
             {
@@ -296,12 +300,15 @@ struct TrialEnd {
     result: Result<Summary, SuperviseError>,
 }
 
+/// Writes ledger events.
+pub type Record<'r> = dyn FnMut(&[Event]) -> Result<(), String> + 'r;
+
 /// What the trials share while the search runs (one task: no locks).
 struct Shared<'a> {
     settings: &'a Settings,
     rungs: Vec<u64>,
     state: RefCell<TuneState>,
-    record: RefCell<&'a mut dyn FnMut(&[Event]) -> Result<(), String>>,
+    record: RefCell<&'a mut Record<'a>>,
 }
 
 impl Shared<'_> {
@@ -412,6 +419,7 @@ impl Shared<'_> {
             metric_seen: false,
             fields: BTreeSet::new(),
             result: None,
+            last_resource: None,
             last_progress: Instant::now(),
             timeout: settings.trial_timeout,
             stop,
@@ -530,7 +538,7 @@ fn kill_orphans(shared: &Shared<'_>, trials: &[TrialRecord]) {
 pub async fn tune<S: NoticeSource + 'static>(
     settings: &Settings,
     notices: Option<S>,
-    record: &mut dyn FnMut(&[Event]) -> Result<(), String>,
+    record: &mut Record<'_>,
 ) -> Result<Report, TuneError> {
     let state = TuneState::open(&settings.dir, settings.space.asha_config())?;
     let shared = Shared {
@@ -647,7 +655,17 @@ pub async fn tune<S: NoticeSource + 'static>(
         (wall > Duration::ZERO).then(|| busy.as_secs_f64() / (slots * wall.as_secs_f64()));
     drop(running);
     let state = shared.state.into_inner();
-    summarize(settings, &state, ending, utilization, wall)
+    let report = summarize(settings, &state, ending, utilization, wall)?;
+    if ending == TuneEnding::Finished
+        && report.best.is_none()
+        && let Some(t) = report.trials.iter().find(|t| t.error.is_some())
+    {
+        return Err(TuneError::AllFailed {
+            trial: t.trial,
+            error: t.error.clone().unwrap_or_default(),
+        });
+    }
+    Ok(report)
 }
 
 /// Closes the search once a dollar budget is spent: running trials go on, none starts.
@@ -731,8 +749,10 @@ fn settle(shared: &Shared<'_>, end: TrialEnd) -> Result<(), TuneError> {
                 trial,
                 metric: watch.metric.clone(),
                 field: watch.resource.clone(),
-                resource: watch.give_up_at.to_string(),
-                rung: shared.rungs[0],
+                reached: watch
+                    .last_resource
+                    .map_or_else(|| "none".into(), |r| r.to_string()),
+                rung: shared.rungs[rung],
                 seen: if seen.is_empty() {
                     "no fields (no lines)".into()
                 } else {
