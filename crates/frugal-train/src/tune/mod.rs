@@ -3,6 +3,7 @@
 //! [`run`] runs the trials under the supervisor.
 
 pub mod asha;
+pub mod replay;
 pub mod run;
 pub mod space;
 pub mod state;
