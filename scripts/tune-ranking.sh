@@ -16,7 +16,7 @@ sed -e 's/^min_resource = .*/min_resource = 1600/' examples/tune/example-trainer
 "$bin/frugal" --ledger "$work/ledger.db" tune --space "$work/space.toml" --parallel "$parallel" \
   --dir "$work/state" --id ranking --json --no-gpu --store "$work/store" -- \
   "$bin/frugal-example-trainer" --steps 1600 --eval-every 100 --threads 1 --checkpoint-every 0 \
-  --out /dev/null --lr '{lr}' --hidden '{hidden}' --batch '{batch}' --embed '{embed}' \
+  --out '{trial_dir}/model.bin' --lr '{lr}' --hidden '{hidden}' --batch '{batch}' --embed '{embed}' \
   >"$work/summary.json"
 mkdir -p data/tune
 python3 - "$work" >data/tune/example-trainer-ranking.csv <<'PY'

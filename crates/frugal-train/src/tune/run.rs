@@ -22,7 +22,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use super::asha::{Job, Mode, TrialId};
-use super::space::{Limit, Params, Space, param_env, render_args};
+use super::space::{Limit, Params, Space, Value, param_env, render_args};
 use super::state::{StateError, TrialRecord, TrialStatus, TuneState, Work};
 use crate::contract;
 use crate::notice::{Action, AnySource, NoticeSource};
@@ -371,7 +371,10 @@ impl Shared<'_> {
         if let Some(devices) = settings.devices.get(slot) {
             env.push(("CUDA_VISIBLE_DEVICES".into(), devices.clone()));
         }
-        let args = render_args(&settings.command, &params);
+        let mut builtin = Params::new();
+        builtin.insert("trial".into(), Value::Int(i64::from(trial)));
+        builtin.insert("trial_dir".into(), Value::Str(dir.display().to_string()));
+        let args = render_args(&render_args(&settings.command, &builtin), &params);
         let command: Vec<OsString> = match &settings.launcher {
             Some(template) => ["sh", "-c"]
                 .into_iter()

@@ -211,7 +211,7 @@ impl Space {
                 rest = &rest[open + 1..];
                 let Some(close) = rest.find('}') else { break };
                 let name = &rest[..close];
-                if is_name(name) && !self.params.contains_key(name) {
+                if is_name(name) && !self.params.contains_key(name) && !BUILTIN.contains(&name) {
                     return Err(invalid(
                         "space",
                         format!("the command's `{{{name}}}` names no parameter of the space"),
@@ -394,9 +394,17 @@ impl RawParam {
     }
 }
 
+/// Placeholders the tuner fills itself: the trial's number and its directory.
+pub const BUILTIN: [&str; 2] = ["trial", "trial_dir"];
+
 /// A name must make a `{name}` placeholder and an environment variable.
 fn check_name(key: &str, name: &str) -> Result<(), SpaceError> {
-    if is_name(name) {
+    if BUILTIN.contains(&name) {
+        Err(invalid(
+            key,
+            format!("`{{{name}}}` is the tuner's own placeholder: name the parameter otherwise"),
+        ))
+    } else if is_name(name) {
         Ok(())
     } else {
         Err(invalid(
