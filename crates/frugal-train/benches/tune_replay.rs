@@ -39,7 +39,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         table.rungs, table.rows[ranking[0].0].name
     );
     for slots in [2, 4] {
-        println!("\n{slots} slots   ASHA: rank  loss    +%     compute  busy   | random, same compute: rank  loss    +%");
+        println!(
+            "\n{slots} slots   ASHA: rank  loss    +%     compute  busy   | random, same compute: rank  loss    +%"
+        );
         let (mut a_gap, mut r_gap, mut a_within, mut r_within, mut used, mut busy) =
             (0.0, 0.0, 0, 0, 0.0, 0.0);
         for seed in 0..SEEDS {

@@ -260,17 +260,26 @@ fn kills_and_a_notice_lose_no_rung_result_and_restart_no_trial_from_scratch() {
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
     assert!(stderr(&out).contains("aws notice"), "{}", stderr(&out));
     meta.clear();
-    let out = bench.run(&spot, &trainer);
+    // The machine is gone: a new one with the same store picks the search up.
+    let store = bench.path().join("checkpoints");
+    let new = Bench::new(SPACE);
+    let flags = [&spot[..], &["--store", store.to_str().unwrap()]].concat();
+    let out = new.run(&flags, &trainer);
     assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("restored the search's state"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(
-        bench.results(),
+        new.results(),
         want,
         "the same search as without interruptions"
     );
     // A killed trial goes on from its last checkpoint (the trainer publishes one at each
     // rung and every 100 steps); only one killed before its first starts over.
     for t in 0..16 {
-        let steps = bench.steps(t);
+        let steps = [bench.steps(t), new.steps(t)].concat();
         for (i, pair) in steps.windows(2).enumerate() {
             if pair[1] == 1 {
                 let reached = steps[..=i].iter().max().unwrap();

@@ -6,8 +6,8 @@
 //! (the example trainer is bit-for-bit resumable), so a rung's result in the table is what
 //! the real search sees.
 
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use super::asha::{Asha, AshaConfig, Job, Mode};
 
@@ -39,7 +39,10 @@ impl Table {
     /// each rung, and `step_s`.
     pub fn from_csv(text: &str) -> Result<Table, TableError> {
         let bad = |line: usize, reason: String| TableError::Bad { line, reason };
-        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
         let (_, header) = lines.next().ok_or_else(|| bad(1, "no header".into()))?;
         let cols: Vec<&str> = header.split(',').map(str::trim).collect();
         let mut rung_cols = Vec::new();
@@ -64,7 +67,10 @@ impl Table {
         for (n, line) in lines {
             let f: Vec<&str> = line.split(',').map(str::trim).collect();
             if f.len() != cols.len() {
-                return Err(bad(n + 1, format!("{} fields, the header has {}", f.len(), cols.len())));
+                return Err(bad(
+                    n + 1,
+                    format!("{} fields, the header has {}", f.len(), cols.len()),
+                ));
             }
             let num = |i: usize| {
                 f[i].parse::<f64>()
@@ -72,7 +78,10 @@ impl Table {
             };
             rows.push(Row {
                 name: f[name_col].to_owned(),
-                metrics: rung_cols.iter().map(|&(i, _)| num(i)).collect::<Result<_, _>>()?,
+                metrics: rung_cols
+                    .iter()
+                    .map(|&(i, _)| num(i))
+                    .collect::<Result<_, _>>()?,
                 seconds_per_unit: num(time_col)?,
             });
         }

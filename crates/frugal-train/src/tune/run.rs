@@ -543,6 +543,20 @@ pub async fn tune<S: NoticeSource + 'static>(
     notices: Option<S>,
     record: &mut Record<'_>,
 ) -> Result<Report, TuneError> {
+    // The state travels in the store too, so a new machine with the same --store goes on.
+    let copies = CheckpointStore::open(&settings.store, &format!("{}-state", settings.tune_id))?;
+    if !TuneState::exists(&settings.dir) {
+        let scratch = settings.dir.join(".restore");
+        if let Some((m, path)) = copies.restore_newest(&scratch).await? {
+            TuneState::restore(&path, &settings.dir)?;
+            tracing::info!(
+                "restored the search's state from {} (copy {})",
+                copies.describe(),
+                m.step
+            );
+        }
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
     let state = TuneState::open(&settings.dir, settings.space.asha_config())?;
     let shared = Shared {
         settings,
@@ -613,7 +627,9 @@ pub async fn tune<S: NoticeSource + 'static>(
                 free.insert(end.slot);
                 slot_started.remove(&end.slot);
                 busy += end.busy;
-                if let Err(e) = settle(&shared, end)
+                let result = settle(&shared, end);
+                copy_state(&shared, &copies).await;
+                if let Err(e) = result
                     && fatal.is_none()
                 {
                     tracing::error!("{e}: stopping the search");
@@ -645,6 +661,7 @@ pub async fn tune<S: NoticeSource + 'static>(
     }
     let wall = started.elapsed();
     record_idle(&shared, wall, busy)?;
+    copy_state(&shared, &copies).await;
     if let Some(e) = fatal {
         return Err(e);
     }
@@ -781,6 +798,33 @@ fn settle(shared: &Shared<'_>, end: TrialEnd) -> Result<(), TuneError> {
         (_, Ok(_)) => {}
     }
     Ok(())
+}
+
+/// Copies the state to the store after each change that matters, keeping the last two;
+/// while the store is away the search goes on (the local state is the truth).
+async fn copy_state(shared: &Shared<'_>, copies: &CheckpointStore) {
+    let seq = u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis(),
+    )
+    .unwrap_or(0);
+    let dir = shared.settings.dir.join(format!(".copy-{seq}"));
+    let snapshot = shared.state.borrow().snapshot(&dir);
+    let copied = match snapshot {
+        Ok(()) => copies.upload(seq, &dir).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match copied {
+        Ok(_) => {
+            if let Err(e) = copies.prune(2).await {
+                tracing::warn!("cannot prune the state's copies: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("cannot copy the search's state to the store: {e}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The last `n` lines of a trial's log, for its failure.

@@ -372,6 +372,35 @@ impl TuneState {
         Ok(())
     }
 
+    /// A consistent copy of the state as `dir/tune.db` (`dir` created), for the store.
+    pub fn snapshot(&self, dir: &Path) -> Result<(), StateError> {
+        std::fs::create_dir_all(dir).map_err(|source| StateError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let copy = dir.join(DB_FILE);
+        let _ = std::fs::remove_file(&copy);
+        self.exec("VACUUM INTO ?1", params![copy.to_string_lossy()])?;
+        Ok(())
+    }
+
+    /// Whether `dir` holds a tuner's state.
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(DB_FILE).exists()
+    }
+
+    /// Puts a snapshot (`from/tune.db`) in place as the state of `dir`.
+    pub fn restore(from: &Path, dir: &Path) -> Result<(), StateError> {
+        let io = |source| StateError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let tmp = dir.join(format!(".{DB_FILE}.restore"));
+        std::fs::copy(from.join(DB_FILE), &tmp).map_err(io)?;
+        std::fs::rename(&tmp, dir.join(DB_FILE)).map_err(io)
+    }
+
     /// Starts no more trials (a spent budget); running ones go on.
     pub fn close(&mut self) -> Result<(), StateError> {
         self.exec(
