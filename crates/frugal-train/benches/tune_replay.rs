@@ -4,6 +4,7 @@
 //! another order; each search's choice is judged by its full-budget held-out loss.
 //!
 //! `cargo bench -p frugal-train --bench tune_replay [-- FILE.csv]`
+#![allow(clippy::print_stdout)]
 
 use frugal_train::tune::replay::{Table, asha, random, shuffle};
 use frugal_train::tune::{AshaConfig, Mode};
