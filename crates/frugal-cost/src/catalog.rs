@@ -4,7 +4,8 @@
 //! The built-in catalog is the SkyPilot catalog rows shipped in `data/gpu-prices/` (see its
 //! PROVENANCE.md), embedded at build time and parsed on first use. Users extend or override
 //! it with TOML files: an entry with the same provider, instance type and region replaces
-//! the built-in one.
+//! the built-in one. The catalog also knows its accelerators' dense peak TFLOPS per
+//! precision (`peak`), for model FLOPs utilization.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -13,6 +14,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::Capacity;
 use crate::money::{HourlyRate, Money, TokenRate};
+
+mod peak;
+
+pub use peak::{AcceleratorPeaks, Faster};
 
 const AWS_CSV: &str = include_str!("../../../data/gpu-prices/aws_v9_us-east-1_gpu_rows.csv");
 const AZURE_CSV: &str = include_str!("../../../data/gpu-prices/azure_v6_vms_gpu_rows.csv");
@@ -157,6 +162,7 @@ pub struct Catalog {
     /// instance type (lowercase) -> indices into `instances`.
     by_type: HashMap<String, Vec<usize>>,
     models: BTreeMap<String, ModelPrice>,
+    peaks: Vec<AcceleratorPeaks>,
 }
 
 impl Catalog {
@@ -166,7 +172,10 @@ impl Catalog {
         offers.extend(parse_skypilot(Cloud::Aws, AWS_CSV)?);
         offers.extend(parse_skypilot(Cloud::Azure, AZURE_CSV)?);
         offers.extend(parse_skypilot(Cloud::Gcp, GCP_CSV)?);
-        let mut catalog = Catalog::default();
+        let mut catalog = Catalog {
+            peaks: peak::builtin()?,
+            ..Catalog::default()
+        };
         for offer in offers {
             catalog.upsert(offer);
         }
@@ -245,6 +254,13 @@ impl Catalog {
 
     pub fn instances(&self) -> &[InstanceOffer] {
         &self.instances
+    }
+
+    /// An accelerator's peak TFLOPS per precision, by its name in the price rows (any case).
+    pub fn peaks(&self, accelerator: &str) -> Option<&AcceleratorPeaks> {
+        self.peaks
+            .iter()
+            .find(|p| p.accelerator.eq_ignore_ascii_case(accelerator))
     }
 
     pub fn models(&self) -> impl Iterator<Item = &ModelPrice> {

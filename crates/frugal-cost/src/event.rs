@@ -47,6 +47,32 @@ pub enum Outcome {
     Cancelled,
 }
 
+/// The number format a training run computes its matmuls in (`precision` in the metrics
+/// contract). Ordered as stored: codes are the ledger's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    Fp32,
+    /// FP32 storage with TensorFloat-32 matmuls (Ampere and later).
+    Tf32,
+    Bf16,
+    Fp16,
+    Fp8,
+}
+
+impl Precision {
+    /// How a sentence names it: "FP32".
+    pub fn label(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "FP32",
+            Precision::Tf32 => "TF32",
+            Precision::Bf16 => "BF16",
+            Precision::Fp16 => "FP16",
+            Precision::Fp8 => "FP8",
+        }
+    }
+}
+
 /// What saved money on a request, against the call it replaced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -130,6 +156,14 @@ text_enum!(Outcome, "outcome", "completed, preempted, failed, stopped, cancelled
     "cancelled" | "canceled" => Cancelled,
 });
 
+text_enum!(Precision, "precision", "fp32, tf32, bf16, fp16, fp8", {
+    "fp32" | "float32" | "float" => Fp32,
+    "tf32" => Tf32,
+    "bf16" | "bfloat16" => Bf16,
+    "fp16" | "float16" | "half" => Fp16,
+    "fp8" | "float8" => Fp8,
+});
+
 text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching", {
     "cache" | "exact_cache" => Cache,
     "semantic_cache" | "semantic" => SemanticCache,
@@ -177,6 +211,14 @@ pub struct Event {
     /// How long a pool's activator held the request before a replica took it (a cold
     /// start, or every replica busy); 0 elsewhere.
     pub wait_ms: Millis,
+    /// A training segment's model FLOPs utilization: its FLOP/s over the peak of the
+    /// accelerators it ran on at its precision, in [0, 1].
+    pub mfu: Option<f64>,
+    /// The precision a training segment computed in, as its trainer reported it.
+    pub precision: Option<Precision>,
+    /// Shares of a training segment's step time spent waiting on data and on host syncs.
+    pub data_stall: Option<f64>,
+    pub sync_stall: Option<f64>,
 }
 
 /// A pool replica's state: starting (a cold start), ready (serving), draining (finishing
@@ -253,6 +295,10 @@ impl Event {
             lever: None,
             tenant: None,
             wait_ms: 0,
+            mfu: None,
+            precision: None,
+            data_stall: None,
+            sync_stall: None,
         }
     }
 
@@ -283,6 +329,12 @@ mod tests {
             assert_eq!(Kind::from_code(k.code()), Some(*k));
             assert_eq!(k.as_str().parse::<Kind>(), Ok(*k));
         }
+        for p in Precision::ALL {
+            assert_eq!(Precision::from_code(p.code()), Some(*p));
+            assert_eq!(p.as_str().parse::<Precision>(), Ok(*p));
+        }
+        assert_eq!("BFloat16".parse::<Precision>(), Ok(Precision::Bf16));
+        assert_eq!(Precision::Fp32.label(), "FP32");
         let err = "gpu".parse::<Kind>().unwrap_err().to_string();
         assert_eq!(
             err,

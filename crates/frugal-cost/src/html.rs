@@ -12,7 +12,7 @@ use crate::present::svg::{
     AXIS, BarRow, END, GRID, INSIDE, MIDDLE, WIDTH, axis_label, bar, hbars, line, nice_axis, open,
     pos, rect, text,
 };
-use crate::present::{pct, thousands, usd_f64, usd_unit, utc};
+use crate::present::{pct, pct1, thousands, usd_f64, usd_unit, utc};
 use crate::report::{
     BatchJobLine, InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, utilization_note,
 };
@@ -459,14 +459,21 @@ fn training_table(r: &Report) -> Option<String> {
         let (cost, lost_cost, waste) = (Some(l.cost), Some(l.lost_cost), Some(l.waste));
         let costs = [cost, l.on_demand_cost, l.saving, lost_cost, waste];
         let util = l.utilization.map_or(NONE.to_owned(), pct);
+        let mfu = match (l.mfu, l.precision) {
+            (Some(m), Some(p)) => format!("{} {p}", pct1(m)),
+            (Some(m), None) => pct1(m),
+            (None, _) => NONE.to_owned(),
+        };
         let done = if l.completed { "yes" } else { "no" }.to_owned();
-        let rest = [util, done];
+        let rest = [util, mfu, done];
         [&names[..], &counts, &[hours, lost], &costs.map(opt), &rest].concat()
     };
     let rows = some(r.training.iter().map(row).collect())?;
     let head = "run|workload|segs>|preempts>|fails>|hours>|lost min>|cost>|on demand>|saved>|\
-                redone>|waste>|util>|done";
-    let note = "Redone: the cost of work repeated after preemptions and failures.";
+                redone>|waste>|util>|mfu>|done";
+    let note = "Redone: the cost of work repeated after preemptions and failures. MFU: model \
+                FLOPs utilization at the precision it computed in, where its trainer reports \
+                FLOPs.";
     Some(section("Training runs", note, &table(head, &rows)))
 }
 

@@ -21,8 +21,12 @@ use crate::event::{Capacity, Event, Kind, Outcome, ReplicaSpan, ReplicaState, wa
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Ids, Key, Pending, Sums};
 
+mod segments;
+
+pub use segments::TrainingSegment;
+
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
 const APPLICATION_ID: i64 = 0x4652_5547;
@@ -127,7 +131,25 @@ CREATE TRIGGER replica_spans_no_update BEFORE UPDATE ON replica_spans
 CREATE TRIGGER replica_spans_no_delete BEFORE DELETE ON replica_spans
     BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END;
 "#,
+    r#"
+-- v6: how a training segment used its accelerators (model FLOPs utilization, precision,
+-- the shares of step time spent waiting on data and syncs), for the report's precision
+-- and input-pipeline levers; indexed where known (a few rows), so the report reads only
+-- those. Older rows have none.
+ALTER TABLE events ADD COLUMN mfu REAL;
+ALTER TABLE events ADD COLUMN precision INTEGER;
+ALTER TABLE events ADD COLUMN data_stall REAL;
+ALTER TABLE events ADD COLUMN sync_stall REAL;
+CREATE INDEX events_advised ON events (ts_ms) WHERE {ADVISED};
+"#,
 ];
+
+/// A migration with its placeholders filled in.
+fn schema(migration: &str) -> String {
+    migration
+        .replace("{ROLLUP}", crate::rollup::SCHEMA)
+        .replace("{ADVISED}", segments::ADVISED)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -385,8 +407,7 @@ impl Ledger {
         if version < SCHEMA_VERSION {
             let tx = self.conn.transaction().map_err(write_err)?;
             for migration in &MIGRATIONS[version as usize..] {
-                tx.execute_batch(&migration.replace("{ROLLUP}", crate::rollup::SCHEMA))
-                    .map_err(write_err)?;
+                tx.execute_batch(&schema(migration)).map_err(write_err)?;
             }
             tx.execute_batch(&format!(
                 "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"
@@ -932,9 +953,10 @@ impl Sink<'_> {
                 "INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance,
                     region, capacity, instances, requests, input_tokens, output_tokens,
                     cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
-                    import, saved, lever, tenant, row_hash, wait_ms)
+                    import, saved, lever, tenant, row_hash, wait_ms, mfu, precision, data_stall,
+                    sync_stall)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)
                  ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING",
             )
             .and_then(|mut s| {
@@ -965,6 +987,10 @@ impl Sink<'_> {
                     tenant,
                     hash.as_ref().map(|h| &h.0[..]),
                     e.wait_ms,
+                    e.mfu,
+                    e.precision.map(crate::event::Precision::code),
+                    e.data_stall,
+                    e.sync_stall,
                 ])
             })
             .map_err(|err| self.write_err(err))?;
@@ -1251,7 +1277,7 @@ mod tests {
             .unwrap();
         assert_eq!(stored, 2, "an event and a span");
         let info = ledger.info().unwrap();
-        assert_eq!((info.schema_version, info.events), (5, 2));
+        assert_eq!((info.schema_version, info.events), (SCHEMA_VERSION, 2));
         assert_eq!(info.total_cost, Money::from_nanos(7 + 10_000_000));
         assert_eq!(info.files[0].sha256.as_deref(), Some("ab"));
         let mut waits = Vec::new();

@@ -19,7 +19,7 @@ pub mod report;
 pub mod rollup;
 
 pub use catalog::Catalog;
-pub use event::{Capacity, Event, Kind, Lever, Outcome, ReplicaSpan, ReplicaState};
+pub use event::{Capacity, Event, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
 pub use ledger::{Ledger, Window};
 pub use money::Money;
 

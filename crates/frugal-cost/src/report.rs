@@ -1,6 +1,7 @@
 //! The unit-cost report: what a training run, a thousand inferences and a million tokens
 //! cost, which cost dominates, how much of it is waste, and the levers to pull first; and
-//! for pools of replicas, what scaling to demand saved and what to right-size (`pools`).
+//! for pools of replicas, what scaling to demand saved and what to right-size (`pools`);
+//! for training runs, what their watchdogs measured: MFU, precision, stalls (`advisor`).
 //!
 //! One pass over the ledger's rows (in time order) feeds every table, so a report over ten
 //! million events costs one scan. Money sums are exact; shares, ratios and chart series are
@@ -11,16 +12,18 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::catalog::Catalog;
-use crate::event::{Capacity, Kind, Outcome};
+use crate::event::{Capacity, Kind, Outcome, Precision};
 use crate::ledger::{Ledger, LedgerError, Names, Window};
 use crate::money::{HourlyRate, Millis, Money};
 use crate::plan::{choose_commitment, window_cost};
 use crate::present::pct;
 use crate::rollup::{Key, Sums};
 
+mod advisor;
 mod batch;
 mod pools;
 
+pub use advisor::{MFU_CEILING, MIN_STALL, RunAdvice, precision_saving};
 pub use batch::BatchJobLine;
 pub use pools::{PoolLine, RightSizing, Sizing};
 
@@ -107,6 +110,12 @@ pub struct RunLine {
     pub utilization: Option<f64>,
     pub spot_share: f64,
     pub completed: bool,
+    /// Model FLOPs utilization, over the segments whose watchdog measured it.
+    pub mfu: Option<f64>,
+    /// The precision it computed in most.
+    pub precision: Option<Precision>,
+    /// Share of its step time spent waiting on data.
+    pub data_stall: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -373,7 +382,8 @@ impl Report {
             .collect();
         let busy_below = options.pool_busy_below;
         let pools = pools::build(ledger, catalog, window.whole_hours(), &served, busy_below)?;
-        Ok(b.finish(window, pools, busy_below))
+        let advice = advisor::advise(ledger, catalog, window)?;
+        Ok(b.finish(window, pools, advice, busy_below))
     }
 }
 
@@ -468,7 +478,13 @@ impl Builder<'_> {
         }
     }
 
-    fn finish(mut self, window: Window, pools: Vec<PoolLine>, pool_busy_below: f64) -> Report {
+    fn finish(
+        mut self,
+        window: Window,
+        pools: Vec<PoolLine>,
+        advice: advisor::Advice,
+        pool_busy_below: f64,
+    ) -> Report {
         let names = self.names;
         let name = |id: u32| names.get(id).to_owned();
         let opt_name = |id: u32| (id != 0).then(|| name(id));
@@ -560,6 +576,11 @@ impl Builder<'_> {
             .map(|(run, acc)| {
                 let s = &acc.sums;
                 let on_demand = (s.unlisted == 0).then_some(s.list_cost);
+                let advised = advice
+                    .runs
+                    .get(names.get(*run))
+                    .cloned()
+                    .unwrap_or_default();
                 RunLine {
                     run: name(*run),
                     workload: name(acc.workload),
@@ -576,13 +597,16 @@ impl Builder<'_> {
                     utilization: ratio(s.util_cost - s.waste, s.util_cost),
                     spot_share: ratio(acc.spot_cost, s.cost).unwrap_or(0.0),
                     completed: acc.completed,
+                    mfu: advised.mfu,
+                    precision: advised.precision,
+                    data_stall: advised.data_stall,
                 }
             })
             .collect();
         training.sort_by(|a, b| b.cost.cmp(&a.cost).then_with(|| a.run.cmp(&b.run)));
 
         let batch = batch::lines(&self.jobs, &self.lines, names);
-        let levers = self.levers(&inference, &training, &pools);
+        let levers = self.levers(&inference, &training, &pools, advice.levers);
         let areas = self.areas(total);
         let dominant = dominant(&areas, &top_items, total);
         let series = self.series();
@@ -659,8 +683,9 @@ impl Builder<'_> {
         inference: &[InferenceLine],
         training: &[RunLine],
         pools: &[PoolLine],
+        advised: Vec<Lever>,
     ) -> Vec<Lever> {
-        let mut levers = Vec::new();
+        let mut levers = advised;
         let kind = |k: Kind| self.kinds.get(&k).copied().unwrap_or_default();
         let serving_waste = kind(Kind::Idle).1 + kind(Kind::Inference).1;
         if serving_waste > Money::ZERO {

@@ -10,6 +10,7 @@ use frugal_cost::money::HourlyRate;
 use frugal_cost::{Catalog, Money};
 
 use crate::supervisor::Segment;
+use crate::watchdog::Peak;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PricingError {
@@ -106,6 +107,25 @@ impl Pricing {
         })
     }
 
+    /// What the run's model FLOPs are measured against: `given_tflops` (the whole
+    /// machine's, `--peak-tflops`) when given, and the catalog's accelerators of the
+    /// instance type, whose faster precisions the watchdog points out.
+    pub fn peak(&self, catalog: &Catalog, given_tflops: Option<f64>) -> Peak {
+        let accelerators = self
+            .instance_type
+            .as_deref()
+            .and_then(|i| catalog.instance(i, self.region.as_deref()).ok())
+            .and_then(|offer| {
+                let peaks = catalog.peaks(offer.accelerator.as_deref()?)?;
+                Some((peaks.clone(), offer.accelerator_count))
+            })
+            .filter(|(_, count)| *count > 0.0);
+        Peak {
+            accelerators,
+            given_tflops,
+        }
+    }
+
     /// The segment as the ledger's training event of run `run_id`.
     pub fn event(&self, run_id: &str, s: &Segment) -> Event {
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
@@ -122,6 +142,10 @@ impl Pricing {
         e.outcome = Some(s.outcome);
         e.lost_ms = ms(s.lost);
         e.utilization = s.utilization;
+        e.mfu = s.mfu;
+        e.precision = s.precision;
+        e.data_stall = s.data_stall;
+        e.sync_stall = s.sync_stall;
         e
     }
 
@@ -193,6 +217,10 @@ mod tests {
             lost: Duration::from_secs(lost_s),
             utilization: Some(0.5),
             diagnoses: Vec::new(),
+            mfu: Some(0.031),
+            precision: Some(frugal_cost::Precision::Fp32),
+            data_stall: Some(0.4),
+            sync_stall: None,
         }
     }
 
@@ -249,6 +277,24 @@ mod tests {
     }
 
     #[test]
+    fn the_peak_is_the_instances_accelerators_or_the_given_one() {
+        let c = Catalog::builtin().unwrap();
+        let p = Pricing::new(&c, &req(Capacity::OnDemand, None, Some("p4d.24xlarge"))).unwrap();
+        let peak = p.peak(&c, None);
+        let (a100, count) = peak.accelerators.clone().unwrap();
+        assert_eq!((a100.accelerator.as_str(), count), ("A100", 8.0));
+        assert_eq!(
+            peak.flops_per_s(Some(frugal_cost::Precision::Bf16)),
+            Some(8.0 * 312e12)
+        );
+        let given = p.peak(&c, Some(100.0));
+        assert_eq!(given.flops_per_s(None), Some(100e12));
+        // A CPU-only price: no accelerator, only what is given.
+        let cpu = Pricing::new(&c, &req(Capacity::OnDemand, Some("0.5"), None)).unwrap();
+        assert_eq!(cpu.peak(&c, None), Peak::default());
+    }
+
+    #[test]
     fn segments_become_events_and_totals() {
         let p = Pricing {
             capacity: Capacity::Spot,
@@ -267,6 +313,9 @@ mod tests {
         assert_eq!(e.capacity, Some(Capacity::Spot));
         assert_eq!(e.outcome, Some(Outcome::Preempted));
         assert_eq!(e.utilization, Some(0.5));
+        assert_eq!(e.mfu, Some(0.031));
+        assert_eq!(e.precision, Some(frugal_cost::Precision::Fp32));
+        assert_eq!((e.data_stall, e.sync_stall), (Some(0.4), None));
         assert_eq!(e.instance_type.as_deref(), Some("g5.xlarge"));
 
         let total = p.run_cost("r1", &[a, segment(60, Outcome::Completed, 0)]);

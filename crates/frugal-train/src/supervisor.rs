@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
-use frugal_cost::event::Outcome;
+use frugal_cost::event::{Outcome, Precision};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use crate::contract;
 use crate::notice::{Action, Notice, NoticeSource};
 use crate::store::{CheckpointStore, local_checkpoints};
-use crate::watchdog::{Diagnosis, MetricsTail, StepMetrics, Watchdog};
+use crate::watchdog::{Diagnosis, MetricsTail, Peak, StepMetrics, Watchdog};
 
 /// How often checkpoints are looked for and the watchdog samples.
 const TICK: Duration = Duration::from_millis(250);
@@ -36,6 +36,8 @@ pub struct Plan {
     pub run_id: String,
     pub checkpoint_dir: PathBuf,
     pub metrics: PathBuf,
+    /// What the metrics' model FLOPs are measured against (MFU).
+    pub peak: Peak,
     pub checkpoint_signal: Signal,
     /// Between SIGTERM and SIGKILL when stopping the command.
     pub stop_grace: Duration,
@@ -93,6 +95,12 @@ pub struct Segment {
     pub lost: Duration,
     pub utilization: Option<f64>,
     pub diagnoses: Vec<Diagnosis>,
+    /// Model FLOPs utilization over the segment's steps.
+    pub mfu: Option<f64>,
+    pub precision: Option<Precision>,
+    /// Shares of step time spent waiting on data and on host syncs.
+    pub data_stall: Option<f64>,
+    pub sync_stall: Option<f64>,
 }
 
 impl Segment {
@@ -205,7 +213,7 @@ pub async fn supervise<S: NoticeSource + 'static>(
         plan.checkpoint_dir.clone(),
         stored,
     );
-    let mut watchdog = Watchdog::new(plan.gpu);
+    let mut watchdog = Watchdog::new(plan.gpu).with_peak(plan.peak.clone());
     tracing::info!(
         "run {}: checkpoints in {}, store {}, accelerator watch {}",
         plan.run_id,
@@ -707,6 +715,10 @@ impl Life {
             lost: (overhead + redo).min(duration),
             utilization: watchdog.utilization(),
             diagnoses: std::mem::take(&mut self.diagnoses),
+            mfu: watchdog.mfu(),
+            precision: watchdog.segment().precision,
+            data_stall: watchdog.segment().data_stall(),
+            sync_stall: watchdog.segment().sync_stall(),
         }
     }
 }

@@ -12,6 +12,12 @@
 //! CPU counters (/proc/stat, all CPUs) against the run's own CPU time tell them apart: when
 //! the host has no idle core left and a good part of it went to others or to steal, the
 //! run's idling is the host's doing, and the fix is the host's, not the batch size.
+//!
+//! Busy is not the same as useful. Where the trainer reports its model FLOPs (or its
+//! parameters and tokens, for the 6N rule) and the machine's peak is known (the catalog's
+//! accelerators at the reported precision, or `--peak-tflops`), the watchdog computes the
+//! model FLOPs utilization (MFU), and it names a run that computes in FP32 or TF32 on an
+//! accelerator with a faster precision.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -20,8 +26,11 @@ use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use frugal_cost::Precision;
+use frugal_cost::catalog::{AcceleratorPeaks, Faster};
+use frugal_cost::present::pct1;
 use nvml_wrapper::Nvml;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 /// Below this busy share the accelerator is idling enough to say why.
 const BUSY: f64 = 0.75;
@@ -49,6 +58,15 @@ pub struct StepMetrics {
     pub sync_s: f64,
     pub batch: Option<u64>,
     pub loss: Option<f64>,
+    /// Tokens (or samples) the step processed.
+    pub tokens: Option<f64>,
+    /// Model FLOPs of the step, forward and backward.
+    pub flops: Option<f64>,
+    /// Parameters: without `flops`, 6 · params · tokens stands in for them.
+    pub params: Option<f64>,
+    /// What the step's matmuls compute in; absent or unrecognised: unknown.
+    #[serde(default, deserialize_with = "lenient_precision")]
+    pub precision: Option<Precision>,
     /// The whole line, for fields the watchdog does not know (a tuner's metric).
     #[serde(skip)]
     pub fields: serde_json::Map<String, serde_json::Value>,
@@ -58,6 +76,115 @@ impl StepMetrics {
     /// A numeric field of the line by name (`step` and the named fields included).
     pub fn number(&self, name: &str) -> Option<f64> {
         self.fields.get(name).and_then(serde_json::Value::as_f64)
+    }
+
+    /// The step's model FLOPs: as reported, else 6 · params · tokens (forward and backward
+    /// of a dense model, attention left out).
+    pub fn model_flops(&self) -> Option<f64> {
+        let valid = |x: f64| x.is_finite() && x >= 0.0;
+        self.flops
+            .filter(|f| valid(*f))
+            .or_else(|| Some(6.0 * self.params? * self.tokens?).filter(|f| valid(*f)))
+    }
+}
+
+/// A precision the contract does not name ("amp", "mixed") is unknown, not a bad line.
+fn lenient_precision<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Precision>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.and_then(|v| v.as_str()?.parse().ok()))
+}
+
+/// What a run's FLOP/s are measured against for MFU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Peak {
+    /// The catalog's accelerator and how many the machine has.
+    pub accelerators: Option<(AcceleratorPeaks, f64)>,
+    /// The whole machine's peak TFLOPS as the user gave it (`--peak-tflops`), for the
+    /// precision the run computes in; it wins over the catalog's.
+    pub given_tflops: Option<f64>,
+}
+
+impl Peak {
+    /// The machine's peak FLOP/s at `precision`; `None` when unknown.
+    pub fn flops_per_s(&self, precision: Option<Precision>) -> Option<f64> {
+        if let Some(t) = self.given_tflops {
+            return Some(t * 1e12);
+        }
+        let (peaks, count) = self.accelerators.as_ref()?;
+        Some(peaks.tflops(precision?)? * count * 1e12)
+    }
+
+    /// A faster precision than `precision` on the catalog's accelerator.
+    pub fn faster(&self, precision: Option<Precision>) -> Option<Faster> {
+        self.accelerators.as_ref()?.0.faster_than(precision?)
+    }
+
+    /// "8 x A100".
+    fn describe(&self) -> String {
+        match &self.accelerators {
+            Some((p, count)) if *count == 1.0 => p.accelerator.clone(),
+            Some((p, count)) => format!("{count} x {}", p.accelerator),
+            None => "this machine".into(),
+        }
+    }
+}
+
+/// Step timings and model FLOPs summed over some steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Totals {
+    pub steps: u64,
+    pub step_s: f64,
+    pub data_s: f64,
+    pub sync_s: f64,
+    /// Whether any step reported `data_s` (`sync_s`): a share of 0 is then measured.
+    pub data_seen: bool,
+    pub sync_seen: bool,
+    /// Model FLOPs of the steps that report them, and those steps' time.
+    pub flops: f64,
+    pub flops_step_s: f64,
+    /// The newest precision reported.
+    pub precision: Option<Precision>,
+}
+
+impl Totals {
+    pub fn add(&mut self, m: &StepMetrics) {
+        let step_s = m.step_s.max(0.0);
+        self.steps += 1;
+        self.step_s += step_s;
+        self.data_s += m.data_s.max(0.0);
+        self.sync_s += m.sync_s.max(0.0);
+        self.data_seen |= m.fields.contains_key("data_s");
+        self.sync_seen |= m.fields.contains_key("sync_s");
+        if let Some(f) = m.model_flops() {
+            self.flops += f;
+            self.flops_step_s += step_s;
+        }
+        self.precision = m.precision.or(self.precision);
+    }
+
+    /// Achieved model FLOP/s over the steps that report FLOPs.
+    pub fn flops_per_s(&self) -> Option<f64> {
+        (self.flops_step_s > 0.0).then(|| self.flops / self.flops_step_s)
+    }
+
+    /// Model FLOPs utilization against `peak`: achieved FLOP/s over the peak FLOP/s.
+    pub fn mfu(&self, peak: &Peak) -> Option<f64> {
+        let peak = peak.flops_per_s(self.precision).filter(|p| *p > 0.0)?;
+        Some(self.flops_per_s()? / peak)
+    }
+
+    fn share(&self, part: f64, seen: bool) -> Option<f64> {
+        (seen && self.step_s > 0.0).then(|| (part / self.step_s).clamp(0.0, 1.0))
+    }
+
+    /// Share of step time spent waiting on data.
+    pub fn data_stall(&self) -> Option<f64> {
+        self.share(self.data_s, self.data_seen)
+    }
+
+    /// Share of step time spent blocked on host syncs.
+    pub fn sync_stall(&self) -> Option<f64> {
+        self.share(self.sync_s, self.sync_seen)
     }
 }
 
@@ -246,6 +373,8 @@ pub enum Cause {
     /// Other processes or the hypervisor take the cores the run would use.
     HostContention,
     SmallBatch,
+    /// It computes in FP32 or TF32 where the accelerator has a faster precision.
+    SlowPrecision,
 }
 
 impl Cause {
@@ -272,6 +401,10 @@ impl Cause {
                 "raise the batch size (scale the learning rate with it) so each step fills \
                  the accelerator, or fuse kernels (torch.compile, CUDA graphs)"
             }
+            Cause::SlowPrecision => {
+                "autocast the forward pass and loss (torch.autocast; FP16 needs a GradScaler, \
+                 BF16 does not), or at least allow TF32 matmuls; docs/training.md shows the lines"
+            }
         }
     }
 }
@@ -284,6 +417,7 @@ impl fmt::Display for Cause {
             Cause::HostCpuBound => "the host CPU is saturated",
             Cause::HostContention => "host contention",
             Cause::SmallBatch => "the batch is too small",
+            Cause::SlowPrecision => "it computes in a slower precision than the accelerator has",
         })
     }
 }
@@ -299,6 +433,10 @@ pub struct Diagnosis {
 
 impl fmt::Display for Diagnosis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.cause == Cause::SlowPrecision {
+            // Busy or not, the accelerator does a fraction of the work it could.
+            return write!(f, "the run {}; try: {}", self.evidence, self.cause.fix());
+        }
         write!(
             f,
             "the accelerator is busy {:.0}% of the time: {} ({}); try: {}",
@@ -324,6 +462,9 @@ pub struct Watchdog {
     /// Busy time and wall time over the whole segment, for the ledger's utilization.
     busy_s: f64,
     wall_s: f64,
+    /// The segment's step metrics summed, for its MFU and stall shares.
+    segment: Totals,
+    peak: Peak,
     said: Vec<Cause>,
 }
 
@@ -346,8 +487,16 @@ impl Watchdog {
             steps: VecDeque::new(),
             busy_s: 0.0,
             wall_s: 0.0,
+            segment: Totals::default(),
+            peak: Peak::default(),
             said: Vec::new(),
         }
+    }
+
+    /// Measures model FLOPs against `peak`.
+    pub fn with_peak(mut self, peak: Peak) -> Watchdog {
+        self.peak = peak;
+        self
     }
 
     pub fn mode(&self) -> &'static str {
@@ -366,12 +515,16 @@ impl Watchdog {
         self.steps.clear();
         self.busy_s = 0.0;
         self.wall_s = 0.0;
+        self.segment = Totals::default();
         self.said.clear();
     }
 
     /// Takes one sample of the counters and the new step metrics.
     pub fn sample(&mut self, new_steps: Vec<StepMetrics>) {
         let now = Instant::now();
+        for m in &new_steps {
+            self.segment.add(m);
+        }
         self.steps.extend(new_steps.into_iter().map(|m| (now, m)));
         let (cpu_s, read_bytes) = group_usage(self.pgid);
         let counters = Counters {
@@ -417,22 +570,71 @@ impl Watchdog {
         (self.wall_s > 0.0).then(|| (self.busy_s / self.wall_s).clamp(0.0, 1.0))
     }
 
+    /// The segment's step metrics so far, summed.
+    pub fn segment(&self) -> &Totals {
+        &self.segment
+    }
+
+    /// The segment's model FLOPs utilization so far; `None` without FLOPs or a peak.
+    pub fn mfu(&self) -> Option<f64> {
+        self.segment.mfu(&self.peak)
+    }
+
     /// A diagnosis not said before in this segment, to log.
     pub fn news(&mut self) -> Option<Diagnosis> {
-        let d = self.diagnose()?;
-        if self.said.contains(&d.cause) {
-            return None;
-        }
+        let d = [self.diagnose(), self.advise_precision()]
+            .into_iter()
+            .flatten()
+            .find(|d| !self.said.contains(&d.cause))?;
         self.said.push(d.cause);
         Some(d)
     }
 
-    /// The cause of idle time over the window, or `None` when busy (or too little to go on).
-    pub fn diagnose(&self) -> Option<Diagnosis> {
+    /// The steps of the window, summed; `None` while too little to go on.
+    fn window(&self) -> Option<(Totals, f64)> {
         let span: f64 = self.intervals.iter().map(|i| i.seconds).sum();
         if self.steps.len() < MIN_STEPS || span < MIN_SPAN.as_secs_f64() {
             return None;
         }
+        let mut totals = Totals::default();
+        for (_, m) in &self.steps {
+            totals.add(m);
+        }
+        Some((totals, span))
+    }
+
+    /// A run in FP32 or TF32 on an accelerator with a faster precision, busy or not.
+    pub fn advise_precision(&self) -> Option<Diagnosis> {
+        let (window, span) = self.window()?;
+        let faster = self.peak.faster(window.precision)?;
+        let mut evidence = format!(
+            "computes in {} on {}: {} autocast raises the peak {:.0}x ({} -> {} TFLOPS)",
+            faster.from.label(),
+            self.peak.describe(),
+            faster.to.label(),
+            faster.ratio(),
+            faster.from_tflops,
+            faster.to_tflops
+        );
+        if let Some(mfu) = window.mfu(&self.peak) {
+            evidence.push_str(&format!("; MFU {}", pct1(mfu)));
+        }
+        let busy = self
+            .intervals
+            .iter()
+            .map(|i| i.device * i.seconds)
+            .sum::<f64>()
+            / span;
+        Some(Diagnosis {
+            cause: Cause::SlowPrecision,
+            busy,
+            evidence,
+        })
+    }
+
+    /// The cause of idle time over the window, or `None` when busy (or too little to go on).
+    pub fn diagnose(&self) -> Option<Diagnosis> {
+        let (window, span) = self.window()?;
         let mean = |f: fn(&Interval) -> f64| {
             self.intervals.iter().map(|i| f(i) * i.seconds).sum::<f64>() / span
         };
@@ -443,17 +645,22 @@ impl Watchdog {
         let host = mean(|i| i.host_cpu);
         let read_mb_s =
             self.intervals.iter().map(|i| i.read_bytes).sum::<u64>() as f64 / span / 1e6;
-        let steps = self.steps.iter().map(|(_, m)| m);
-        let step_s: f64 = steps.clone().map(|m| m.step_s.max(0.0)).sum();
-        let data_s: f64 = steps.clone().map(|m| m.data_s.max(0.0)).sum();
-        let sync_s: f64 = steps.clone().map(|m| m.sync_s.max(0.0)).sum();
+        let Totals {
+            step_s,
+            data_s,
+            sync_s,
+            ..
+        } = window;
         let n = self.steps.len() as f64;
         let share = |part: f64| if step_s > 0.0 { part / step_s } else { 0.0 };
         let batch = self.steps.back().and_then(|(_, m)| m.batch);
         let per_step = format!(
-            "{:.1} ms a step{}",
+            "{:.1} ms a step{}{}",
             step_s / n * 1e3,
-            batch.map_or(String::new(), |b| format!(" at batch {b}"))
+            batch.map_or(String::new(), |b| format!(" at batch {b}")),
+            window
+                .mfu(&self.peak)
+                .map_or(String::new(), |m| format!(", MFU {}", pct1(m)))
         );
         let (cause, evidence) = if share(data_s) >= STALL_SHARE {
             (
@@ -638,6 +845,10 @@ mod tests {
             sync_s,
             batch: Some(8),
             loss: None,
+            tokens: None,
+            flops: None,
+            params: None,
+            precision: None,
             fields: serde_json::Map::new(),
         }
     }
@@ -807,6 +1018,199 @@ mod tests {
         let d = w.news().unwrap();
         assert!(d.to_string().contains("waits for data"), "{d}");
         assert_eq!(w.news(), None);
+    }
+
+    /// Lines as a trainer appends them, read back through the tail.
+    fn read_lines(lines: &[String]) -> Vec<StepMetrics> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        let mut tail = MetricsTail::new(&path);
+        fs::write(&path, lines.join("\n") + "\n").unwrap();
+        tail.read_new()
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * b.abs()
+    }
+
+    #[test]
+    fn mfu_of_the_example_trainer_by_hand() {
+        // The example trainer's defaults: context 8, embed 16, hidden 128, vocab 65, batch
+        // 64. Its matmuls per sample are 8·16·128 + 128·65 = 24,704 multiply-adds forward;
+        // forward and backward make 6 FLOPs per multiply-add: 148,224 FLOPs a sample and
+        // 9,486,336 a step of 64.
+        let flops = 6.0 * 64.0 * (8.0 * 16.0 * 128.0 + 128.0 * 65.0);
+        assert_eq!(flops, 9_486_336.0);
+        let lines: Vec<String> = [0.004, 0.005, 0.003]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                format!(
+                    r#"{{"step":{},"step_s":{s},"data_s":0.001,"batch":64,"loss":4.1,"tokens":64,"flops":{flops},"precision":"fp32"}}"#,
+                    i + 1
+                )
+            })
+            .collect();
+        let mut totals = Totals::default();
+        for m in read_lines(&lines) {
+            totals.add(&m);
+        }
+        // By hand: 3 steps of 9,486,336 FLOPs in 12 ms are 2.371584 GFLOP/s; against a CPU
+        // given as 0.05 TFLOPS (`--peak-tflops 0.05`) that is 4.743168%.
+        let given = Peak {
+            accelerators: None,
+            given_tflops: Some(0.05),
+        };
+        assert!(close(totals.flops_per_s().unwrap(), 2.371_584e9));
+        assert!(close(totals.mfu(&given).unwrap(), 0.047_431_68));
+        assert!(close(totals.data_stall().unwrap(), 0.25));
+        assert_eq!(totals.sync_stall(), None, "the trainer reports no syncs");
+        assert_eq!(totals.precision, Some(Precision::Fp32));
+        // No peak, no MFU.
+        assert_eq!(totals.mfu(&Peak::default()), None);
+    }
+
+    #[test]
+    fn without_flops_the_6n_rule_and_unknown_fields_are_no_bad_lines() {
+        let lines = [
+            r#"{"step":1,"step_s":0.5,"tokens":2048,"params":1e6,"precision":"BFloat16"}"#,
+            r#"{"step":2,"step_s":0.5,"flops":-1,"tokens":2048,"params":1e6,"precision":"amp"}"#,
+            r#"{"step":3,"step_s":1.0}"#,
+        ]
+        .map(String::from);
+        let got = read_lines(&lines);
+        assert_eq!(
+            got.len(),
+            3,
+            "an unknown precision is unknown, not a bad line"
+        );
+        assert_eq!(got[0].model_flops(), Some(6.0 * 1e6 * 2048.0));
+        assert_eq!(got[0].precision, Some(Precision::Bf16));
+        assert_eq!(got[1].precision, None);
+        assert_eq!(
+            got[1].model_flops(),
+            Some(6.0 * 1e6 * 2048.0),
+            "bad flops: 6N"
+        );
+        assert_eq!(got[2].model_flops(), None);
+        let mut totals = Totals::default();
+        got.iter().for_each(|m| totals.add(m));
+        // Only the steps that report FLOPs count toward the FLOP/s.
+        assert!(close(totals.flops_per_s().unwrap(), 2.0 * 6.0 * 2048e6));
+        assert_eq!(totals.precision, Some(Precision::Bf16), "the newest known");
+        assert_eq!(totals.data_stall(), None);
+    }
+
+    /// `count` A100s from the catalog.
+    fn a100s(count: f64) -> Peak {
+        let c = frugal_cost::Catalog::builtin().unwrap();
+        Peak {
+            accelerators: Some((c.peaks("A100").unwrap().clone(), count)),
+            given_tflops: None,
+        }
+    }
+
+    #[test]
+    fn mfu_against_the_catalogs_accelerators_at_their_precision() {
+        let mut m = step(1, 0.1, 0.0, 0.0);
+        // 4.8 TFLOP/s achieved on 8 A100s: 156 TFLOPS at FP32, 2,496 at BF16.
+        m.flops = Some(0.48e12);
+        let totals = |p| {
+            let mut t = Totals::default();
+            let mut m = m.clone();
+            m.precision = p;
+            t.add(&m);
+            t
+        };
+        let peak = a100s(8.0);
+        assert!(close(
+            totals(Some(Precision::Fp32)).mfu(&peak).unwrap(),
+            4.8 / 156.0
+        ));
+        assert!(close(
+            totals(Some(Precision::Bf16)).mfu(&peak).unwrap(),
+            4.8 / 2496.0
+        ));
+        assert_eq!(
+            totals(None).mfu(&peak),
+            None,
+            "unknown precision, unknown peak"
+        );
+        assert_eq!(
+            totals(Some(Precision::Fp8)).mfu(&peak),
+            None,
+            "no FP8 on A100"
+        );
+        // A peak given by hand wins, whatever the precision.
+        let given = Peak {
+            given_tflops: Some(48.0),
+            ..peak
+        };
+        assert!(close(totals(None).mfu(&given).unwrap(), 0.1));
+    }
+
+    #[test]
+    fn names_fp32_on_an_accelerator_with_bf16_and_its_mfu() {
+        let fp32: Vec<StepMetrics> = (1..=20)
+            .map(|i| {
+                let mut m = step(i, 0.1, 0.0, 0.0);
+                (m.flops, m.precision) = (Some(0.48e12), Some(Precision::Fp32));
+                m
+            })
+            .collect();
+        let mut w = fed(0.95, 0.3, true, &fp32).with_peak(a100s(8.0));
+        assert_eq!(w.diagnose(), None, "busy: nothing idles");
+        let d = w.news().unwrap();
+        assert_eq!(d.cause, Cause::SlowPrecision);
+        assert_eq!(
+            d.to_string(),
+            format!(
+                "the run computes in FP32 on 8 x A100: BF16 autocast raises the peak 16x \
+                 (19.5 -> 312 TFLOPS); MFU 3.1%; try: {}",
+                Cause::SlowPrecision.fix()
+            )
+        );
+        assert_eq!(w.news(), None, "said once");
+        // Idle too: the idle cause names the MFU, then the precision follows.
+        let mut w = fed(0.3, 0.3, true, &fp32).with_peak(a100s(8.0));
+        let first = w.news().unwrap();
+        assert!(first.evidence.ends_with("at batch 8, MFU 3.1%"), "{first}");
+        assert_eq!(w.news().unwrap().cause, Cause::SlowPrecision);
+        // BF16 already, or no catalog accelerator: nothing to say about precision.
+        let bf16: Vec<StepMetrics> = fp32
+            .iter()
+            .cloned()
+            .map(|mut m| {
+                m.precision = Some(Precision::Bf16);
+                m
+            })
+            .collect();
+        assert_eq!(
+            fed(0.95, 0.3, true, &bf16).with_peak(a100s(8.0)).news(),
+            None
+        );
+        let given = Peak {
+            accelerators: None,
+            given_tflops: Some(1.0),
+        };
+        assert_eq!(fed(0.95, 0.3, true, &fp32).with_peak(given).news(), None);
+    }
+
+    #[test]
+    fn the_segment_sums_its_steps_and_starts_afresh() {
+        let mut w = Watchdog::with_gpus(None);
+        w.start_segment(nix::unistd::getpgrp().as_raw());
+        let mut m = step(1, 0.2, 0.05, 0.0);
+        m.fields.insert("data_s".into(), 0.05.into());
+        w.sample(vec![m.clone(), m]);
+        assert_eq!(w.segment().steps, 2);
+        assert!(close(w.segment().data_stall().unwrap(), 0.25));
+        w.start_segment(nix::unistd::getpgrp().as_raw());
+        assert_eq!(
+            *w.segment(),
+            Totals::default(),
+            "a new segment starts afresh"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use frugal_cost::catalog::InstanceOffer;
 use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
 use frugal_cost::ledger::PriorImport;
-use frugal_cost::present::{pct, thousands, usd, usd_unit, utc};
+use frugal_cost::present::{pct, pct1, thousands, usd, usd_unit, utc};
 use frugal_cost::report::{Options, PoolLine, Report, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
@@ -592,6 +592,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
             "on demand>",
             "saved>",
             "util>",
+            "mfu>",
             "done",
         ]);
         for l in &r.training {
@@ -606,6 +607,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
                 l.on_demand_cost.map(usd).unwrap_or_else(|| "-".into()),
                 l.saving.map(usd).unwrap_or_else(|| "-".into()),
                 l.utilization.map(pct).unwrap_or_else(|| "-".into()),
+                mfu(l.mfu, l.precision),
                 if l.completed { "yes" } else { "no" }.into(),
             ]);
         }
@@ -631,6 +633,15 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// "3.1% fp32": a run's MFU and the precision it computed in.
+fn mfu(mfu: Option<f64>, precision: Option<frugal_cost::Precision>) -> String {
+    match (mfu, precision) {
+        (Some(m), Some(p)) => format!("{} {p}", pct1(m)),
+        (Some(m), None) => pct1(m),
+        (None, _) => "-".into(),
+    }
 }
 
 /// Pools of replicas against a fixed pool of their largest size, and what to right-size.

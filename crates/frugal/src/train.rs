@@ -11,6 +11,7 @@ use frugal_train::notice::{AnySource, Aws, Azure, Bases, Gcp, NoticeSource, dete
 use frugal_train::pricing::{Pricing, Request};
 use frugal_train::store::CheckpointStore;
 use frugal_train::supervisor::{Ending, Plan, Segment, supervise};
+use frugal_train::watchdog::Peak;
 use sha2::{Digest, Sha256};
 
 use crate::cli::{MachineArgs, NoticeArg, SupervisorArgs, TrainArgs};
@@ -31,6 +32,11 @@ pub struct Stopped {
 }
 
 pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
+    if let Some(t) = args.peak_tflops
+        && !(t.is_finite() && t > 0.0)
+    {
+        bail!("--peak-tflops: `{t}` is not a positive number of TFLOPS");
+    }
     let pricing = machine_pricing(catalog, &args.machine)?;
     let run_id = args.run.clone().unwrap_or_else(|| default_run_id(args));
     let work = std::path::Path::new(".frugal").join(&run_id);
@@ -39,11 +45,18 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| work.join("checkpoints"));
     let store = CheckpointStore::open(&store_url(config, &args.supervisor)?, &run_id)?;
+    let peak = pricing.peak(catalog, args.peak_tflops);
+    if peak == Peak::default() {
+        tracing::info!(
+            "no peak FLOPS known for this machine: give --peak-tflops (or --instance with a catalog GPU) for its MFU"
+        );
+    }
     let plan = Plan {
         command: args.command.clone(),
         run_id: run_id.clone(),
         checkpoint_dir: std::path::absolute(&checkpoint_dir)?,
         metrics: std::path::absolute(work.join("metrics.jsonl"))?,
+        peak,
         max_restarts: args.max_restarts,
         backoff: seconds("--backoff", args.backoff)?,
         ..base_plan(&args.supervisor, &args.machine)?
@@ -100,6 +113,7 @@ pub fn base_plan(args: &SupervisorArgs, machine: &MachineArgs) -> Result<Plan> {
         run_id: String::new(),
         checkpoint_dir: PathBuf::new(),
         metrics: PathBuf::new(),
+        peak: Peak::default(),
         checkpoint_signal: parse_signal(&args.checkpoint_signal)?,
         stop_grace: seconds("--stop-grace", args.stop_grace)?,
         term_deadline: seconds("--signal-deadline", args.signal_deadline)?,
@@ -208,6 +222,15 @@ pub async fn notice_source(m: &MachineArgs) -> Result<Option<AnySource>> {
     Ok(source)
 }
 
+/// "3.1% fp32": the segment's MFU, and the precision it was measured at.
+fn mfu(s: &Segment) -> String {
+    let precision = s.precision.map_or(String::new(), |p| format!(" {p}"));
+    match s.mfu {
+        Some(m) => format!("{:.1}%{precision}", m * 100.0),
+        None => "-".into(),
+    }
+}
+
 fn print_summary(
     out: &mut impl Write,
     run_id: &str,
@@ -223,6 +246,7 @@ fn print_summary(
         "minutes>",
         "lost min>",
         "busy>",
+        "mfu>",
         "cost>",
     ]);
     for s in segments {
@@ -238,6 +262,7 @@ fn print_summary(
             format!("{:.1}", s.lost.as_secs_f64() / 60.0),
             s.utilization
                 .map_or_else(|| "-".into(), |u| format!("{:.0}%", u * 100.0)),
+            mfu(s),
             e.cost.to_string(),
         ]);
     }
