@@ -303,10 +303,6 @@ pub struct TrainArgs {
     /// Seconds before the first restart after a crash; doubles each time, up to 5 minutes
     #[arg(long, default_value_t = 1.0, value_name = "S")]
     pub backoff: f64,
-    /// The machine's peak TFLOPS at the precision the command computes in, for its model
-    /// FLOPs utilization [default: the catalog's, for --instance's GPUs]
-    #[arg(long, value_name = "X")]
-    pub peak_tflops: Option<f64>,
     /// The training command and its arguments
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
@@ -337,6 +333,10 @@ pub struct SupervisorArgs {
     /// Do not look for GPUs (the CPU stands in for the accelerator)
     #[arg(long)]
     pub no_gpu: bool,
+    /// The machine's peak TFLOPS at the precision the command computes in, for its model
+    /// FLOPs utilization [default: the catalog's, for --instance's GPUs]
+    #[arg(long, value_name = "X")]
+    pub peak_tflops: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -32,11 +32,6 @@ pub struct Stopped {
 }
 
 pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
-    if let Some(t) = args.peak_tflops
-        && !(t.is_finite() && t > 0.0)
-    {
-        bail!("--peak-tflops: `{t}` is not a positive number of TFLOPS");
-    }
     let pricing = machine_pricing(catalog, &args.machine)?;
     let run_id = args.run.clone().unwrap_or_else(|| default_run_id(args));
     let work = std::path::Path::new(".frugal").join(&run_id);
@@ -45,18 +40,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| work.join("checkpoints"));
     let store = CheckpointStore::open(&store_url(config, &args.supervisor)?, &run_id)?;
-    let peak = pricing.peak(catalog, args.peak_tflops);
-    if peak == Peak::default() {
-        tracing::info!(
-            "no peak FLOPS known for this machine: give --peak-tflops (or --instance with a catalog GPU) for its MFU"
-        );
-    }
     let plan = Plan {
         command: args.command.clone(),
         run_id: run_id.clone(),
         checkpoint_dir: std::path::absolute(&checkpoint_dir)?,
         metrics: std::path::absolute(work.join("metrics.jsonl"))?,
-        peak,
+        peak: machine_peak(catalog, &pricing, &args.supervisor)?,
         max_restarts: args.max_restarts,
         backoff: seconds("--backoff", args.backoff)?,
         ..base_plan(&args.supervisor, &args.machine)?
@@ -90,6 +79,23 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         }
         .into()),
     }
+}
+
+/// The machine's peak FLOPS for the watchdog's MFU: `--peak-tflops`, or the catalog's for
+/// the instance's accelerators.
+pub fn machine_peak(catalog: &Catalog, pricing: &Pricing, args: &SupervisorArgs) -> Result<Peak> {
+    if let Some(t) = args.peak_tflops
+        && !(t.is_finite() && t > 0.0)
+    {
+        bail!("--peak-tflops: `{t}` is not a positive number of TFLOPS");
+    }
+    let peak = pricing.peak(catalog, args.peak_tflops);
+    if peak == Peak::default() {
+        tracing::info!(
+            "no peak FLOPS known for this machine: give --peak-tflops (or --instance with a catalog GPU) for its MFU"
+        );
+    }
+    Ok(peak)
 }
 
 /// The checkpoint store: `--store`, or checkpoints/ beside the ledger.

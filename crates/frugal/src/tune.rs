@@ -15,7 +15,8 @@ use sha2::{Digest, Sha256};
 use crate::cli::TuneArgs;
 use crate::config::Config;
 use crate::table;
-use crate::train::{base_plan, machine_pricing, notice_source, seconds, store_url};
+use crate::train::{base_plan, machine_peak, machine_pricing, notice_source, seconds, store_url};
+use frugal_train::supervisor::Plan;
 
 /// A search stopped by a signal or a notice, its state saved; `main` exits 75.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +57,14 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TuneArgs) -> Result<()> {
         }
         None => Vec::new(),
     };
+    let pricing = machine_pricing(catalog, &args.machine)?;
+    // Each slot has its share of the machine's accelerators (or of the given peak).
+    let mut peak = machine_peak(catalog, &pricing, &args.supervisor)?;
+    let slots = f64::from(args.parallel);
+    if let Some((_, count)) = &mut peak.accelerators {
+        *count /= slots;
+    }
+    peak.given_tflops = peak.given_tflops.map(|t| t / slots);
     let settings = Settings {
         tune_id: id.clone(),
         dir: std::path::absolute(&dir)?,
@@ -67,8 +76,11 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TuneArgs) -> Result<()> {
         seed: args.seed,
         trial_timeout: seconds("--trial-timeout", args.trial_timeout)?,
         store: store_url(config, &args.supervisor)?,
-        supervisor: base_plan(&args.supervisor, &args.machine)?,
-        pricing: machine_pricing(catalog, &args.machine)?.share(args.parallel),
+        supervisor: Plan {
+            peak,
+            ..base_plan(&args.supervisor, &args.machine)?
+        },
+        pricing: pricing.share(args.parallel),
     };
     let mut ledger = crate::commands::open_for_write(config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
