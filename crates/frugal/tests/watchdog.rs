@@ -80,10 +80,19 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
         eprintln!("host over the run: {load:?}, others and steal {contended:.2} of the cores");
         assert!(out.status.success());
         let busy = shared.segments()[0].4.unwrap();
+        // The share of step time the trainer says it waited for data.
+        let metrics = std::fs::read_to_string(m.metrics()).unwrap();
+        let (mut step_s, mut data_s) = (0.0, 0.0);
+        for line in metrics.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            step_s += v["step_s"].as_f64().unwrap();
+            data_s += v["data_s"].as_f64().unwrap();
+        }
         (
             String::from_utf8_lossy(&out.stdout).into_owned(),
             busy,
             contended,
+            data_s / step_s,
         )
     };
     // A contention diagnosis stands only on a host that was measured to be contended.
@@ -99,7 +108,7 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
         }
     };
     // Healthy: batches that fill every core, no sleeping.
-    let (healthy, busy, contended) = run(&[
+    let (healthy, busy, contended, _) = run(&[
         "--step-delay-ms",
         "0",
         "--steps",
@@ -117,8 +126,16 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
             assert!(busy > 0.75, "the healthy run keeps the cores busy: {busy}");
         }
     }
-    // Starved: every batch takes 10 ms to load; its own waits, contended host or not.
-    let (starved, busy, _) = run(&["--step-delay-ms", "0", "--data-delay-ms", "10"]);
+    // Starved: every batch takes 10 ms to load in the training loop; its own waits,
+    // contended host or not.
+    let (starved, busy, _, _) = run(&[
+        "--step-delay-ms",
+        "0",
+        "--data-delay-ms",
+        "10",
+        "--loader-threads",
+        "0",
+    ]);
     assert!(
         starved.contains("watchdog:") && starved.contains("waits for data"),
         "{starved}"
@@ -128,7 +145,7 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
         "the ledger prices the idle share as waste: {busy}"
     );
     // Tiny batches: one chunk of work a step, so one core of two.
-    let (tiny, busy, contended) = run(&[
+    let (tiny, busy, contended, _) = run(&[
         "--step-delay-ms",
         "0",
         "--steps",
@@ -143,4 +160,23 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
         "{tiny}"
     );
     assert!(busy < 0.75, "{busy}");
+    // The same 10 ms a batch beside a step that sleeps 4 ms (a noisy host cannot shorten
+    // it): loaded in the training loop, the steps wait for the data...
+    let slow = |loaders| {
+        let knobs = ["--step-delay-ms", "4", "--data-delay-ms", "10"];
+        [&knobs[..], &["--loader-threads", loaders]].concat()
+    };
+    let (inline, _, _, waiting) = run(&[&slow("0")[..], &["--steps", "200"]].concat());
+    assert!(inline.contains("waits for data"), "{waiting:.2}: {inline}");
+    // ...while four loader threads, 2.5 ms of delay a batch each, build them ahead: the
+    // watchdog still speaks (the run sleeps), but not of data.
+    let (ahead, _, _, waiting) = run(&slow("4"));
+    assert!(
+        waiting < 0.1,
+        "{waiting:.2} of the step time waits for data"
+    );
+    assert!(
+        ahead.contains("watchdog:") && !ahead.contains("waits for data"),
+        "{ahead}"
+    );
 }

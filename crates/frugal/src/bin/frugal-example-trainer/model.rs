@@ -48,6 +48,30 @@ impl HParams {
             + self.hidden * self.vocab
             + self.vocab
     }
+
+    /// Model FLOPs of one training step, forward and backward, at 2 FLOPs a multiply-add,
+    /// counted from the two weight matrices (B batch, C context, E embed, H hidden, V vocab):
+    ///
+    /// * forward: `2·B·C·E·H` (hidden pre-activations, W1) + `2·B·H·V` (logits, W2);
+    /// * backward: twice the forward, as each matrix takes two products of its size, one for
+    ///   the weight gradient (`e ⊗ dh`, `h ⊗ dlogits`) and one for the input gradient
+    ///   (`W1·dh`, `W2·dlogits`);
+    ///
+    /// so `6·B·(C·E·H + H·V)`. Left out, all O(B·(H + V)) or O(params), under 1% at the
+    /// default shapes: the embedding gather and scatter (copies and adds), the bias adds,
+    /// tanh and its derivative, the softmax and loss, the sum of the chunk gradients and
+    /// the Adam update.
+    pub fn step_flops(&self) -> u64 {
+        let (b, c, e, h, v) = (
+            self.batch,
+            self.context,
+            self.embed,
+            self.hidden,
+            self.vocab,
+        );
+        let forward = 2 * b as u64 * (c * e * h + h * v) as u64;
+        3 * forward
+    }
 }
 
 /// The parameter blocks of the flat vector, as slices of `T` (`&[f32]` or `&mut [f32]`).
@@ -397,6 +421,33 @@ mod tests {
                 "param {i}: analytic {analytic}, numeric {numeric}"
             );
         }
+    }
+
+    /// The FLOPs formula against the weight matrices: every weight takes one multiply-add
+    /// per sample forward and two backward.
+    #[test]
+    fn step_flops_follow_the_weight_shapes() {
+        let hp = HParams {
+            vocab: 65,
+            context: 8,
+            embed: 16,
+            hidden: 128,
+            batch: 64,
+            ..tiny()
+        };
+        let params = init(&hp);
+        let w = parts(&hp, &params);
+        assert_eq!((w.w1.len(), w.w2.len()), (8 * 16 * 128, 128 * 65));
+        let macs = hp.batch as u64 * (w.w1.len() + w.w2.len()) as u64;
+        assert_eq!(hp.step_flops(), 2 * (1 + 2) * macs);
+        assert_eq!(hp.step_flops(), 9_486_336);
+        assert_eq!(hp.n_params(), 25_937);
+        let one = HParams { batch: 1, ..hp };
+        assert_eq!(
+            hp.step_flops(),
+            64 * one.step_flops(),
+            "linear in the batch"
+        );
     }
 
     #[test]
