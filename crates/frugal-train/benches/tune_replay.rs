@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{n} configurations, rungs {:?}; the best ends at {best:.4} ({})",
         table.rungs, table.rows[ranking[0].0].name
     );
-    for slots in [2, 4] {
+    for (slots, speculate) in [(2, false), (2, true), (4, false), (4, true)] {
         println!(
             "\n{slots} slots   ASHA: rank  loss    +%     compute  busy   | random, same compute: rank  loss    +%"
         );
@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (0.0, 0.0, 0, 0, 0.0, 0.0);
         for seed in 0..SEEDS {
             let order = shuffle(n, seed);
-            let a = asha(&table, &config, &order, slots);
+            let a = asha(&table, &config, &order, slots, speculate);
             let k = ((a.resource as f64 / max as f64).round() as usize).max(1);
             let r = random(&table, mode, &shuffle(n, seed + 1000), k);
             let gap = |m: f64| 100.0 * (m / best - 1.0);

@@ -373,6 +373,10 @@ pub struct TuneArgs {
     /// devices a slot)
     #[arg(long, value_name = "LIST")]
     pub devices: Option<String>,
+    /// When a slot would wait with nothing left to start, promote the next best trial ahead
+    /// of its turn if it ends before the running ones (the slot is paid for either way)
+    #[arg(long)]
+    pub speculate: bool,
     /// Seconds a trial may go without reporting a step before it counts as hung
     #[arg(long, default_value_t = 1800.0, value_name = "S")]
     pub trial_timeout: f64,

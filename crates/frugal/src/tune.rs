@@ -74,6 +74,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TuneArgs) -> Result<()> {
         parallel,
         devices,
         seed: args.seed,
+        speculate: args.speculate,
         trial_timeout: seconds("--trial-timeout", args.trial_timeout)?,
         store: store_url(config, &args.supervisor)?,
         supervisor: Plan {

@@ -217,6 +217,33 @@ impl Asha {
         job
     }
 
+    /// A promotion ahead of its turn, for a slot that would otherwise wait with nothing left
+    /// to start: the best trial at the highest rung that stopped there, is not yet in its
+    /// top `1/rf`, and `fits` (the caller's check that the job ends before the running
+    /// ones do, so the search takes no longer). The slot is paid for either way; the result
+    /// can only sharpen the choice, and it stands if the trial qualifies later. `None`
+    /// while a regular job exists, or nothing fits.
+    pub fn speculate(&mut self, fits: impl Fn(TrialId, usize) -> bool) -> Option<Job> {
+        if self.peek_job() != Job::Wait {
+            return None;
+        }
+        let (trial, rung) = (0..self.rungs.len() - 1).rev().find_map(|rung| {
+            self.ranked(rung)
+                .into_iter()
+                .map(|(id, _)| id)
+                .find(|&id| self.trials[id as usize].stopped_at() == Some(rung) && fits(id, rung))
+                .map(|id| (id, rung))
+        })?;
+        let t = self.trials.get_mut(trial as usize)?;
+        t.target = Some(rung + 1);
+        t.running = true;
+        Some(Job::Promote {
+            trial,
+            from_rung: rung,
+            to_resource: self.rungs[rung + 1],
+        })
+    }
+
     /// Records `trial`'s metric at the rung its job ran it to.
     pub fn report(&mut self, trial: TrialId, rung: usize, metric: f64) -> Result<(), AshaError> {
         let t = self.trial_mut(trial)?;
@@ -394,6 +421,37 @@ mod tests {
             from_rung,
             to_resource: [400, 1600][from_rung],
         }
+    }
+
+    #[test]
+    fn a_waiting_slot_promotes_the_next_best_ahead_of_its_turn() {
+        let mut asha = Asha::new(config(Mode::Min, 4));
+        for trial in 0..4 {
+            assert_eq!(asha.next_job(), start(trial));
+        }
+        assert_eq!(
+            asha.speculate(|_, _| true),
+            None,
+            "a regular job would wait only once all started"
+        );
+        // Trials 0..3 report 8, 3, 12, 1: trial 3 is promoted in its turn, then nothing.
+        for trial in 0..4 {
+            asha.report(trial, 0, metric(trial, 0)).unwrap();
+        }
+        assert_eq!(asha.next_job(), promote(3, 0));
+        assert_eq!(asha.peek_job(), Job::Wait);
+        // The next best at rung 0 (trial 1, 3.0) runs ahead; then trial 0, 8.0.
+        assert_eq!(asha.speculate(|_, _| true), Some(promote(1, 0)));
+        assert_eq!(asha.speculate(|_, _| true), Some(promote(0, 0)));
+        asha.report(3, 1, metric(3, 1)).unwrap();
+        asha.report(1, 1, metric(1, 1)).unwrap();
+        // Two results at rung 1 and a slot free: still not the top quarter, so ahead again,
+        // from the highest rung first.
+        assert_eq!(asha.speculate(|_, _| true), Some(promote(3, 1)));
+        // Only what fits: trial 1 (at rung 1) does not, so trial 2 at rung 0 goes.
+        assert_eq!(asha.speculate(|t, _| t != 1), Some(promote(2, 0)));
+        assert_eq!(asha.speculate(|t, _| t != 1), None);
+        assert_eq!(asha.speculate(|_, _| true), Some(promote(1, 1)));
     }
 
     #[test]

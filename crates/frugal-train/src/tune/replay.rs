@@ -135,7 +135,15 @@ pub struct Choice {
 
 /// ASHA over the table's rows in `order` (trial k is row `order[k]`), on `slots` parallel
 /// slots in simulated time: each job takes its resource times its row's seconds per unit.
-pub fn asha(table: &Table, config: &AshaConfig, order: &[usize], slots: usize) -> Choice {
+/// With `speculate`, a slot that would wait promotes ahead of its turn what fits
+/// ([`Asha::speculate`]).
+pub fn asha(
+    table: &Table,
+    config: &AshaConfig,
+    order: &[usize],
+    slots: usize,
+    speculate: bool,
+) -> Choice {
     let mut asha = Asha::new(AshaConfig {
         max_trials: Some(u32::try_from(order.len()).unwrap_or(u32::MAX)),
         ..config.clone()
@@ -144,9 +152,19 @@ pub fn asha(table: &Table, config: &AshaConfig, order: &[usize], slots: usize) -
     // Running jobs by end time (nanoseconds): (end, trial, rung, started).
     let mut running: BinaryHeap<Reverse<(u64, u32, usize, u64)>> = BinaryHeap::new();
     let (mut now, mut busy) = (0u64, 0u64);
+    let duration = |trial: u32, from: u64, to: u64| {
+        let row = &table.rows[order[trial as usize]];
+        ((to - from) as f64 * row.seconds_per_unit * 1e9) as u64
+    };
     loop {
         while running.len() < slots {
-            let job = asha.next_job();
+            let mut job = asha.next_job();
+            if job == Job::Wait && speculate {
+                // Ahead of its turn, only if it ends before the running jobs do.
+                let last = running.iter().map(|r| r.0.0).max().unwrap_or(now);
+                let fits = |t: u32, k: usize| now + duration(t, rungs[k], rungs[k + 1]) <= last;
+                job = asha.speculate(fits).unwrap_or(Job::Wait);
+            }
             let Some((trial, rung)) = job.target() else {
                 break;
             };
@@ -154,8 +172,7 @@ pub fn asha(table: &Table, config: &AshaConfig, order: &[usize], slots: usize) -
                 Job::Promote { from_rung, .. } => rungs[from_rung],
                 _ => 0,
             };
-            let row = &table.rows[order[trial as usize]];
-            let ns = ((rungs[rung] - from) as f64 * row.seconds_per_unit * 1e9) as u64;
+            let ns = duration(trial, from, rungs[rung]);
             running.push(Reverse((now + ns, trial, rung, now)));
         }
         let Some(Reverse((end, trial, rung, started))) = running.pop() else {
@@ -274,7 +291,7 @@ mod tests {
     fn asha_finds_the_best_with_a_fraction_of_the_compute() {
         let t = table(64);
         let order = shuffle(64, 3);
-        let c = asha(&t, &config(), &order, 4);
+        let c = asha(&t, &config(), &order, 4, false);
         assert_eq!(c.row, 7, "{c:?}");
         // Synchronous halving would take 64 trials to 100, 16 to 400 and 4 to 1600; the
         // asynchronous promotions of the first results add a few.

@@ -53,6 +53,9 @@ pub struct Settings {
     pub devices: Vec<String>,
     /// Seeds the configurations sampled.
     pub seed: u64,
+    /// Fill a slot that would wait with a promotion ahead of its turn, when it ends before
+    /// the running jobs do ([`super::Asha::speculate`]).
+    pub speculate: bool,
     /// A trial that reports no step for this long is stopped and counted as a crash.
     pub trial_timeout: Duration,
     /// Checkpoint store URL; each trial keeps its checkpoints under its run id.
@@ -453,6 +456,35 @@ impl Shared<'_> {
     }
 }
 
+/// Seconds per unit of resource, each trial's own, or the mean of those known.
+struct Pace {
+    own: Vec<Option<f64>>,
+    mean: Option<f64>,
+}
+
+impl Pace {
+    fn new(trials: &[TrialRecord]) -> Pace {
+        let own: Vec<Option<f64>> = trials
+            .iter()
+            .map(|t| (t.work.steps > 0).then(|| t.work.seconds / t.work.steps as f64))
+            .collect();
+        let known: Vec<f64> = own.iter().flatten().copied().collect();
+        let mean = (!known.is_empty()).then(|| known.iter().sum::<f64>() / known.len() as f64);
+        Pace { own, mean }
+    }
+
+    /// When a job of `trial` over `units` would end if it started now.
+    fn eta(&self, trial: TrialId, units: u64) -> Option<Instant> {
+        let pace = self
+            .own
+            .get(trial as usize)
+            .copied()
+            .flatten()
+            .or(self.mean)?;
+        Instant::now().checked_add(Duration::try_from_secs_f64(pace * units as f64).ok()?)
+    }
+}
+
 fn outcome_name(o: Outcome) -> String {
     serde_json::to_value(o)
         .ok()
@@ -575,6 +607,9 @@ pub async fn tune<S: NoticeSource + 'static>(
     let mut free: BTreeSet<usize> = (0..settings.parallel.max(1)).collect();
     let mut busy = Duration::ZERO;
     let mut slot_started = std::collections::BTreeMap::new();
+    // When each slot's job should end, where its trial's pace (or the others') says.
+    let mut slot_eta: std::collections::BTreeMap<usize, Instant> =
+        std::collections::BTreeMap::new();
     let mut running = FuturesUnordered::new();
     let mut stopping = false;
     let mut fatal: Option<TuneError> = None;
@@ -586,16 +621,37 @@ pub async fn tune<S: NoticeSource + 'static>(
                 .sum();
             check_budget(&shared, in_flight)?;
             let mut fresh = false;
-            let job = {
+            let mut job = {
                 let space = &settings.space;
                 shared.state.borrow_mut().next_job(|t| {
                     fresh = true;
                     space.sample(settings.seed, t)
                 })?
             };
-            let Some((trial, _)) = job.target() else {
+            let pace = Pace::new(&shared.state.borrow().trials()?);
+            if job == Job::Wait
+                && settings.speculate
+                && let Some(&last) = slot_eta.values().max()
+            {
+                let rungs = &shared.rungs;
+                let fits = |t: TrialId, k: usize| {
+                    pace.eta(t, rungs[k + 1] - rungs[k])
+                        .is_some_and(|eta| eta <= last)
+                };
+                job = shared
+                    .state
+                    .borrow_mut()
+                    .speculate(fits)?
+                    .unwrap_or(Job::Wait);
+            }
+            let Some((trial, rung)) = job.target() else {
                 break;
             };
+            let from = match job {
+                Job::Promote { from_rung, .. } => shared.rungs[from_rung],
+                _ => 0,
+            };
+            let eta = pace.eta(trial, shared.rungs[rung] - from);
             let params = shared
                 .state
                 .borrow()
@@ -606,6 +662,10 @@ pub async fn tune<S: NoticeSource + 'static>(
                 .unwrap_or_default();
             free.remove(&slot);
             slot_started.insert(slot, Instant::now());
+            match eta {
+                Some(eta) => slot_eta.insert(slot, eta),
+                None => slot_eta.remove(&slot),
+            };
             running.push(shared.run_trial(slot, job, params, fresh, stop_rx.clone()));
         }
         if running.is_empty() {
@@ -626,6 +686,7 @@ pub async fn tune<S: NoticeSource + 'static>(
                 };
                 free.insert(end.slot);
                 slot_started.remove(&end.slot);
+                slot_eta.remove(&end.slot);
                 busy += end.busy;
                 let result = settle(&shared, end);
                 copy_state(&shared, &copies).await;

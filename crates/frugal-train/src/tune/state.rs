@@ -274,6 +274,24 @@ impl TuneState {
         Ok(self.asha.next_job())
     }
 
+    /// A promotion ahead of its turn ([`Asha::speculate`]), recorded as a regular one.
+    pub fn speculate(
+        &mut self,
+        fits: impl Fn(TrialId, usize) -> bool,
+    ) -> Result<Option<Job>, StateError> {
+        let mut next = self.asha.clone();
+        let Some(job) = next.speculate(fits) else {
+            return Ok(None);
+        };
+        let (trial, target) = job.target().unwrap_or_default();
+        self.exec(
+            "UPDATE trials SET status = 'running', target = ?2 WHERE id = ?1",
+            params![trial, target as i64],
+        )?;
+        self.asha = next;
+        Ok(Some(job))
+    }
+
     /// Records `trial`'s `metric` at `rung`.
     pub fn report(&mut self, trial: TrialId, rung: usize, metric: f64) -> Result<(), StateError> {
         // Check against the scheduler before anything is written.
