@@ -41,7 +41,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for (slots, speculate) in [(2, false), (2, true), (4, false), (4, true)] {
         println!(
-            "\n{slots} slots   ASHA: rank  loss    +%     compute  busy   | random, same compute: rank  loss    +%"
+            "\n{slots} slots{}   ASHA: rank  loss    +%     compute  busy   | random, same compute: rank  loss    +%",
+            if speculate { ", --speculate" } else { "" }
         );
         let (mut a_gap, mut r_gap, mut a_within, mut r_within, mut used, mut busy) =
             (0.0, 0.0, 0, 0, 0.0, 0.0);
