@@ -12,7 +12,7 @@
 
 mod supervised;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use supervised::*;
 
@@ -32,19 +32,11 @@ done"#
 /// `frugal train --run RUN FLAGS -- sh -c SCRIPT` in a fresh working directory.
 fn train(shared: &Shared2, run: &str, flags: &[&str], script: &str) -> Output {
     let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_frugal"))
-        .current_dir(dir.path())
-        .env("FRUGAL_LOG", "info")
-        .arg("--ledger")
-        .arg(&shared.ledger)
-        .arg("train")
-        .arg("--store")
-        .arg(&shared.store)
+    let child = shared
+        .train_in(dir.path())
         .args(["--run", run, "--no-gpu", "--notice", "none"])
         .args(flags)
         .args(["--", "sh", "-c", script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let out = finish(child);

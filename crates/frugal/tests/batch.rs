@@ -301,7 +301,7 @@ fn nix_term(pid: u32) {
 fn a_store_that_goes_away_mid_run_costs_nothing_and_the_job_moves_once_it_is_back() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.jsonl");
-    write_input(&input, 40, 16);
+    write_input(&input, 120, 16);
     let stores = tempfile::tempdir().unwrap();
     let store = stores.path().join("store");
     let away = stores.path().join("away");
@@ -323,12 +323,15 @@ fn a_store_that_goes_away_mid_run_costs_nothing_and_the_job_moves_once_it_is_bac
         || lines_in(&dir.path().join("out.jsonl")) >= at + 5,
         || "the job stopped while the store was away".into(),
     );
+    // Longer than --store-every: a periodic copy is tried while the store is away (the job
+    // has lines enough to still be running).
+    std::thread::sleep(Duration::from_millis(1500));
     std::fs::remove_file(&store).unwrap();
     std::fs::rename(&away, &store).unwrap();
     let out = finish(child);
     assert!(out.status.success(), "{}", said(&out));
     assert!(said(&out).contains("was not copied"), "{}", said(&out));
-    assert_eq!(answers(&dir.path().join("out.jsonl")).len(), 40);
+    assert_eq!(answers(&dir.path().join("out.jsonl")).len(), 120);
     // The last copy holds the whole job: a fresh machine has nothing left to run.
     let fresh = tempfile::tempdir().unwrap();
     let moved = fresh.path().join("in.jsonl");
@@ -338,6 +341,6 @@ fn a_store_that_goes_away_mid_run_costs_nothing_and_the_job_moves_once_it_is_bac
         .unwrap();
     let text = said(&out);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("40 lines, 0 left"), "{text}");
-    assert_eq!(answers(&fresh.path().join("out.jsonl")).len(), 40);
+    assert!(text.contains("120 lines, 0 left"), "{text}");
+    assert_eq!(answers(&fresh.path().join("out.jsonl")).len(), 120);
 }

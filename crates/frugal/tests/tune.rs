@@ -243,12 +243,31 @@ fn kills_and_a_notice_lose_no_rung_result_and_restart_no_trial_from_scratch() {
             || results() >= before + 2,
             || format!("kill {kill}: no rung results came ({})", results()),
         );
-        // Mid-trial: a command is running under the tuner.
+        // Mid-trial: a segment runs (its pid file stands until it is billed).
         std::thread::sleep(Duration::from_millis(150));
+        wait_until(
+            Duration::from_secs(30),
+            || (0..16).any(|t| bench.state().join(format!("trials/t{t:03}/pid")).exists()),
+            || "no trial is running".into(),
+        );
         child.kill().unwrap();
         child.wait().unwrap();
     }
     let child = bench.tune(&spot, &trainer);
+    // Each kill left a trial's segment unbilled; the next tuner bills it.
+    wait_until(
+        Duration::from_secs(30),
+        || {
+            let failed = frugal_cost::event::Outcome::Failed.code();
+            bench
+                .ledger("SELECT kind, '', CAST(outcome AS REAL) FROM events")
+                .iter()
+                .filter(|r| r.2 == failed as f64)
+                .count()
+                >= 3
+        },
+        || "the killed tuners' segments are not in the ledger".into(),
+    );
     let before = results();
     wait_until(
         Duration::from_secs(60),

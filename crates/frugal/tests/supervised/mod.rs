@@ -268,14 +268,8 @@ impl Machine {
 
     /// `frugal train` with `flags`, running the example trainer with `trainer` args.
     pub fn train(&self, shared: &Shared2, flags: &[&str], trainer: &[&str]) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_frugal"))
-            .current_dir(self.path())
-            .env("FRUGAL_LOG", "info")
-            .arg("--ledger")
-            .arg(&shared.ledger)
-            .arg("train")
-            .arg("--store")
-            .arg(&shared.store)
+        shared
+            .train_in(self.path())
             .args([
                 "--run",
                 "r1",
@@ -290,8 +284,6 @@ impl Machine {
             .arg(TRAINER)
             .args(MODEL)
             .args(trainer)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .unwrap()
     }
@@ -341,6 +333,22 @@ pub struct Shared2 {
 }
 
 impl Shared2 {
+    /// `frugal train` in `dir` on this ledger and store, its output piped; flags and the
+    /// command follow.
+    pub fn train_in(&self, dir: &Path) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_frugal"));
+        cmd.current_dir(dir)
+            .env("FRUGAL_LOG", "info")
+            .arg("--ledger")
+            .arg(&self.ledger)
+            .arg("train")
+            .arg("--store")
+            .arg(&self.store)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
     pub fn new() -> Shared2 {
         let dir = tempfile::tempdir().unwrap();
         Shared2 {
