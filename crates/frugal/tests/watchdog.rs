@@ -107,8 +107,11 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
             false
         }
     };
-    // Healthy: batches that fill every core, no sleeping.
+    // Healthy: batches that fill every core, no sleeping, batches built inline (loader
+    // threads would take their turns on the same two cores, between steps of ~1 ms).
     let (healthy, busy, contended, _) = run(&[
+        "--loader-threads",
+        "0",
         "--step-delay-ms",
         "0",
         "--steps",
@@ -170,7 +173,8 @@ fn the_watchdog_names_why_the_cpu_idles_and_is_quiet_when_busy() {
     assert!(inline.contains("waits for data"), "{waiting:.2}: {inline}");
     // ...while four loader threads, 2.5 ms of delay a batch each, build them ahead: the
     // watchdog still speaks (the run sleeps), but not of data.
-    let (ahead, _, _, waiting) = run(&slow("4"));
+    // (800 steps of ~4 ms: past the 2 s a diagnosis needs.)
+    let (ahead, _, _, waiting) = run(&[&slow("4")[..], &["--steps", "800"]].concat());
     assert!(
         waiting < 0.1,
         "{waiting:.2} of the step time waits for data"
