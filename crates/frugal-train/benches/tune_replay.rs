@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{n} configurations, rungs {:?}; the best ends at {best:.4} ({})",
         table.rungs, table.rows[ranking[0].0].name
     );
-    for (slots, speculate) in [(2, false), (2, true), (4, false), (4, true)] {
+    for (slots, speculate) in [(1, false), (2, false), (2, true), (4, false), (4, true)] {
         println!(
             "\n{slots} slots{}   ASHA: rank  loss    +%     compute  busy   | random, same compute: rank  loss    +%",
             if speculate { ", --speculate" } else { "" }
