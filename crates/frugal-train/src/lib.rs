@@ -5,6 +5,7 @@
 pub mod contract;
 pub mod machine;
 pub mod notice;
+pub mod orphan;
 pub mod pricing;
 pub mod store;
 pub mod supervisor;

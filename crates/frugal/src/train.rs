@@ -8,9 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use frugal_cost::{Capacity, Catalog, Money};
 use frugal_train::notice::{AnySource, Aws, Azure, Bases, Gcp, NoticeSource, detect};
+use frugal_train::orphan;
 use frugal_train::pricing::{Pricing, Request};
 use frugal_train::store::CheckpointStore;
-use frugal_train::supervisor::{Ending, Plan, Segment, supervise};
+use frugal_train::supervisor::{Ending, Observer, Plan, Segment, supervise};
 use frugal_train::watchdog::Peak;
 use sha2::{Digest, Sha256};
 
@@ -56,15 +57,29 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // A segment a killed `frugal train` left is billed before this one starts.
+    let marker = std::path::absolute(work.join("segment"))?;
+    let left = orphan::Run {
+        id: &run_id,
+        metrics: &plan.metrics,
+        checkpoint_dir: &plan.checkpoint_dir,
+        log: None,
+    };
+    if let Some(segment) = orphan::settle(&marker, &left) {
+        ledger.append("frugal train", &[pricing.event(&run_id, &segment)])?;
+        orphan::clear(&marker);
+    }
     let summary = runtime.block_on(async {
         let source = notice_source(&args.machine).await?;
         let record = |s: &Segment| {
             ledger
                 .append("frugal train", &[pricing.event(&run_id, s)])
-                .map(|_| ())
-                .map_err(|e| format!("{e:#}"))
+                .map_err(|e| format!("{e:#}"))?;
+            orphan::clear(&marker);
+            Ok(())
         };
-        anyhow::Ok(supervise(&plan, store, source, record, &mut ()).await?)
+        let mut marking = Marking(marker.clone());
+        anyhow::Ok(supervise(&plan, store, source, record, &mut marking).await?)
     })?;
 
     let mut out = std::io::stdout().lock();
@@ -78,6 +93,15 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
                 .map_or_else(|| "none".into(), |s| format!("step {s} in the store")),
         }
         .into()),
+    }
+}
+
+/// Marks each segment as running until it is billed ([`orphan`]).
+struct Marking(PathBuf);
+
+impl Observer for Marking {
+    fn started(&mut self, _attempt: u32, pid: u32, resumed_from: Option<u64>) {
+        orphan::mark(&self.0, pid, resumed_from);
     }
 }
 

@@ -10,6 +10,7 @@
 
 mod supervised;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -402,4 +403,46 @@ fn bad_invocations_say_what_is_wrong() {
         "/no/such/trainer",
     ]);
     assert!(missing.contains("/no/such/trainer"), "{missing}");
+}
+
+#[test]
+fn a_killed_supervisor_s_segment_is_billed_and_its_trainer_stopped_by_the_next_start() {
+    let shared = Shared2::new();
+    let m = Machine::new();
+    let flags = ["--notice", "none", "--price-per-hour", "3.60"];
+    let mut child = m.train(&shared, &flags, &[]);
+    m.wait_for_step(&mut child, 150);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The trainer runs on unwatched, unbilled: its marker says so.
+    let marker = std::fs::read_to_string(m.path().join(".frugal/r1/segment")).unwrap();
+    let pid: i32 = marker.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(Path::new(&format!("/proc/{pid}")).exists(), "{marker}");
+    assert!(shared.segments().is_empty());
+
+    let out = finish(m.train(&shared, &flags, &[]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("outlived its supervisor"),
+        "{}",
+        stderr(&out)
+    );
+    wait_until(
+        Duration::from_secs(10),
+        || !Path::new(&format!("/proc/{pid}")).exists(),
+        || format!("the orphaned trainer {pid} still runs"),
+    );
+    assert!(!m.path().join(".frugal/r1/segment").exists());
+    let segments = shared.segments();
+    assert_eq!(segments.len(), 2, "{segments:?}");
+    assert_eq!(segments[0].0, frugal_cost::event::Outcome::Failed.code());
+    assert!(
+        segments[0].2 > 0,
+        "the left segment is billed: {segments:?}"
+    );
+    assert_eq!(
+        m.model(),
+        reference(),
+        "and the run still ends where it should"
+    );
 }

@@ -24,7 +24,6 @@ use tokio::sync::watch;
 use super::asha::{Job, Mode, TrialId};
 use super::space::{Limit, Params, Space, Value, param_env, render_args};
 use super::state::{StateError, TrialRecord, TrialStatus, TuneState, Work};
-use crate::contract;
 use crate::notice::{Action, AnySource, NoticeSource};
 use crate::pricing::Pricing;
 use crate::store::{CheckpointStore, StoreError, local_checkpoints};
@@ -32,6 +31,7 @@ use crate::supervisor::{
     Ending, NoticeTask, Observer, Plan, Segment, Summary, SuperviseError, supervise,
 };
 use crate::watchdog::StepMetrics;
+use crate::{contract, orphan};
 
 /// The step a trial is to stop at (a contract variable for commands run by the tuner).
 pub const STOP_AT: &str = "FRUGAL_STOP_AT";
@@ -227,14 +227,7 @@ struct TrialWatch {
 impl Observer for TrialWatch {
     fn started(&mut self, _attempt: u32, pid: u32, resumed_from: Option<u64>) {
         // Until the segment is billed, this file says it runs (see `settle_orphans`).
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis();
-        let text = format!("{pid} {now_ms} {}", resumed_from.map_or(-1, |s| s as i128));
-        if let Err(e) = std::fs::write(self.dir.join(PID_FILE), text) {
-            tracing::warn!("cannot write {}: {e}", self.dir.join(PID_FILE).display());
-        }
+        orphan::mark(&self.dir.join(PID_FILE), pid, resumed_from);
         self.resumed_from = resumed_from;
         self.checked_resume = false;
         self.last_progress = Instant::now();
@@ -351,7 +344,7 @@ impl Shared<'_> {
             .borrow_mut()
             .record_segment(trial, event.ts_ms, &outcome_name(s.outcome), work)
             .map_err(|e| format!("{e:#}"))?;
-        let _ = std::fs::remove_file(self.trial_dir(trial).join(PID_FILE));
+        orphan::clear(&self.trial_dir(trial).join(PID_FILE));
         Ok(())
     }
 
@@ -545,93 +538,23 @@ fn render_launcher(
         .replace("{slot}", &slot.to_string())
 }
 
-/// Settles what a killed tuner left behind. Each trial's running segment has a pid file
-/// (`pid started_ms resumed_from`), removed once the segment is billed; one left over is a
-/// segment never billed. Its command, if still running (checked to be that trial's: its
-/// environment names the run), is killed first: two commands on one checkpoint directory
-/// would corrupt it. Then the segment is billed, from its start to its command's end
-/// (now, or its last metrics or log write), as failed.
+/// Settles what a killed tuner left behind: each trial segment it never billed
+/// ([`crate::orphan`]).
 fn settle_orphans(shared: &Shared<'_>, trials: &[TrialRecord]) -> Result<(), TuneError> {
     for t in trials {
         let dir = shared.trial_dir(t.id);
-        let pid_file = dir.join(PID_FILE);
-        let Ok(text) = std::fs::read_to_string(&pid_file) else {
-            continue;
+        let run_id = shared.run_id(t.id);
+        let run = orphan::Run {
+            id: &run_id,
+            metrics: &dir.join("metrics.jsonl"),
+            checkpoint_dir: &dir.join("checkpoints"),
+            log: Some(&dir.join(LOG_FILE)),
         };
-        let mut fields = text.split_whitespace().map(str::parse::<i64>);
-        let (Some(Ok(pid)), Some(Ok(started_ms))) = (fields.next(), fields.next()) else {
-            let _ = std::fs::remove_file(&pid_file);
-            continue;
-        };
-        let resumed_from = fields
-            .next()
-            .and_then(Result::ok)
-            .and_then(|s| u64::try_from(s).ok());
-        let pid = i32::try_from(pid).unwrap_or(0);
-        let mark = format!("{}={}\0", contract::RUN_ID, shared.run_id(t.id));
-        let alive = pid > 0
-            && std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.windows(mark.len()).any(|w| w == mark.as_bytes()));
-        let metrics = dir.join("metrics.jsonl");
-        let ended = if alive {
-            tracing::warn!(
-                "trial {}: its command (process {pid}) outlived the last tuner: stopping it",
-                t.id
-            );
-            let group = nix::unistd::Pid::from_raw(pid);
-            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-            let until = Instant::now() + Duration::from_secs(10);
-            while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            SystemTime::now()
-        } else {
-            [&metrics, &dir.join(LOG_FILE)]
-                .iter()
-                .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-                .max()
-                .unwrap_or_else(SystemTime::now)
-        };
-        let started = UNIX_EPOCH + Duration::from_millis(u64::try_from(started_ms).unwrap_or(0));
-        let last_step = std::fs::read_to_string(&metrics)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter_map(|v| v["step"].as_u64())
-            .next_back();
-        let newest = local_checkpoints(&dir.join("checkpoints"))
-            .unwrap_or_default()
-            .last()
-            .and_then(|(_, path)| std::fs::metadata(path).and_then(|m| m.modified()).ok());
-        let segment = Segment {
-            attempt: 1,
-            started,
-            ended: ended.max(started),
-            outcome: Outcome::Failed,
-            cause: "the tuner was killed".into(),
-            resumed_from,
-            last_checkpoint: None,
-            first_step: last_step.filter(|&s| Some(s) > resumed_from),
-            last_step,
-            // The work since its newest checkpoint is done again.
-            lost: ended
-                .duration_since(newest.unwrap_or(started).max(started))
-                .unwrap_or_default(),
-            utilization: None,
-            diagnoses: Vec::new(),
-            mfu: None,
-            precision: None,
-            data_stall: None,
-            sync_stall: None,
-        };
-        tracing::info!(
-            "trial {}: billing its segment the killed tuner left ({:.1} s)",
-            t.id,
-            segment.duration().as_secs_f64()
-        );
-        shared
-            .record(t.id, &shared.run_id(t.id), &segment)
-            .map_err(TuneError::Record)?;
+        if let Some(segment) = orphan::settle(&dir.join(PID_FILE), &run) {
+            shared
+                .record(t.id, &run_id, &segment)
+                .map_err(TuneError::Record)?;
+        }
     }
     Ok(())
 }
