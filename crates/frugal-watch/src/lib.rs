@@ -1,0 +1,18 @@
+//! The core of `frugal watch`: scrape bodies in, ledger events out.
+//!
+//! Users already run serving engines that export Prometheus metrics. This crate reads a
+//! `/metrics` body ([`expo`]), tells which engine wrote it and reads its counters into one
+//! shape ([`reading`]), differences two readings into the work between them and bills
+//! that interval's capacity as inference and idle events ([`interval`]). No I/O: the
+//! scraping, the schedule and the config belong to the binary.
+
+pub mod expo;
+pub mod interval;
+pub mod reading;
+
+pub use expo::{ParseError, Scrape, parse};
+pub use interval::{Gap, Interval, Overflow, Snapshot, TargetMeta, events};
+pub use reading::{Kind, Reading, detect};
+
+#[cfg(test)]
+mod recorded;

@@ -1,0 +1,102 @@
+//! The recorded bodies in `data/watch/` (see its PROVENANCE.md): each parses, is detected
+//! as its engine, and two of them difference into an interval.
+
+use frugal_cost::event::{Capacity, Kind as EventKind};
+use frugal_cost::money::{HourlyRate, Money};
+
+use crate::{Interval, Kind, Reading, Snapshot, TargetMeta, events, parse};
+
+fn body(name: &str) -> String {
+    let path = format!("{}/../../data/watch/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn read(name: &str) -> Reading {
+    let scrape = parse(&body(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    Reading::detect(&scrape).unwrap_or_else(|| panic!("{name}: no kind detected"))
+}
+
+#[test]
+fn each_body_is_its_engine() {
+    let vllm = read("vllm.prom");
+    assert_eq!(vllm.kind, Kind::Vllm);
+    assert_eq!(vllm.requests_total, Some(127.0));
+    assert_eq!(vllm.prompt_tokens_total, Some(30_211.0));
+    assert_eq!(vllm.generation_tokens_total, Some(24_876.0));
+    assert_eq!((vllm.running, vllm.waiting), (Some(2.0), Some(0.0)));
+    assert_eq!(vllm.model.as_deref(), Some("unsloth/Llama-3.2-1B-Instruct"));
+
+    let tgi = read("tgi.prom");
+    assert_eq!(tgi.kind, Kind::Tgi);
+    assert_eq!(tgi.requests_total, Some(209.0));
+    assert_eq!(tgi.prompt_tokens_total, Some(48_215.0));
+    assert_eq!(tgi.generation_tokens_total, Some(31_780.0));
+    assert_eq!((tgi.running, tgi.waiting), (Some(4.0), Some(1.0)));
+
+    let llama = read("llamacpp.prom");
+    assert_eq!(llama.kind, Kind::Llamacpp);
+    assert_eq!(llama.requests_total, None);
+    assert_eq!(llama.prompt_tokens_total, Some(6_886.0));
+    assert_eq!(llama.generation_tokens_total, Some(3_469.0));
+    assert_eq!((llama.running, llama.waiting), (Some(1.0), Some(0.0)));
+
+    let dcgm = read("dcgm.prom");
+    assert_eq!(dcgm.kind, Kind::Dcgm);
+    assert_eq!(dcgm.gpu_util, Some(0.64));
+    assert_eq!(dcgm.gpu_mem_used_bytes, Some(141_346.0 * 1024.0 * 1024.0));
+    assert_eq!(dcgm.requests_total, None);
+}
+
+#[test]
+fn a_minute_of_vllm_billed_with_dcgm_utilization() {
+    let gpu = read("dcgm.prom");
+    let a = Snapshot {
+        at_ms: 1_700_000_000_000,
+        reading: read("vllm.prom").with_gpu(&gpu),
+    };
+    let b = Snapshot {
+        at_ms: 1_700_000_060_000,
+        reading: read("vllm-later.prom").with_gpu(&gpu),
+    };
+    let i = Interval::between(&a, &b).unwrap();
+    assert!(!i.reset);
+    assert_eq!(
+        (i.requests, i.input_tokens, i.output_tokens),
+        (24, 5_899, 5_076)
+    );
+    assert_eq!(i.busy_share, Some(0.64));
+    let target = TargetMeta {
+        name: "vllm".into(),
+        workload: "chat".into(),
+        model: None,
+        instance_type: Some("p5.48xlarge".into()),
+        region: None,
+        capacity: Some(Capacity::Spot),
+    };
+    let rate = HourlyRate(Money::from_cents(1_200));
+    let ev = events(&target, rate, a.at_ms, &i).unwrap();
+    assert_eq!(ev[0].kind, EventKind::Inference);
+    assert_eq!(ev[0].cost, Money::from_nanos(128_000_000));
+    assert_eq!(ev[1].cost, Money::from_nanos(72_000_000));
+    assert_eq!(
+        ev[0].model.as_deref(),
+        Some("unsloth/Llama-3.2-1B-Instruct")
+    );
+}
+
+#[test]
+fn a_vllm_restart_counts_from_zero() {
+    let a = Snapshot {
+        at_ms: 0,
+        reading: read("vllm-later.prom"),
+    };
+    let b = Snapshot {
+        at_ms: 30_000,
+        reading: read("vllm-restarted.prom"),
+    };
+    let i = Interval::between(&a, &b).unwrap();
+    assert!(i.reset);
+    assert_eq!((i.requests, i.input_tokens, i.output_tokens), (4, 812, 655));
+    // Work running at both ends, no GPU metrics: busy throughout.
+    assert_eq!(i.busy_share, Some(1.0));
+}
