@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 pub enum ParseError {
     #[error("the body is HTML, not Prometheus metrics (a login page or a proxy's error?)")]
     Html,
-    #[error("the body is truncated: line {line} has no newline and does not parse ({reason})")]
-    Truncated { line: usize, reason: String },
+    #[error("the body is truncated: line {line} has no newline{}", reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default())]
+    Truncated { line: usize, reason: Option<String> },
     #[error("line {line}: {reason}")]
     Line { line: usize, reason: String },
 }
@@ -104,18 +104,22 @@ pub fn parse(body: &str) -> Result<Scrape, ParseError> {
         return Err(ParseError::Html);
     }
     let mut scrape = Scrape::default();
+    // The format ends every line with a newline: without it the last line may be cut
+    // mid-number (`x 12` of `x 1234`) and still parse, so the body is refused whole.
     let complete = body.is_empty() || body.ends_with('\n');
     let lines: Vec<&str> = body.lines().collect();
     for (i, raw) in lines.iter().enumerate() {
-        let line = i + 1;
-        let fail = |reason: String| {
-            if !complete && i + 1 == lines.len() {
-                ParseError::Truncated { line, reason }
-            } else {
-                ParseError::Line { line, reason }
-            }
-        };
-        parse_line(raw, &mut scrape).map_err(fail)?;
+        if !complete && i + 1 == lines.len() {
+            let reason = parse_line(raw, &mut Scrape::default()).err();
+            return Err(ParseError::Truncated {
+                line: i + 1,
+                reason,
+            });
+        }
+        parse_line(raw, &mut scrape).map_err(|reason| ParseError::Line {
+            line: i + 1,
+            reason,
+        })?;
     }
     Ok(scrape)
 }
@@ -379,8 +383,14 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().starts_with("the body is truncated: line 2"));
-        // A last line without a newline that parses is whole.
-        assert_eq!(parse("a_total 1\nb_total 2").unwrap().samples.len(), 2);
+        // A last line without its newline may be cut mid-number: refused even if it parses.
+        assert_eq!(
+            parse("a_total 1\nb_total 12"),
+            Err(ParseError::Truncated {
+                line: 2,
+                reason: None
+            })
+        );
         // The same bad line with its newline is malformed, not truncated.
         let err = parse("a_total 1\nb_total{x=\"unfini\n").unwrap_err();
         assert!(matches!(err, ParseError::Line { line: 2, .. }), "{err}");
