@@ -412,3 +412,23 @@ fn a_launcher_runs_each_trial_with_the_contract_in_its_words() {
         "one trial of four is promoted: {r}"
     );
 }
+
+#[test]
+fn a_dollar_budget_starts_no_trial_once_spent() {
+    // $3.60 an hour is $0.001 a second: a budget of a few seconds of one slot.
+    let bench = Bench::new(&SPACE.replace("trials = 16", "budget_usd = \"0.002\""));
+    let out = bench.run(&[], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = summary(&out);
+    let trials = r["trials"].as_array().unwrap().len();
+    assert!((1..16).contains(&trials), "{trials} trials: {r}");
+    assert!(
+        stderr(&out).contains("no more trials start"),
+        "{}",
+        stderr(&out)
+    );
+    // Spent, then overshot only by what ran on: the trial running when the budget ran out
+    // and the promotions of the trials already started.
+    let cost = r["cost_usd"].as_f64().unwrap();
+    assert!((0.002..0.01).contains(&cost), "{cost}: {r}");
+}
