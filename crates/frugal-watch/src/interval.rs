@@ -12,7 +12,7 @@ use frugal_cost::money::{HourlyRate, Millis};
 use crate::reading::Reading;
 
 /// A reading and when it was taken.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Snapshot {
     /// Milliseconds since the Unix epoch.
     pub at_ms: Millis,

@@ -3,12 +3,14 @@
 //! Users already run serving engines that export Prometheus metrics. This crate reads a
 //! `/metrics` body ([`expo`]), tells which engine wrote it and reads its counters into one
 //! shape ([`reading`]), differences two readings into the work between them and bills
-//! that interval's capacity as inference and idle events ([`interval`]). No I/O: the
-//! scraping, the schedule and the config belong to the binary.
+//! that interval's capacity as inference and idle events ([`interval`]). [`watch`] keeps
+//! each target's last snapshot in a state file and fetches bodies; the schedule and the
+//! config belong to the binary.
 
 pub mod expo;
 pub mod interval;
 pub mod reading;
+pub mod watch;
 
 pub use expo::{ParseError, Scrape, parse};
 pub use interval::{Gap, Interval, Overflow, Snapshot, TargetMeta, events};

@@ -8,7 +8,8 @@
 use crate::expo::{Sample, Scrape};
 
 /// The servers `frugal watch` knows by their metric names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Kind {
     /// vLLM's OpenAI-compatible server (`vllm:*`).
     Vllm,
@@ -113,7 +114,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// One scrape's facts. Counters are totals since the server started; `None` where the
 /// server does not say.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Reading {
     pub kind: Kind,
     /// Requests finished (successes, where the server counts outcomes apart).

@@ -100,3 +100,65 @@ fn a_vllm_restart_counts_from_zero() {
     // Work running at both ends, no GPU metrics: busy throughout.
     assert_eq!(i.busy_share, Some(1.0));
 }
+
+/// The watcher's state: a baseline, then a bill; a failed scrape is a gap that forgets
+/// the last snapshot, so the next reading is a baseline again; the state survives a save.
+#[test]
+fn the_state_bills_between_scrapes_and_forgets_across_a_gap() {
+    use crate::watch::{Outcome, State, Target};
+    let target = Target {
+        meta: TargetMeta {
+            name: "chat".into(),
+            workload: "chat".into(),
+            model: None,
+            instance_type: None,
+            region: None,
+            capacity: Some(Capacity::OnDemand),
+        },
+        url: "http://unused/metrics".into(),
+        kind: None,
+        rate: HourlyRate(Money::from_f64_dollars(3.6).unwrap()),
+    };
+    let mut state = State::default();
+    assert!(matches!(
+        state.observe(&target, Ok(body("vllm.prom")), 1_000),
+        Outcome::Baseline(_)
+    ));
+    let dir = std::env::temp_dir().join(format!("frugal-watch-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.json");
+    state.save(&path).unwrap();
+    let mut state = State::load(&path).unwrap();
+    let Outcome::Billed { interval, events } =
+        state.observe(&target, Ok(body("vllm-later.prom")), 61_000)
+    else {
+        panic!("no bill")
+    };
+    assert_eq!(interval.duration_ms, 60_000);
+    let cost: Money = events.iter().map(|e| e.cost).sum();
+    assert_eq!(
+        cost,
+        Money::from_f64_dollars(0.06).unwrap(),
+        "a minute at $3.60/h"
+    );
+    assert!(matches!(
+        state.observe(&target, Err("down".into()), 121_000),
+        Outcome::Gap(_)
+    ));
+    assert!(matches!(
+        state.observe(&target, Ok("<html>".into()), 181_000),
+        Outcome::Gap(_)
+    ));
+    assert!(matches!(
+        state.observe(&target, Ok(body("vllm-later.prom")), 241_000),
+        Outcome::Baseline(_)
+    ));
+    std::fs::write(&path, "{").unwrap();
+    assert!(
+        State::load(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("remove it")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -77,6 +77,24 @@ pub enum Command {
     /// Search hyperparameters with ASHA over any training command: trials stopped at rungs
     /// resume from their checkpoints when promoted, spot-safe and priced
     Tune(TuneArgs),
+    /// Scrape the /metrics of the servers in `[[watch.target]]` (vLLM, TGI, llama.cpp, frugal,
+    /// DCGM) into the ledger: cost per 1,000 requests and per million tokens, and idle dollars
+    Watch(WatchArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Targets: [[watch.target]] in frugal.toml (README.md)")]
+pub struct WatchArgs {
+    /// Time between scrapes
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub interval: std::time::Duration,
+    /// Scrape every target once, bill the time since the last scrape (kept beside the
+    /// ledger), and exit: for cron
+    #[arg(long)]
+    pub once: bool,
+    /// Seconds a scrape may take
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
 }
 
 #[derive(Debug, Args)]

@@ -39,6 +39,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Batch(BatchCommand::Run(args)) => crate::batch::run(&config, &catalog, &args),
         Command::Plan(args) => crate::plan::run(&config, &catalog, &args),
         Command::Tune(args) => crate::tune::run(&config, &catalog, &args),
+        Command::Watch(args) => crate::watch::run(&config, &catalog, &args),
         Command::Prices(args) => prices(&catalog, &args),
         Command::Ledger(LedgerCommand::Import(args)) => {
             let ledger = open_for_write(&config)?;

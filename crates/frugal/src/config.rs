@@ -17,6 +17,33 @@ pub struct RawConfig {
     /// `frugal serve`'s: the gateway library's own raw `[serve]`.
     #[serde(default)]
     pub serve: RawServe,
+    #[serde(default)]
+    pub watch: RawWatch,
+}
+
+/// `[[watch.target]]`: the servers `frugal watch` scrapes.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWatch {
+    #[serde(default)]
+    pub target: Vec<RawTarget>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTarget {
+    pub name: String,
+    /// Its Prometheus `/metrics` URL.
+    pub url: String,
+    /// `auto` (the default), `vllm`, `tgi`, `llamacpp`, `frugal` or `dcgm`.
+    pub kind: Option<String>,
+    pub instance: Option<String>,
+    pub region: Option<String>,
+    pub price_per_hour: Option<String>,
+    /// [default: the name]
+    pub workload: Option<String>,
+    /// When the server does not say.
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -40,6 +67,7 @@ pub struct Config {
     pub price_files: Vec<PathBuf>,
     /// Paths resolved against the config file's folder.
     pub serve: RawServe,
+    pub watch: RawWatch,
     /// The user's data folder (`$XDG_DATA_HOME`, else `~/.local/share`), which holds
     /// `frugal/` (the ledger, models).
     pub data_home: Option<PathBuf>,
@@ -115,6 +143,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
         ledger,
         price_files,
         serve,
+        watch: raw.watch,
         data_home: sources.data_home,
     })
 }

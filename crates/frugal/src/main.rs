@@ -15,6 +15,7 @@ mod serve;
 mod table;
 mod train;
 mod tune;
+mod watch;
 
 use std::io::Write;
 use std::process::ExitCode;

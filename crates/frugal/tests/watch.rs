@@ -1,0 +1,121 @@
+//! `frugal watch` against a real `frugal serve`: its /metrics scraped before and after
+//! requests, the interval billed into the watcher's own ledger with the server's counts;
+//! a target that is down is a gap, never a bill.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::Server;
+
+fn watch(dir: &Path, config: &str) -> Output {
+    std::fs::write(dir.join("frugal.toml"), config).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .current_dir(dir)
+        .args(["--config", "frugal.toml", "--ledger", "watch.sqlite"])
+        .args(["watch", "--once", "--timeout", "5s"])
+        .output()
+        .unwrap()
+}
+
+fn said(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_served_model_s_requests_and_tokens_are_billed_from_its_metrics() {
+    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"
+[[watch.target]]
+name = "local"
+url = "http://{}/metrics"
+price_per_hour = "3.60"
+workload = "chat"
+
+[[watch.target]]
+name = "down"
+url = "http://127.0.0.1:9/metrics"
+"#,
+        server.addr
+    );
+    let first = watch(dir.path(), &config);
+    assert!(first.status.success(), "{}", said(&first));
+    assert!(
+        said(&first).contains("local: first reading (frugal)"),
+        "{}",
+        said(&first)
+    );
+    assert!(
+        said(&first).contains("down: a gap, not billed"),
+        "{}",
+        said(&first)
+    );
+
+    // The server's own counters, summed over their labels.
+    let counted = |name: &str| {
+        let (_, _, body) = server.request("GET", "/metrics", "");
+        frugal_watch::parse(&body).unwrap().sum(name).unwrap_or(0.0)
+    };
+    let tokens_before = counted("frugal_generated_tokens_total");
+    for q in ["What is 2 + 2?", "Name a colour.", "Say hello."] {
+        server.ask(q, 8);
+    }
+    let served = counted("frugal_generated_tokens_total") - tokens_before;
+    assert!(served > 0.0);
+    let second = watch(dir.path(), &config);
+    assert!(second.status.success(), "{}", said(&second));
+    assert!(said(&second).contains("local: "), "{}", said(&second));
+
+    let db = rusqlite::Connection::open(dir.path().join("watch.sqlite")).unwrap();
+    let (requests, output, cost): (i64, i64, i64) = db
+        .query_row(
+            "SELECT sum(e.requests), sum(e.output_tokens), sum(e.cost) FROM events e \
+             JOIN dims w ON w.id = e.workload WHERE w.name = 'chat'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(requests, 3, "the requests made");
+    assert_eq!(output as f64, served, "tokens as the server counted them");
+    assert!(cost > 0, "the interval's time is billed");
+    // Nothing of the target that was down.
+    let down: i64 = db
+        .query_row(
+            "SELECT count(*) FROM events e JOIN dims w ON w.id = e.workload WHERE w.name = 'down'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(down, 0);
+}
+
+#[test]
+fn bad_targets_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let twice = "[[watch.target]]\nname = \"a\"\nurl = \"http://x/metrics\"\n\
+                 [[watch.target]]\nname = \"a\"\nurl = \"http://y/metrics\"\n";
+    let out = watch(dir.path(), twice);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        said(&out).contains("two [[watch.target]]s are named `a`"),
+        "{}",
+        said(&out)
+    );
+    let kind = "[[watch.target]]\nname = \"a\"\nurl = \"http://x/metrics\"\nkind = \"triton\"\n";
+    let out = watch(dir.path(), kind);
+    assert!(
+        said(&out).contains("kind `triton` is none of"),
+        "{}",
+        said(&out)
+    );
+    let out = watch(dir.path(), "");
+    assert!(said(&out).contains("no [[watch.target]]"), "{}", said(&out));
+}
