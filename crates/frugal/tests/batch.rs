@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use supervised::common::{self, model};
+use supervised::common::{self, model, said};
 use supervised::{Metadata, wait_until};
 
 const FRUGAL: &str = env!("CARGO_BIN_EXE_frugal");
@@ -63,14 +63,6 @@ fn batch(dir: &Path, input: &Path, extra: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Each output line's answer by custom_id; a custom_id twice fails.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use supervised::{Metadata, finish, wait_until};
+use supervised::{Metadata, finish, stderr, wait_until};
 
 const TRAINER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tune_trainer.py");
 
@@ -111,10 +111,6 @@ impl Bench {
             .map(Result::unwrap)
             .collect()
     }
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn summary(out: &Output) -> serde_json::Value {

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::Server;
+use common::{Server, said};
 
 fn watch(dir: &Path, config: &str) -> Output {
     std::fs::write(dir.join("frugal.toml"), config).unwrap();
@@ -18,14 +18,6 @@ fn watch(dir: &Path, config: &str) -> Output {
         .args(["watch", "--once", "--timeout", "5s"])
         .output()
         .unwrap()
-}
-
-fn said(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]
