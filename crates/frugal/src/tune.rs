@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use frugal_cost::Catalog;
 use frugal_cost::event::Event;
 use frugal_train::tune::Space;
-use frugal_train::tune::run::{Report, Settings, TuneEnding, tune};
+use frugal_train::tune::run::{Report, Settings, TuneEnding, describe, tune};
 use sha2::{Digest, Sha256};
 
 use crate::cli::TuneArgs;
@@ -188,12 +188,11 @@ fn print_report(out: &mut impl Write, r: &Report) -> Result<()> {
     )?;
     match &r.best {
         Some(b) => {
-            let params: Vec<String> = b.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
             writeln!(
                 out,
                 "best: trial {} ({}): {} {:.4} at {} {}",
                 b.trial,
-                params.join(" "),
+                describe(&b.params),
                 r.metric,
                 b.metric,
                 b.resource,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use frugal_cost::Money;
-use frugal_cost::event::{Event, Kind, Outcome};
+use frugal_cost::event::{Event, Kind};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::Serialize;
 use tokio::signal::unix::{SignalKind, signal};
@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 use super::asha::{Job, Mode, TrialId};
 use super::space::{Limit, Params, Space, Value, param_env, render_args};
-use super::state::{StateError, TrialRecord, TrialStatus, TuneState, Work};
+use super::state::{StateError, TrialRecord, TuneState, Work};
 use crate::notice::{Action, AnySource, NoticeSource};
 use crate::pricing::Pricing;
 use crate::store::{CheckpointStore, StoreError, local_checkpoints};
@@ -342,7 +342,7 @@ impl Shared<'_> {
         };
         self.state
             .borrow_mut()
-            .record_segment(trial, event.ts_ms, &outcome_name(s.outcome), work)
+            .record_segment(trial, event.ts_ms, s.outcome.as_str(), work)
             .map_err(|e| format!("{e:#}"))?;
         orphan::clear(&self.trial_dir(trial).join(PID_FILE));
         Ok(())
@@ -486,14 +486,8 @@ impl Pace {
     }
 }
 
-fn outcome_name(o: Outcome) -> String {
-    serde_json::to_value(o)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
-
-fn describe(params: &Params) -> String {
+/// A configuration in words: `name=value`, space-separated.
+pub fn describe(params: &Params) -> String {
     params
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
@@ -620,7 +614,9 @@ pub async fn tune<S: NoticeSource + 'static>(
                     space.sample(settings.seed, t)
                 })?
             };
-            let pace = Pace::new(&shared.state.borrow().trials()?);
+            // One read of the trials for this job: its parameters and everyone's pace.
+            let trials = shared.state.borrow().trials()?;
+            let pace = Pace::new(&trials);
             if job == Job::Wait
                 && settings.speculate
                 && let Some(&last) = slot_eta.values().max()
@@ -644,10 +640,7 @@ pub async fn tune<S: NoticeSource + 'static>(
                 _ => 0,
             };
             let eta = pace.eta(trial, shared.rungs[rung] - from);
-            let params = shared
-                .state
-                .borrow()
-                .trials()?
+            let params = trials
                 .into_iter()
                 .find(|t| t.id == trial)
                 .map(|t| t.params)
@@ -939,12 +932,7 @@ fn summarize(
                 trial: t.id,
                 run: format!("{}-t{:03}", settings.tune_id, t.id),
                 params: t.params.clone(),
-                status: match t.status {
-                    TrialStatus::Running => "running",
-                    TrialStatus::Stopped => "stopped",
-                    TrialStatus::Done => "done",
-                    TrialStatus::Failed => "failed",
-                },
+                status: t.status.as_str(),
                 rungs: t.results.len(),
                 results: t
                     .results

@@ -106,7 +106,7 @@ pub enum TrialStatus {
 }
 
 impl TrialStatus {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             TrialStatus::Running => "running",
             TrialStatus::Stopped => "stopped",
