@@ -320,6 +320,14 @@ pub struct Ledger {
 }
 
 impl Ledger {
+    /// A read's SQLite error as this ledger's.
+    fn read_err(&self) -> impl Fn(rusqlite::Error) -> LedgerError + Copy + '_ {
+        |source| LedgerError::Read {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
     /// Opens the ledger at `path`, creating and migrating it as needed.
     pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
         let open_err = |source| LedgerError::Open {
@@ -492,10 +500,7 @@ impl Ledger {
 
     /// The names behind the ids of `Row`.
     pub fn names(&self) -> Result<Names, LedgerError> {
-        let read_err = |source| LedgerError::Read {
-            path: self.path.clone(),
-            source,
-        };
+        let read_err = self.read_err();
         let mut stmt = self
             .conn
             .prepare("SELECT id, name FROM dims")
@@ -513,10 +518,7 @@ impl Ledger {
 
     /// What each tenant spent in events from `since_ms` on: what budgets count.
     pub fn tenant_spend(&self, since_ms: Millis) -> Result<Vec<(String, Money)>, LedgerError> {
-        let read_err = |source| LedgerError::Read {
-            path: self.path.clone(),
-            source,
-        };
+        let read_err = self.read_err();
         let mut stmt = self
             .conn
             .prepare(
@@ -534,10 +536,7 @@ impl Ledger {
 
     /// Calls `visit` for every raw event that starts in the window.
     pub fn scan(&self, window: Window, mut visit: impl FnMut(&Row)) -> Result<u64, LedgerError> {
-        let read_err = |source| LedgerError::Read {
-            path: self.path.clone(),
-            source,
-        };
+        let read_err = self.read_err();
         let corrupt = |what: String| LedgerError::Corrupt {
             path: self.path.clone(),
             what,
@@ -607,10 +606,7 @@ impl Ledger {
         window: Window,
         mut visit: impl FnMut(&ReplicaSpan),
     ) -> Result<u64, LedgerError> {
-        let read_err = |source| LedgerError::Read {
-            path: self.path.clone(),
-            source,
-        };
+        let read_err = self.read_err();
         let mut stmt = self
             .conn
             .prepare(
@@ -669,10 +665,7 @@ impl Ledger {
         pool: &str,
         percents: &[u32],
     ) -> Result<Vec<Option<Millis>>, LedgerError> {
-        let read_err = |source| LedgerError::Read {
-            path: self.path.clone(),
-            source,
-        };
+        let read_err = self.read_err();
         const REQUESTS: &str = "FROM events
              WHERE ts_ms >= ?1 AND ts_ms < ?2 AND kind = ?3
                AND workload = (SELECT id FROM dims WHERE axis = ?4 AND name = ?5)
@@ -748,10 +741,7 @@ impl Ledger {
     }
 
     pub fn info(&self) -> Result<LedgerInfo, LedgerError> {
-        let read_err = |source| LedgerError::Read {
-            path: self.path.clone(),
-            source,
-        };
+        let read_err = self.read_err();
         let (events, first_ms, last_ms, total): (i64, Option<i64>, Option<i64>, Option<i64>) = self
             .conn
             .query_row(

@@ -38,10 +38,7 @@ impl Ledger {
         window: Window,
         mut visit: impl FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError> {
-        let read_err = |source| LedgerError::Read {
-            path: self.path.clone(),
-            source,
-        };
+        let read_err = self.read_err();
         let mut stmt = self
             .conn
             .prepare_cached(&format!(
