@@ -710,5 +710,16 @@ dropout = { uniform = [0.0, 0.3] }
             error.contains("`{lrate}` names no parameter of the space"),
             "{error}"
         );
+        // The tuner's own placeholders pass, and no parameter may take their names.
+        assert!(
+            space
+                .check_args(&args(&["--out", "{trial_dir}/m.bin", "--seed", "{trial}"]))
+                .is_ok()
+        );
+        let error = error_with(
+            "[space]\n",
+            "[space]\ntrial_dir = { uniform = [0.0, 1.0] }\n",
+        );
+        assert!(error.contains("the tuner's own placeholder"), "{error}");
     }
 }
