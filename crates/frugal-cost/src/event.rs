@@ -265,6 +265,13 @@ pub struct ReplicaSpan {
     pub need_bytes: Option<u64>,
     /// A starting span that ended without a ready replica (crash, timeout).
     pub failed: bool,
+    /// The server `frugal watch` measured, by its target's name; `None` for a pool's
+    /// replica.
+    pub server: Option<String>,
+    /// What a watched server served in the span (a pool's requests are in its events only).
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
 }
 
 impl Event {

@@ -14,7 +14,8 @@ use crate::present::svg::{
 };
 use crate::present::{pct, pct1, thousands, usd_f64, usd_unit, utc};
 use crate::report::{
-    BatchJobLine, InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, utilization_note,
+    BatchJobLine, InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, ServerLine,
+    utilization_note,
 };
 
 /// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
@@ -66,6 +67,7 @@ pub fn render(report: &Report, source: &str) -> String {
             levers_section(report),
             inference_table(report),
             pools_table(report),
+            servers_table(report),
             batch_table(report),
             training_table(report),
         ];
@@ -425,6 +427,34 @@ fn pools_table(r: &Report) -> Option<String> {
     Some(section("Pools", note, &table(head, &rows)))
 }
 
+fn servers_table(r: &Report) -> Option<String> {
+    let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd_unit);
+    let row = |s: &ServerLine| {
+        let names = [&s.server, &s.model].map(|n| esc(n));
+        let counts = [
+            format!("{:.1}", s.hours),
+            thousands(s.requests),
+            thousands(s.input_tokens + s.output_tokens),
+            s.busy_share.map_or(NONE.to_owned(), pct),
+        ];
+        let money = [
+            Some(s.cost),
+            Some(s.idle_cost),
+            s.per_1k,
+            s.per_m_tokens,
+            s.busy_per_1k,
+        ]
+        .map(opt);
+        [&names[..], &counts, &money].concat()
+    };
+    let rows = some(r.servers.iter().map(row).collect())?;
+    let head = "server|model|hours>|requests>|tokens>|busy>|cost>|idle>|$/1k req>|$/1M tok>|\
+                $/1k busy>";
+    let note = "Servers frugal watch scraped: their hours at the instance's price, busy or idle; \
+                $/1k busy is what a thousand requests would cost at full use.";
+    Some(section("Watched servers", note, &table(head, &rows)))
+}
+
 fn batch_table(r: &Report) -> Option<String> {
     let opt = |m: Option<Money>| m.map_or(NONE.to_owned(), usd_unit);
     let row = |l: &BatchJobLine| {
@@ -639,6 +669,10 @@ mod tests {
             max_replicas: 3,
             need_bytes: None,
             failed: false,
+            server: None,
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
         };
         let html = render_with_spans(&events(), &[span]);
         assert!(html.contains("<h2>Pools</h2>"));

@@ -26,7 +26,7 @@ mod segments;
 pub use segments::TrainingSegment;
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
 const APPLICATION_ID: i64 = 0x4652_5547;
@@ -142,6 +142,15 @@ ALTER TABLE events ADD COLUMN data_stall REAL;
 ALTER TABLE events ADD COLUMN sync_stall REAL;
 CREATE INDEX events_advised ON events (ts_ms) WHERE {ADVISED};
 "#,
+    r#"
+-- v7: servers `frugal watch` measures, as spans of one replica: the server's name (none
+-- for a pool's replicas) and the requests and tokens it served in the span, so the report
+-- tells apart servers that share a workload and a model.
+ALTER TABLE replica_spans ADD COLUMN server INTEGER REFERENCES dims (id);
+ALTER TABLE replica_spans ADD COLUMN requests INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE replica_spans ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE replica_spans ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// A migration with its placeholders filled in.
@@ -211,6 +220,11 @@ enum Axis {
     Instance = 3,
     Region = 4,
     Tenant = 5,
+    Server = 6,
+}
+
+impl Axis {
+    const COUNT: usize = Axis::Server as usize + 1;
 }
 
 /// A half-open time window `[since, until)` in epoch milliseconds; `None` is unbounded.
@@ -611,11 +625,13 @@ impl Ledger {
             .conn
             .prepare(
                 "SELECT s.ts_ms, s.duration_ms, w.name, p.name, s.replica, s.state, s.busy_ms,
-                        s.cost, i.name, s.min_replicas, s.max_replicas, s.need_bytes, s.failed
+                        s.cost, i.name, s.min_replicas, s.max_replicas, s.need_bytes, s.failed,
+                        v.name, s.requests, s.input_tokens, s.output_tokens
                  FROM replica_spans s
                  JOIN dims w ON w.id = s.workload
                  JOIN dims p ON p.id = s.pool
                  LEFT JOIN dims i ON i.id = s.instance
+                 LEFT JOIN dims v ON v.id = s.server
                  WHERE s.ts_ms >= ?1 AND s.ts_ms < ?2
                  ORDER BY s.ts_ms, s.id",
             )
@@ -646,6 +662,10 @@ impl Ledger {
                     .map_err(read_err)?
                     .map(|b| b.max(0) as u64),
                 failed: r.get::<_, i64>(12).map_err(read_err)? != 0,
+                server: r.get(13).map_err(read_err)?,
+                requests: r.get::<_, i64>(14).map_err(read_err)?.max(0) as u64,
+                input_tokens: r.get::<_, i64>(15).map_err(read_err)?.max(0) as u64,
+                output_tokens: r.get::<_, i64>(16).map_err(read_err)?.max(0) as u64,
             };
             visit(&span);
             n += 1;
@@ -818,7 +838,7 @@ pub struct Sink<'a> {
     path: &'a Path,
     import_id: i64,
     /// Ids already known in this import, one map per axis.
-    dims: [HashMap<String, i64>; 6],
+    dims: [HashMap<String, i64>; Axis::COUNT],
     pending: Pending,
     rows: u64,
     /// The SHA-256 of the file being imported, recorded with the import.
@@ -899,11 +919,15 @@ impl Sink<'_> {
         let workload = self.dim(Axis::Workload, &span.workload)?;
         let pool = self.dim(Axis::Model, &span.pool)?;
         let instance = self.opt_dim(Axis::Instance, span.instance_type.as_deref())?;
+        let server = self.opt_dim(Axis::Server, span.server.as_deref())?;
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.tx
             .prepare_cached(
                 "INSERT INTO replica_spans (ts_ms, duration_ms, workload, pool, replica, state,
-                    busy_ms, cost, instance, min_replicas, max_replicas, need_bytes, failed, import)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                    busy_ms, cost, instance, min_replicas, max_replicas, need_bytes, failed, import,
+                    server, requests, input_tokens, output_tokens)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                    ?17, ?18)",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -922,6 +946,10 @@ impl Sink<'_> {
                         .map(|b| i64::try_from(b).unwrap_or(i64::MAX)),
                     i64::from(span.failed),
                     self.import_id,
+                    server,
+                    count(span.requests),
+                    count(span.input_tokens),
+                    count(span.output_tokens),
                 ])
             })
             .map_err(|err| self.write_err(err))?;
@@ -1228,6 +1256,10 @@ mod tests {
             max_replicas: 4,
             need_bytes: None,
             failed: false,
+            server: None,
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
         }
     }
 
@@ -1289,6 +1321,9 @@ mod tests {
         ready.instance_type = Some("g5.xlarge".into());
         ready.need_bytes = Some(5 << 30);
         ready.min_replicas = 1;
+        // A watched server's interval, with what it served.
+        ready.server = Some("chat-a100-1".into());
+        (ready.requests, ready.input_tokens, ready.output_tokens) = (3, 400, 90);
         let mut failed = span(50, 1, ReplicaState::Starting);
         failed.failed = true;
         let spans = [ready, failed, span(7_000, 2, ReplicaState::Draining)];
@@ -1404,12 +1439,12 @@ mod tests {
         ledger.append("ok", &[event(1, 1)]).unwrap();
         ledger
             .conn
-            .execute_batch("PRAGMA user_version = 7")
+            .execute_batch("PRAGMA user_version = 8")
             .unwrap();
         drop(ledger);
         let err = Ledger::open(&path).err().unwrap().to_string();
         let want =
-            format!("schema version 7, newer than this frugal understands ({SCHEMA_VERSION})");
+            format!("schema version 8, newer than this frugal understands ({SCHEMA_VERSION})");
         assert!(err.contains(&want), "{err}");
         let conn = Connection::open(&path).unwrap();
         let n: i64 = conn

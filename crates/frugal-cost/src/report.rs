@@ -22,10 +22,12 @@ use crate::rollup::{Key, Sums};
 mod advisor;
 mod batch;
 mod pools;
+mod servers;
 
 pub use advisor::{MFU_CEILING, MIN_STALL, RunAdvice, precision_saving};
 pub use batch::BatchJobLine;
 pub use pools::{PoolLine, RightSizing, Sizing};
+pub use servers::{CONSOLIDATE_TO, ServerLine};
 
 const HOUR_MS: Millis = 3_600_000;
 const DAY_MS: Millis = 24 * HOUR_MS;
@@ -203,6 +205,8 @@ pub struct Report {
     pub pools: Vec<PoolLine>,
     /// The busy share under which a pool is flagged for right-sizing.
     pub pool_busy_below: f64,
+    /// Servers `frugal watch` measured, with spans in the window.
+    pub servers: Vec<ServerLine>,
     pub levers: Vec<Lever>,
     pub series: Series,
 }
@@ -381,9 +385,18 @@ impl Report {
             .map(|((w, m), n)| ((names.get(*w), names.get(*m)), *n))
             .collect();
         let busy_below = options.pool_busy_below;
-        let pools = pools::build(ledger, catalog, window.whole_hours(), &served, busy_below)?;
+        // One read of the spans: a pool's replicas, or a watched server's intervals.
+        let (mut pool_spans, mut server_spans) =
+            (pools::PoolSpans::default(), servers::ServerSpans::default());
+        let hours = window.whole_hours();
+        ledger.spans(hours, |s| match &s.server {
+            Some(server) => server_spans.add(server, s),
+            None => pool_spans.add(s),
+        })?;
+        let pools = pools::build(pool_spans, ledger, catalog, hours, &served, busy_below)?;
+        let servers = servers::build(server_spans, catalog);
         let advice = advisor::advise(ledger, catalog, window)?;
-        Ok(b.finish(window, pools, advice, busy_below))
+        Ok(b.finish(window, pools, servers, advice, busy_below))
     }
 }
 
@@ -482,6 +495,7 @@ impl Builder<'_> {
         mut self,
         window: Window,
         pools: Vec<PoolLine>,
+        servers: Vec<ServerLine>,
         advice: advisor::Advice,
         pool_busy_below: f64,
     ) -> Report {
@@ -606,7 +620,7 @@ impl Builder<'_> {
         training.sort_by(|a, b| b.cost.cmp(&a.cost).then_with(|| a.run.cmp(&b.run)));
 
         let batch = batch::lines(&self.jobs, &self.lines, names);
-        let levers = self.levers(&inference, &training, &pools, advice.levers);
+        let levers = self.levers(&inference, &training, &pools, &servers, advice.levers);
         let areas = self.areas(total);
         let dominant = dominant(&areas, &top_items, total);
         let series = self.series();
@@ -631,6 +645,7 @@ impl Builder<'_> {
             batch,
             pools,
             pool_busy_below,
+            servers,
             levers,
             series,
         }
@@ -683,6 +698,7 @@ impl Builder<'_> {
         inference: &[InferenceLine],
         training: &[RunLine],
         pools: &[PoolLine],
+        servers: &[ServerLine],
         advised: Vec<Lever>,
     ) -> Vec<Lever> {
         let mut levers = advised;
@@ -736,6 +752,7 @@ impl Builder<'_> {
             levers.push(lever);
         }
         levers.extend(pools::levers(pools));
+        levers.extend(servers::levers(servers));
         levers.sort_by_key(|l| std::cmp::Reverse(l.dollars));
         levers
     }

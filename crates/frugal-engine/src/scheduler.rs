@@ -169,6 +169,9 @@ pub struct Stats {
     pub running: AtomicUsize,
     pub last_batch: AtomicUsize,
     pub steps: AtomicU64,
+    /// Wall time spent in forward steps, in microseconds: the engine's busy time, which
+    /// `frugal watch` divides by its scrape interval for the busy share.
+    pub busy_us: AtomicU64,
     /// Prompt tokens prefilled, each request's once.
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
@@ -687,6 +690,9 @@ impl Worker {
             }));
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .busy_us
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
         self.stats.last_batch.store(plan.len(), Ordering::Relaxed);
         let logits = match result {
             Ok(l) => l,

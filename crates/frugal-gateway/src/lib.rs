@@ -235,6 +235,7 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
             generated_tokens: st.generated_tokens.load(Ordering::Relaxed),
             padding_tokens: st.padding_tokens.load(Ordering::Relaxed),
             steps: st.steps.load(Ordering::Relaxed),
+            busy_seconds: st.busy_us.load(Ordering::Relaxed) as f64 / 1e6,
             waiting_batch: st.waiting_batch.load(Ordering::Relaxed),
             preempted: st.preempted.load(Ordering::Relaxed),
             recomputed_tokens: st.recomputed_tokens.load(Ordering::Relaxed),

@@ -116,6 +116,8 @@ pub struct Gauges {
     pub generated_tokens: u64,
     pub padding_tokens: u64,
     pub steps: u64,
+    /// Seconds spent in forward steps.
+    pub busy_seconds: f64,
     /// Batch lines among `waiting`.
     pub waiting_batch: usize,
     /// Batch lines preempted for interactive requests, and the positions they prefilled again.
@@ -239,6 +241,13 @@ impl Metrics {
             "Forward steps run.",
             "counter",
             g.steps as f64,
+        );
+        gauge(
+            out,
+            "frugal_engine_busy_seconds_total",
+            "Wall time spent in forward steps: the engine's busy time.",
+            "counter",
+            g.busy_seconds,
         );
     }
 

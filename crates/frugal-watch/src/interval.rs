@@ -6,7 +6,7 @@
 //! counter gone, a clock that went back, a kind that changed) is a [`Gap`]: the interval
 //! is not billed rather than billed wrong.
 
-use frugal_cost::event::{Capacity, Event, Kind as EventKind};
+use frugal_cost::event::{Capacity, Event, Kind as EventKind, ReplicaSpan, ReplicaState};
 use frugal_cost::money::{HourlyRate, Millis};
 
 use crate::reading::Reading;
@@ -45,6 +45,8 @@ pub struct Interval {
     pub output_tokens: u64,
     /// The share of the interval the capacity was busy, in [0, 1], where it can be told.
     pub busy_share: Option<f64>,
+    /// The most GPU memory held at either end, where DCGM said.
+    pub gpu_mem_used_bytes: Option<f64>,
     /// The server restarted within the interval: counts are from zero at the restart.
     pub reset: bool,
     /// The model, where the later reading names it.
@@ -114,24 +116,43 @@ impl Interval {
             requests: delta(a.requests_total, b.requests_total),
             input_tokens: delta(a.prompt_tokens_total, b.prompt_tokens_total),
             output_tokens: delta(a.generation_tokens_total, b.generation_tokens_total),
-            busy_share: busy_share(a, b),
+            busy_share: busy_share(a, b, duration_ms, reset),
+            gpu_mem_used_bytes: match (a.gpu_mem_used_bytes, b.gpu_mem_used_bytes) {
+                (Some(x), Some(y)) => Some(x.max(y)),
+                (x, y) => x.or(y),
+            },
             reset,
             model: b.model.clone().or_else(|| a.model.clone()),
         })
     }
 }
 
-/// GPU utilization where the scrape has it (the mean of both ends, or the one end that
-/// has it). Otherwise the share of the two ends with work running: 0, ½ or 1. Two samples
-/// cannot see what happened between them; this is the honest coarse estimate they allow,
-/// and it sharpens as scrapes come closer together.
-fn busy_share(a: &Reading, b: &Reading) -> Option<f64> {
+/// The busy share, from the best source the readings have:
+/// 1. GPU utilization (the mean of both ends, or the one end that has it): the device's
+///    own count, which sees work from any process;
+/// 2. the engine's busy-seconds counter, differenced over the interval (from zero after a
+///    restart): exact for engines that run one batch at a time;
+/// 3. the share of the two ends with work running: 0, ½ or 1. Two samples cannot see what
+///    happened between them, but a sample at a time the load does not know of is busy with
+///    the probability the server is, so over many intervals the shares average to the duty
+///    cycle; each one sharpens as scrapes come closer together.
+fn busy_share(a: &Reading, b: &Reading, duration_ms: Millis, reset: bool) -> Option<f64> {
     let util = match (a.gpu_util, b.gpu_util) {
         (Some(x), Some(y)) => Some((x + y) / 2.0),
         (x, y) => x.or(y),
     };
     if let Some(u) = util.filter(|u| u.is_finite()) {
         return Some(u.clamp(0.0, 1.0));
+    }
+    if let (Some(before), Some(after)) = (a.busy_seconds_total, b.busy_seconds_total) {
+        let busy = if reset || after < before {
+            after
+        } else {
+            after - before
+        };
+        if busy.is_finite() {
+            return Some((busy * 1000.0 / duration_ms as f64).clamp(0.0, 1.0));
+        }
     }
     let ends = [a.running, b.running];
     let seen = ends.iter().flatten().filter(|r| r.is_finite()).count();
@@ -159,6 +180,15 @@ pub struct Overflow {
     pub duration_ms: Millis,
 }
 
+/// What one interval writes to the ledger: its money as events, its shape as a span.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bill {
+    pub events: Vec<Event>,
+    /// The interval as a span of the server (busy time, requests, tokens, GPU memory), for
+    /// the report's table of watched servers; its cost repeats the events', not adds to it.
+    pub span: ReplicaSpan,
+}
+
 /// The ledger rows for one interval: its work as an inference event, at the busy share of
 /// the interval's cost, and the rest as an idle event. The two costs sum to exactly the
 /// interval's cost: the idle part is what the busy part leaves, not a second rounding.
@@ -166,12 +196,12 @@ pub struct Overflow {
 /// The inference event's utilization is 1 (it pays only for busy time) so the report
 /// counts the waste once, in the idle event. Without a busy share the whole interval is
 /// the inference event's, with no utilization.
-pub fn events(
+pub fn bill(
     target: &TargetMeta,
     rate: HourlyRate,
     start_ms: Millis,
     interval: &Interval,
-) -> Result<Vec<Event>, Overflow> {
+) -> Result<Bill, Overflow> {
     let total = rate.cost(interval.duration_ms, 1).ok_or(Overflow {
         duration_ms: interval.duration_ms,
     })?;
@@ -179,10 +209,11 @@ pub fn events(
         Some(share) => total.scale(share.clamp(0.0, 1.0)),
         None => total,
     };
+    let model = target.model.clone().or_else(|| interval.model.clone());
     let row = |kind: EventKind, cost| {
         let mut e = Event::new(start_ms, kind, target.workload.clone(), cost);
         e.duration_ms = interval.duration_ms;
-        e.model = target.model.clone().or_else(|| interval.model.clone());
+        e.model = model.clone();
         e.instance_type = target.instance_type.clone();
         e.region = target.region.clone();
         e.capacity = target.capacity;
@@ -192,13 +223,39 @@ pub fn events(
     work.requests = interval.requests;
     work.input_tokens = interval.input_tokens;
     work.output_tokens = interval.output_tokens;
+    let share = interval.busy_share.map_or(1.0, |s| s.clamp(0.0, 1.0));
+    let span = ReplicaSpan {
+        ts_ms: start_ms,
+        duration_ms: interval.duration_ms,
+        workload: target.workload.clone(),
+        pool: model.clone().unwrap_or_else(|| target.name.clone()),
+        replica: 1,
+        state: ReplicaState::Ready,
+        busy_ms: (interval.duration_ms as f64 * share).round() as Millis,
+        cost: total,
+        instance_type: target.instance_type.clone(),
+        min_replicas: 1,
+        max_replicas: 1,
+        need_bytes: interval.gpu_mem_used_bytes.map(|b| b.max(0.0) as u64),
+        failed: false,
+        server: Some(target.name.clone()),
+        requests: interval.requests,
+        input_tokens: interval.input_tokens,
+        output_tokens: interval.output_tokens,
+    };
     let Some(_) = interval.busy_share else {
-        return Ok(vec![work]);
+        return Ok(Bill {
+            events: vec![work],
+            span,
+        });
     };
     work.utilization = Some(1.0);
     let mut idle = row(EventKind::Idle, total - busy);
     idle.utilization = Some(0.0);
-    Ok(vec![work, idle])
+    Ok(Bill {
+        events: vec![work, idle],
+        span,
+    })
 }
 
 #[cfg(test)]
@@ -217,9 +274,11 @@ mod tests {
             generation_tokens_total: Some(generated),
             running: Some(running),
             waiting: Some(0.0),
+            busy_seconds_total: None,
             gpu_util: None,
             gpu_mem_used_bytes: None,
             model: Some("m".into()),
+            hostname: None,
         }
     }
 
@@ -322,6 +381,31 @@ mod tests {
         assert_eq!(i.busy_share, None);
     }
 
+    #[test]
+    fn busy_share_from_a_busy_counter_before_running_samples() {
+        let (mut a, mut b) = (reading(0.0, 0.0, 0.0, 0.0), reading(1.0, 1.0, 1.0, 0.0));
+        (a.busy_seconds_total, b.busy_seconds_total) = (Some(10.0), Some(25.0));
+        let i = Interval::between(&snap(0, a.clone()), &snap(30_000, b.clone())).unwrap();
+        assert_eq!(
+            i.busy_share,
+            Some(0.5),
+            "15 s busy of 30, though neither end ran"
+        );
+        // After a restart the counter counts from zero: 4 s of 8.
+        let mut restarted = reading(0.5, 0.5, 0.5, 1.0);
+        restarted.busy_seconds_total = Some(4.0);
+        let i = Interval::between(&snap(0, b.clone()), &snap(8_000, restarted)).unwrap();
+        assert_eq!((i.reset, i.busy_share), (true, Some(0.5)));
+        // A counter over the interval (clock skew, several engines) is full, not more.
+        b.busy_seconds_total = Some(100.0);
+        let i = Interval::between(&snap(0, a.clone()), &snap(30_000, b.clone())).unwrap();
+        assert_eq!(i.busy_share, Some(1.0));
+        // One end without it: the running samples.
+        b.busy_seconds_total = None;
+        let i = Interval::between(&snap(0, a), &snap(30_000, b)).unwrap();
+        assert_eq!(i.busy_share, Some(0.0));
+    }
+
     fn target() -> TargetMeta {
         TargetMeta {
             name: "vllm-1".into(),
@@ -341,6 +425,7 @@ mod tests {
             input_tokens: 3_000,
             output_tokens: 800,
             busy_share: busy,
+            gpu_mem_used_bytes: Some(5e9),
             reset: false,
             model: Some("m".into()),
         }
@@ -356,7 +441,7 @@ mod tests {
             (1, 1.0),
         ] {
             let i = interval(ms, Some(share));
-            let ev = events(&target(), rate, 42, &i).unwrap();
+            let Bill { events: ev, span } = bill(&target(), rate, 42, &i).unwrap();
             assert_eq!(ev.len(), 2);
             let (work, idle) = (&ev[0], &ev[1]);
             assert_eq!(work.cost + idle.cost, rate.cost(ms, 1).unwrap());
@@ -372,9 +457,20 @@ mod tests {
             assert_eq!(idle.region.as_deref(), Some("us-east-1"));
             // Waste is counted once: the idle row, all of it.
             assert_eq!(work.waste() + idle.waste(), idle.cost);
+            // The span repeats the interval's whole cost, its busy part as time.
+            assert_eq!((span.cost, span.duration_ms), (work.cost + idle.cost, ms));
+            assert_eq!(span.busy_ms, (ms as f64 * share).round() as Millis);
+            assert_eq!(span.server.as_deref(), Some("vllm-1"));
+            assert_eq!((span.pool.as_str(), span.requests), ("m", 12));
+            assert_eq!(
+                (span.need_bytes, span.output_tokens),
+                (Some(5_000_000_000), 800)
+            );
         }
         // An hour at $0.8048, a quarter busy.
-        let ev = events(&target(), rate, 0, &interval(3_600_000, Some(0.25))).unwrap();
+        let ev = bill(&target(), rate, 0, &interval(3_600_000, Some(0.25)))
+            .unwrap()
+            .events;
         assert_eq!(ev[0].cost, "0.2012".parse::<Money>().unwrap());
         assert_eq!(ev[1].cost, "0.6036".parse::<Money>().unwrap());
     }
@@ -384,17 +480,18 @@ mod tests {
         let rate = HourlyRate(Money::from_cents(360));
         let mut t = target();
         t.model = Some("configured".into());
-        let ev = events(&t, rate, 0, &interval(60_000, None)).unwrap();
+        let Bill { events: ev, span } = bill(&t, rate, 0, &interval(60_000, None)).unwrap();
         assert_eq!(ev.len(), 1);
         assert_eq!(ev[0].cost, Money::from_cents(6));
         assert_eq!(ev[0].utilization, None);
         assert_eq!(ev[0].model.as_deref(), Some("configured"));
+        assert_eq!((span.pool.as_str(), span.busy_ms), ("configured", 60_000));
     }
 
     #[test]
     fn a_cost_past_the_ledger_is_an_error() {
         let rate = HourlyRate(Money::from_nanos(i64::MAX));
-        let err = events(&target(), rate, 0, &interval(Millis::MAX, None)).unwrap_err();
+        let err = bill(&target(), rate, 0, &interval(Millis::MAX, None)).unwrap_err();
         assert_eq!(err.duration_ms, Millis::MAX);
     }
 }

@@ -9,11 +9,12 @@
 
 pub mod expo;
 pub mod interval;
+pub mod prom_api;
 pub mod reading;
 pub mod watch;
 
 pub use expo::{ParseError, Scrape, parse};
-pub use interval::{Gap, Interval, Overflow, Snapshot, TargetMeta, events};
+pub use interval::{Bill, Gap, Interval, Overflow, Snapshot, TargetMeta, bill};
 pub use reading::{Kind, Reading, detect};
 
 #[cfg(test)]

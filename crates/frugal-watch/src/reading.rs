@@ -125,12 +125,20 @@ pub struct Reading {
     pub running: Option<f64>,
     /// Requests queued and not yet started.
     pub waiting: Option<f64>,
+    /// Seconds the engine spent computing, where it counts them: a busy share that needs
+    /// no sampling.
+    #[serde(default)]
+    pub busy_seconds_total: Option<f64>,
     /// Mean GPU utilization over the GPUs in the scrape, in [0, 1].
     pub gpu_util: Option<f64>,
     /// Framebuffer memory used, summed over the GPUs.
     pub gpu_mem_used_bytes: Option<f64>,
     /// The model served, where the server labels its series with it.
     pub model: Option<String>,
+    /// The node a DCGM exporter runs on (its `Hostname` label), to join its GPUs to the
+    /// servers there.
+    #[serde(default)]
+    pub hostname: Option<String>,
 }
 
 impl Reading {
@@ -143,9 +151,14 @@ impl Reading {
             generation_tokens_total: None,
             running: None,
             waiting: None,
+            busy_seconds_total: None,
             gpu_util: mean(s.series("DCGM_FI_DEV_GPU_UTIL")).map(|pct| pct / 100.0),
             gpu_mem_used_bytes: s.sum("DCGM_FI_DEV_FB_USED").map(|mib| mib * MIB),
             model: None,
+            hostname: s
+                .series("DCGM_FI_DEV_GPU_UTIL")
+                .find_map(|x| x.label("Hostname"))
+                .map(str::to_owned),
         };
         match kind {
             Kind::Vllm => {
@@ -165,10 +178,20 @@ impl Reading {
                 r.generation_tokens_total = s.sum("tgi_request_generated_tokens_sum");
                 r.running = s.sum("tgi_batch_current_size");
                 r.waiting = s.sum("tgi_queue_size");
+                // One forward pass at a time per batch (prefill and decode labelled apart).
+                r.busy_seconds_total = s.sum("tgi_batch_forward_duration_sum");
             }
             Kind::Llamacpp => {
-                // llama-server counts no requests, only tokens and decode calls.
-                r.prompt_tokens_total = s.sum("llamacpp:prompt_tokens_total");
+                // llama-server counts no requests, only tokens and decode calls. Its prompt
+                // tokens leave out those its prompt cache held, which the requests' usage
+                // (and so the unit cost) counts: the two are added back together.
+                r.prompt_tokens_total = match (
+                    s.sum("llamacpp:prompt_tokens_total"),
+                    s.sum("llamacpp:prompt_tokens_cached_total"),
+                ) {
+                    (Some(computed), cached) => Some(computed + cached.unwrap_or(0.0)),
+                    (None, cached) => cached,
+                };
                 r.generation_tokens_total = s.sum("llamacpp:tokens_predicted_total");
                 r.running = s.sum("llamacpp:requests_processing");
                 r.waiting = s.sum("llamacpp:requests_deferred");
@@ -183,6 +206,7 @@ impl Reading {
                 r.generation_tokens_total = s.sum("frugal_generated_tokens_total");
                 r.running = s.sum("frugal_running_sequences");
                 r.waiting = s.sum("frugal_queue_depth");
+                r.busy_seconds_total = s.sum("frugal_engine_busy_seconds_total");
             }
             Kind::Dcgm => {}
         }
@@ -294,6 +318,22 @@ mod tests {
             (Some(900.0), Some(300.0))
         );
         assert_eq!((r.running, r.waiting), (Some(2.0), Some(1.0)));
+    }
+
+    #[test]
+    fn llamacpp_prompt_tokens_add_back_the_cached_ones() {
+        let body = concat!(
+            "llamacpp:prompt_tokens_total 900\n",
+            "llamacpp:prompt_tokens_cached_total 300\n",
+            "llamacpp:tokens_predicted_total 50\n",
+            "llamacpp:requests_processing 1\n",
+        );
+        let r = Reading::detect(&parse(body).unwrap()).unwrap();
+        assert_eq!(r.kind, Kind::Llamacpp);
+        assert_eq!(r.prompt_tokens_total, Some(1200.0));
+        assert_eq!(r.requests_total, None, "llama-server counts no requests");
+        let older = Reading::detect(&parse("llamacpp:prompt_tokens_total 900\n").unwrap()).unwrap();
+        assert_eq!(older.prompt_tokens_total, Some(900.0));
     }
 
     #[test]

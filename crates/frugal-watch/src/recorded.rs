@@ -4,7 +4,7 @@
 use frugal_cost::event::{Capacity, Kind as EventKind};
 use frugal_cost::money::{HourlyRate, Money};
 
-use crate::{Interval, Kind, Reading, Snapshot, TargetMeta, events, parse};
+use crate::{Interval, Kind, Reading, Snapshot, TargetMeta, bill, parse};
 
 fn body(name: &str) -> String {
     let path = format!("{}/../../data/watch/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -32,6 +32,8 @@ fn each_body_is_its_engine() {
     assert_eq!(tgi.prompt_tokens_total, Some(48_215.0));
     assert_eq!(tgi.generation_tokens_total, Some(31_780.0));
     assert_eq!((tgi.running, tgi.waiting), (Some(4.0), Some(1.0)));
+    // Prefill and decode forward passes, summed: TGI's busy seconds.
+    assert_eq!(tgi.busy_seconds_total, Some(140.75));
 
     let llama = read("llamacpp.prom");
     assert_eq!(llama.kind, Kind::Llamacpp);
@@ -74,7 +76,7 @@ fn a_minute_of_vllm_billed_with_dcgm_utilization() {
         capacity: Some(Capacity::Spot),
     };
     let rate = HourlyRate(Money::from_cents(1_200));
-    let ev = events(&target, rate, a.at_ms, &i).unwrap();
+    let ev = bill(&target, rate, a.at_ms, &i).unwrap().events;
     assert_eq!(ev[0].kind, EventKind::Inference);
     assert_eq!(ev[0].cost, Money::from_nanos(128_000_000));
     assert_eq!(ev[1].cost, Money::from_nanos(72_000_000));
@@ -118,6 +120,7 @@ fn the_state_bills_between_scrapes_and_forgets_across_a_gap() {
         url: "http://unused/metrics".into(),
         kind: None,
         rate: HourlyRate(Money::from_f64_dollars(3.6).unwrap()),
+        host: "unused".into(),
     };
     let mut state = State::default();
     assert!(matches!(
@@ -129,13 +132,13 @@ fn the_state_bills_between_scrapes_and_forgets_across_a_gap() {
     let path = dir.join("state.json");
     state.save(&path).unwrap();
     let mut state = State::load(&path).unwrap();
-    let Outcome::Billed { interval, events } =
+    let Outcome::Billed { interval, bill } =
         state.observe(&target, Ok(body("vllm-later.prom")), 61_000)
     else {
         panic!("no bill")
     };
     assert_eq!(interval.duration_ms, 60_000);
-    let cost: Money = events.iter().map(|e| e.cost).sum();
+    let cost: Money = bill.events.iter().map(|e| e.cost).sum();
     assert_eq!(
         cost,
         Money::from_f64_dollars(0.06).unwrap(),
@@ -161,4 +164,93 @@ fn the_state_bills_between_scrapes_and_forgets_across_a_gap() {
             .contains("remove it")
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn target(name: &str, url: &str, kind: Option<Kind>) -> crate::watch::Target {
+    crate::watch::Target {
+        meta: TargetMeta {
+            name: name.into(),
+            workload: "chat".into(),
+            model: None,
+            instance_type: None,
+            region: None,
+            capacity: Some(Capacity::OnDemand),
+        },
+        url: url.into(),
+        kind,
+        rate: HourlyRate(Money::from_cents(360)),
+        host: crate::watch::Target::url_host(url),
+    }
+}
+
+/// DCGM on a server's host lends it the GPUs' utilization and memory and is not billed;
+/// on a host of its own (or by its `Hostname` label) it is joined or billed as a machine.
+#[test]
+fn dcgm_joins_the_server_on_its_host_and_is_not_billed_twice() {
+    use crate::watch::{Outcome, State};
+    let targets = [
+        target("vllm", "http://10.0.0.5:8000/metrics", None),
+        target("gpus", "http://10.0.0.5:9400/metrics", None),
+        target(
+            "lonely-gpus",
+            "http://10.0.0.9:9400/metrics",
+            Some(Kind::Dcgm),
+        ),
+    ];
+    let mut state = State::default();
+    let scrape = |v: &str| Ok(parse(&body(v)).unwrap());
+    let bodies = |v: &str| vec![scrape(v), scrape("dcgm.prom"), scrape("dcgm.prom")];
+    let first = state.observe_all(&targets, bodies("vllm.prom"), 0);
+    assert!(matches!(first[0], Outcome::Baseline(ref r) if r.gpu_util == Some(0.64)));
+    assert!(matches!(first[1], Outcome::Joined(ref s) if s == &["vllm".to_owned()]));
+    assert!(matches!(first[2], Outcome::Baseline(_)));
+    let next = state.observe_all(&targets, bodies("vllm-later.prom"), 60_000);
+    let Outcome::Billed { interval, bill } = &next[0] else {
+        panic!("{next:?}")
+    };
+    // DCGM's mean of 87% and 41%, not the running samples.
+    assert_eq!(interval.busy_share, Some(0.64));
+    assert_eq!(bill.span.need_bytes, Some((71_234 + 70_112) << 20));
+    assert_eq!(bill.span.busy_ms, 38_400);
+    assert!(matches!(next[1], Outcome::Joined(_)));
+    let Outcome::Billed { bill: alone, .. } = &next[2] else {
+        panic!("{next:?}")
+    };
+    assert_eq!(
+        alone.events[0].requests, 0,
+        "a GPU box alone: time, no requests"
+    );
+    // Joined by the node name DCGM labels its series with, through another address.
+    let mut by_label = [
+        target("vllm", "http://vllm.internal:8000/metrics", None),
+        target("gpus", "http://10.0.0.5:9400/metrics", None),
+    ];
+    by_label[0].host = "gpu-node-1".into();
+    let out =
+        State::default().observe_all(&by_label, vec![scrape("vllm.prom"), scrape("dcgm.prom")], 0);
+    assert!(matches!(out[1], Outcome::Joined(_)), "{out:?}");
+    // A server that is down keeps its GPUs: a gap for both, never a bill.
+    let out = State::default().observe_all(
+        &targets[..2],
+        vec![Err("down".into()), scrape("dcgm.prom")],
+        0,
+    );
+    assert!(matches!(out[0], Outcome::Gap(_)));
+    assert!(matches!(out[1], Outcome::Joined(_)), "{out:?}");
+}
+
+#[test]
+fn a_url_host_without_scheme_port_user_or_path() {
+    use crate::watch::Target;
+    for (url, host) in [
+        ("http://10.0.0.5:8000/metrics", "10.0.0.5"),
+        (
+            "https://user:pw@gpu-1.example.com/metrics?x=1",
+            "gpu-1.example.com",
+        ),
+        ("http://[::1]:9400/metrics", "::1"),
+        ("localhost:9400", "localhost"),
+    ] {
+        assert_eq!(Target::url_host(url), host, "{url}");
+    }
 }

@@ -7,12 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use frugal_cost::Event;
 use frugal_cost::money::{HourlyRate, Millis};
 use serde::{Deserialize, Serialize};
 
-use crate::expo::parse;
-use crate::interval::{Interval, Snapshot, TargetMeta, events};
+use crate::expo::{Scrape, parse};
+use crate::interval::{Bill, Interval, Snapshot, TargetMeta, bill};
 use crate::reading::{Kind, Reading, detect};
 
 /// A server to watch, as configured.
@@ -24,6 +23,22 @@ pub struct Target {
     pub kind: Option<Kind>,
     /// What its machine costs an hour.
     pub rate: HourlyRate,
+    /// The machine it runs on, to join a DCGM exporter's GPUs to it: the URL's host unless
+    /// the config names another (the node name DCGM labels its series with).
+    pub host: String,
+}
+
+impl Target {
+    /// The host part of a URL (`10.0.0.5` of `http://10.0.0.5:8000/metrics`).
+    pub fn url_host(url: &str) -> String {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+        let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        match host.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(v6).to_owned(),
+            None => host.split(':').next().unwrap_or(host).to_owned(),
+        }
+    }
 }
 
 /// What one target's scrape came to.
@@ -31,13 +46,13 @@ pub struct Target {
 pub enum Outcome {
     /// The first reading: nothing to difference yet.
     Baseline(Reading),
-    /// The work since the previous reading, and its events.
-    Billed {
-        interval: Interval,
-        events: Vec<Event>,
-    },
+    /// The work since the previous reading, and its ledger rows.
+    Billed { interval: Interval, bill: Bill },
     /// No bill for this interval, and why (the next reading starts afresh).
     Gap(String),
+    /// A DCGM exporter whose GPUs belong to these servers (on its host): read into their
+    /// readings, never billed itself, so their time is paid once.
+    Joined(Vec<String>),
 }
 
 /// The last snapshot of each target, by name.
@@ -93,24 +108,89 @@ impl State {
     }
 
     /// Reads `body` (or the fetch's error) for `target` at `at_ms`, against its last
-    /// snapshot. A failed or unreadable scrape is a gap and forgets the last snapshot, so
-    /// the time it covered is never billed as busy or idle.
+    /// snapshot; see [`State::observe_all`].
     pub fn observe(
         &mut self,
         target: &Target,
         body: Result<String, String>,
         at_ms: Millis,
     ) -> Outcome {
-        let name = &target.meta.name;
-        let reading = body.and_then(|text| {
-            let scrape = parse(&text).map_err(|e| e.to_string())?;
-            let kind = match target.kind {
-                Some(k) => k,
-                None => detect(&scrape)
-                    .ok_or("no vLLM, TGI, llama.cpp, frugal or DCGM metrics in the body")?,
+        let reading = read(target, scrape_of(body));
+        self.observe_reading(target, reading, at_ms)
+    }
+
+    /// Reads every target's scrape (or why there is none) at `at_ms`, in order. A DCGM exporter on
+    /// the host of one or more serving targets lends them its GPU utilization and memory
+    /// and is not billed itself; one alone on its host is billed as a machine. A failed or
+    /// unreadable scrape is a gap and forgets the last snapshot, so the time it covered is
+    /// never billed as busy or idle.
+    pub fn observe_all(
+        &mut self,
+        targets: &[Target],
+        scrapes: Vec<Result<Scrape, String>>,
+        at_ms: Millis,
+    ) -> Vec<Outcome> {
+        let mut readings: Vec<Result<Reading, String>> = targets
+            .iter()
+            .zip(scrapes)
+            .map(|(t, scrape)| read(t, scrape))
+            .collect();
+        // A server whose scrape failed still owns its GPUs: its interval is a gap, and
+        // the exporter's must not bill the same time.
+        let serving = |r: &Result<Reading, String>, t: &Target| match r {
+            Ok(r) => r.kind != Kind::Dcgm,
+            Err(_) => t.kind != Some(Kind::Dcgm),
+        };
+        let mut joined: Vec<Option<Vec<String>>> = vec![None; targets.len()];
+        for (g, gpu) in targets.iter().enumerate() {
+            let Ok(dcgm) = readings[g].clone() else {
+                continue;
             };
-            Ok(Reading::new(kind, &scrape))
-        });
+            if dcgm.kind != Kind::Dcgm {
+                continue;
+            }
+            let on_host = |t: &Target| {
+                t.host == gpu.host || dcgm.hostname.as_deref() == Some(t.host.as_str())
+            };
+            let servers: Vec<usize> = (0..targets.len())
+                .filter(|&i| i != g && on_host(&targets[i]) && serving(&readings[i], &targets[i]))
+                .collect();
+            if servers.is_empty() {
+                continue;
+            }
+            for &i in &servers {
+                if let Ok(r) = &mut readings[i] {
+                    *r = r.clone().with_gpu(&dcgm);
+                }
+            }
+            joined[g] = Some(
+                servers
+                    .iter()
+                    .map(|&i| targets[i].meta.name.clone())
+                    .collect(),
+            );
+        }
+        targets
+            .iter()
+            .zip(readings)
+            .zip(joined)
+            .map(|((t, reading), joined)| match joined {
+                Some(servers) => {
+                    self.last.remove(&t.meta.name);
+                    Outcome::Joined(servers)
+                }
+                None => self.observe_reading(t, reading, at_ms),
+            })
+            .collect()
+    }
+
+    fn observe_reading(
+        &mut self,
+        target: &Target,
+        reading: Result<Reading, String>,
+        at_ms: Millis,
+    ) -> Outcome {
+        let name = &target.meta.name;
         let reading = match reading {
             Ok(r) => r,
             Err(why) => {
@@ -122,8 +202,8 @@ impl State {
         let outcome = match self.last.get(name) {
             None => Outcome::Baseline(next.reading.clone()),
             Some(prev) => match Interval::between(prev, &next) {
-                Ok(interval) => match events(&target.meta, target.rate, prev.at_ms, &interval) {
-                    Ok(events) => Outcome::Billed { interval, events },
+                Ok(interval) => match bill(&target.meta, target.rate, prev.at_ms, &interval) {
+                    Ok(bill) => Outcome::Billed { interval, bill },
                     Err(e) => Outcome::Gap(e.to_string()),
                 },
                 Err(gap) => Outcome::Gap(gap.to_string()),
@@ -132,6 +212,23 @@ impl State {
         self.last.insert(name.clone(), next);
         outcome
     }
+}
+
+/// A fetched body parsed, or why there is none.
+pub fn scrape_of(body: Result<String, String>) -> Result<Scrape, String> {
+    parse(&body?).map_err(|e| e.to_string())
+}
+
+/// A target's scrape read as its kind (configured, or detected from the metric names).
+fn read(target: &Target, scrape: Result<Scrape, String>) -> Result<Reading, String> {
+    let scrape = scrape?;
+    let kind = match target.kind {
+        Some(k) => k,
+        None => {
+            detect(&scrape).ok_or("no vLLM, TGI, llama.cpp, frugal or DCGM metrics in the body")?
+        }
+    };
+    Ok(Reading::new(kind, &scrape))
 }
 
 /// Scrapes targets' `/metrics` over one HTTP client.
@@ -148,6 +245,21 @@ impl Scraper {
         timeout: Duration,
     ) -> Vec<Result<String, String>> {
         futures_util::future::join_all(targets.iter().map(|t| self.fetch(&t.url, timeout))).await
+    }
+
+    /// Every Prometheus server's answer to its query (`(base URL, PromQL)`), in order; see
+    /// [`crate::prom_api`].
+    pub async fn query_all(
+        &self,
+        queries: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Vec<Result<String, String>> {
+        futures_util::future::join_all(
+            queries
+                .iter()
+                .map(|(base, promql)| crate::prom_api::fetch(&self.client, base, promql, timeout)),
+        )
+        .await
     }
 
     async fn fetch(&self, url: &str, timeout: Duration) -> Result<String, String> {

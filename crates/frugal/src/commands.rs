@@ -8,7 +8,7 @@ use frugal_cost::catalog::InstanceOffer;
 use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
 use frugal_cost::ledger::PriorImport;
 use frugal_cost::present::{pct, pct1, thousands, usd, usd_unit, utc};
-use frugal_cost::report::{Options, PoolLine, Report, utilization_note};
+use frugal_cost::report::{Options, PoolLine, Report, RightSizing, ServerLine, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::{
@@ -616,6 +616,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
     }
 
     print_pools(&mut out, &r.pools)?;
+    print_servers(&mut out, &r.servers)?;
 
     if !r.levers.is_empty() {
         let mut t = table::new(&["#>", "lever", "at stake>", "why", "what to do"]);
@@ -685,23 +686,83 @@ fn print_pools(out: &mut impl Write, pools: &[PoolLine]) -> Result<()> {
         out,
         "\nPools: replicas scaled to demand against a fixed pool of max_replicas\n{t}"
     )?;
-    let flags: Vec<_> = pools
+    let flags = pools
         .iter()
-        .flat_map(|p| p.right_sizing.iter().map(move |f| (p, f)))
-        .collect();
-    if !flags.is_empty() {
-        let mut t = table::new(&["pool", "at stake>", "why", "what to do"]);
-        for (p, f) in flags {
-            t.add_row(vec![
-                p.pool.clone(),
-                usd(f.dollars),
-                f.basis.clone(),
-                f.action.clone(),
-            ]);
-        }
-        writeln!(out, "\nRight-sizing pools\n{t}")?;
+        .flat_map(|p| p.right_sizing.iter().map(move |f| (p.pool.as_str(), f)));
+    print_flags(out, "pool", "Right-sizing pools", flags)
+}
+
+/// The right-sizing flags of pools or servers, a row each; nothing when there is none.
+fn print_flags<'a>(
+    out: &mut impl Write,
+    subject: &str,
+    title: &str,
+    flags: impl Iterator<Item = (&'a str, &'a RightSizing)>,
+) -> Result<()> {
+    let mut t = table::new(&[subject, "at stake>", "why", "what to do"]);
+    let mut any = false;
+    for (name, f) in flags {
+        any = true;
+        t.add_row(vec![
+            name.to_owned(),
+            usd(f.dollars),
+            f.basis.clone(),
+            f.action.clone(),
+        ]);
+    }
+    if any {
+        writeln!(out, "\n{title}\n{t}")?;
     }
     Ok(())
+}
+
+/// Servers `frugal watch` measured: unit costs, busy share, idle dollars, and their flags.
+fn print_servers(out: &mut impl Write, servers: &[ServerLine]) -> Result<()> {
+    if servers.is_empty() {
+        return Ok(());
+    }
+    let mut t = table::new(&[
+        "server",
+        "model",
+        "instance",
+        "hours>",
+        "requests>",
+        "tokens>",
+        "cost>",
+        "busy>",
+        "idle>",
+        "$/1k req>",
+        "$/1M tok>",
+        "$/1k busy>",
+        "GPU mem>",
+    ]);
+    let dash = || "-".to_owned();
+    for s in servers {
+        t.add_row(vec![
+            s.server.clone(),
+            s.model.clone(),
+            s.instance_type.clone().unwrap_or_else(dash),
+            format!("{:.1}", s.hours),
+            thousands(s.requests),
+            thousands(s.input_tokens + s.output_tokens),
+            usd(s.cost),
+            s.busy_share.map_or_else(dash, pct),
+            usd(s.idle_cost),
+            s.per_1k.map_or_else(dash, usd_unit),
+            s.per_m_tokens.map_or_else(dash, usd_unit),
+            s.busy_per_1k.map_or_else(dash, usd_unit),
+            s.gpu_memory_gib
+                .map_or_else(dash, |g| format!("{g:.1} GiB")),
+        ]);
+    }
+    writeln!(
+        out,
+        "\nWatched servers (`frugal watch`): unit costs with idle time, and at full use ($/1k busy)\n{t}"
+    )?;
+    let flags = servers
+        .iter()
+        .flat_map(|s| s.right_sizing.iter().map(move |f| (s.server.as_str(), f)));
+    print_flags(out, "server", "Right-sizing watched servers", flags)
 }
 
 /// A wait in milliseconds as seconds: `0.25 s`, `12.0 s`.

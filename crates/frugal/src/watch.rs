@@ -1,23 +1,26 @@
-//! `frugal watch`: the `[[watch.target]]` servers scraped every `--interval` (or once),
-//! each interval billed into the ledger, and a line per target printed. The reading and
-//! billing are `frugal_watch`'s.
+//! `frugal watch`: the `[[watch.target]]` servers scraped, and the `[[watch.prometheus]]`
+//! fleets queried, every `--interval` (or once); each interval billed into the ledger, and
+//! a line per server printed. The reading and billing are `frugal_watch`'s.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use frugal_cost::Catalog;
-use frugal_cost::event::Capacity;
-use frugal_watch::watch::{Outcome, Scraper, State, Target};
-use frugal_watch::{Kind, TargetMeta};
+use frugal_cost::event::{Capacity, Event, Kind as EventKind};
+use frugal_cost::money::HourlyRate;
+use frugal_cost::{Catalog, Money};
+use frugal_watch::prom_api::{Group, groups, query};
+use frugal_watch::watch::{Outcome, Scraper, State, Target, scrape_of};
+use frugal_watch::{Interval, Kind, TargetMeta};
 
 use crate::cli::WatchArgs;
-use crate::config::Config;
+use crate::config::{Config, RawPrometheus};
 use crate::serve::machine_rate;
 
 pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
-    let targets = targets(config, catalog)?;
+    let fixed = targets(config, catalog)?;
+    let sources = sources(config, catalog, &fixed)?;
     let mut ledger = crate::commands::open_for_write(config)?;
     // Beside the ledger: the last snapshot of each target, for the next scrape.
     let state_path = config.ledger.with_extension("watch.json");
@@ -26,9 +29,19 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let scraper = Scraper::default();
+    let mut prices = Prices::default();
     let mut out = std::io::stdout().lock();
     loop {
-        let bodies = runtime.block_on(scraper.fetch_all(&targets, args.timeout));
+        let queries: Vec<(&str, &str)> = sources
+            .iter()
+            .map(|s| (s.raw.url.as_str(), s.promql.as_str()))
+            .collect();
+        let (bodies, answers) = runtime.block_on(async {
+            tokio::join!(
+                scraper.fetch_all(&fixed, args.timeout),
+                scraper.query_all(&queries, args.timeout)
+            )
+        });
         let at_ms = i64::try_from(
             SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -36,47 +49,71 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
                 .as_millis(),
         )
         .unwrap_or(0);
-        for (target, body) in targets.iter().zip(bodies) {
-            let line = match state.observe(target, body, at_ms) {
-                Outcome::Baseline(r) => format!(
-                    "{}: first reading ({}); billing starts with the next",
-                    target.meta.name,
-                    r.kind.as_str()
-                ),
-                Outcome::Gap(why) => format!("{}: a gap, not billed: {why}", target.meta.name),
-                Outcome::Billed { interval, events } => {
-                    ledger.append("frugal watch", &events)?;
-                    let cost: frugal_cost::Money = events.iter().map(|e| e.cost).sum();
-                    let idle: frugal_cost::Money = events
-                        .iter()
-                        .filter(|e| e.kind == frugal_cost::event::Kind::Idle)
-                        .map(|e| e.cost)
-                        .sum();
-                    let per = |n: u64, unit: f64| {
-                        if n == 0 {
-                            "-".to_owned()
-                        } else {
-                            format!("${:.4}", cost.as_f64() * unit / n as f64)
-                        }
-                    };
-                    format!(
-                        "{}: {:.1} req/s, {:.0} tok/s in, {:.0} out, busy {}, ${:.2}/h, {}/1k req, \
-                         {}/1M tok, idle ${:.4}{}",
-                        target.meta.name,
-                        interval.requests as f64 / interval.seconds,
-                        interval.input_tokens as f64 / interval.seconds,
-                        interval.output_tokens as f64 / interval.seconds,
-                        interval
-                            .busy_share
-                            .map_or_else(|| "-".into(), |b| format!("{:.0}%", b * 100.0)),
-                        target.rate.0.as_f64(),
-                        per(interval.requests, 1e3),
-                        per(interval.input_tokens + interval.output_tokens, 1e6),
-                        idle.as_f64(),
-                        if interval.reset { " (restarted)" } else { "" }
-                    )
+        let mut targets = fixed.clone();
+        let mut scrapes: Vec<_> = bodies.into_iter().map(scrape_of).collect();
+        let mut lines = Vec::new();
+        for (source, answer) in sources.iter().zip(answers) {
+            let found = answer.and_then(|json: String| groups(&json, source.group_by()));
+            let present: BTreeSet<String> = match found {
+                Ok(groups) => {
+                    let mut names = BTreeSet::new();
+                    for g in groups {
+                        let target = source.target(&g, catalog, &mut prices)?;
+                        names.insert(target.meta.name.clone());
+                        targets.push(target);
+                        scrapes.push(Ok(g.scrape));
+                    }
+                    names
+                }
+                Err(why) => {
+                    lines.push(format!(
+                        "{}: every server a gap, not billed: {why}",
+                        source.raw.name
+                    ));
+                    BTreeSet::new()
                 }
             };
+            // Servers gone from the answer: their last reading must not reach across the
+            // time they were away.
+            let prefix = format!("{}/", source.raw.name);
+            let gone: Vec<String> = state
+                .last
+                .keys()
+                .filter(|k| k.starts_with(&prefix) && !present.contains(*k))
+                .cloned()
+                .collect();
+            for name in gone {
+                state.last.remove(&name);
+                lines.push(format!(
+                    "{name}: a gap, not billed: not in Prometheus's answer"
+                ));
+            }
+        }
+        let outcomes = state.observe_all(&targets, scrapes, at_ms);
+        let (mut events, mut spans) = (Vec::new(), Vec::new());
+        for (target, outcome) in targets.iter().zip(outcomes) {
+            let name = &target.meta.name;
+            lines.push(match outcome {
+                Outcome::Baseline(r) => format!(
+                    "{name}: first reading ({}); billing starts with the next",
+                    r.kind.as_str()
+                ),
+                Outcome::Gap(why) => format!("{name}: a gap, not billed: {why}"),
+                Outcome::Joined(servers) => format!(
+                    "{name}: the GPUs of {} (DCGM), billed with them",
+                    servers.join(", ")
+                ),
+                Outcome::Billed { interval, bill } => {
+                    let line = billed_line(target, &interval, &bill.events);
+                    events.extend(bill.events);
+                    spans.push(bill.span);
+                    line
+                }
+            });
+        }
+        // Every target's interval in one transaction: a crash leaves all or none.
+        ledger.append_with_spans("frugal watch", &events, &spans)?;
+        for line in lines {
             writeln!(out, "{line}")?;
         }
         state.save(&state_path)?;
@@ -87,10 +124,141 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
     }
 }
 
+/// Hourly rates by instance type, looked up once.
+#[derive(Default)]
+struct Prices(HashMap<String, (HourlyRate, Option<String>)>);
+
+/// A `[[watch.prometheus]]` source, checked, with its query.
+struct Source {
+    raw: RawPrometheus,
+    promql: String,
+    /// The rate of a server whose instance type no label gives.
+    rate: HourlyRate,
+    instance_type: Option<String>,
+}
+
+impl Source {
+    fn group_by(&self) -> &str {
+        self.raw.group_by.as_deref().unwrap_or("instance")
+    }
+
+    /// The target one group of the answer stands for: named, priced and placed.
+    fn target(&self, g: &Group, catalog: &Catalog, prices: &mut Prices) -> Result<Target> {
+        let raw = &self.raw;
+        let label = |name: &Option<String>| {
+            name.as_deref()
+                .and_then(|l| g.labels.get(l))
+                .map(String::as_str)
+        };
+        let (rate, instance_type) = match label(&raw.instance_label) {
+            Some(instance) => match prices.0.get(instance) {
+                Some(found) => found.clone(),
+                None => {
+                    let found =
+                        machine_rate(catalog, None, Some(instance), None).with_context(|| {
+                            format!("[[watch.prometheus]] `{}`: {}", raw.name, g.key)
+                        })?;
+                    prices.0.insert(instance.to_owned(), found.clone());
+                    found
+                }
+            },
+            None => (self.rate, self.instance_type.clone()),
+        };
+        let workload = raw
+            .workload
+            .clone()
+            .or_else(|| g.labels.get("job").cloned())
+            .unwrap_or_else(|| raw.name.clone());
+        Ok(Target {
+            meta: TargetMeta {
+                name: format!("{}/{}", raw.name, g.key),
+                workload,
+                model: raw.model.clone(),
+                instance_type,
+                region: raw.region.clone(),
+                capacity: Some(Capacity::OnDemand),
+            },
+            url: format!("{} ({}=\"{}\")", raw.url, self.group_by(), g.key),
+            kind: None,
+            rate,
+            host: label(&raw.host_label).map_or_else(|| Target::url_host(&g.key), str::to_owned),
+        })
+    }
+}
+
+/// The `[[watch.prometheus]]` sources, checked: names unique among every target's.
+fn sources(config: &Config, catalog: &Catalog, fixed: &[Target]) -> Result<Vec<Source>> {
+    let mut names: BTreeSet<&str> = fixed.iter().map(|t| t.meta.name.as_str()).collect();
+    config
+        .watch
+        .prometheus
+        .iter()
+        .map(|raw| {
+            if !names.insert(raw.name.as_str()) {
+                bail!("two watch entries are named `{}`", raw.name);
+            }
+            if raw.instance.is_some() && raw.instance_label.is_some() {
+                bail!(
+                    "[[watch.prometheus]] `{}`: give instance or instance_label, not both",
+                    raw.name
+                );
+            }
+            let (rate, instance_type) = machine_rate(
+                catalog,
+                raw.price_per_hour.as_deref(),
+                raw.instance.as_deref(),
+                None,
+            )
+            .with_context(|| format!("[[watch.prometheus]] `{}`", raw.name))?;
+            Ok(Source {
+                promql: query(raw.selector.as_deref()),
+                raw: raw.clone(),
+                rate,
+                instance_type: instance_type.or_else(|| raw.instance.clone()),
+            })
+        })
+        .collect()
+}
+
+/// A billed target's line: its rates, busy share, unit costs and idle dollars.
+fn billed_line(target: &Target, interval: &Interval, events: &[Event]) -> String {
+    let cost: Money = events.iter().map(|e| e.cost).sum();
+    let idle: Money = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Idle)
+        .map(|e| e.cost)
+        .sum();
+    let per = |n: u64, unit: f64| {
+        if n == 0 {
+            "-".to_owned()
+        } else {
+            format!("${:.4}", cost.as_f64() * unit / n as f64)
+        }
+    };
+    format!(
+        "{}: {:.1} req/s, {:.0} tok/s in, {:.0} out, busy {}, ${:.2}/h, {}/1k req, \
+         {}/1M tok, idle ${:.4}{}",
+        target.meta.name,
+        interval.requests as f64 / interval.seconds,
+        interval.input_tokens as f64 / interval.seconds,
+        interval.output_tokens as f64 / interval.seconds,
+        interval
+            .busy_share
+            .map_or_else(|| "-".into(), |b| format!("{:.0}%", b * 100.0)),
+        target.rate.0.as_f64(),
+        per(interval.requests, 1e3),
+        per(interval.input_tokens + interval.output_tokens, 1e6),
+        idle.as_f64(),
+        if interval.reset { " (restarted)" } else { "" }
+    )
+}
+
 /// The configured targets, priced and checked: names are unique, kinds known.
 fn targets(config: &Config, catalog: &Catalog) -> Result<Vec<Target>> {
-    if config.watch.target.is_empty() {
-        bail!("no [[watch.target]] in the config: name the servers to watch (README.md)");
+    if config.watch.target.is_empty() && config.watch.prometheus.is_empty() {
+        bail!(
+            "no [[watch.target]] or [[watch.prometheus]] in the config: name the servers to watch (README.md)"
+        );
     }
     let mut names = BTreeSet::new();
     config
@@ -131,6 +299,7 @@ fn targets(config: &Config, catalog: &Catalog) -> Result<Vec<Target>> {
                     region: t.region.clone(),
                     capacity: Some(Capacity::OnDemand),
                 },
+                host: t.host.clone().unwrap_or_else(|| Target::url_host(&t.url)),
                 url: t.url.clone(),
                 kind,
                 rate,

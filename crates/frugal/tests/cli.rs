@@ -633,6 +633,10 @@ fn pool_ledger(env: &Env) {
         max_replicas: 4,
         need_bytes: Some(3 << 30),
         failed: false,
+        server: None,
+        requests: 0,
+        input_tokens: 0,
+        output_tokens: 0,
     };
     let spans = [
         span(0, 1, ReplicaState::Starting, 6, 0),

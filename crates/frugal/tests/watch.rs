@@ -57,10 +57,12 @@ url = "http://127.0.0.1:9/metrics"
         frugal_watch::parse(&body).unwrap().sum(name).unwrap_or(0.0)
     };
     let tokens_before = counted("frugal_generated_tokens_total");
+    let busy_before = counted("frugal_engine_busy_seconds_total");
     for q in ["What is 2 + 2?", "Name a colour.", "Say hello."] {
         server.ask(q, 8);
     }
     let served = counted("frugal_generated_tokens_total") - tokens_before;
+    let busy = counted("frugal_engine_busy_seconds_total") - busy_before;
     assert!(served > 0.0);
     let second = watch(dir.path(), &config);
     assert!(second.status.success(), "{}", said(&second));
@@ -87,6 +89,30 @@ url = "http://127.0.0.1:9/metrics"
         )
         .unwrap();
     assert_eq!(down, 0);
+    // The interval as a span of the server: its busy time is the engine's own count.
+    let (server_name, busy_ms, span_requests): (String, i64, i64) = db
+        .query_row(
+            "SELECT v.name, s.busy_ms, s.requests FROM replica_spans s \
+             JOIN dims v ON v.id = s.server",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((server_name.as_str(), span_requests), ("local", 3));
+    assert!(busy > 0.0);
+    assert!(
+        (busy_ms as f64 - busy * 1000.0).abs() <= 1.0,
+        "{busy_ms} ms against {busy} s"
+    );
+    let report = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .current_dir(dir.path())
+        .args(["--ledger", "watch.sqlite", "report"])
+        .output()
+        .unwrap();
+    let text = said(&report);
+    assert!(report.status.success(), "{text}");
+    assert!(text.contains("Watched servers"), "{text}");
+    assert!(text.contains("│ local "), "{text}");
 }
 
 #[test]
@@ -110,4 +136,144 @@ fn bad_targets_are_refused_by_name() {
     );
     let out = watch(dir.path(), "");
     assert!(said(&out).contains("no [[watch.target]]"), "{}", said(&out));
+}
+
+/// A throwaway Prometheus scraping `target` every second, on a free loopback port; killed
+/// on drop.
+struct Prometheus {
+    child: std::process::Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: &str) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: chat\n    static_configs:\n      - targets: ['{target}']\n        labels:\n          node_type: g5.xlarge\n"
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        let child = Command::new("prometheus")
+            .current_dir(dir.path())
+            .arg("--config.file=prometheus.yml")
+            .arg("--storage.tsdb.path=data")
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("prometheus is needed for this test (Debian: apt-get install prometheus)");
+        Prometheus {
+            child,
+            addr: format!("127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    /// The value of an instant query's first series, once Prometheus answers with one.
+    fn value(&self, promql: &str) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.addr).ok()?;
+        let query: String = promql
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        write!(
+            stream,
+            "GET /api/v1/query?query={query} HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.addr
+        )
+        .ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        let json: serde_json::Value =
+            serde_json::from_str(answer.split("\r\n\r\n").nth(1)?).ok()?;
+        json["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Waits until `promql` reads at least `at_least`.
+    fn wait_for(&self, promql: &str, at_least: f64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.value(promql).is_none_or(|v| v < at_least) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "Prometheus never read {promql} >= {at_least}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fleet read through a real Prometheus server's API: one config entry, the servers
+/// found by their `instance` label, priced by an instance-type label, billed like scraped
+/// ones; and a Prometheus that is down is a gap.
+#[test]
+fn a_fleet_is_read_through_a_real_prometheus() {
+    let server = Server::start(&[]);
+    let prometheus = Prometheus::start(&server.addr.to_string());
+    let ok = "frugal_requests_total{status=\"ok\"}";
+    prometheus.wait_for(ok, 0.0);
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[watch.prometheus]]\nname = \"fleet\"\nurl = \"http://{}\"\nselector = '{{job=\"chat\"}}'\ninstance_label = \"node_type\"\n",
+        prometheus.addr
+    );
+    let first = watch(dir.path(), &config);
+    let name = format!("fleet/{}", server.addr);
+    assert!(
+        said(&first).contains(&format!("{name}: first reading (frugal)")),
+        "{}",
+        said(&first)
+    );
+    let before = prometheus.value(ok).unwrap();
+    for q in ["What is 2 + 2?", "Name a colour."] {
+        server.ask(q, 4);
+    }
+    prometheus.wait_for(ok, before + 2.0);
+    let second = watch(dir.path(), &config);
+    assert!(
+        said(&second).contains(&format!("{name}: ")),
+        "{}",
+        said(&second)
+    );
+    let db = rusqlite::Connection::open(dir.path().join("watch.sqlite")).unwrap();
+    let (requests, instance): (i64, String) = db
+        .query_row(
+            "SELECT sum(e.requests), i.name FROM events e JOIN dims w ON w.id = e.workload \
+             JOIN dims i ON i.id = e.instance WHERE w.name = 'chat' AND e.kind = 0",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(requests, 2, "{}", said(&second));
+    assert_eq!(instance, "g5.xlarge", "priced by the node_type label");
+    drop(prometheus);
+    let third = watch(dir.path(), &config);
+    assert!(third.status.success(), "{}", said(&third));
+    assert!(
+        said(&third).contains("fleet: every server a gap, not billed: cannot query"),
+        "{}",
+        said(&third)
+    );
+    assert!(
+        said(&third).contains(&format!(
+            "{name}: a gap, not billed: not in Prometheus's answer"
+        )),
+        "{}",
+        said(&third)
+    );
 }

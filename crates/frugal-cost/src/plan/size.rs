@@ -534,6 +534,10 @@ mod tests {
             max_replicas: 2,
             need_bytes: None,
             failed,
+            server: None,
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
         };
         let t0 = 1_792_998_000_000;
         ledger

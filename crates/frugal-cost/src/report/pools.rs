@@ -64,6 +64,10 @@ pub enum Sizing {
     LowBusyShare,
     /// A cheaper instance holds the model and its KV cache.
     OversizedInstance,
+    /// A watched server whose load the other servers of its model can carry.
+    Consolidate,
+    /// A watched server with long stretches without a request.
+    ScaleToZero,
 }
 
 /// A pool to right-size, with the dollars at stake over the window.
@@ -77,12 +81,12 @@ pub struct RightSizing {
     pub instead: Option<String>,
 }
 
-/// Sums of one pool's spans.
+/// Sums of one pool's (or watched server's) spans.
 #[derive(Default)]
-struct Acc {
-    duration_ms: Millis,
-    busy_ms: Millis,
-    cost: Money,
+pub(super) struct Acc {
+    pub(super) duration_ms: Millis,
+    pub(super) busy_ms: Millis,
+    pub(super) cost: Money,
     /// From the first span's start to the last one's end.
     first_ms: Option<Millis>,
     end_ms: Millis,
@@ -90,14 +94,14 @@ struct Acc {
     starts: Vec<Millis>,
     cold_starts: u32,
     failed_starts: u32,
-    latest: Option<ReplicaSpan>,
-    need_bytes: Option<u64>,
+    pub(super) latest: Option<ReplicaSpan>,
+    pub(super) need_bytes: Option<u64>,
     /// Replica time per instance type, to price a move off one.
-    instance_ms: HashMap<String, Millis>,
+    pub(super) instance_ms: HashMap<String, Millis>,
 }
 
 impl Acc {
-    fn add(&mut self, s: &ReplicaSpan) {
+    pub(super) fn add(&mut self, s: &ReplicaSpan) {
         let duration = s.duration_ms.max(0);
         self.duration_ms += duration;
         self.busy_ms += s.busy_ms.clamp(0, duration);
@@ -120,22 +124,30 @@ impl Acc {
     }
 }
 
-/// The pools whose spans start in `window` (whole hours, as the rollups read it);
+/// Pools' spans, by (workload, pool).
+#[derive(Default)]
+pub(super) struct PoolSpans(HashMap<(String, String), Acc>);
+
+impl PoolSpans {
+    pub(super) fn add(&mut self, s: &ReplicaSpan) {
+        self.0
+            .entry((s.workload.clone(), s.pool.clone()))
+            .or_default()
+            .add(s)
+    }
+}
+
+/// The pools of `spans` (read over `window`, whole hours as the rollups read it);
 /// `requests` is each (workload, pool)'s requests that did not fail.
 pub(super) fn build(
+    spans: PoolSpans,
     ledger: &Ledger,
     catalog: &Catalog,
     window: Window,
     requests: &HashMap<(&str, &str), u64>,
     busy_below: f64,
 ) -> Result<Vec<PoolLine>, LedgerError> {
-    let mut pools: HashMap<(String, String), Acc> = HashMap::new();
-    ledger.spans(window, |s| {
-        pools
-            .entry((s.workload.clone(), s.pool.clone()))
-            .or_default()
-            .add(s)
-    })?;
+    let pools = spans.0;
     let mut lines = Vec::with_capacity(pools.len());
     for ((workload, pool), mut acc) in pools {
         let waits = ledger.wait_percentiles(window, &workload, &pool, &[50, 99])?;
@@ -182,7 +194,15 @@ pub(super) fn build(
         };
         line.right_sizing
             .extend(low_busy_share(&line, &acc, busy_below));
-        line.right_sizing.extend(oversized(&line, &acc, catalog));
+        line.right_sizing.extend(oversized(
+            line.instance_type.as_deref(),
+            &acc,
+            catalog,
+            (
+                "a replica needs {} (weights and KV cache)",
+                "the pool's replicas",
+            ),
+        ));
         lines.push(line);
     }
     lines.sort_by(|a, b| {
@@ -230,8 +250,14 @@ fn low_busy_share(line: &PoolLine, acc: &Acc, busy_below: f64) -> Option<RightSi
 
 /// A cheaper instance of the same provider whose accelerator memory holds the replica's
 /// need with headroom, priced on demand over the replica-hours spent on the current one.
-fn oversized(line: &PoolLine, acc: &Acc, catalog: &Catalog) -> Option<RightSizing> {
-    let instance = line.instance_type.as_deref()?;
+/// `needs` says what the need is, `{}` standing for the GiB; `what`, what moves.
+pub(super) fn oversized(
+    instance: Option<&str>,
+    acc: &Acc,
+    catalog: &Catalog,
+    (needs, what): (&str, &str),
+) -> Option<RightSizing> {
+    let instance = instance?;
     let need = acc.need_bytes? as f64 / GIB;
     let current = catalog.instance(instance, None).ok()?;
     let fit = catalog.cheapest_holding(current, need * HEADROOM)?;
@@ -245,7 +271,8 @@ fn oversized(line: &PoolLine, acc: &Acc, catalog: &Catalog) -> Option<RightSizin
         flag: Sizing::OversizedInstance,
         dollars,
         basis: format!(
-            "a replica needs {need:.1} GiB (weights and KV cache) and {instance} has {} of accelerator memory; {} ({}) holds it with {} headroom at {}/h against {}/h, over {:.1} replica-hours",
+            "{} and {instance} has {} of accelerator memory; {} ({}) holds it with {} headroom at {}/h against {}/h, over {:.1} replica-hours",
+            needs.replace("{}", &format!("{need:.1} GiB")),
             memory(current.accelerator_memory_gib),
             fit.instance_type,
             memory(fit.accelerator_memory_gib),
@@ -254,7 +281,7 @@ fn oversized(line: &PoolLine, acc: &Acc, catalog: &Catalog) -> Option<RightSizin
             current.on_demand.0,
             replica_ms as f64 / HOUR_MS,
         ),
-        action: format!("run the pool's replicas on {}", fit.instance_type),
+        action: format!("run {what} on {}", fit.instance_type),
         instead: Some(fit.instance_type.clone()),
     })
 }
@@ -273,18 +300,11 @@ pub(super) fn levers(pools: &[PoolLine]) -> Vec<Lever> {
             "run each pool on the cheapest instance whose accelerator memory holds its model and KV cache",
         ),
     ];
-    kinds
-        .into_iter()
-        .filter_map(|(flag, lever, action)| {
-            let flagged: Vec<(&PoolLine, &RightSizing)> = pools
-                .iter()
-                .flat_map(|p| p.right_sizing.iter().map(move |r| (p, r)))
-                .filter(|(_, r)| r.flag == flag)
-                .collect();
-            let dollars: Money = flagged.iter().map(|(_, r)| r.dollars).sum();
-            let basis: Vec<String> = flagged
-                .iter()
-                .map(|(p, r)| match &r.instead {
+    flag_levers(
+        &kinds,
+        pools.iter().flat_map(|p| {
+            p.right_sizing.iter().map(move |r| {
+                let what = match &r.instead {
                     Some(to) => format!(
                         "pool `{}` on {} fits {to}",
                         p.pool,
@@ -295,8 +315,26 @@ pub(super) fn levers(pools: &[PoolLine]) -> Vec<Lever> {
                         p.pool,
                         p.busy_share.map_or("?".to_owned(), pct)
                     ),
-                })
-                .collect();
+                };
+                (r, what)
+            })
+        }),
+    )
+}
+
+/// One lever per kind of flag (`(flag, lever, action)`) that puts dollars at stake: the
+/// flags' dollars summed, their subjects (what each flag is about) as its basis.
+pub(super) fn flag_levers<'a>(
+    kinds: &[(Sizing, &'static str, &'static str)],
+    flags: impl Iterator<Item = (&'a RightSizing, String)>,
+) -> Vec<Lever> {
+    let flags: Vec<(&RightSizing, String)> = flags.collect();
+    kinds
+        .iter()
+        .filter_map(|&(flag, lever, action)| {
+            let of_kind = || flags.iter().filter(|(r, _)| r.flag == flag);
+            let dollars: Money = of_kind().map(|(r, _)| r.dollars).sum();
+            let basis: Vec<&str> = of_kind().map(|(_, what)| what.as_str()).collect();
             (dollars > Money::ZERO).then(|| Lever {
                 lever,
                 dollars,

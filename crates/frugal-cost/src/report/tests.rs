@@ -321,6 +321,10 @@ fn span(at_min: i64, replica: u32, state: ReplicaState, min: i64, busy_min: i64)
         max_replicas: 4,
         need_bytes: Some(3 << 30),
         failed: false,
+        server: None,
+        requests: 0,
+        input_tokens: 0,
+        output_tokens: 0,
     }
 }
 
@@ -522,4 +526,86 @@ fn a_batch_job_on_spot_is_priced_per_unit_beside_the_models_interactive_traffic(
     // Interactive paid $2 (idle included) for 100 requests and 100,000 tokens.
     assert_eq!(job.interactive_per_1k, Some(m("20")));
     assert_eq!(job.interactive_per_m_tokens, Some(m("20")));
+}
+
+/// A scrape interval of a watched server on a p4d.24xlarge, priced by hand: `minutes` at
+/// `cents_an_hour`.
+fn watched(
+    server: &str,
+    model: &str,
+    at_min: i64,
+    minutes: i64,
+    cents_an_hour: i64,
+) -> ReplicaSpan {
+    let mut s = span(at_min, 1, ReplicaState::Ready, minutes, 0);
+    s.pool = model.into();
+    s.server = Some(server.into());
+    s.cost = Money::from_cents(cents_an_hour * minutes / 60);
+    (s.min_replicas, s.max_replicas) = (1, 1);
+    s
+}
+
+#[test]
+fn watched_servers_by_hand_with_their_levers() {
+    let mut spans = Vec::new();
+    // `a` and `b` serve llama for an hour in 15-minute scrapes at $1 an hour: `a` busy 6
+    // minutes of each with 10 requests, `b` 1.5 minutes with 2.
+    for i in 0..4 {
+        let mut a = watched("a", "llama", i * 15, 15, 100);
+        (a.busy_ms, a.requests) = (6 * MINUTE_MS, 10);
+        (a.input_tokens, a.output_tokens) = (1000, 250);
+        let mut b = watched("b", "llama", i * 15, 15, 100);
+        (b.busy_ms, b.requests) = (90_000, 2);
+        spans.extend([a, b]);
+    }
+    // `c` serves qwen in 10-minute scrapes at $1.20 an hour: 50 quiet minutes, 10 busy ones,
+    // 20 quiet ones; then, after a scrape gap, 10 quiet minutes (too short to count).
+    for i in 0..8 {
+        let mut c = watched("c", "qwen", i * 10, 10, 120);
+        if i == 5 {
+            (c.busy_ms, c.requests) = (5 * MINUTE_MS, 10);
+        }
+        spans.push(c);
+    }
+    spans.push(watched("c", "qwen", 100, 10, 120));
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+    ledger.append_with_spans("watch", &[], &spans).unwrap();
+    let r = Report::build(&ledger, &Catalog::builtin().unwrap(), Window::default()).unwrap();
+    assert_eq!(
+        r.total,
+        Money::ZERO,
+        "spans add nothing to the events' money"
+    );
+    assert!(r.pools.is_empty(), "watched servers are not pools");
+    let names: Vec<&str> = r.servers.iter().map(|s| s.server.as_str()).collect();
+    assert_eq!(names, ["c", "a", "b"], "dearest first");
+    let a = &r.servers[1];
+    assert_eq!((a.workload.as_str(), a.model.as_str()), ("chat", "llama"));
+    assert_eq!((a.hours, a.cost, a.busy_share), (1.0, m("1"), Some(0.4)));
+    assert_eq!((a.idle_cost, a.requests), (m("0.6"), 40));
+    assert_eq!((a.input_tokens, a.output_tokens), (4000, 1000));
+    assert_eq!(a.per_1k, Some(m("25")));
+    assert_eq!(a.per_m_tokens, Some(m("200")));
+    assert_eq!(a.busy_per_1k, Some(m("10")), "the busy part only");
+    assert_eq!(a.gpu_memory_gib, Some(3.0));
+    // llama's load is 0.4 + 0.1 server-hours: one server carries it at 70%, so `b`, the
+    // less busy, goes, at its whole cost; `a` keeps only its instance flag.
+    let flags = |s: &ServerLine| s.right_sizing.iter().map(|f| f.flag).collect::<Vec<_>>();
+    let b = &r.servers[2];
+    assert_eq!(flags(b), [Sizing::Consolidate]);
+    assert_eq!(b.right_sizing[0].dollars, m("1"));
+    assert!(b.right_sizing[0].action.contains("to a and stop it"));
+    assert_eq!(flags(a), [Sizing::OversizedInstance]);
+    assert_eq!(a.right_sizing[0].instead.as_deref(), Some("g5g.xlarge"));
+    // `c`: a pool stops 5 minutes into each quiet stretch of 15 or more: 45 of the first
+    // 50 minutes ($1.00) and 15 of the next 20 ($0.40) are $0.90 + $0.30.
+    let c = &r.servers[0];
+    assert_eq!(flags(c), [Sizing::ScaleToZero, Sizing::OversizedInstance]);
+    assert_eq!(c.right_sizing[0].dollars, m("1.2"));
+    assert_eq!((c.hours, c.cost, c.requests), (1.5, m("1.8"), 10));
+    let lever = |name: &str| r.levers.iter().find(|l| l.lever == name).map(|l| l.dollars);
+    assert_eq!(lever("consolidate watched servers"), Some(m("1")));
+    assert_eq!(lever("scale watched servers to zero"), Some(m("1.2")));
+    assert!(lever("right-size watched servers").is_some());
 }

@@ -468,6 +468,10 @@ impl Pool {
             max_replicas: self.config.max_replicas,
             need_bytes: self.need_bytes.get().copied().flatten(),
             failed,
+            server: None,
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
         };
         self.outbox
             .lock()
