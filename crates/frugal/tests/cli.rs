@@ -190,7 +190,7 @@ fn the_same_usage_is_not_imported_twice() {
     assert_eq!(events(&env), 4);
     let info = stdout(&ok(env.frugal(&["ledger", "info"])));
     assert!(
-        info.contains("schema    v6") && info.contains("Files imported"),
+        info.contains("schema    v7") && info.contains("Files imported"),
         "{info}"
     );
     assert!(
