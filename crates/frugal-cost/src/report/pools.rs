@@ -20,8 +20,8 @@ use crate::present::pct;
 /// Room left above a replica's memory need on the instance suggested instead: KV cache
 /// grows with traffic, and allocators fragment.
 const HEADROOM: f64 = 1.2;
-const GIB: f64 = (1u64 << 30) as f64;
-const HOUR_MS: f64 = 3_600_000.0;
+pub(super) const GIB: f64 = (1u64 << 30) as f64;
+pub(super) const HOUR_MS: f64 = 3_600_000.0;
 
 /// One pool over the report's window.
 #[derive(Debug, Clone, Serialize)]

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::Lever;
-use super::pools::{Acc, RightSizing, Sizing, oversized};
+use super::pools::{Acc, GIB, HOUR_MS, RightSizing, Sizing, oversized};
 use crate::catalog::Catalog;
 use crate::event::ReplicaSpan;
 use crate::money::{Millis, Money};
@@ -26,8 +26,6 @@ const QUIET_MIN_MS: Millis = 15 * 60_000;
 const ZERO_AFTER_MS: Millis = 5 * 60_000;
 /// Spans further apart than this are not one stretch (a scrape gap lies between).
 const ADJACENT_MS: Millis = 1_000;
-const GIB: f64 = (1u64 << 30) as f64;
-const HOUR_MS: f64 = 3_600_000.0;
 
 /// One watched server over the report's window.
 #[derive(Debug, Clone, Serialize)]
