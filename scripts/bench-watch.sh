@@ -9,7 +9,8 @@
 #     `frugal report` over the watch ledger (cost per 1k, idle dollars, levers).
 # Usage: scripts/bench-watch.sh LLAMA_SERVER_BINARY
 #   env: MODE=duty|trace, INTERVAL (watch --interval, default 2s), PHASES, ON (requests per
-#   on-phase), OFF (seconds of silence), DURATION (trace mode, seconds), SPEEDUP
+#   on-phase), OFF (seconds of silence), DURATION (trace mode, seconds), SPEEDUP, NP
+#   (llama-server's slots, default 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 llama_server=${1:?usage: scripts/bench-watch.sh LLAMA_SERVER_BINARY}
@@ -21,17 +22,24 @@ frugal=./target/release/frugal
 cargo build --release -q -p frugal
 rm -rf "$out" && mkdir -p "$out"
 
-wait_up() { for _ in $(seq 300); do curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return; sleep 0.1; done; echo "server on $1 did not start" >&2; exit 1; }
+wait_up() { # PORT PID
+  for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return
+    kill -0 "$2" 2>/dev/null || { echo "the server for port $1 exited (its log is in $out)" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "server on $1 did not start" >&2; exit 1
+}
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
 $frugal --ledger "$out/serve.sqlite" serve --port 8321 --model "$model" --threads 2 --max-batch 8 \
   --no-cache 2>"$out/frugal-serve.log" & pids+=($!)
-"$llama_server" -m "$model" --port 8322 -t 2 -np 1 -c 4096 --metrics --log-disable \
+wait_up 8321 $!
+"$llama_server" -m "$model" --port 8322 -t 2 -np "${NP:-1}" -c $((${NP:-1} * 4096)) --metrics --log-disable \
   >"$out/llama-server.log" 2>&1 & pids+=($!)
-wait_up 8321
-wait_up 8322
+wait_up 8322 $!
 
 cat > "$out/frugal.toml" <<EOF
 [[watch.target]]
@@ -39,6 +47,7 @@ name = "frugal-1"
 url = "http://127.0.0.1:8321/metrics"
 instance = "g5.xlarge"
 workload = "chat"
+model = "SmolLM2-135M-Instruct.Q4_1"
 
 [[watch.target]]
 name = "llama-1"
@@ -66,17 +75,22 @@ if [ "$mode" = duty ]; then
   done
 else
   trace=data/azure-llm-trace/AzureLLMInferenceTrace_conv.csv
-  # The trace's arrivals, compressed by SPEEDUP, until DURATION is up (--requests caps it).
-  for port_name in "8321 frugal-1" "8322 llama-1"; do
-    set -- $port_name
-    bench "$1" "$2" --trace "$trace" --speedup "${SPEEDUP:-0.25}" --scale 0.1 --output-scale 0.25 \
-      --max-prompt 256 --max-output 96 --requests "${REQUESTS:-100000}" --timeout 120 &
-    pids+=($!)
-    eval "bench_$2=\$!"
-  done
-  sleep "${DURATION:-3600}"
-  kill "$bench_frugal" "$bench_llama" 2>/dev/null || true
-  wait "$bench_frugal" "$bench_llama" 2>/dev/null || true
+  # The trace's rows that arrive within DURATION once compressed by SPEEDUP: each load
+  # generator then ends on its own, with its counts.
+  rows=$(python3 - "$trace" "${DURATION:-3600}" "${SPEEDUP:-0.25}" <<'PY'
+import csv, datetime, sys
+path, duration, speedup = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+stamps = [datetime.datetime.fromisoformat(r["TIMESTAMP"][:26]) for r in csv.DictReader(open(path))]
+print(sum(1 for t in stamps if (t - stamps[0]).total_seconds() < duration * speedup))
+PY
+)
+  echo "replaying $rows trace rows at ${SPEEDUP:-0.25}x to each server"
+  args=(--trace "$trace" --speedup "${SPEEDUP:-0.25}" --scale 0.1 --output-scale 0.25
+    --max-prompt 256 --max-output 96 --requests "$rows" --timeout 300)
+  bench 8321 frugal-1 "${args[@]}" & b1=$!
+  bench 8322 llama-1 "${args[@]}" & b2=$!
+  pids+=("$b1" "$b2")
+  wait "$b1" "$b2"
 fi
 sleep 6
 end=$(date +%s.%N)

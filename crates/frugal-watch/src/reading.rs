@@ -207,6 +207,8 @@ impl Reading {
                 r.running = s.sum("frugal_running_sequences");
                 r.waiting = s.sum("frugal_queue_depth");
                 r.busy_seconds_total = s.sum("frugal_engine_busy_seconds_total");
+                // The model its spend is counted under, once it has spent: one, or none.
+                r.model = model_label(s, "frugal_spend_usd_total", "model");
             }
             Kind::Dcgm => {}
         }
@@ -309,9 +311,11 @@ mod tests {
             "frugal_generated_tokens_total 300\n",
             "frugal_running_sequences 2\n",
             "frugal_queue_depth 1\n",
+            "frugal_spend_usd_total{model=\"SmolLM2-135M-Instruct.Q4_1\"} 0.0042\n",
         );
         let r = Reading::detect(&parse(body).unwrap()).unwrap();
         assert_eq!(r.kind, Kind::Frugal);
+        assert_eq!(r.model.as_deref(), Some("SmolLM2-135M-Instruct.Q4_1"));
         assert_eq!(r.requests_total, Some(10.0));
         assert_eq!(
             (r.prompt_tokens_total, r.generation_tokens_total),

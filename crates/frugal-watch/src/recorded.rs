@@ -254,3 +254,24 @@ fn a_url_host_without_scheme_port_user_or_path() {
         assert_eq!(Target::url_host(url), host, "{url}");
     }
 }
+
+/// Bodies captured from real servers (data/watch/PROVENANCE.md): each read as its kind,
+/// with the counters and busy seconds it carries.
+#[test]
+fn captured_llama_server_and_frugal_bodies_read_as_their_kind() {
+    let llama = read("llamacpp-0c1e570.prom");
+    assert_eq!(llama.kind, Kind::Llamacpp);
+    // 174 computed and 0 from the prompt cache.
+    assert_eq!(llama.prompt_tokens_total, Some(174.0));
+    assert_eq!(llama.generation_tokens_total, Some(56.0));
+    assert_eq!((llama.running, llama.waiting), (Some(0.0), Some(0.0)));
+    let frugal = read("frugal.prom");
+    assert_eq!(frugal.kind, Kind::Frugal);
+    assert_eq!(frugal.requests_total, Some(28.0));
+    assert_eq!(
+        (frugal.prompt_tokens_total, frugal.generation_tokens_total),
+        (Some(1462.0), Some(944.0))
+    );
+    assert_eq!(frugal.busy_seconds_total, Some(14.630187));
+    assert_eq!(frugal.model.as_deref(), Some("SmolLM2-135M-Instruct.Q4_1"));
+}
