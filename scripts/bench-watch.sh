@@ -10,7 +10,7 @@
 # Usage: scripts/bench-watch.sh LLAMA_SERVER_BINARY
 #   env: MODE=duty|trace, INTERVAL (watch --interval, default 2s), PHASES, ON (requests per
 #   on-phase), OFF (seconds of silence), DURATION (trace mode, seconds), SPEEDUP, NP
-#   (llama-server's slots, default 1)
+#   (llama-server's slots, default 1), TIMEOUT (watch --timeout, default 10s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 llama_server=${1:?usage: scripts/bench-watch.sh LLAMA_SERVER_BINARY}
@@ -19,7 +19,7 @@ mode=${MODE:-duty}
 interval=${INTERVAL:-2s}
 out=${OUT:-out/bench-watch-$mode}
 frugal=./target/release/frugal
-cargo build --release -q -p frugal
+[ -n "${NO_BUILD:-}" ] || cargo build --release -q -p frugal
 rm -rf "$out" && mkdir -p "$out"
 
 wait_up() { # PORT PID
@@ -56,7 +56,7 @@ instance = "g5.xlarge"
 workload = "chat"
 model = "SmolLM2-135M-Instruct.Q4_1"
 EOF
-$frugal --config "$out/frugal.toml" --ledger "$out/watch.sqlite" watch --interval "$interval" \
+$frugal --config "$out/frugal.toml" --ledger "$out/watch.sqlite" watch --interval "$interval" --timeout "${TIMEOUT:-10s}" \
   >"$out/watch.log" 2>&1 & watch_pid=$!
 pids+=($watch_pid)
 sleep 5

@@ -232,9 +232,22 @@ fn read(target: &Target, scrape: Result<Scrape, String>) -> Result<Reading, Stri
 }
 
 /// Scrapes targets' `/metrics` over one HTTP client.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Scraper {
     client: reqwest::Client,
+}
+
+impl Default for Scraper {
+    /// A new connection per scrape. Servers close idle keep-alive connections after a few
+    /// seconds (llama-server's after 5), well inside a scrape interval, and a request sent
+    /// on a connection the server just closed fails: each interval would be a gap.
+    fn default() -> Scraper {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap_or_default();
+        Scraper { client }
+    }
 }
 
 impl Scraper {
@@ -269,7 +282,7 @@ impl Scraper {
             .timeout(timeout)
             .send()
             .await
-            .map_err(|e| format!("cannot scrape {url}: {e}"))?;
+            .map_err(|e| format!("cannot scrape {url}: {}", with_causes(&e)))?;
         let status = response.status();
         if !status.is_success() {
             return Err(format!("{url} answered {status}"));
@@ -277,6 +290,19 @@ impl Scraper {
         response
             .text()
             .await
-            .map_err(|e| format!("cannot read {url}'s body: {e}"))
+            .map_err(|e| format!("cannot read {url}'s body: {}", with_causes(&e)))
     }
+}
+
+/// An error and its causes, as one line: reqwest's own message ("error sending request")
+/// says nothing of why (refused, timed out, reset).
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }

@@ -3,7 +3,7 @@
 //! a line per server printed. The reading and billing are `frugal_watch`'s.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -17,6 +17,7 @@ use frugal_watch::{Interval, Kind, TargetMeta};
 use crate::cli::WatchArgs;
 use crate::config::{Config, RawPrometheus};
 use crate::serve::machine_rate;
+use crate::table;
 
 pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
     let fixed = targets(config, catalog)?;
@@ -30,6 +31,8 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
         .build()?;
     let scraper = Scraper::default();
     let mut prices = Prices::default();
+    let mut idle_so_far: HashMap<String, Money> = HashMap::new();
+    let live = !args.once && std::io::stdout().is_terminal();
     let mut out = std::io::stdout().lock();
     loop {
         let queries: Vec<(&str, &str)> = sources
@@ -66,9 +69,9 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
                     names
                 }
                 Err(why) => {
-                    lines.push(format!(
-                        "{}: every server a gap, not billed: {why}",
-                        source.raw.name
+                    lines.push(Row::note(
+                        &source.raw.name,
+                        format!("every server a gap, not billed: {why}"),
                     ));
                     BTreeSet::new()
                 }
@@ -84,9 +87,8 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
                 .collect();
             for name in gone {
                 state.last.remove(&name);
-                lines.push(format!(
-                    "{name}: a gap, not billed: not in Prometheus's answer"
-                ));
+                let why = "a gap, not billed: not in Prometheus's answer";
+                lines.push(Row::note(&name, why.to_owned()));
             }
         }
         let outcomes = state.observe_all(&targets, scrapes, at_ms);
@@ -94,27 +96,73 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
         for (target, outcome) in targets.iter().zip(outcomes) {
             let name = &target.meta.name;
             lines.push(match outcome {
-                Outcome::Baseline(r) => format!(
-                    "{name}: first reading ({}); billing starts with the next",
-                    r.kind.as_str()
+                Outcome::Baseline(r) => Row::note(
+                    name,
+                    format!(
+                        "first reading ({}); billing starts with the next",
+                        r.kind.as_str()
+                    ),
                 ),
-                Outcome::Gap(why) => format!("{name}: a gap, not billed: {why}"),
-                Outcome::Joined(servers) => format!(
-                    "{name}: the GPUs of {} (DCGM), billed with them",
-                    servers.join(", ")
+                Outcome::Gap(why) => Row::note(name, format!("a gap, not billed: {why}")),
+                Outcome::Joined(servers) => Row::note(
+                    name,
+                    format!(
+                        "the GPUs of {} (DCGM), billed with them",
+                        servers.join(", ")
+                    ),
                 ),
                 Outcome::Billed { interval, bill } => {
-                    let line = billed_line(target, &interval, &bill.events);
+                    let idle: Money = bill
+                        .events
+                        .iter()
+                        .filter(|e| e.kind == EventKind::Idle)
+                        .map(|e| e.cost)
+                        .sum();
+                    let so_far = idle_so_far.entry(name.clone()).or_default();
+                    *so_far += idle;
+                    let row = Row::billed(target, &interval, &bill.events, *so_far);
                     events.extend(bill.events);
                     spans.push(bill.span);
-                    line
+                    row
                 }
             });
         }
         // Every target's interval in one transaction: a crash leaves all or none.
         ledger.append_with_spans("frugal watch", &events, &spans)?;
-        for line in lines {
-            writeln!(out, "{line}")?;
+        if live {
+            // A terminal gets one table, redrawn in place each pass.
+            let mut t = table::new(&[
+                "server",
+                "req/s>",
+                "tok/s in>",
+                "tok/s out>",
+                "busy>",
+                "$/h>",
+                "$/1k req>",
+                "$/1M tok>",
+                "idle so far>",
+                "",
+            ]);
+            for row in &lines {
+                let mut cells = vec![row.name.clone()];
+                cells.extend(
+                    row.figures
+                        .clone()
+                        .unwrap_or_else(|| vec![String::new(); 8]),
+                );
+                cells.push(row.note.clone());
+                t.add_row(cells);
+            }
+            write!(out, "\x1b[2J\x1b[H")?;
+            writeln!(
+                out,
+                "frugal watch, every {}\n{t}",
+                humantime::format_duration(args.interval)
+            )?;
+        } else {
+            for row in &lines {
+                writeln!(out, "{}", row.line())?;
+            }
         }
         state.save(&state_path)?;
         if args.once {
@@ -220,37 +268,66 @@ fn sources(config: &Config, catalog: &Catalog, fixed: &[Target]) -> Result<Vec<S
         .collect()
 }
 
-/// A billed target's line: its rates, busy share, unit costs and idle dollars.
-fn billed_line(target: &Target, interval: &Interval, events: &[Event]) -> String {
-    let cost: Money = events.iter().map(|e| e.cost).sum();
-    let idle: Money = events
-        .iter()
-        .filter(|e| e.kind == EventKind::Idle)
-        .map(|e| e.cost)
-        .sum();
-    let per = |n: u64, unit: f64| {
-        if n == 0 {
-            "-".to_owned()
-        } else {
-            format!("${:.4}", cost.as_f64() * unit / n as f64)
+/// One server in a pass: its figures where it was billed, and a note.
+struct Row {
+    name: String,
+    /// req/s, tok/s in and out, busy, $/h, $/1k req, $/1M tok, idle so far.
+    figures: Option<Vec<String>>,
+    note: String,
+}
+
+impl Row {
+    fn note(name: &str, note: String) -> Row {
+        Row {
+            name: name.to_owned(),
+            figures: None,
+            note,
         }
-    };
-    format!(
-        "{}: {:.1} req/s, {:.0} tok/s in, {:.0} out, busy {}, ${:.2}/h, {}/1k req, \
-         {}/1M tok, idle ${:.4}{}",
-        target.meta.name,
-        interval.requests as f64 / interval.seconds,
-        interval.input_tokens as f64 / interval.seconds,
-        interval.output_tokens as f64 / interval.seconds,
-        interval
-            .busy_share
-            .map_or_else(|| "-".into(), |b| format!("{:.0}%", b * 100.0)),
-        target.rate.0.as_f64(),
-        per(interval.requests, 1e3),
-        per(interval.input_tokens + interval.output_tokens, 1e6),
-        idle.as_f64(),
-        if interval.reset { " (restarted)" } else { "" }
-    )
+    }
+
+    fn billed(target: &Target, interval: &Interval, events: &[Event], idle_so_far: Money) -> Row {
+        let cost: Money = events.iter().map(|e| e.cost).sum();
+        let per = |n: u64, unit: f64| {
+            if n == 0 {
+                "-".to_owned()
+            } else {
+                format!("${:.4}", cost.as_f64() * unit / n as f64)
+            }
+        };
+        let rate = |n: u64| format!("{:.1}", n as f64 / interval.seconds);
+        Row {
+            name: target.meta.name.clone(),
+            figures: Some(vec![
+                rate(interval.requests),
+                rate(interval.input_tokens),
+                rate(interval.output_tokens),
+                interval
+                    .busy_share
+                    .map_or_else(|| "-".into(), |b| format!("{:.0}%", b * 100.0)),
+                format!("${:.2}", target.rate.0.as_f64()),
+                per(interval.requests, 1e3),
+                per(interval.input_tokens + interval.output_tokens, 1e6),
+                format!("${:.4}", idle_so_far.as_f64()),
+            ]),
+            note: if interval.reset { "restarted" } else { "" }.to_owned(),
+        }
+    }
+
+    /// The row as a line, for logs and cron.
+    fn line(&self) -> String {
+        let Some(f) = &self.figures else {
+            return format!("{}: {}", self.name, self.note);
+        };
+        let note = if self.note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", self.note)
+        };
+        format!(
+            "{}: {} req/s, {} tok/s in, {} out, busy {}, {}/h, {}/1k req, {}/1M tok, idle {} so far{note}",
+            self.name, f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]
+        )
+    }
 }
 
 /// The configured targets, priced and checked: names are unique, kinds known.
