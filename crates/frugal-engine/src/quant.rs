@@ -184,6 +184,12 @@ impl WeightType {
     }
 }
 
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl fmt::Display for WeightType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -220,8 +226,12 @@ pub enum QuantError {
     },
     #[error("cannot stack matrices: {0}")]
     Stack(&'static str),
-    #[error("kernel {0:?} is not available on this CPU")]
+    #[error("kernel {0} is not available on this CPU")]
     KernelUnavailable(Kernel),
+    #[error("unknown kernel {0:?}: expected avx512, avx2 or scalar")]
+    UnknownKernel(String),
+    #[error("kernel {wanted} asked for after {active} was already in use")]
+    KernelInUse { wanted: Kernel, active: Kernel },
 }
 
 fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
@@ -273,8 +283,9 @@ pub fn quantize_row(t: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), Quan
     Ok(())
 }
 
-/// The integer kernel implementations. [`Kernel::best`] is what [`matmul`] uses; the others
-/// exist so tests and benchmarks can compare paths.
+/// The integer kernel implementations. [`Kernel::active`] is what [`matmul`] uses: the
+/// fastest the CPU runs, unless [`Kernel::select`] chose another so that every path can be
+/// tested and benchmarked on one machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     Scalar,
@@ -306,21 +317,21 @@ pub trait Wide {
     fn run(self);
 }
 
-/// Runs `work` compiled for the widest vectors this CPU has.
+/// Runs `work` compiled for the vectors of the [active](Kernel::active) kernel's ISA.
 #[inline]
 pub fn vectorized(work: impl Wide) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (avx512, avx2) = detected();
-        if let Some(k) = avx512 {
-            return k.vectorized(work);
-        }
-        if let Some(k) = avx2 {
-            return k.vectorized(work);
-        }
+    match Kernel::active().isa() {
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx512(k)) => k.vectorized(work),
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx2(k)) => k.vectorized(work),
+        _ => work.run(),
     }
-    work.run();
 }
+
+/// The kernel in use for the process, fixed by the first [`Kernel::active`] or
+/// [`Kernel::select`].
+static ACTIVE: OnceLock<Kernel> = OnceLock::new();
 
 impl Kernel {
     /// The fastest kernel this CPU runs (detected once).
@@ -332,6 +343,45 @@ impl Kernel {
                 .find(|k| k.is_available())
                 .unwrap_or(Kernel::Scalar)
         })
+    }
+
+    /// The kernel [`matmul`] uses: the one [selected](Kernel::select), else [`Kernel::best`].
+    pub fn active() -> Kernel {
+        *ACTIVE.get_or_init(Kernel::best)
+    }
+
+    /// Use `self` for every later matmul in this process instead of the fastest (e.g. the
+    /// AVX2 path on an AVX-512 machine). Fails when the CPU lacks it, or when another kernel
+    /// already ran: the choice is made once, before the first matmul.
+    pub fn select(self) -> Result<(), QuantError> {
+        if !self.is_available() {
+            return Err(QuantError::KernelUnavailable(self));
+        }
+        match *ACTIVE.get_or_init(|| self) {
+            active if active == self => Ok(()),
+            active => Err(QuantError::KernelInUse {
+                wanted: self,
+                active,
+            }),
+        }
+    }
+
+    /// The kernel for a name as `FRUGAL_ISA` spells it: `avx512`, `avx2` or `scalar`.
+    pub fn from_name(name: &str) -> Result<Kernel, QuantError> {
+        match name {
+            "avx512" => Ok(Kernel::Avx512Vnni),
+            "avx2" => Ok(Kernel::Avx2),
+            "scalar" => Ok(Kernel::Scalar),
+            _ => Err(QuantError::UnknownKernel(name.to_owned())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Avx512Vnni => "avx512",
+            Kernel::Avx2 => "avx2",
+            Kernel::Scalar => "scalar",
+        }
     }
 
     pub fn is_available(self) -> bool {
@@ -680,7 +730,7 @@ pub(crate) struct Sums<'a> {
 /// Quantize whole blocks (`x.len() == q.len() == 32 * d.len()`, and so on) with the best
 /// available SIMD, or the bit-identical scalar code.
 fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: Sums<'_>) {
-    let done = match Kernel::best().isa() {
+    let done = match Kernel::active().isa() {
         #[cfg(target_arch = "x86_64")]
         Some(Isa::Avx512(k)) => k.quantize(x, q, d, &mut *s.sum, &mut *s.lo, &mut *s.sd),
         #[cfg(target_arch = "x86_64")]
@@ -741,7 +791,7 @@ pub fn matmul_input(
     out: &mut [f32],
     pool: &rayon::ThreadPool,
 ) -> Result<(), QuantError> {
-    matmul_input_with_kernel(w, input, out, pool, Kernel::best())
+    matmul_input_with_kernel(w, input, out, pool, Kernel::active())
 }
 
 /// [`matmul_input`] with a chosen kernel (for tests and benchmarks).
@@ -773,9 +823,9 @@ pub fn matmul_rows(
             rows: w.rows,
         });
     }
-    let isa = Kernel::best()
+    let isa = Kernel::active()
         .isa()
-        .ok_or(QuantError::KernelUnavailable(Kernel::best()))?;
+        .ok_or(QuantError::KernelUnavailable(Kernel::active()))?;
     check_shapes(w, input, rows.len(), out.len())?;
     let mut out = StripedOut::new(out, rows.len());
     run(w, input, rows, &mut out, None, isa)

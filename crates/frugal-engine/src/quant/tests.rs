@@ -772,3 +772,26 @@ fn simd_integer_dots_are_exact() {
         }
     }
 }
+
+/// `FRUGAL_ISA` names, and selecting a kernel: the one already active is accepted again, a
+/// different one is refused once matmuls ran, and one the CPU lacks is refused outright.
+#[test]
+fn kernel_names_and_selection() {
+    for k in [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Scalar] {
+        assert_eq!(Kernel::from_name(k.name()), Ok(k));
+    }
+    assert_eq!(
+        Kernel::from_name("neon"),
+        Err(QuantError::UnknownKernel("neon".into()))
+    );
+    let active = Kernel::active();
+    assert_eq!(active.select(), Ok(()));
+    for k in [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Scalar] {
+        let got = k.select();
+        if !k.is_available() {
+            assert_eq!(got, Err(QuantError::KernelUnavailable(k)));
+        } else if k != active {
+            assert_eq!(got, Err(QuantError::KernelInUse { wanted: k, active }));
+        }
+    }
+}
