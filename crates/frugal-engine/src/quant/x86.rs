@@ -606,16 +606,14 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                     let e = b * nb + k;
                     let xp = xq.add(e * QK).cast::<i32>();
                     let dx = _mm256_set1_ps(*xd.add(e));
+                    // Weight vector `$w` against activation bytes `4 * $i .. 4 * $i + 4`.
                     macro_rules! prod {
-                        ($i:expr) => {{
-                            let xb = _mm256_set1_epi32(xp.add($i).read_unaligned());
+                        ($w:expr, $i:expr) => {{
+                            let (wv, xb) = ($w, _mm256_set1_epi32(xp.add($i).read_unaligned()));
                             let p = if KIND == K_Q8_0 {
-                                _mm256_maddubs_epi16(
-                                    _mm256_abs_epi8(w[$i]),
-                                    _mm256_sign_epi8(xb, w[$i]),
-                                )
+                                _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xb, wv))
                             } else {
-                                _mm256_maddubs_epi16(w[$i], xb)
+                                _mm256_maddubs_epi16(wv, xb)
                             };
                             _mm256_madd_epi16(p, ones)
                         }};
@@ -625,8 +623,8 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                         let mut p = _mm256_set1_epi32(-32 * lo);
                         let mut q = _mm256_set1_epi32(-32 * (*xsum.add(e) - lo));
                         for i in 0..4 {
-                            p = _mm256_add_epi32(p, prod!(i));
-                            q = _mm256_add_epi32(q, prod!(4 + i));
+                            p = _mm256_add_epi32(p, prod!(w[i], i));
+                            q = _mm256_add_epi32(q, prod!(w[4 + i], 4 + i));
                         }
                         let t = _mm256_mul_ps(_mm256_cvtepi32_ps(p), dw);
                         let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), mw, t);
@@ -638,8 +636,8 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                         K_Q5_0 => _mm256_set1_epi32(-16 * *xsum.add(e)),
                         _ => _mm256_setzero_si256(),
                     };
-                    for i in 0..8 {
-                        dot = _mm256_add_epi32(dot, prod!(i));
+                    for (i, wi) in w.iter().enumerate() {
+                        dot = _mm256_add_epi32(dot, prod!(*wi, i));
                     }
                     let s = _mm256_mul_ps(dw, dx);
                     *accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, *accb);
