@@ -10,7 +10,8 @@
 //! * [`matmul`] computes `out[b * rows + r] = dot(W[r], x[b])`. It quantizes the activations
 //!   once per call into 32-value blocks (f32 scale, i8 quants, their sum), then every 16-row
 //!   tile meets every activation row with integer dot products, so a batch reuses each weight
-//!   block from registers. The kernel is picked once at runtime: AVX-512 VNNI, AVX2, scalar.
+//!   block from registers. The kernel is picked once at runtime: AVX-512 VNNI, AVX2, scalar
+//!   (the fastest the CPU has, unless [`Kernel::select`] chose another).
 //!   Work is split over the rayon pool by row tiles.
 //!
 //! Threading: run the whole decode step inside `pool.install(..)`, so that each matmul starts
