@@ -196,6 +196,82 @@ fn every_native_type_matches_its_f32_weights() {
     }
 }
 
+/// The types `every_isa_computes_the_same_logits` runs on each kernel.
+const ISA_TYPES: [&str; 4] = ["Q4_1", "Q4_K", "Q6_K", "Q5_1"];
+
+/// Every kernel the CPU has, each in a process of its own (the choice is once per process,
+/// as `FRUGAL_ISA` makes it), gives the same logits up to float rounding: their integer dots
+/// are identical, and only the float operations after them differ (AVX2 and AVX-512 do the
+/// same ones, the scalar kernel no FMA). Rounding grows through the layers, as a last-bit
+/// change can move an activation's 8-bit quant by one step, so the bound is the one the
+/// candle test sets between two implementations: 6% of the logit spread.
+#[test]
+fn every_isa_computes_the_same_logits() {
+    use frugal_engine::quant::Kernel;
+    let runs: Vec<(Kernel, Vec<Vec<f32>>)> = [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Scalar]
+        .into_iter()
+        .filter(|k| k.is_available())
+        .map(|k| {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "logits_on_one_isa",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("FRUGAL_TEST_ISA", k.name())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{k}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let logits = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                // The harness's "test ... " may start the first line.
+                .filter_map(|l| l.split_once("logits ").map(|(_, v)| v))
+                .map(|l| l.split(' ').map(|v| v.parse().unwrap()).collect())
+                .collect::<Vec<Vec<f32>>>();
+            assert_eq!(logits.len(), ISA_TYPES.len(), "{k}");
+            (k, logits)
+        })
+        .collect();
+    let (first, want) = &runs[0];
+    for (k, got) in &runs[1..] {
+        for ((t, a), b) in ISA_TYPES.iter().zip(got).zip(want) {
+            let err = max_diff(a, b);
+            let spread = b.iter().copied().fold(f32::MIN, f32::max)
+                - b.iter().copied().fold(f32::MAX, f32::min);
+            eprintln!("{t}: |{k} - {first}| {err:.3}, spread {spread:.1}");
+            assert!(err < 0.06 * spread, "{t}: {k} against {first}: {err}");
+        }
+    }
+}
+
+/// The child of `every_isa_computes_the_same_logits`: does nothing unless it names a kernel.
+#[test]
+#[allow(clippy::print_stdout)]
+fn logits_on_one_isa() {
+    use frugal_engine::quant::{Kernel, WeightType};
+    let Ok(name) = std::env::var("FRUGAL_TEST_ISA") else {
+        return;
+    };
+    Kernel::from_name(&name).unwrap().select().unwrap();
+    let g = Gguf::open(model_path()).unwrap();
+    let tokens = &prompts(&g)[1];
+    for t in ISA_TYPES {
+        let requantize = WeightType::ALL.into_iter().find(|w| w.name() == t);
+        let options = LoadOptions {
+            requantize,
+            threads: None,
+        };
+        let logits = ours(&Model::from_gguf(&g, options).unwrap(), tokens);
+        let text: Vec<String> = logits.iter().map(f32::to_string).collect();
+        println!("logits {}", text.join(" "));
+    }
+}
+
 fn check_against_candle(path: &Path, candle: fn(&Path, &[u32]) -> Vec<f32>, all: Vec<Vec<u32>>) {
     let g = Gguf::open(path).unwrap();
     let model = Model::from_gguf(&g, LoadOptions::default()).unwrap();
