@@ -332,10 +332,12 @@ impl Model {
                     }
                 }
             };
-            match options.requantize.or_else(|| fallback(first)) {
-                Some(to) if holdable(to, cols) != first => {
-                    m.requantize(holdable(to, cols)).map_err(weights)
-                }
+            match options
+                .requantize
+                .or_else(|| fallback(first))
+                .map(|to| holdable(to, cols))
+            {
+                Some(to) if to != first => m.requantize(to).map_err(weights),
                 _ => Ok(m),
             }
         };
@@ -447,15 +449,17 @@ impl Model {
         })
     }
 
-    /// The same model with every matrix re-quantized to `to`; F32 gives the exact values of
-    /// these weights on the f32 path, the reference the integer kernels are checked against.
-    /// The embedding changes only when it is also the (tied) output projection, as at load.
+    /// The same model with every matrix re-quantized to `to` (or its substitute, as at load);
+    /// F32 gives the exact values of these weights on the f32 path, the reference the integer
+    /// kernels are checked against. The embedding changes only when it is also the (tied)
+    /// output projection, as at load.
     pub fn requantize(mut self, to: WeightType) -> Result<Model, ModelError> {
         let re = |name: &str, m: &QMatrix| {
-            m.requantize(to).map_err(|source| ModelError::Weights {
-                name: name.to_owned(),
-                source,
-            })
+            m.requantize(holdable(to, m.cols()))
+                .map_err(|source| ModelError::Weights {
+                    name: name.to_owned(),
+                    source,
+                })
         };
         for l in &mut self.layers {
             l.wqkv = re("wqkv", &l.wqkv)?;
