@@ -57,6 +57,7 @@ pub(crate) enum PackKind {
 }
 
 impl PackKind {
+    #[cfg(test)]
     pub(crate) const ALL: [PackKind; 8] = [
         PackKind::Q8_0,
         PackKind::Q4_0,

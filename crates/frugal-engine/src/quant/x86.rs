@@ -45,7 +45,16 @@ const fn kind_id(kind: PackKind) -> u8 {
 
 /// The kind behind a const id (the inverse of `kind_id`).
 const fn kind_of(id: u8) -> PackKind {
-    PackKind::ALL[id as usize]
+    match id {
+        K_Q8_0 => PackKind::Q8_0,
+        K_Q4_0 => PackKind::Q4_0,
+        K_Q4_1 => PackKind::Q4_1,
+        K_Q5_0 => PackKind::Q5_0,
+        K_Q5_1 => PackKind::Q5_1,
+        K_Q4_K => PackKind::Q4_K,
+        K_Q5_K => PackKind::Q5_K,
+        _ => PackKind::Q6_K,
+    }
 }
 
 /// Types whose quants have a fifth bit vector.
