@@ -3,8 +3,10 @@
 //! and 16 sequences decoding after 512-token prompts (where attention over the cache is a
 //! large part of each step).
 //!
-//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant q8_0|q4_0]`
-//! (default: the default model). Figures go to BENCHMARKS.md beside llama.cpp's.
+//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant TYPE]` (default: the
+//! default model as stored; TYPE a GGML type name such as q8_0, q4_k), on the kernel that
+//! `FRUGAL_ISA=avx512|avx2|scalar` names (default: the fastest the CPU has). Figures go to
+//! BENCHMARKS.md beside llama.cpp's.
 
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
@@ -14,7 +16,7 @@ use std::time::Instant;
 
 use frugal_engine::gguf::Gguf;
 use frugal_engine::model::{Chunk, KvCache, LoadOptions, Model};
-use frugal_engine::quant::WeightType;
+use frugal_engine::quant::{Kernel, WeightType};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args()
@@ -29,15 +31,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         PathBuf::from,
     );
+    if let Ok(name) = std::env::var("FRUGAL_ISA") {
+        Kernel::from_name(&name)?.select()?;
+    }
     let requantize = match args
         .iter()
         .position(|a| a == "--quant")
         .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
     {
-        Some("q8_0") => Some(WeightType::Q8_0),
-        Some("q4_0") => Some(WeightType::Q4_0),
-        _ => None,
+        Some(name) => Some(
+            WeightType::ALL
+                .into_iter()
+                .find(|t| t.name().eq_ignore_ascii_case(name))
+                .ok_or_else(|| format!("unknown type {name}"))?,
+        ),
+        None => None,
     };
     let g = Gguf::open(&path)?;
     let model = Model::from_gguf(
@@ -48,10 +56,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     )?;
     println!(
-        "{} ({:.0} MB of weights{})",
+        "{} ({:.0} MB of weights{}, {} kernels)",
         path.display(),
         model.weight_bytes() as f64 / 1e6,
-        requantize.map_or(String::new(), |q| format!(", requantized to {q}"))
+        requantize.map_or(String::new(), |q| format!(", requantized to {q}")),
+        Kernel::active()
     );
     let prompt: Vec<u32> = (0..128).map(|i| 1000 + (i * 37) % 20000).collect();
     let best =

@@ -218,8 +218,8 @@ pub struct Chunk<'a> {
     pub logits: bool,
 }
 
-/// The type matrices without a fast kernel of their own (F16, Q5, K-quants) run as: Q8_0
-/// keeps their values to within half a 1/127 step, and its kernel is the fastest per byte.
+/// The type matrices without an integer kernel of their own (F16) run as: Q8_0 keeps their
+/// values to within half a 1/127 step, and its kernel is the fastest per byte.
 const FALLBACK_TYPE: WeightType = WeightType::Q8_0;
 
 /// What a matrix stored as `t` is re-quantized to by default: nothing when a fast kernel
@@ -228,12 +228,33 @@ fn fallback(t: WeightType) -> Option<WeightType> {
     (!t.has_fast_kernel() && t != WeightType::F32).then_some(FALLBACK_TYPE)
 }
 
+/// `to`, or what llama.cpp's quantizer uses instead when a row of `cols` weights is no whole
+/// number of `to`'s blocks (K types take multiples of 256: SmolLM2's 576 columns are not).
+fn holdable(to: WeightType, cols: usize) -> WeightType {
+    let instead = match to {
+        WeightType::Q4_K => WeightType::Q5_0,
+        WeightType::Q5_K => WeightType::Q5_1,
+        WeightType::Q6_K => WeightType::Q8_0,
+        _ => to,
+    };
+    let t = [to, instead, WeightType::F32]
+        .into_iter()
+        .find(|t| t.row_bytes(cols).is_ok())
+        .unwrap_or(WeightType::F32);
+    if t != to {
+        tracing::debug!(%to, cols, instead = %t, "rows do not fit the type's blocks");
+    }
+    t
+}
+
 /// How to load the weights.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
-    /// Re-quantize every matrix to this type (Q8_0 or Q4_0) so a file shipped in a slow
-    /// format runs on the fast kernels. Without it, only matrices in types that have no fast
-    /// kernel are re-quantized, to Q8_0.
+    /// Re-quantize every matrix to this type (e.g. Q8_0 or Q4_0, for speed or size). Without
+    /// it every quantized matrix keeps its type and size (a Q4_K_M file's Q4_K, Q5_0, Q6_K and
+    /// Q8_0 matrices each on their own kernel), and only F16 ones are re-quantized, to Q8_0.
+    /// A matrix whose rows are no whole number of the type's blocks takes llama.cpp's
+    /// substitute (Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0).
     pub requantize: Option<WeightType>,
     /// Threads for the kernels; `None`: one per core.
     pub threads: Option<usize>,
@@ -283,21 +304,39 @@ impl Model {
                     .collect::<Vec<_>>();
                 QMatrix::from_bytes(first, total_rows, cols, &bytes).map_err(weights)?
             } else {
-                // Mixed files (Q4_K_M and friends) give Q, K and V different types; a fused
-                // matrix has one, so the parts meet in f32 and take the fast-kernel type.
-                let mut values = Vec::with_capacity(total_rows * cols);
-                for &(wt, r, data) in &parts {
-                    let part = QMatrix::from_bytes(wt, r, cols, data).map_err(weights)?;
-                    let mut row = vec![0f32; cols];
-                    for i in 0..r {
-                        part.dequantize_row(i, &mut row).map_err(weights)?;
-                        values.extend_from_slice(&row);
+                // Mixed files (Q4_K_M and friends) give Q, K and V different types: the fused
+                // matrix stacks them, each part on its own kernel.
+                let load = || {
+                    parts
+                        .iter()
+                        .map(|&(wt, r, data)| QMatrix::from_bytes(wt, r, cols, data))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(weights)
+                };
+                match QMatrix::stack(load()?) {
+                    Ok(m) => m,
+                    Err(why) => {
+                        // Parts that do not stack (F16, or rows not whole tiles) meet in f32
+                        // and take one type.
+                        tracing::debug!(matrix = %name, %why, "re-quantizing mixed parts");
+                        let mut values = Vec::with_capacity(total_rows * cols);
+                        let mut row = vec![0f32; cols];
+                        for part in load()? {
+                            for i in 0..part.rows() {
+                                part.dequantize_row(i, &mut row).map_err(weights)?;
+                                values.extend_from_slice(&row);
+                            }
+                        }
+                        let to = holdable(options.requantize.unwrap_or(FALLBACK_TYPE), cols);
+                        return QMatrix::from_f32(to, total_rows, cols, &values).map_err(weights);
                     }
                 }
-                let to = options.requantize.unwrap_or(FALLBACK_TYPE);
-                return QMatrix::from_f32(to, total_rows, cols, &values).map_err(weights);
             };
-            match options.requantize.or_else(|| fallback(first)) {
+            match options
+                .requantize
+                .or_else(|| fallback(first))
+                .map(|to| holdable(to, cols))
+            {
                 Some(to) if to != first => m.requantize(to).map_err(weights),
                 _ => Ok(m),
             }
@@ -376,7 +415,10 @@ impl Model {
                     source,
                 }
             })?;
-            match embedding_options.requantize {
+            match embedding_options
+                .requantize
+                .map(|to| holdable(to, c.n_embd))
+            {
                 Some(to) if to != wt => m.requantize(to).map_err(|source| ModelError::Weights {
                     name: "token_embd.weight".into(),
                     source,
@@ -405,6 +447,31 @@ impl Model {
             output,
             pool,
         })
+    }
+
+    /// The same model with every matrix re-quantized to `to` (or its substitute, as at load);
+    /// F32 gives the exact values of these weights on the f32 path, the reference the integer
+    /// kernels are checked against. The embedding changes only when it is also the (tied)
+    /// output projection, as at load.
+    pub fn requantize(mut self, to: WeightType) -> Result<Model, ModelError> {
+        let re = |name: &str, m: &QMatrix| {
+            m.requantize(holdable(to, m.cols()))
+                .map_err(|source| ModelError::Weights {
+                    name: name.to_owned(),
+                    source,
+                })
+        };
+        for l in &mut self.layers {
+            l.wqkv = re("wqkv", &l.wqkv)?;
+            l.wo = re("attn_output", &l.wo)?;
+            l.w_gate_up = re("ffn_gate+ffn_up", &l.w_gate_up)?;
+            l.w_down = re("ffn_down", &l.w_down)?;
+        }
+        match &mut self.output {
+            Some(out) => *out = re("output.weight", out)?,
+            None => self.embedding = re("token_embd.weight", &self.embedding)?,
+        }
+        Ok(self)
     }
 
     /// Bytes of weights held.

@@ -2,14 +2,16 @@
 //!
 //! * [`WeightType`] names the GGML tensor types the engine reads; [`dequantize_row`] and
 //!   [`quantize_row`] are the scalar reference codecs of their GGUF byte layouts.
-//! * [`QMatrix`] holds one weight matrix. Q8_0, Q4_0 and Q4_1 are repacked at load into
-//!   16-row tiles (see `packed`), which the integer kernels stream; F32, F16, Q4_K and Q6_K
-//!   keep their GGUF bytes and go through a dequantize-and-f32-dot path (correct, not fast;
-//!   [`QMatrix::requantize`] turns any of them into a fast type).
+//! * [`QMatrix`] holds one weight matrix. Every quantized type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+//!   Q4_K, Q5_K, Q6_K) is repacked at load into 16-row tiles (see `packed`) of about its GGUF
+//!   size, which the integer kernels stream; F32 and F16 keep their GGUF bytes and go through
+//!   a dequantize-and-f32-dot path. A matrix may stack parts of different types (a fused
+//!   Q, K, V whose V is Q8_0 in a Q4_K_M file), each streamed by its own kernel.
 //! * [`matmul`] computes `out[b * rows + r] = dot(W[r], x[b])`. It quantizes the activations
 //!   once per call into 32-value blocks (f32 scale, i8 quants, their sum), then every 16-row
 //!   tile meets every activation row with integer dot products, so a batch reuses each weight
-//!   block from registers. The kernel is picked once at runtime: AVX-512 VNNI, AVX2, scalar.
+//!   block from registers. The kernel is picked once at runtime: AVX-512 VNNI, AVX2, scalar
+//!   (the fastest the CPU has, unless [`Kernel::select`] chose another).
 //!   Work is split over the rayon pool by row tiles.
 //!
 //! Threading: run the whole decode step inside `pool.install(..)`, so that each matmul starts
@@ -18,9 +20,11 @@
 //! asleep between calls: a SmolLM2-135M Q4_0 step measured 1.8 ms inside, 5.2 ms outside.
 //!
 //! Weight block formula per 32 weights with activation block (dx, qx, S = sum qx):
-//! `dot = dw * dx * sum(qw * qx) + c * dx * S` where `c` is Q4_1's `m`, and for Q4_0 / Q8_0
-//! the stored unsigned quants carry an offset (8 / 128) removed as `- offset * S` inside the
-//! integer sum, which is therefore exact on every path.
+//! `dot = dw * dx * sum(qw * qx) + c * dx * S` where `c` is Q4_1's / Q5_1's `m` (K types:
+//! `dw = d * sc`, `c = -dmin * m` of the sub-block), and for Q4_0 / Q5_0 / Q8_0 / Q6_K the
+//! stored unsigned quants carry an offset (8 / 16 / 128 / 32) removed as `- offset * S`
+//! inside the integer sum, which is therefore exact on every path. Q6_K's two 16-weight
+//! halves have their own scales, so it takes two integer sums per block.
 
 mod blocks;
 mod out;
@@ -51,12 +55,13 @@ pub enum WeightType {
     Q5_1,
     Q8_0,
     Q4_K,
+    Q5_K,
     Q6_K,
 }
 
 impl WeightType {
     /// Every supported type, in GGML id order.
-    pub const ALL: [WeightType; 9] = [
+    pub const ALL: [WeightType; 10] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::Q4_0,
@@ -65,6 +70,7 @@ impl WeightType {
         WeightType::Q5_1,
         WeightType::Q8_0,
         WeightType::Q4_K,
+        WeightType::Q5_K,
         WeightType::Q6_K,
     ];
 
@@ -79,6 +85,7 @@ impl WeightType {
             7 => WeightType::Q5_1,
             8 => WeightType::Q8_0,
             12 => WeightType::Q4_K,
+            13 => WeightType::Q5_K,
             14 => WeightType::Q6_K,
             _ => return Err(QuantError::UnsupportedGgmlType(id)),
         })
@@ -94,6 +101,7 @@ impl WeightType {
             WeightType::Q5_1 => 7,
             WeightType::Q8_0 => 8,
             WeightType::Q4_K => 12,
+            WeightType::Q5_K => 13,
             WeightType::Q6_K => 14,
         }
     }
@@ -107,7 +115,7 @@ impl WeightType {
             | WeightType::Q5_0
             | WeightType::Q5_1
             | WeightType::Q8_0 => QK,
-            WeightType::Q4_K | WeightType::Q6_K => QK_K,
+            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => QK_K,
         }
     }
 
@@ -122,6 +130,7 @@ impl WeightType {
             WeightType::Q5_1 => blocks::Q5_1_BYTES,
             WeightType::Q8_0 => blocks::Q8_0_BYTES,
             WeightType::Q4_K => blocks::Q4_K_BYTES,
+            WeightType::Q5_K => blocks::Q5_K_BYTES,
             WeightType::Q6_K => blocks::Q6_K_BYTES,
         }
     }
@@ -151,6 +160,7 @@ impl WeightType {
             WeightType::Q5_1 => "Q5_1",
             WeightType::Q8_0 => "Q8_0",
             WeightType::Q4_K => "Q4_K",
+            WeightType::Q5_K => "Q5_K",
             WeightType::Q6_K => "Q6_K",
         }
     }
@@ -165,8 +175,19 @@ impl WeightType {
             WeightType::Q8_0 => Some(PackKind::Q8_0),
             WeightType::Q4_0 => Some(PackKind::Q4_0),
             WeightType::Q4_1 => Some(PackKind::Q4_1),
-            _ => None,
+            WeightType::Q5_0 => Some(PackKind::Q5_0),
+            WeightType::Q5_1 => Some(PackKind::Q5_1),
+            WeightType::Q4_K => Some(PackKind::Q4_K),
+            WeightType::Q5_K => Some(PackKind::Q5_K),
+            WeightType::Q6_K => Some(PackKind::Q6_K),
+            WeightType::F32 | WeightType::F16 => None,
         }
+    }
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -204,10 +225,14 @@ pub enum QuantError {
         end: usize,
         rows: usize,
     },
-    #[error("cannot quantize to {0}")]
-    UnsupportedTarget(WeightType),
-    #[error("kernel {0:?} is not available on this CPU")]
+    #[error("cannot stack matrices: {0}")]
+    Stack(&'static str),
+    #[error("kernel {0} is not available on this CPU")]
     KernelUnavailable(Kernel),
+    #[error("unknown kernel {0:?}: expected avx512, avx2 or scalar")]
+    UnknownKernel(String),
+    #[error("kernel {wanted} asked for after {active} was already in use")]
+    KernelInUse { wanted: Kernel, active: Kernel },
 }
 
 fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
@@ -234,13 +259,14 @@ pub fn dequantize_row(t: WeightType, bytes: &[u8], out: &mut [f32]) -> Result<()
         WeightType::Q5_1 => blocks::dequant_q5_1(bytes, out),
         WeightType::Q8_0 => blocks::dequant_q8_0(bytes, out),
         WeightType::Q4_K => blocks::dequant_q4_k(bytes, out),
+        WeightType::Q5_K => blocks::dequant_q5_k(bytes, out),
         WeightType::Q6_K => blocks::dequant_q6_k(bytes, out),
     }
     Ok(())
 }
 
-/// Quantize `x` into `out` (exactly its GGUF encoding) with ggml's reference quantizers.
-/// Supported targets: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+/// Quantize `x` into `out` (exactly its GGUF encoding): ggml's reference quantizers for the
+/// 32-weight types, plain rounding for the K types (see `blocks::quant_qn_k`).
 pub fn quantize_row(t: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
     expect_len("quantize_row bytes", t.row_bytes(x.len())?, out.len())?;
     match t {
@@ -251,13 +277,16 @@ pub fn quantize_row(t: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), Quan
         WeightType::Q5_0 => blocks::quant_q5_0(x, out),
         WeightType::Q5_1 => blocks::quant_q5_1(x, out),
         WeightType::Q8_0 => blocks::quant_q8_0(x, out),
-        WeightType::Q4_K | WeightType::Q6_K => return Err(QuantError::UnsupportedTarget(t)),
+        WeightType::Q4_K => blocks::quant_qn_k(x, out, 4),
+        WeightType::Q5_K => blocks::quant_qn_k(x, out, 5),
+        WeightType::Q6_K => blocks::quant_q6_k(x, out),
     }
     Ok(())
 }
 
-/// The integer kernel implementations. [`Kernel::best`] is what [`matmul`] uses; the others
-/// exist so tests and benchmarks can compare paths.
+/// The integer kernel implementations. [`Kernel::active`] is what [`matmul`] uses: the
+/// fastest the CPU runs, unless [`Kernel::select`] chose another so that every path can be
+/// tested and benchmarked on one machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     Scalar,
@@ -289,21 +318,21 @@ pub trait Wide {
     fn run(self);
 }
 
-/// Runs `work` compiled for the widest vectors this CPU has.
+/// Runs `work` compiled for the vectors of the [active](Kernel::active) kernel's ISA.
 #[inline]
 pub fn vectorized(work: impl Wide) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (avx512, avx2) = detected();
-        if let Some(k) = avx512 {
-            return k.vectorized(work);
-        }
-        if let Some(k) = avx2 {
-            return k.vectorized(work);
-        }
+    match Kernel::active().isa() {
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx512(k)) => k.vectorized(work),
+        #[cfg(target_arch = "x86_64")]
+        Some(Isa::Avx2(k)) => k.vectorized(work),
+        _ => work.run(),
     }
-    work.run();
 }
+
+/// The kernel in use for the process, fixed by the first [`Kernel::active`] or
+/// [`Kernel::select`].
+static ACTIVE: OnceLock<Kernel> = OnceLock::new();
 
 impl Kernel {
     /// The fastest kernel this CPU runs (detected once).
@@ -315,6 +344,45 @@ impl Kernel {
                 .find(|k| k.is_available())
                 .unwrap_or(Kernel::Scalar)
         })
+    }
+
+    /// The kernel [`matmul`] uses: the one [selected](Kernel::select), else [`Kernel::best`].
+    pub fn active() -> Kernel {
+        *ACTIVE.get_or_init(Kernel::best)
+    }
+
+    /// Use `self` for every later matmul in this process instead of the fastest (e.g. the
+    /// AVX2 path on an AVX-512 machine). Fails when the CPU lacks it, or when another kernel
+    /// already ran: the choice is made once, before the first matmul.
+    pub fn select(self) -> Result<(), QuantError> {
+        if !self.is_available() {
+            return Err(QuantError::KernelUnavailable(self));
+        }
+        match *ACTIVE.get_or_init(|| self) {
+            active if active == self => Ok(()),
+            active => Err(QuantError::KernelInUse {
+                wanted: self,
+                active,
+            }),
+        }
+    }
+
+    /// The kernel for a name as `FRUGAL_ISA` spells it: `avx512`, `avx2` or `scalar`.
+    pub fn from_name(name: &str) -> Result<Kernel, QuantError> {
+        match name {
+            "avx512" => Ok(Kernel::Avx512Vnni),
+            "avx2" => Ok(Kernel::Avx2),
+            "scalar" => Ok(Kernel::Scalar),
+            _ => Err(QuantError::UnknownKernel(name.to_owned())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Avx512Vnni => "avx512",
+            Kernel::Avx2 => "avx2",
+            Kernel::Scalar => "scalar",
+        }
     }
 
     pub fn is_available(self) -> bool {
@@ -336,10 +404,22 @@ impl Kernel {
 
 #[derive(Debug, Clone)]
 enum Repr {
-    /// Q8_0 / Q4_0 / Q4_1 in 16-row tiles for the integer kernels.
-    Packed(Packed),
-    /// GGUF bytes, row-major, for the dequantize-and-dot path.
+    /// Quantized types in 16-row tiles for the integer kernels: one part, or parts of
+    /// different types stacked, every part but the last a whole number of tiles.
+    Packed(Vec<Packed>),
+    /// F32 / F16 bytes, row-major, for the dequantize-and-dot path.
     Raw { bytes: AlignedBuf, row_bytes: usize },
+}
+
+/// The part holding global tile `t`, and the tile's index within it.
+fn part_of(parts: &[Packed], mut t: usize) -> Option<(&Packed, usize)> {
+    for p in parts {
+        if t < p.tiles() {
+            return Some((p, t));
+        }
+        t -= p.tiles();
+    }
+    None
 }
 
 /// One weight matrix: `rows` output features, each `cols` contiguous input weights (GGUF dims
@@ -367,7 +447,7 @@ impl QMatrix {
         let total = row_bytes.checked_mul(rows).ok_or(QuantError::TooLarge)?;
         expect_len("matrix bytes", total, bytes.len())?;
         let repr = match t.pack_kind() {
-            Some(kind) => Repr::Packed(Packed::pack(kind, rows, cols, bytes)),
+            Some(kind) => Repr::Packed(vec![Packed::pack(kind, rows, cols, bytes)]),
             None => {
                 let mut buf = AlignedBuf::zeroed(total);
                 buf.as_mut_slice().copy_from_slice(bytes);
@@ -385,8 +465,39 @@ impl QMatrix {
         })
     }
 
-    /// Quantize a row-major f32 matrix with the reference quantizer of `t` (F32, F16, Q4_0,
-    /// Q4_1, Q8_0).
+    /// The rows of `parts` one after the other, each part keeping its type and kernel (a
+    /// fused Q, K, V of mixed types). Every part must be of a quantized type and have `cols`
+    /// columns, and every part but the last a multiple of 16 rows (whole tiles).
+    pub fn stack(parts: Vec<QMatrix>) -> Result<QMatrix, QuantError> {
+        let first = parts.first().ok_or(QuantError::Stack("no parts"))?;
+        let (weight_type, cols) = (first.weight_type, first.cols);
+        let n = parts.len();
+        let mut rows = 0;
+        let mut packed = Vec::with_capacity(n);
+        for (i, m) in parts.into_iter().enumerate() {
+            if m.cols != cols {
+                return Err(QuantError::Stack("parts differ in columns"));
+            }
+            if i + 1 < n && !m.rows.is_multiple_of(TILE) {
+                return Err(QuantError::Stack(
+                    "a part that is not the last is no whole tiles",
+                ));
+            }
+            let Repr::Packed(ps) = m.repr else {
+                return Err(QuantError::Stack("F32 and F16 parts do not stack"));
+            };
+            rows += m.rows;
+            packed.extend(ps);
+        }
+        Ok(QMatrix {
+            weight_type,
+            rows,
+            cols,
+            repr: Repr::Packed(packed),
+        })
+    }
+
+    /// Quantize a row-major f32 matrix with the quantizer of `t` (see [`quantize_row`]).
     pub fn from_f32(
         t: WeightType,
         rows: usize,
@@ -409,12 +520,9 @@ impl QMatrix {
         QMatrix::from_bytes(t, rows, cols, &bytes)
     }
 
-    /// Dequantize and quantize again as `to` (ggml's reference quantizers), e.g. a Q4_1 or
-    /// Q4_K model onto the Q8_0 or Q4_0 kernels. Targets: F32, F16, Q4_0, Q4_1, Q8_0.
+    /// Dequantize and quantize again as `to` (see [`quantize_row`]), e.g. a Q4_1 model onto
+    /// the Q4_0 kernel, or any model to F32 for exact reference logits.
     pub fn requantize(&self, to: WeightType) -> Result<QMatrix, QuantError> {
-        if to.pack_kind().is_none() && !matches!(to, WeightType::F32 | WeightType::F16) {
-            return Err(QuantError::UnsupportedTarget(to));
-        }
         let row_bytes = to.row_bytes(self.cols)?;
         let mut bytes = vec![
             0u8;
@@ -438,6 +546,7 @@ impl QMatrix {
         self.cols
     }
 
+    /// The type of the matrix (of its first part, when [stacked](QMatrix::stack)).
     pub fn weight_type(&self) -> WeightType {
         self.weight_type
     }
@@ -445,7 +554,7 @@ impl QMatrix {
     /// Bytes of memory the matrix holds (after repacking, with tile padding).
     pub fn bytes(&self) -> usize {
         match &self.repr {
-            Repr::Packed(p) => p.buf.capacity_bytes(),
+            Repr::Packed(ps) => ps.iter().map(|p| p.buf.capacity_bytes()).sum(),
             Repr::Raw { bytes, .. } => bytes.capacity_bytes(),
         }
     }
@@ -461,14 +570,12 @@ impl QMatrix {
         }
         expect_len("dequantize_row output", self.cols, out.len())?;
         match &self.repr {
-            Repr::Packed(p) => {
-                // Rebuild each GGUF block on the stack for the reference decoder (no allocation:
-                // embedding lookups run every decode step).
-                let mut blk = [0u8; blocks::Q8_0_BYTES];
-                for (k, o) in out.chunks_exact_mut(QK).enumerate() {
-                    let n = p.gguf_block(r, k, &mut blk);
-                    dequantize_row(self.weight_type, &blk[..n], o)?;
-                }
+            Repr::Packed(ps) => {
+                let (p, t) = part_of(ps, r / TILE).ok_or(QuantError::RowOutOfRange {
+                    row: r,
+                    rows: self.rows,
+                })?;
+                p.dequantize_row(t * TILE + r % TILE, out);
                 Ok(())
             }
             Repr::Raw { bytes, row_bytes } => dequantize_row(
@@ -486,6 +593,7 @@ pub struct Scratch {
     q: Vec<i8>,
     d: Vec<f32>,
     sum: Vec<i32>,
+    lo: Vec<i32>,
     sd: Vec<f32>,
     neg8: Vec<i32>,
     neg128: Vec<i32>,
@@ -517,7 +625,7 @@ impl Scratch {
     }
 
     /// Quantize `x` (`batch` rows of `cols`) into this scratch and return the input view.
-    /// When `cols` is not a multiple of 32 only the f32 path (F32/F16/K matrices) can use it.
+    /// When `cols` is not a multiple of 32 only the f32 path (F32 / F16 matrices) can use it.
     pub fn quantize<'a>(
         &'a mut self,
         x: &'a [f32],
@@ -561,15 +669,12 @@ impl Scratch {
         self.q.resize(n, 0);
         self.d.resize(blocks, 0.0);
         self.sum.resize(blocks, 0);
+        self.lo.resize(blocks, 0);
         self.sd.resize(blocks, 0.0);
         self.neg8.resize(blocks, 0);
         self.neg128.resize(blocks, 0);
-        let (q, d, sum, sd) = (
-            &mut self.q[..],
-            &mut self.d[..],
-            &mut self.sum[..],
-            &mut self.sd[..],
-        );
+        let (q, d, sd) = (&mut self.q[..], &mut self.d[..], &mut self.sd[..]);
+        let (sum, lo) = (&mut self.sum[..], &mut self.lo[..]);
         let threads = pool.map_or(1, |p| p.current_num_threads());
         match pool {
             Some(pool) if threads > 1 && blocks >= PAR_MIN_QUANT_BLOCKS => {
@@ -579,11 +684,14 @@ impl Scratch {
                         .zip(q.par_chunks_mut(per * QK))
                         .zip(d.par_chunks_mut(per))
                         .zip(sum.par_chunks_mut(per))
+                        .zip(lo.par_chunks_mut(per))
                         .zip(sd.par_chunks_mut(per))
-                        .for_each(|((((x, q), d), sum), sd)| quantize_blocks(x, q, d, sum, sd));
+                        .for_each(|(((((x, q), d), sum), lo), sd)| {
+                            quantize_blocks(x, q, d, Sums { sum, lo, sd })
+                        });
                 });
             }
-            _ => quantize_blocks(x, q, d, sum, sd),
+            _ => quantize_blocks(x, q, d, Sums { sum, lo, sd }),
         }
         for ((n8, n128), &s) in self.neg8.iter_mut().zip(self.neg128.iter_mut()).zip(&*sum) {
             *n8 = -8 * s;
@@ -594,6 +702,7 @@ impl Scratch {
             q,
             d,
             sum,
+            lo: &self.lo[..],
             sd,
             neg8,
             neg128,
@@ -612,22 +721,30 @@ impl Scratch {
 /// Activation blocks below which quantizing on more threads does not pay (~2 us of work).
 const PAR_MIN_QUANT_BLOCKS: usize = 256;
 
+/// Per activation block: the sum of its quants, of the first 16 of them, and `d * sum`.
+pub(crate) struct Sums<'a> {
+    pub(crate) sum: &'a mut [i32],
+    pub(crate) lo: &'a mut [i32],
+    pub(crate) sd: &'a mut [f32],
+}
+
 /// Quantize whole blocks (`x.len() == q.len() == 32 * d.len()`, and so on) with the best
 /// available SIMD, or the bit-identical scalar code.
-fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], sum: &mut [i32], sd: &mut [f32]) {
-    let done = match Kernel::best().isa() {
+fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: Sums<'_>) {
+    let done = match Kernel::active().isa() {
         #[cfg(target_arch = "x86_64")]
-        Some(Isa::Avx512(k)) => k.quantize(x, q, d, sum, sd),
+        Some(Isa::Avx512(k)) => k.quantize(x, q, d, &mut *s.sum, &mut *s.lo, &mut *s.sd),
         #[cfg(target_arch = "x86_64")]
-        Some(Isa::Avx2(k)) => k.quantize(x, q, d, sum, sd),
+        Some(Isa::Avx2(k)) => k.quantize(x, q, d, &mut *s.sum, &mut *s.lo, &mut *s.sd),
         _ => false,
     };
     if !done {
         for (k, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate() {
-            let (dk, sk) = packed::quantize_act_block(xb, qb);
+            let (dk, sk, lk) = packed::quantize_act_block(xb, qb);
             d[k] = dk;
-            sum[k] = sk;
-            sd[k] = dk * sk as f32;
+            s.sum[k] = sk;
+            s.lo[k] = lk;
+            s.sd[k] = dk * sk as f32;
         }
     }
 }
@@ -675,7 +792,7 @@ pub fn matmul_input(
     out: &mut [f32],
     pool: &rayon::ThreadPool,
 ) -> Result<(), QuantError> {
-    matmul_input_with_kernel(w, input, out, pool, Kernel::best())
+    matmul_input_with_kernel(w, input, out, pool, Kernel::active())
 }
 
 /// [`matmul_input`] with a chosen kernel (for tests and benchmarks).
@@ -707,9 +824,9 @@ pub fn matmul_rows(
             rows: w.rows,
         });
     }
-    let isa = Kernel::best()
+    let isa = Kernel::active()
         .isa()
-        .ok_or(QuantError::KernelUnavailable(Kernel::best()))?;
+        .ok_or(QuantError::KernelUnavailable(Kernel::active()))?;
     check_shapes(w, input, rows.len(), out.len())?;
     let mut out = StripedOut::new(out, rows.len());
     run(w, input, rows, &mut out, None, isa)
@@ -806,7 +923,11 @@ fn compute_tiles(
         while b0 < input.batch {
             let nbat = MAX_NB.min(input.batch - b0);
             match (&w.repr, &input.act) {
-                (Repr::Packed(p), Some(act)) => tile_packed(p, t, act, b0, nbat, isa, &mut buf),
+                (Repr::Packed(ps), Some(act)) => {
+                    if let Some((p, pt)) = part_of(ps, t) {
+                        tile_packed(p, pt, act, b0, nbat, isa, &mut buf);
+                    }
+                }
                 _ => tile_generic(w, input, r_lo..r_hi, b0, nbat, &mut buf),
             }
             for b in 0..nbat {
@@ -841,8 +962,8 @@ fn tile_packed(
     }
 }
 
-/// F32 / F16 / K types: dequantize 256 weights at a time on the stack, f32 dot with every
-/// activation row of the chunk. `buf[b * TILE + (r % TILE)]`.
+/// F32 / F16: convert 256 weights at a time on the stack, f32 dot with every activation row
+/// of the chunk. `buf[b * TILE + (r % TILE)]`.
 fn tile_generic(
     w: &QMatrix,
     input: &Input<'_>,
@@ -855,9 +976,8 @@ fn tile_generic(
         return;
     };
     let t = w.weight_type;
-    // Pieces are whole blocks: 256 weights is one K super-block, or 256 F32/F16 values.
     let piece = QK_K;
-    let piece_bytes = t.block_bytes() * (piece / t.block_size());
+    let piece_bytes = t.block_bytes() * piece;
     let mut wf = [0f32; QK_K];
     for r in rows {
         let row = &bytes.as_slice()[r * row_bytes..(r + 1) * row_bytes];

@@ -122,12 +122,154 @@ fn logits_match_candle_quantized_llama() {
 }
 
 /// The qwen2 family (attention biases, half-split RoPE, untied output, 14 heads over 2 KV
-/// heads) on a Q4_K_M file whose Q5_0 / Q4_K / Q6_K matrices load as Q8_0.
+/// heads) on a Q4_K_M file whose Q5_0 / Q4_K / Q6_K / Q8_0 matrices each run natively (the
+/// fused Q, K, V of half the layers stacks Q5_0 and Q8_0 parts).
 #[test]
 fn logits_match_candle_quantized_qwen2() {
     let path = large_model_path();
     let all = prompts(&Gguf::open(&path).unwrap());
     check_against_candle(&path, candle_qwen2, all);
+}
+
+/// A K-quant file stays resident at its own size: the weights held are within 3% of the
+/// file's bytes (tile padding, Q4_K's unpacked scales), where re-quantizing to Q8_0 at load
+/// took 650 MB for this 491 MB file.
+#[test]
+fn qwen2_q4_k_m_loads_at_its_own_size() {
+    let path = large_model_path();
+    let g = Gguf::open(&path).unwrap();
+    let model = Model::from_gguf(&g, LoadOptions::default()).unwrap();
+    let file = std::fs::metadata(&path).unwrap().len() as f64;
+    let held = model.weight_bytes() as f64;
+    eprintln!("{held:.0} bytes held for a {file:.0}-byte file");
+    assert!(held < 1.03 * file && held > 0.9 * file, "{held} vs {file}");
+}
+
+/// Each natively run type against the exact f32 logits of the same weights: the default
+/// model re-quantized at load to every type, then the same matrices dequantized to F32. The
+/// only difference is the kernels' 8-bit activations, so the error may be no larger than
+/// that of the file's own Q4_1 kernel (which the candle test pins) by more than half, and
+/// the greedy token is the exact one or within a near tie of it.
+#[test]
+fn every_native_type_matches_its_f32_weights() {
+    use frugal_engine::quant::WeightType;
+    let path = model_path();
+    let g = Gguf::open(&path).unwrap();
+    let all = prompts(&g);
+    let load = |requantize| {
+        let options = LoadOptions {
+            requantize,
+            threads: None,
+        };
+        let model = Model::from_gguf(&g, options).unwrap();
+        let exact = Model::from_gguf(&g, options)
+            .unwrap()
+            .requantize(WeightType::F32)
+            .unwrap();
+        (model, exact)
+    };
+    let (model, exact) = load(None);
+    let base: Vec<f32> = all
+        .iter()
+        .map(|t| max_diff(&ours(&model, t), &ours(&exact, t)))
+        .collect();
+    for t in [
+        WeightType::Q5_0,
+        WeightType::Q5_1,
+        WeightType::Q4_K,
+        WeightType::Q5_K,
+        WeightType::Q6_K,
+    ] {
+        let (model, exact) = load(Some(t));
+        for (tokens, base) in all.iter().zip(&base) {
+            let (mine, want) = (ours(&model, tokens), ours(&exact, tokens));
+            let err = max_diff(&mine, &want);
+            eprintln!(
+                "{t} {:>3} tokens: |ours - exact| {err:.3} (Q4_1: {base:.3})",
+                tokens.len()
+            );
+            assert!(err <= 1.5 * base + 0.1, "{t}: {err} against Q4_1's {base}");
+            // 8-bit activations may flip a near tie, no more.
+            let best = want[argmax(&want)];
+            assert!(want[argmax(&mine)] >= best - 0.5, "{t}: greedy token off");
+        }
+    }
+}
+
+/// The types `every_isa_computes_the_same_logits` runs on each kernel.
+const ISA_TYPES: [&str; 4] = ["Q4_1", "Q4_K", "Q6_K", "Q5_1"];
+
+/// Every kernel the CPU has, each in a process of its own (the choice is once per process,
+/// as `FRUGAL_ISA` makes it), gives the same logits up to float rounding: their integer dots
+/// are identical, and only the float operations after them differ (AVX2 and AVX-512 do the
+/// same ones, the scalar kernel no FMA). Rounding grows through the layers, as a last-bit
+/// change can move an activation's 8-bit quant by one step, so the bound is the one the
+/// candle test sets between two implementations: 6% of the logit spread.
+#[test]
+fn every_isa_computes_the_same_logits() {
+    use frugal_engine::quant::Kernel;
+    let runs: Vec<(Kernel, Vec<Vec<f32>>)> = [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Scalar]
+        .into_iter()
+        .filter(|k| k.is_available())
+        .map(|k| {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "logits_on_one_isa",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("FRUGAL_TEST_ISA", k.name())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{k}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let logits = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                // The harness's "test ... " may start the first line.
+                .filter_map(|l| l.split_once("logits ").map(|(_, v)| v))
+                .map(|l| l.split(' ').map(|v| v.parse().unwrap()).collect())
+                .collect::<Vec<Vec<f32>>>();
+            assert_eq!(logits.len(), ISA_TYPES.len(), "{k}");
+            (k, logits)
+        })
+        .collect();
+    let (first, want) = &runs[0];
+    for (k, got) in &runs[1..] {
+        for ((t, a), b) in ISA_TYPES.iter().zip(got).zip(want) {
+            let err = max_diff(a, b);
+            let spread = b.iter().copied().fold(f32::MIN, f32::max)
+                - b.iter().copied().fold(f32::MAX, f32::min);
+            eprintln!("{t}: |{k} - {first}| {err:.3}, spread {spread:.1}");
+            assert!(err < 0.06 * spread, "{t}: {k} against {first}: {err}");
+        }
+    }
+}
+
+/// The child of `every_isa_computes_the_same_logits`: does nothing unless it names a kernel.
+#[test]
+#[allow(clippy::print_stdout)]
+fn logits_on_one_isa() {
+    use frugal_engine::quant::{Kernel, WeightType};
+    let Ok(name) = std::env::var("FRUGAL_TEST_ISA") else {
+        return;
+    };
+    Kernel::from_name(&name).unwrap().select().unwrap();
+    let g = Gguf::open(model_path()).unwrap();
+    let tokens = &prompts(&g)[1];
+    for t in ISA_TYPES {
+        let requantize = WeightType::ALL.into_iter().find(|w| w.name() == t);
+        let options = LoadOptions {
+            requantize,
+            threads: None,
+        };
+        let logits = ours(&Model::from_gguf(&g, options).unwrap(), tokens);
+        let text: Vec<String> = logits.iter().map(f32::to_string).collect();
+        println!("logits {}", text.join(" "));
+    }
 }
 
 fn check_against_candle(path: &Path, candle: fn(&Path, &[u32]) -> Vec<f32>, all: Vec<Vec<u32>>) {

@@ -25,7 +25,7 @@ use clap::Parser;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     init_tracing(args.verbose);
-    match commands::run(args) {
+    match select_isa().and_then(|()| commands::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // A closed pipe (`frugal prices | head`) is not a failure.
@@ -51,6 +51,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `FRUGAL_ISA=avx512|avx2|scalar` runs the local engine's kernels on that instruction set
+/// instead of the fastest the CPU has, so each path can be tested and benchmarked anywhere.
+fn select_isa() -> anyhow::Result<()> {
+    use anyhow::Context;
+    let Some(name) = std::env::var_os("FRUGAL_ISA") else {
+        return Ok(());
+    };
+    let name = name.to_string_lossy();
+    frugal_engine::quant::Kernel::from_name(&name)
+        .and_then(|kernel| kernel.select())
+        .with_context(|| format!("FRUGAL_ISA={name}"))
 }
 
 fn init_tracing(verbose: u8) {

@@ -269,6 +269,33 @@ fn missing_ledgers_and_bad_config_are_clear_errors() {
     );
 }
 
+/// `FRUGAL_ISA` names the engine's kernels: an unknown name (or one the CPU lacks) stops
+/// the command with the name in the error; `scalar` runs everywhere.
+#[test]
+fn frugal_isa_is_checked_before_any_command() {
+    let env = Env::new();
+    let run = |isa: &str| {
+        Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .current_dir(env.dir.path())
+            .env_remove("FRUGAL_CONFIG")
+            .env("FRUGAL_LEDGER", env.path("ledger.sqlite"))
+            .env("HOME", env.dir.path())
+            .env("FRUGAL_ISA", isa)
+            .args(["prices", "--models"])
+            .output()
+            .unwrap()
+    };
+    let o = run("neon");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("FRUGAL_ISA=neon")
+            && stderr(&o).contains("expected avx512, avx2 or scalar"),
+        "{}",
+        stderr(&o)
+    );
+    ok(run("scalar"));
+}
+
 #[test]
 fn a_ledger_from_a_newer_frugal_is_refused() {
     let env = Env::new();

@@ -18,6 +18,7 @@ pub(crate) const Q8_0_BYTES: usize = 2 + QK;
 pub(crate) const Q5_0_BYTES: usize = 2 + 4 + QK / 2;
 pub(crate) const Q5_1_BYTES: usize = 2 + 2 + 4 + QK / 2;
 pub(crate) const Q4_K_BYTES: usize = 2 + 2 + 12 + QK_K / 2;
+pub(crate) const Q5_K_BYTES: usize = 2 + 2 + 12 + QK_K / 8 + QK_K / 2;
 pub(crate) const Q6_K_BYTES: usize = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
 
 #[inline]
@@ -214,6 +215,29 @@ pub(crate) fn dequant_q4_k(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// As Q4_K, with the fifth bit of sub-block `j`'s weight `l` in bit `j` of `qh[l]`.
+pub(crate) fn dequant_q5_k(bytes: &[u8], out: &mut [f32]) {
+    for (y, blk) in out
+        .chunks_exact_mut(QK_K)
+        .zip(bytes.chunks_exact(Q5_K_BYTES))
+    {
+        let d = read_f16(blk, 0);
+        let dmin = read_f16(blk, 2);
+        let scales = &blk[4..16];
+        let qh = &blk[16..48];
+        let qs = &blk[48..];
+        for (j, yj) in y.chunks_exact_mut(32).enumerate() {
+            let (sc, m) = scale_min_k4(j, scales);
+            let (d1, m1) = (d * f32::from(sc), dmin * f32::from(m));
+            for (l, o) in yj.iter_mut().enumerate() {
+                let q =
+                    ((qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F) | (((qh[l] >> j) & 1) << 4);
+                *o = d1 * f32::from(q) - m1;
+            }
+        }
+    }
+}
+
 pub(crate) fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
     for (y, blk) in out
         .chunks_exact_mut(QK_K)
@@ -311,17 +335,20 @@ pub(crate) fn quant_q4_1(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// A plain Q4_K quantizer for tests (ggml's reference searches scales iteratively; any valid
-/// block exercises the decoder and the kernels just as well).
-#[cfg(test)]
-pub(crate) fn quant_q4_k_simple(x: &[f32], out: &mut [u8]) {
-    for (xb, blk) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q4_K_BYTES)) {
+/// Q4_K (`bits` 4) or Q5_K (`bits` 5) by plain rounding: per sub-block of 32 the scale
+/// `(max - min) / levels` and the min, both quantized to 6 bits against the super-block's
+/// largest. ggml's reference searches each sub-block's scale and min iteratively and lands
+/// somewhat closer; any valid block serves the decoder, the kernels and their tests alike.
+pub(crate) fn quant_qn_k(x: &[f32], out: &mut [u8], bits: u32) {
+    let levels = ((1u32 << bits) - 1) as f32;
+    let bytes = if bits == 5 { Q5_K_BYTES } else { Q4_K_BYTES };
+    for (xb, blk) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(bytes)) {
         let mut scale = [0.0f32; 8];
         let mut negmin = [0.0f32; 8];
         for (j, sb) in xb.chunks_exact(32).enumerate() {
             let mn = sb.iter().fold(0.0f32, |a, &v| a.min(v));
             let mx = sb.iter().fold(0.0f32, |a, &v| a.max(v));
-            scale[j] = (mx - mn) / 15.0;
+            scale[j] = (mx - mn) / levels;
             negmin[j] = -mn;
         }
         let d = scale.iter().fold(0.0f32, |a, &v| a.max(v)) / 63.0;
@@ -329,20 +356,15 @@ pub(crate) fn quant_q4_k_simple(x: &[f32], out: &mut [u8]) {
         let d16 = f32_to_f16_bits(d);
         let dm16 = f32_to_f16_bits(dmin);
         let (df, dmf) = (f16_bits_to_f32(d16), f16_bits_to_f32(dm16));
-        let mut sc = [0u8; 8];
-        let mut mq = [0u8; 8];
-        for j in 0..8 {
-            sc[j] = if df > 0.0 {
-                (scale[j] / df).round().clamp(0.0, 63.0) as u8
+        let six = |v: f32, unit: f32| {
+            if unit > 0.0 {
+                (v / unit).round().clamp(0.0, 63.0) as u8
             } else {
                 0
-            };
-            mq[j] = if dmf > 0.0 {
-                (negmin[j] / dmf).round().clamp(0.0, 63.0) as u8
-            } else {
-                0
-            };
-        }
+            }
+        };
+        let sc: [u8; 8] = std::array::from_fn(|j| six(scale[j], df));
+        let mq: [u8; 8] = std::array::from_fn(|j| six(negmin[j], dmf));
         blk[0..2].copy_from_slice(&d16.to_le_bytes());
         blk[2..4].copy_from_slice(&dm16.to_le_bytes());
         for j in 0..4 {
@@ -357,24 +379,34 @@ pub(crate) fn quant_q4_k_simple(x: &[f32], out: &mut [u8]) {
             for i in 0..32 {
                 let v = xb[32 * j + i];
                 l[32 * j + i] = if dj > 0.0 {
-                    ((v + mj) / dj).round().clamp(0.0, 15.0) as u8
+                    ((v + mj) / dj).round().clamp(0.0, levels) as u8
                 } else {
                     0
                 };
             }
         }
-        let qs = &mut blk[16..];
+        let qs_at = if bits == 5 { 48 } else { 16 };
+        if bits == 5 {
+            let qh = &mut blk[16..48];
+            qh.fill(0);
+            for j in 0..8 {
+                for i in 0..32 {
+                    qh[i] |= (l[32 * j + i] >> 4) << j;
+                }
+            }
+        }
+        let qs = &mut blk[qs_at..];
         for c in 0..4 {
             for i in 0..32 {
-                qs[32 * c + i] = l[64 * c + i] | (l[64 * c + 32 + i] << 4);
+                qs[32 * c + i] = (l[64 * c + i] & 15) | ((l[64 * c + 32 + i] & 15) << 4);
             }
         }
     }
 }
 
-/// A plain Q6_K quantizer for tests: per 16 weights a signed 8-bit scale, 6-bit quants.
-#[cfg(test)]
-pub(crate) fn quant_q6_k_simple(x: &[f32], out: &mut [u8]) {
+/// Q6_K by plain rounding: per 16 weights a signed 8-bit scale of the absmax / 31, 6-bit
+/// quants (ggml's reference searches the scales; see [`quant_qn_k`]).
+pub(crate) fn quant_q6_k(x: &[f32], out: &mut [u8]) {
     for (xb, blk) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q6_K_BYTES)) {
         let mut scales = [0.0f32; 16];
         for (s, sb) in scales.iter_mut().zip(xb.chunks_exact(16)) {

@@ -65,11 +65,7 @@ fn random_matrix(t: WeightType, rows: usize, cols: usize, seed: u64) -> (QMatrix
     let rb = t.row_bytes(cols).unwrap();
     let mut bytes = vec![0u8; rb * rows];
     for (x, o) in vals.chunks_exact(cols).zip(bytes.chunks_exact_mut(rb)) {
-        match t {
-            WeightType::Q4_K => blocks::quant_q4_k_simple(x, o),
-            WeightType::Q6_K => blocks::quant_q6_k_simple(x, o),
-            _ => quantize_row(t, x, o).unwrap(),
-        }
+        quantize_row(t, x, o).unwrap();
     }
     (QMatrix::from_bytes(t, rows, cols, &bytes).unwrap(), bytes)
 }
@@ -86,7 +82,7 @@ fn dequantized_activations(x: &[f32]) -> Vec<f64> {
     let mut out = Vec::with_capacity(x.len());
     let mut q = [0i8; QK];
     for xb in x.chunks_exact(QK) {
-        let (d, _) = packed::quantize_act_block(xb, &mut q);
+        let (d, _, _) = packed::quantize_act_block(xb, &mut q);
         out.extend(q.iter().map(|&v| f64::from(d) * f64::from(v)));
     }
     out
@@ -109,11 +105,15 @@ fn reference(w: &QMatrix, gguf: &[u8], x: &[f32], batch: usize) -> (Vec<f64>, Ve
         w.dequantize_row(r, &mut wr).unwrap();
         let mins: Vec<f64> = (0..cols)
             .map(|i| {
-                if t == WeightType::Q4_1 {
-                    let blk = &gguf[r * rb + (i / QK) * t.block_bytes()..];
-                    f64::from(blocks::f16_bits_to_f32(blocks::read_u16(blk, 2))).abs()
-                } else {
-                    0.0
+                let blk = &gguf[r * rb + (i / t.block_size()) * t.block_bytes()..];
+                let f16 = |at| f64::from(blocks::f16_bits_to_f32(blocks::read_u16(blk, at)));
+                match t {
+                    WeightType::Q4_1 | WeightType::Q5_1 => f16(2).abs(),
+                    WeightType::Q4_K | WeightType::Q5_K => {
+                        let (_, m) = blocks::scale_min_k4((i % QK_K) / QK, &blk[4..16]);
+                        f16(2).abs() * f64::from(m)
+                    }
+                    _ => 0.0,
                 }
             })
             .collect();
@@ -130,6 +130,14 @@ fn reference(w: &QMatrix, gguf: &[u8], x: &[f32], batch: usize) -> (Vec<f64>, Ve
         }
     }
     (refv, scale)
+}
+
+/// The types the integer kernels read.
+fn packed_types() -> Vec<WeightType> {
+    WeightType::ALL
+        .into_iter()
+        .filter(|t| t.has_fast_kernel())
+        .collect()
 }
 
 fn available_kernels() -> Vec<Kernel> {
@@ -188,6 +196,7 @@ fn weight_type_ids_and_sizes() {
             (32, 24),
             (32, 34),
             (256, 144),
+            (256, 176),
             (256, 210)
         ]
     );
@@ -363,19 +372,50 @@ fn quantizers_round_trip_within_bounds() {
     }
 }
 
+/// The plain K quantizers: within a step of the super-block's coarsest sub-block scale (a
+/// loose bound: the 6-bit scales and mins round too), and exact on zeros.
+#[test]
+fn k_quantizers_round_trip_within_bounds() {
+    let x = random_values(4, 512, 6);
+    for (t, levels) in [
+        (WeightType::Q4_K, 15.0),
+        (WeightType::Q5_K, 31.0),
+        (WeightType::Q6_K, 63.0),
+    ] {
+        let mut bytes = vec![0u8; t.row_bytes(x.len()).unwrap()];
+        quantize_row(t, &x, &mut bytes).unwrap();
+        let mut y = vec![0f32; x.len()];
+        dequantize_row(t, &bytes, &mut y).unwrap();
+        for (xb, yb) in x.chunks(QK_K).zip(y.chunks(QK_K)) {
+            let range = xb.iter().fold(f32::MIN, |a, &v| a.max(v))
+                - xb.iter().fold(f32::MAX, |a, &v| a.min(v)).min(0.0);
+            let bound = range / levels * 1.2;
+            for (a, b) in xb.iter().zip(yb) {
+                assert!((a - b).abs() <= bound, "{t}: {a} vs {b}, bound {bound}");
+            }
+        }
+        quantize_row(t, &[0.0; 256], &mut bytes[..t.block_bytes()]).unwrap();
+        dequantize_row(t, &bytes[..t.block_bytes()], &mut y[..256]).unwrap();
+        assert!(y[..256].iter().all(|&v| v == 0.0), "{t}");
+    }
+}
+
 #[test]
 fn packed_rows_dequantize_like_gguf() {
-    for t in [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1] {
+    for t in packed_types() {
         // 37 rows: the last tile is partly padding.
-        let (w, gguf) = random_matrix(t, 37, 96, 11);
-        let rb = t.row_bytes(96).unwrap();
-        let (mut a, mut b) = (vec![0f32; 96], vec![0f32; 96]);
+        let (w, gguf) = random_matrix(t, 37, 512, 11);
+        let rb = t.row_bytes(512).unwrap();
+        let (mut a, mut b) = (vec![0f32; 512], vec![0f32; 512]);
         for r in 0..37 {
             w.dequantize_row(r, &mut a).unwrap();
             dequantize_row(t, &gguf[r * rb..(r + 1) * rb], &mut b).unwrap();
             assert_eq!(a, b, "{t} row {r}");
         }
-        assert!(w.bytes() >= gguf.len());
+        // Resident at the file's size: tile padding (3 of 48 rows) plus, for Q4_K / Q5_K,
+        // the unpacked 6-bit scales.
+        let per_row = w.bytes() as f64 / 48.0 / rb as f64;
+        assert!((1.0..1.04).contains(&per_row), "{t} {per_row}");
     }
 }
 
@@ -415,10 +455,16 @@ fn bad_lengths_are_errors() {
         w.dequantize_row(0, &mut out[..16]),
         Err(QuantError::Length { .. })
     ));
+    let f = QMatrix::from_bytes(WeightType::F32, 2, 32, &[0u8; 256]).unwrap();
     assert_eq!(
-        w.requantize(WeightType::Q6_K).err(),
-        Some(QuantError::UnsupportedTarget(WeightType::Q6_K))
+        QMatrix::stack(vec![f]).err(),
+        Some(QuantError::Stack("F32 and F16 parts do not stack"))
     );
+    let (odd, _) = random_matrix(WeightType::Q4_0, 3, 32, 1);
+    assert!(matches!(
+        QMatrix::stack(vec![odd, w.clone()]),
+        Err(QuantError::Stack(_))
+    ));
     let pool = pool();
     let x = [0f32; 64];
     let mut o = [0f32; 4];
@@ -466,16 +512,60 @@ fn matmul_q4_1_matches_reference() {
 
 #[test]
 fn matmul_q5_match_reference() {
-    check_against_reference(WeightType::Q5_0, 64, 256, &[1, 3, 16]);
-    check_against_reference(WeightType::Q5_1, 40, 608, &[1, 3]);
+    for t in [WeightType::Q5_0, WeightType::Q5_1] {
+        check_against_reference(t, 64, 256, &[1, 3, 16]);
+        check_against_reference(t, 40, 608, &[1, 3, 16]);
+        check_against_reference(t, 200, 896, &[1, 9]);
+    }
 }
 
 #[test]
 fn matmul_k_quants_match_reference() {
-    check_against_reference(WeightType::Q4_K, 64, 256, &[1, 3, 16]);
-    check_against_reference(WeightType::Q6_K, 64, 256, &[1, 3, 16]);
-    check_against_reference(WeightType::Q4_K, 48, 1536, &[1, 3]);
-    check_against_reference(WeightType::Q6_K, 48, 1536, &[1, 3]);
+    for t in [WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K] {
+        check_against_reference(t, 64, 256, &[1, 3, 16]);
+        check_against_reference(t, 48, 1536, &[1, 3, 16]);
+        check_against_reference(t, 37, 768, &[2, 9]);
+    }
+}
+
+/// A fused matrix of mixed types computes each part with its own kernel.
+#[test]
+fn stacked_parts_match_separate_matmuls() {
+    let pool = pool();
+    let parts = [
+        random_matrix(WeightType::Q5_0, 32, 256, 1).0,
+        random_matrix(WeightType::Q6_K, 16, 256, 2).0,
+        random_matrix(WeightType::Q8_0, 21, 256, 3).0,
+    ];
+    let w = QMatrix::stack(parts.to_vec()).unwrap();
+    assert_eq!((w.rows(), w.cols()), (69, 256));
+    assert_eq!(w.bytes(), parts.iter().map(QMatrix::bytes).sum::<usize>());
+    let x = random_input(5, 256, 4);
+    let mut scratch = Scratch::new();
+    let input = scratch.quantize(&x, 5, 256).unwrap();
+    for kernel in available_kernels() {
+        let mut all = vec![0f32; 5 * 69];
+        matmul_input_with_kernel(&w, &input, &mut all, &pool, kernel).unwrap();
+        let mut at = 0;
+        for p in &parts {
+            let mut one = vec![0f32; 5 * p.rows()];
+            matmul_input_with_kernel(p, &input, &mut one, &pool, kernel).unwrap();
+            for b in 0..5 {
+                assert_eq!(
+                    &all[b * 69 + at..b * 69 + at + p.rows()],
+                    &one[b * p.rows()..(b + 1) * p.rows()],
+                    "{kernel:?}"
+                );
+            }
+            at += p.rows();
+        }
+    }
+    let (mut a, mut b) = (vec![0f32; 256], vec![0f32; 256]);
+    for (r, part, pr) in [(5, 0, 5), (40, 1, 8), (50, 2, 2)] {
+        w.dequantize_row(r, &mut a).unwrap();
+        parts[part].dequantize_row(pr, &mut b).unwrap();
+        assert_eq!(a, b, "row {r}");
+    }
 }
 
 #[test]
@@ -491,14 +581,15 @@ fn matmul_f32_f16_match_reference() {
 /// outputs agree to float rounding of the scale products (1e-5 of the absolute-term sum).
 #[test]
 fn simd_tiles_match_scalar() {
-    for t in [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1] {
-        let (w, _) = random_matrix(t, 32, 160, 9);
-        let Repr::Packed(p) = &w.repr else {
+    for t in packed_types() {
+        let (w, _) = random_matrix(t, 32, 512, 9);
+        let Repr::Packed(ps) = &w.repr else {
             panic!("not packed")
         };
-        let x = random_input(11, 160, 10);
+        let p = &ps[0];
+        let x = random_input(11, 512, 10);
         let mut scratch = Scratch::new();
-        let input = scratch.quantize(&x, 11, 160).unwrap();
+        let input = scratch.quantize(&x, 11, 512).unwrap();
         let act = input.act.unwrap();
         for kernel in available_kernels() {
             let isa = kernel.isa().unwrap();
@@ -528,10 +619,11 @@ fn simd_activation_quantization_is_bit_exact() {
     let act = input.act.unwrap();
     let mut q = [0i8; QK];
     for (k, xb) in x.chunks_exact(QK).enumerate() {
-        let (d, s) = packed::quantize_act_block(xb, &mut q);
+        let (d, s, lo) = packed::quantize_act_block(xb, &mut q);
         assert_eq!(&act.q[k * QK..(k + 1) * QK], &q[..], "block {k}");
         assert_eq!(act.d[k].to_bits(), d.to_bits());
         assert_eq!(act.sum[k], s);
+        assert_eq!(act.lo[k], lo);
         assert_eq!(act.sd[k].to_bits(), (d * s as f32).to_bits());
     }
 }
@@ -602,10 +694,20 @@ fn geometry_is_consistent() {
     assert_eq!(g.d_off, 18 * 256);
     assert_eq!(g.m_off, 18 * 256 + 18 * 32);
     assert_eq!(g.used, 18 * 320);
+    // Q6_K: quants, one f16 per super-block, two signed scales per block: its file size.
+    let g = TileGeom::new(PackKind::Q6_K, 16);
+    assert_eq!((g.d_off, g.sc_off), (16 * 384, 16 * 384 + 2 * 32));
+    assert_eq!(g.used, 2 * TILE * blocks::Q6_K_BYTES);
+    for kind in PackKind::ALL {
+        let g = TileGeom::new(kind, 24);
+        assert!(g.d_off <= g.m_off && g.m_off <= g.sc_off && g.sc_off <= g.used);
+        assert!(g.block_scales(kind, 23) + 32 <= g.used);
+    }
     let a = ActRef {
         q: &[],
         d: &[],
         sum: &[],
+        lo: &[],
         sd: &[],
         neg8: &[],
         neg128: &[],
@@ -634,12 +736,18 @@ fn simd_integer_dots_are_exact() {
             }
         })
         .collect();
-    for t in [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1] {
+    for t in [
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
+    ] {
         let rb = t.row_bytes(cols).unwrap();
         let mut bytes: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
         for blk in bytes.chunks_exact_mut(t.block_bytes()) {
             blk[..2].copy_from_slice(&[0x00, 0x3C]); // d = 1.0
-            if t == WeightType::Q4_1 {
+            if matches!(t, WeightType::Q4_1 | WeightType::Q5_1) {
                 blk[2..4].copy_from_slice(&[0x00, 0x3C]); // m = 1.0
             }
         }
@@ -661,6 +769,29 @@ fn simd_integer_dots_are_exact() {
             let mut got = vec![0f32; batch * rows];
             matmul_input_with_kernel(&w, &input, &mut got, &pool, kernel).unwrap();
             assert_eq!(got, want, "{t} {kernel:?}");
+        }
+    }
+}
+
+/// `FRUGAL_ISA` names, and selecting a kernel: the one already active is accepted again, a
+/// different one is refused once matmuls ran, and one the CPU lacks is refused outright.
+#[test]
+fn kernel_names_and_selection() {
+    for k in [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Scalar] {
+        assert_eq!(Kernel::from_name(k.name()), Ok(k));
+    }
+    assert_eq!(
+        Kernel::from_name("neon"),
+        Err(QuantError::UnknownKernel("neon".into()))
+    );
+    let active = Kernel::active();
+    assert_eq!(active.select(), Ok(()));
+    for k in [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Scalar] {
+        let got = k.select();
+        if !k.is_available() {
+            assert_eq!(got, Err(QuantError::KernelUnavailable(k)));
+        } else if k != active {
+            assert_eq!(got, Err(QuantError::KernelInUse { wanted: k, active }));
         }
     }
 }

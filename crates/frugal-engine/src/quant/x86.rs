@@ -1,5 +1,7 @@
 //! x86-64 SIMD kernels: AVX-512 VNNI (`vpdpbusd` on 16 rows per register) and an AVX2 fallback
-//! (`vpmaddubsw` + `vpmaddwd` on 8 rows per register), plus the activation quantizers.
+//! (`vpmaddubsw` + `vpmaddwd` on 8 rows per register), plus the activation quantizers. One
+//! kernel body per ISA serves every packed type: the type is a const parameter, so each
+//! instance keeps only its own unpacking and scale arithmetic.
 //!
 //! Soundness rests on two things. The `#[target_feature]` functions are reached only through
 //! the token types [`Avx512Vnni`] and [`Avx2`], which can only be made by runtime detection.
@@ -22,13 +24,47 @@ const PREFETCH_BLOCKS: usize = 32;
 const K_Q8_0: u8 = 0;
 const K_Q4_0: u8 = 1;
 const K_Q4_1: u8 = 2;
+const K_Q5_0: u8 = 3;
+const K_Q5_1: u8 = 4;
+const K_Q4_K: u8 = 5;
+const K_Q5_K: u8 = 6;
+const K_Q6_K: u8 = 7;
 
 const fn kind_id(kind: PackKind) -> u8 {
     match kind {
         PackKind::Q8_0 => K_Q8_0,
         PackKind::Q4_0 => K_Q4_0,
         PackKind::Q4_1 => K_Q4_1,
+        PackKind::Q5_0 => K_Q5_0,
+        PackKind::Q5_1 => K_Q5_1,
+        PackKind::Q4_K => K_Q4_K,
+        PackKind::Q5_K => K_Q5_K,
+        PackKind::Q6_K => K_Q6_K,
     }
+}
+
+/// The kind behind a const id (the inverse of `kind_id`).
+const fn kind_of(id: u8) -> PackKind {
+    match id {
+        K_Q8_0 => PackKind::Q8_0,
+        K_Q4_0 => PackKind::Q4_0,
+        K_Q4_1 => PackKind::Q4_1,
+        K_Q5_0 => PackKind::Q5_0,
+        K_Q5_1 => PackKind::Q5_1,
+        K_Q4_K => PackKind::Q4_K,
+        K_Q5_K => PackKind::Q5_K,
+        _ => PackKind::Q6_K,
+    }
+}
+
+/// Types whose quants have a fifth bit vector.
+const fn has_q5(id: u8) -> bool {
+    matches!(id, K_Q5_0 | K_Q5_1 | K_Q5_K)
+}
+
+/// Types with a per-row min term (`m`, or `-dmin * m` for the K types).
+const fn has_min(id: u8) -> bool {
+    matches!(id, K_Q4_1 | K_Q5_1 | K_Q4_K | K_Q5_K)
 }
 
 /// Everything a kernel call reads, with lengths checked once by [`check`].
@@ -46,7 +82,7 @@ struct Args<'a> {
 fn check(kind: PackKind, a: &Args<'_>, nbat: usize) -> bool {
     let g = a.geom;
     let want = TileGeom::new(kind, g.nb);
-    (g.d_off, g.m_off, g.used) == (want.d_off, want.m_off, want.used)
+    (g.d_off, g.m_off, g.sc_off, g.used) == (want.d_off, want.m_off, want.sc_off, want.used)
         && a.tile.len() >= g.used
         && a.act.nb == g.nb
         && a.act.is_consistent()
@@ -111,6 +147,11 @@ impl Avx512Vnni {
                         (K_Q8_0, $n) => vnni_tile::<$n, K_Q8_0>(&a, out),
                         (K_Q4_0, $n) => vnni_tile::<$n, K_Q4_0>(&a, out),
                         (K_Q4_1, $n) => vnni_tile::<$n, K_Q4_1>(&a, out),
+                        (K_Q5_0, $n) => vnni_tile::<$n, K_Q5_0>(&a, out),
+                        (K_Q5_1, $n) => vnni_tile::<$n, K_Q5_1>(&a, out),
+                        (K_Q4_K, $n) => vnni_tile::<$n, K_Q4_K>(&a, out),
+                        (K_Q5_K, $n) => vnni_tile::<$n, K_Q5_K>(&a, out),
+                        (K_Q6_K, $n) => vnni_tile::<$n, K_Q6_K>(&a, out),
                     )*
                     _ => return false,
                 }
@@ -125,13 +166,15 @@ impl Avx512Vnni {
     }
 
     /// Quantize whole rows of activations (`x.len()` a multiple of 32) into `q`, `d`, `sum`,
-    /// `sd` (`d * sum`). Returns false, writing nothing, if the lengths disagree.
+    /// `lo` (the sum of the first 16), `sd` (`d * sum`). Returns false, writing nothing, if the
+    /// lengths disagree.
     pub(crate) fn quantize(
         self,
         x: &[f32],
         q: &mut [i8],
         d: &mut [f32],
         sum: &mut [i32],
+        lo: &mut [i32],
         sd: &mut [f32],
     ) -> bool {
         let n = x.len() / QK;
@@ -139,12 +182,13 @@ impl Avx512Vnni {
             || q.len() != x.len()
             || d.len() != n
             || sum.len() != n
+            || lo.len() != n
             || sd.len() != n
         {
             return false;
         }
-        // SAFETY: features proven by `self`; all five slices hold exactly `n` blocks.
-        unsafe { quantize_avx512(x.as_ptr(), n, q.as_mut_ptr(), d, sum, sd) };
+        // SAFETY: features proven by `self`; all six slices hold exactly `n` blocks.
+        unsafe { quantize_avx512(x.as_ptr(), n, q.as_mut_ptr(), d, sum, lo, sd) };
         true
     }
 }
@@ -206,6 +250,11 @@ impl Avx2 {
                             (K_Q8_0, $n) => avx2_tile::<$n, K_Q8_0>(&a, o),
                             (K_Q4_0, $n) => avx2_tile::<$n, K_Q4_0>(&a, o),
                             (K_Q4_1, $n) => avx2_tile::<$n, K_Q4_1>(&a, o),
+                            (K_Q5_0, $n) => avx2_tile::<$n, K_Q5_0>(&a, o),
+                            (K_Q5_1, $n) => avx2_tile::<$n, K_Q5_1>(&a, o),
+                            (K_Q4_K, $n) => avx2_tile::<$n, K_Q4_K>(&a, o),
+                            (K_Q5_K, $n) => avx2_tile::<$n, K_Q5_K>(&a, o),
+                            (K_Q6_K, $n) => avx2_tile::<$n, K_Q6_K>(&a, o),
                         )*
                         _ => return false,
                     }
@@ -228,6 +277,7 @@ impl Avx2 {
         q: &mut [i8],
         d: &mut [f32],
         sum: &mut [i32],
+        lo: &mut [i32],
         sd: &mut [f32],
     ) -> bool {
         let n = x.len() / QK;
@@ -235,34 +285,39 @@ impl Avx2 {
             || q.len() != x.len()
             || d.len() != n
             || sum.len() != n
+            || lo.len() != n
             || sd.len() != n
         {
             return false;
         }
-        // SAFETY: features proven by `self`; all five slices hold exactly `n` blocks.
-        unsafe { quantize_avx2(x.as_ptr(), n, q.as_mut_ptr(), d, sum, sd) };
+        // SAFETY: features proven by `self`; all six slices hold exactly `n` blocks.
+        unsafe { quantize_avx2(x.as_ptr(), n, q.as_mut_ptr(), d, sum, lo, sd) };
         true
     }
 }
 
 /// AVX-512 tile kernel. Per block: eight weight vectors (loaded, or unpacked from four nibble
-/// vectors), then per activation row eight `vpdpbusd` against 4-byte broadcasts, one convert
-/// and one FMA with the per-row scales. The integer offset of Q8_0 (+128) and Q4_0 (+8) is
-/// removed by starting the accumulator at `-offset * sum(x)`, so the integer dot is exact.
+/// vectors and the high-bit vectors), the per-row scales, then per activation row eight
+/// `vpdpbusd` against 4-byte broadcasts, one convert and one FMA with the per-row scales. The
+/// integer offset of Q8_0 (+128), Q4_0 (+8), Q5_0 (+16) and Q6_K (+32) is removed by starting
+/// the accumulator at `-offset * sum(x)`, so the integer dot is exact.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI must be available and `check(kind, a, NB)` must hold.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f32; TILE * MAX_NB]) {
+    let kind = kind_of(KIND);
     let nb = a.geom.nb;
-    let qb = if KIND == K_Q8_0 { 512 } else { 256 };
+    let qb = kind.qb();
     let tile = a.tile.as_ptr();
     // SAFETY (whole body): `check` guarantees tile has `geom.used` bytes, i.e. `nb * qb` quant
-    // bytes then `nb * 32` (or `2 * nb * 32`) scale bytes, and the activation arrays hold
-    // blocks `b0 * nb .. (b0 + NB) * nb`; every offset below stays inside those ranges.
+    // bytes then the scale arrays `TileGeom` lays out, and the activation arrays hold blocks
+    // `b0 * nb .. (b0 + NB) * nb`; every offset below stays inside those ranges.
     unsafe {
         let xq = a.act.q.as_ptr().add(a.b0 * nb * QK);
         let xd = a.act.d.as_ptr().add(a.b0 * nb);
+        let xsum = a.act.sum.as_ptr().add(a.b0 * nb);
+        let xlo = a.act.lo.as_ptr().add(a.b0 * nb);
         let xn8 = a.act.neg8.as_ptr().add(a.b0 * nb);
         let xn128 = a.act.neg128.as_ptr().add(a.b0 * nb);
         let xsd = a.act.sd.as_ptr().add(a.b0 * nb);
@@ -270,7 +325,7 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
         let mut acc = [_mm512_setzero_ps(); NB];
         for k in 0..nb {
             let wq = tile.add(k * qb);
-            prefetch_block(tile, a.geom, k, qb);
+            prefetch_block(tile, a.geom, kind, k);
             // Macros, not closures: a closure would not be compiled with this function's
             // target features and the intrinsics inside it would stop inlining.
             macro_rules! ld {
@@ -283,7 +338,13 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                     _mm512_and_si512(_mm512_srli_epi16::<4>($v), mask)
                 };
             }
-            let w: [__m512i; 8] = if KIND == K_Q8_0 {
+            // w | (h & m): one vpternlogd.
+            macro_rules! or_masked {
+                ($w:expr, $h:expr, $m:expr) => {
+                    _mm512_ternarylogic_epi32::<0xF8>($w, $h, $m)
+                };
+            }
+            let mut w: [__m512i; 8] = if KIND == K_Q8_0 {
                 [
                     ld!(0),
                     ld!(1),
@@ -307,11 +368,69 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                     hi!(v3),
                 ]
             };
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(a.geom.d_off + k * 32).cast()));
-            let mw = if KIND == K_Q4_1 {
-                _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(a.geom.m_off + k * 32).cast()))
-            } else {
-                _mm512_setzero_ps()
+            if has_q5(KIND) {
+                // Bit i of each byte is weight vector i's fifth bit: move it to bit 4. The
+                // 16-bit shifts carry no bit across a byte's bit 4 for these distances.
+                let h = ld!(4);
+                let b4 = _mm512_set1_epi8(0x10);
+                let hs = [
+                    _mm512_slli_epi16::<4>(h),
+                    _mm512_slli_epi16::<3>(h),
+                    _mm512_slli_epi16::<2>(h),
+                    _mm512_slli_epi16::<1>(h),
+                    h,
+                    _mm512_srli_epi16::<1>(h),
+                    _mm512_srli_epi16::<2>(h),
+                    _mm512_srli_epi16::<3>(h),
+                ];
+                for (wi, hi) in w.iter_mut().zip(hs) {
+                    *wi = or_masked!(*wi, hi, b4);
+                }
+            } else if KIND == K_Q6_K {
+                // Bits 2j, 2j + 1 are the top bits of weight vector j (of each half): to 4, 5.
+                let b45 = _mm512_set1_epi8(0x30);
+                for (half, h) in [ld!(4), ld!(5)].into_iter().enumerate() {
+                    let hs = [
+                        _mm512_slli_epi16::<4>(h),
+                        _mm512_slli_epi16::<2>(h),
+                        h,
+                        _mm512_srli_epi16::<2>(h),
+                    ];
+                    for (j, hj) in hs.into_iter().enumerate() {
+                        w[4 * half + j] = or_masked!(w[4 * half + j], hj, b45);
+                    }
+                }
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(a.geom.d_at(kind, k)).cast()));
+            let sc = tile.add(a.geom.sc_off + k * 2 * TILE);
+            macro_rules! bytes_ps {
+                ($cvt:ident, $p:expr) => {
+                    _mm512_cvtepi32_ps($cvt(_mm_loadu_si128($p.cast())))
+                };
+            }
+            // Per-row float scales: `dw` of the integer dot (of the first half, for Q6_K),
+            // `mw` of the activation sum (Q6_K: the second half's `dw`).
+            let (dw, mw) = match KIND {
+                K_Q4_K | K_Q5_K => {
+                    let dmin =
+                        _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(a.geom.m_at(kind, k)).cast()));
+                    (
+                        _mm512_mul_ps(d, bytes_ps!(_mm512_cvtepu8_epi32, sc)),
+                        _mm512_sub_ps(
+                            _mm512_setzero_ps(),
+                            _mm512_mul_ps(dmin, bytes_ps!(_mm512_cvtepu8_epi32, sc.add(TILE))),
+                        ),
+                    )
+                }
+                K_Q6_K => (
+                    _mm512_mul_ps(d, bytes_ps!(_mm512_cvtepi8_epi32, sc)),
+                    _mm512_mul_ps(d, bytes_ps!(_mm512_cvtepi8_epi32, sc.add(TILE))),
+                ),
+                K_Q4_1 | K_Q5_1 => (
+                    d,
+                    _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(a.geom.m_at(kind, k)).cast())),
+                ),
+                _ => (d, _mm512_setzero_ps()),
             };
             for (b, accb) in acc.iter_mut().enumerate() {
                 let e = b * nb + k;
@@ -321,9 +440,28 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                         _mm512_set1_epi32(xp.add($i).read_unaligned())
                     };
                 }
+                let dx = _mm512_set1_ps(*xd.add(e));
+                if KIND == K_Q6_K {
+                    let lo = *xlo.add(e);
+                    let mut p = _mm512_set1_epi32(-32 * lo);
+                    let mut q = _mm512_set1_epi32(-32 * (*xsum.add(e) - lo));
+                    p = _mm512_dpbusd_epi32(p, w[0], x!(0));
+                    q = _mm512_dpbusd_epi32(q, w[4], x!(4));
+                    p = _mm512_dpbusd_epi32(p, w[1], x!(1));
+                    q = _mm512_dpbusd_epi32(q, w[5], x!(5));
+                    p = _mm512_dpbusd_epi32(p, w[2], x!(2));
+                    q = _mm512_dpbusd_epi32(q, w[6], x!(6));
+                    p = _mm512_dpbusd_epi32(p, w[3], x!(3));
+                    q = _mm512_dpbusd_epi32(q, w[7], x!(7));
+                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(p), dw);
+                    let t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), mw, t);
+                    *accb = _mm512_fmadd_ps(t, dx, *accb);
+                    continue;
+                }
                 let init = match KIND {
                     K_Q8_0 => _mm512_set1_epi32(*xn128.add(e)),
                     K_Q4_0 => _mm512_set1_epi32(*xn8.add(e)),
+                    K_Q5_0 => _mm512_set1_epi32(-16 * *xsum.add(e)),
                     _ => _mm512_setzero_si512(),
                 };
                 let dot = if NB <= 2 {
@@ -347,9 +485,9 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                     }
                     p
                 };
-                let s = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(e)));
+                let s = _mm512_mul_ps(dw, dx);
                 *accb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, *accb);
-                if KIND == K_Q4_1 {
+                if has_min(KIND) {
                     *accb = _mm512_fmadd_ps(mw, _mm512_set1_ps(*xsd.add(e)), *accb);
                 }
             }
@@ -361,23 +499,27 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
 }
 
 /// AVX2 tile kernel: the tile as two halves of 8 rows (one ymm each). `vpmaddubsw` saturates
-/// its i16 pair sums, which the formats never reach: Q4 gives at most 2 * 15 * 127, and Q8_0
-/// uses the sign trick (|w| times x with w's sign) for at most 2 * 128 * 127 < 32767. So the
-/// integers equal those of the VNNI and scalar kernels.
+/// its i16 pair sums, which the formats never reach: the unsigned quants give at most
+/// 2 * 63 * 128, and Q8_0 uses the sign trick (|w| times x with w's sign) for at most
+/// 2 * 128 * 127 < 32767. So the integers equal those of the VNNI and scalar kernels.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available and `check(kind, a, NB)` must hold.
 /// `out` must hold at least `NB * TILE` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f32]) {
+    let kind = kind_of(KIND);
     let nb = a.geom.nb;
-    let qb = if KIND == K_Q8_0 { 512 } else { 256 };
+    let qb = kind.qb();
     let tile = a.tile.as_ptr();
     // SAFETY (whole body): as in `vnni_tile`; the half offset `32 * h` stays within each
-    // 64-byte vector and `16 * h` within each 32-byte scale group.
+    // 64-byte vector, `16 * h` within each 32-byte f16 group and `8 * h` within each 16-byte
+    // integer scale group.
     unsafe {
         let xq = a.act.q.as_ptr().add(a.b0 * nb * QK);
         let xd = a.act.d.as_ptr().add(a.b0 * nb);
+        let xsum = a.act.sum.as_ptr().add(a.b0 * nb);
+        let xlo = a.act.lo.as_ptr().add(a.b0 * nb);
         let xn8 = a.act.neg8.as_ptr().add(a.b0 * nb);
         let xsd = a.act.sd.as_ptr().add(a.b0 * nb);
         let mask = _mm256_set1_epi8(0x0F);
@@ -388,44 +530,127 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
             for k in 0..nb {
                 let wq = tile.add(k * qb + 32 * h);
                 if h == 0 {
-                    prefetch_block(tile, a.geom, k, qb);
+                    prefetch_block(tile, a.geom, kind, k);
                 }
-                let sc = a.geom.d_off + k * 32 + 16 * h;
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(sc).cast()));
-                let mw = if KIND == K_Q4_1 {
-                    let mc = a.geom.m_off + k * 32 + 16 * h;
-                    _mm256_cvtph_ps(_mm_loadu_si128(tile.add(mc).cast()))
+                macro_rules! ld {
+                    ($i:expr) => {
+                        _mm256_loadu_si256(wq.add(64 * $i).cast())
+                    };
+                }
+                let mut w = [_mm256_setzero_si256(); 8];
+                if KIND == K_Q8_0 {
+                    for (i, wi) in w.iter_mut().enumerate() {
+                        *wi = _mm256_xor_si256(ld!(i), flip);
+                    }
                 } else {
-                    _mm256_setzero_ps()
+                    for j in 0..4 {
+                        let raw = ld!(j);
+                        w[j] = _mm256_and_si256(raw, mask);
+                        w[4 + j] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
+                    }
+                }
+                if has_q5(KIND) {
+                    let hv = ld!(4);
+                    let b4 = _mm256_set1_epi8(0x10);
+                    let hs = [
+                        _mm256_slli_epi16::<4>(hv),
+                        _mm256_slli_epi16::<3>(hv),
+                        _mm256_slli_epi16::<2>(hv),
+                        _mm256_slli_epi16::<1>(hv),
+                        hv,
+                        _mm256_srli_epi16::<1>(hv),
+                        _mm256_srli_epi16::<2>(hv),
+                        _mm256_srli_epi16::<3>(hv),
+                    ];
+                    for (wi, hi) in w.iter_mut().zip(hs) {
+                        *wi = _mm256_or_si256(*wi, _mm256_and_si256(hi, b4));
+                    }
+                } else if KIND == K_Q6_K {
+                    let b45 = _mm256_set1_epi8(0x30);
+                    for half in 0..2 {
+                        let hv = ld!(4 + half);
+                        let hs = [
+                            _mm256_slli_epi16::<4>(hv),
+                            _mm256_slli_epi16::<2>(hv),
+                            hv,
+                            _mm256_srli_epi16::<2>(hv),
+                        ];
+                        for (j, hj) in hs.into_iter().enumerate() {
+                            let wi = &mut w[4 * half + j];
+                            *wi = _mm256_or_si256(*wi, _mm256_and_si256(hj, b45));
+                        }
+                    }
+                }
+                macro_rules! f16s {
+                    ($at:expr) => {
+                        _mm256_cvtph_ps(_mm_loadu_si128(tile.add($at).cast()))
+                    };
+                }
+                let d = f16s!(a.geom.d_at(kind, k) + 16 * h);
+                let sc = tile.add(a.geom.sc_off + k * 2 * TILE + 8 * h);
+                macro_rules! bytes_ps {
+                    ($cvt:ident, $p:expr) => {
+                        _mm256_cvtepi32_ps($cvt(_mm_loadl_epi64($p.cast())))
+                    };
+                }
+                let (dw, mw) = match KIND {
+                    K_Q4_K | K_Q5_K => (
+                        _mm256_mul_ps(d, bytes_ps!(_mm256_cvtepu8_epi32, sc)),
+                        _mm256_sub_ps(
+                            _mm256_setzero_ps(),
+                            _mm256_mul_ps(
+                                f16s!(a.geom.m_at(kind, k) + 16 * h),
+                                bytes_ps!(_mm256_cvtepu8_epi32, sc.add(TILE)),
+                            ),
+                        ),
+                    ),
+                    K_Q6_K => (
+                        _mm256_mul_ps(d, bytes_ps!(_mm256_cvtepi8_epi32, sc)),
+                        _mm256_mul_ps(d, bytes_ps!(_mm256_cvtepi8_epi32, sc.add(TILE))),
+                    ),
+                    K_Q4_1 | K_Q5_1 => (d, f16s!(a.geom.m_at(kind, k) + 16 * h)),
+                    _ => (d, _mm256_setzero_ps()),
                 };
                 for (b, accb) in acc.iter_mut().enumerate() {
                     let e = b * nb + k;
                     let xp = xq.add(e * QK).cast::<i32>();
-                    let mut dot = if KIND == K_Q4_0 {
-                        _mm256_set1_epi32(*xn8.add(e))
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    for i in 0..8 {
-                        let xb = _mm256_set1_epi32(xp.add(i).read_unaligned());
-                        let p = if KIND == K_Q8_0 {
-                            let ws =
-                                _mm256_xor_si256(_mm256_loadu_si256(wq.add(64 * i).cast()), flip);
-                            _mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(xb, ws))
-                        } else {
-                            let raw = _mm256_loadu_si256(wq.add(64 * (i % 4)).cast());
-                            let wv = if i < 4 {
-                                _mm256_and_si256(raw, mask)
+                    let dx = _mm256_set1_ps(*xd.add(e));
+                    // Weight vector `$w` against activation bytes `4 * $i .. 4 * $i + 4`.
+                    macro_rules! prod {
+                        ($w:expr, $i:expr) => {{
+                            let (wv, xb) = ($w, _mm256_set1_epi32(xp.add($i).read_unaligned()));
+                            let p = if KIND == K_Q8_0 {
+                                _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xb, wv))
                             } else {
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask)
+                                _mm256_maddubs_epi16(wv, xb)
                             };
-                            _mm256_maddubs_epi16(wv, xb)
-                        };
-                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, ones));
+                            _mm256_madd_epi16(p, ones)
+                        }};
                     }
-                    let s = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(e)));
+                    if KIND == K_Q6_K {
+                        let lo = *xlo.add(e);
+                        let mut p = _mm256_set1_epi32(-32 * lo);
+                        let mut q = _mm256_set1_epi32(-32 * (*xsum.add(e) - lo));
+                        for i in 0..4 {
+                            p = _mm256_add_epi32(p, prod!(w[i], i));
+                            q = _mm256_add_epi32(q, prod!(w[4 + i], 4 + i));
+                        }
+                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(p), dw);
+                        let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), mw, t);
+                        *accb = _mm256_fmadd_ps(t, dx, *accb);
+                        continue;
+                    }
+                    let mut dot = match KIND {
+                        K_Q4_0 => _mm256_set1_epi32(*xn8.add(e)),
+                        K_Q5_0 => _mm256_set1_epi32(-16 * *xsum.add(e)),
+                        _ => _mm256_setzero_si256(),
+                    };
+                    for (i, wi) in w.iter().enumerate() {
+                        dot = _mm256_add_epi32(dot, prod!(*wi, i));
+                    }
+                    let s = _mm256_mul_ps(dw, dx);
                     *accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, *accb);
-                    if KIND == K_Q4_1 {
+                    if has_min(KIND) {
                         *accb = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xsd.add(e)), *accb);
                     }
                 }
@@ -442,9 +667,10 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
 /// bytes streamed anyway; `wrapping_add` because the address may lie past the allocation
 /// (prefetches never fault, but `add` out of bounds would be UB).
 #[inline(always)]
-fn prefetch_block(tile: *const u8, geom: TileGeom, k: usize, qb: usize) {
+fn prefetch_block(tile: *const u8, geom: TileGeom, kind: PackKind, k: usize) {
+    let qb = kind.qb();
     let ahead = tile.wrapping_add((k + PREFETCH_BLOCKS) * qb);
-    let scales = tile.wrapping_add(geom.d_off + (k + PREFETCH_BLOCKS) * 2 * TILE);
+    let scales = tile.wrapping_add(geom.block_scales(kind, k + PREFETCH_BLOCKS));
     // SAFETY: `prefetcht0` needs only SSE, part of the x86-64 baseline, and is a hint that
     // never faults and reads no memory architecturally, whatever the address.
     unsafe {
@@ -486,9 +712,10 @@ unsafe fn quantize_avx512(
     q: *mut i8,
     d: &mut [f32],
     sum: &mut [i32],
+    lo: &mut [i32],
     sd: &mut [f32],
 ) {
-    for k in 0..n.min(d.len()).min(sum.len()).min(sd.len()) {
+    for k in 0..n.min(d.len()).min(sum.len()).min(lo.len()).min(sd.len()) {
         // SAFETY: k < n, so the 32 floats at x + 32k and the 32 bytes at q + 32k are in range.
         unsafe {
             let v0 = _mm512_loadu_ps(x.add(k * QK));
@@ -500,12 +727,27 @@ unsafe fn quantize_avx512(
             let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
             _mm_storeu_si128(q.add(k * QK).cast(), _mm512_cvtsepi32_epi8(q0));
             _mm_storeu_si128(q.add(k * QK + 16).cast(), _mm512_cvtsepi32_epi8(q1));
-            let s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            let l = _mm512_reduce_add_epi32(q0);
+            let s = l + _mm512_reduce_add_epi32(q1);
             d[k] = dd;
+            lo[k] = l;
             sum[k] = s;
             sd[k] = dd * s as f32;
         }
     }
+}
+
+/// The sum of the eight lanes.
+///
+/// # Safety
+/// AVX2 must be available.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn hsum_avx2(s: __m256i) -> i32 {
+    let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2));
+    _mm_cvtsi128_si32(s1)
 }
 
 /// # Safety
@@ -517,10 +759,11 @@ unsafe fn quantize_avx2(
     q: *mut i8,
     d: &mut [f32],
     sum: &mut [i32],
+    lo: &mut [i32],
     sd: &mut [f32],
 ) {
     let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-    for k in 0..n.min(d.len()).min(sum.len()).min(sd.len()) {
+    for k in 0..n.min(d.len()).min(sum.len()).min(lo.len()).min(sd.len()) {
         // SAFETY: k < n, so the 32 floats at x + 32k and the 32 bytes at q + 32k are in range.
         unsafe {
             let p = x.add(k * QK);
@@ -550,12 +793,10 @@ unsafe fn quantize_avx2(
             let b = _mm256_packs_epi16(w01, w23);
             let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(q.add(k * QK).cast(), b);
-            let s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-            let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-            let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2));
-            let st = _mm_cvtsi128_si32(s1);
+            let l = hsum_avx2(_mm256_add_epi32(i0, i1));
+            let st = l + hsum_avx2(_mm256_add_epi32(i2, i3));
             d[k] = dd;
+            lo[k] = l;
             sum[k] = st;
             sd[k] = dd * st as f32;
         }
