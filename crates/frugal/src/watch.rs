@@ -99,17 +99,14 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
                 Outcome::Baseline(r) => Row::note(
                     name,
                     format!(
-                        "first reading ({}); billing starts with the next",
+                        "first reading ({}): billing starts with the next",
                         r.kind.as_str()
                     ),
                 ),
                 Outcome::Gap(why) => Row::note(name, format!("a gap, not billed: {why}")),
                 Outcome::Joined(servers) => Row::note(
                     name,
-                    format!(
-                        "the GPUs of {} (DCGM), billed with them",
-                        servers.join(", ")
-                    ),
+                    format!("GPUs of {}: DCGM, billed with them", servers.join(", ")),
                 ),
                 Outcome::Billed { interval, bill } => {
                     let idle: Money = bill
@@ -129,41 +126,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
         }
         // Every target's interval in one transaction: a crash leaves all or none.
         ledger.append_with_spans("frugal watch", &events, &spans)?;
-        if live {
-            // A terminal gets one table, redrawn in place each pass.
-            let mut t = table::new(&[
-                "server",
-                "req/s>",
-                "tok/s in>",
-                "tok/s out>",
-                "busy>",
-                "$/h>",
-                "$/1k req>",
-                "$/1M tok>",
-                "idle so far>",
-                "",
-            ]);
-            for row in &lines {
-                let mut cells = vec![row.name.clone()];
-                cells.extend(
-                    row.figures
-                        .clone()
-                        .unwrap_or_else(|| vec![String::new(); 8]),
-                );
-                cells.push(row.note.clone());
-                t.add_row(cells);
-            }
-            write!(out, "\x1b[2J\x1b[H")?;
-            writeln!(
-                out,
-                "frugal watch, every {}\n{t}",
-                humantime::format_duration(args.interval)
-            )?;
-        } else {
-            for row in &lines {
-                writeln!(out, "{}", row.line())?;
-            }
-        }
+        print_pass(&mut out, &lines, live.then_some(args.interval))?;
         state.save(&state_path)?;
         if args.once {
             return Ok(());
@@ -266,6 +229,52 @@ fn sources(config: &Config, catalog: &Catalog, fixed: &[Target]) -> Result<Vec<S
             })
         })
         .collect()
+}
+
+/// A pass's rows: on a terminal (`live`, with the interval), one table redrawn in place,
+/// with why a server is a gap under it; elsewhere a line each, for logs and cron.
+fn print_pass(out: &mut impl Write, rows: &[Row], live: Option<Duration>) -> Result<()> {
+    let Some(interval) = live else {
+        for row in rows {
+            writeln!(out, "{}", row.line())?;
+        }
+        return Ok(());
+    };
+    let mut t = table::new(&[
+        "server",
+        "req/s>",
+        "tok/s in>",
+        "tok/s out>",
+        "busy>",
+        "$/h>",
+        "$/1k req>",
+        "$/1M tok>",
+        "idle so far>",
+        "",
+    ]);
+    // The table keeps a note's gist; why a server is a gap goes under it, whole.
+    let mut details = Vec::new();
+    for row in rows {
+        let mut cells = vec![row.name.clone()];
+        cells.extend(
+            row.figures
+                .clone()
+                .unwrap_or_else(|| vec![String::new(); 8]),
+        );
+        let (gist, detail) = row.note.split_once(": ").unwrap_or((&row.note, ""));
+        cells.push(gist.to_owned());
+        t.add_row(cells);
+        if !detail.is_empty() {
+            details.push(format!("{}: {detail}", row.name));
+        }
+    }
+    write!(out, "\x1b[2J\x1b[H")?;
+    let every = humantime::format_duration(interval);
+    writeln!(out, "frugal watch, every {every}\n{t}")?;
+    for detail in details {
+        writeln!(out, "{detail}")?;
+    }
+    Ok(())
 }
 
 /// One server in a pass: its figures where it was billed, and a note.
