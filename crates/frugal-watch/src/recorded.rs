@@ -275,3 +275,18 @@ fn captured_llama_server_and_frugal_bodies_read_as_their_kind() {
     assert_eq!(frugal.busy_seconds_total, Some(14.630187));
     assert_eq!(frugal.model.as_deref(), Some("SmolLM2-135M-Instruct.Q4_1"));
 }
+
+#[test]
+fn an_error_is_said_with_its_causes() {
+    #[derive(Debug, thiserror::Error)]
+    #[error("error sending request")]
+    struct Outer(#[source] std::io::Error);
+    let e = Outer(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        "connection refused",
+    ));
+    assert_eq!(
+        crate::watch::with_causes(&e),
+        "error sending request: connection refused"
+    );
+}
