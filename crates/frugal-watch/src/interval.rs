@@ -41,6 +41,8 @@ pub struct Interval {
     pub duration_ms: Millis,
     pub seconds: f64,
     pub requests: u64,
+    /// Whether the server counts requests at all (llama.cpp does not): 0 is then a count.
+    pub counts_requests: bool,
     pub input_tokens: u64,
     pub output_tokens: u64,
     /// The share of the interval the capacity was busy, in [0, 1], where it can be told.
@@ -114,6 +116,7 @@ impl Interval {
             duration_ms,
             seconds: duration_ms as f64 / 1000.0,
             requests: delta(a.requests_total, b.requests_total),
+            counts_requests: b.requests_total.is_some(),
             input_tokens: delta(a.prompt_tokens_total, b.prompt_tokens_total),
             output_tokens: delta(a.generation_tokens_total, b.generation_tokens_total),
             busy_share: busy_share(a, b, duration_ms, reset),
@@ -422,6 +425,7 @@ mod tests {
             duration_ms: ms,
             seconds: ms as f64 / 1000.0,
             requests: 12,
+            counts_requests: true,
             input_tokens: 3_000,
             output_tokens: 800,
             busy_share: busy,

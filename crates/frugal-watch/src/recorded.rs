@@ -274,6 +274,18 @@ fn captured_llama_server_and_frugal_bodies_read_as_their_kind() {
     );
     assert_eq!(frugal.busy_seconds_total, Some(14.630187));
     assert_eq!(frugal.model.as_deref(), Some("SmolLM2-135M-Instruct.Q4_1"));
+    // llama.cpp's 0 requests are no count; frugal's are.
+    let twice = |r: &Reading| {
+        let at = |at_ms| Snapshot {
+            at_ms,
+            reading: r.clone(),
+        };
+        Interval::between(&at(0), &at(1_000))
+            .unwrap()
+            .counts_requests
+    };
+    assert!(!twice(&llama));
+    assert!(twice(&frugal));
 }
 
 #[test]

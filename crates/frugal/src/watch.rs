@@ -304,17 +304,24 @@ impl Row {
             }
         };
         let rate = |n: u64| format!("{:.1}", n as f64 / interval.seconds);
+        let counted = |text: String| {
+            if interval.counts_requests {
+                text
+            } else {
+                "-".to_owned()
+            }
+        };
         Row {
             name: target.meta.name.clone(),
             figures: Some(vec![
-                rate(interval.requests),
+                counted(rate(interval.requests)),
                 rate(interval.input_tokens),
                 rate(interval.output_tokens),
                 interval
                     .busy_share
                     .map_or_else(|| "-".into(), |b| format!("{:.0}%", b * 100.0)),
                 format!("${:.2}", target.rate.0.as_f64()),
-                per(interval.requests, 1e3),
+                counted(per(interval.requests, 1e3)),
                 per(interval.input_tokens + interval.output_tokens, 1e6),
                 format!("${:.4}", idle_so_far.as_f64()),
             ]),
