@@ -268,9 +268,6 @@ impl UnitAcc {
     }
 
     fn line(&self, workload: Option<String>, model: Option<String>) -> InferenceLine {
-        let per = |cost: Money, n: u64, unit: i128| {
-            (n > 0).then(|| cost.mul_div(unit, i128::from(n))).flatten()
-        };
         let unsplit_tokens = (self.input_tokens + self.output_tokens)
             .saturating_sub(self.split_input_tokens + self.split_output_tokens);
         let unsplit_cost = self.cost - self.split_input_cost - self.split_output_cost + self.idle;
@@ -291,6 +288,11 @@ impl UnitAcc {
             saved: self.saved,
         }
     }
+}
+
+/// `cost` per `unit` of `n` things (1,000 requests, a million tokens); `None` for none.
+fn per(cost: Money, n: u64, unit: i128) -> Option<Money> {
+    (n > 0).then(|| cost.mul_div(unit, i128::from(n))).flatten()
 }
 
 fn ratio(part: Money, whole: Money) -> Option<f64> {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::Lever;
+use super::{Lever, per};
 use crate::catalog::Catalog;
 use crate::event::{ReplicaSpan, ReplicaState};
 use crate::ledger::{Ledger, LedgerError, Window};
@@ -101,6 +101,14 @@ pub(super) struct Acc {
 }
 
 impl Acc {
+    /// What the busy part of the time cost, at the spans' average rate.
+    pub(super) fn busy_cost(&self) -> Option<Money> {
+        self.cost.mul_div(
+            i128::from(self.busy_ms),
+            i128::from(self.duration_ms.max(1)),
+        )
+    }
+
     pub(super) fn add(&mut self, s: &ReplicaSpan) {
         let duration = s.duration_ms.max(0);
         self.duration_ms += duration;
@@ -179,9 +187,7 @@ pub(super) fn build(
             cost: acc.cost,
             busy_share: (acc.duration_ms > 0).then(|| acc.busy_ms as f64 / acc.duration_ms as f64),
             requests,
-            per_1k: (requests > 0)
-                .then(|| acc.cost.mul_div(1000, i128::from(requests)))
-                .flatten(),
+            per_1k: per(acc.cost, requests, 1000),
             cold_starts: acc.cold_starts,
             failed_starts: acc.failed_starts,
             cold_start_p50_s: seconds(50),
@@ -221,10 +227,7 @@ fn nearest_rank(sorted: &[Millis], percent: usize) -> Option<Millis> {
 
 fn low_busy_share(line: &PoolLine, acc: &Acc, busy_below: f64) -> Option<RightSizing> {
     let busy = line.busy_share.filter(|b| *b < busy_below)?;
-    let busy_cost = acc
-        .cost
-        .mul_div(i128::from(acc.busy_ms), i128::from(acc.duration_ms.max(1)))?;
-    let idle = acc.cost - busy_cost;
+    let idle = acc.cost - acc.busy_cost()?;
     if idle <= Money::ZERO {
         return None;
     }

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::Lever;
 use super::pools::{Acc, GIB, HOUR_MS, RightSizing, Sizing, oversized};
+use super::{Lever, per};
 use crate::catalog::Catalog;
 use crate::event::ReplicaSpan;
 use crate::money::{Millis, Money};
@@ -135,13 +135,7 @@ pub(super) fn build(spans: ServerSpans, catalog: &Catalog) -> Vec<ServerLine> {
 
 fn line(server: String, acc: &ServerAcc, catalog: &Catalog) -> ServerLine {
     let a = &acc.spans;
-    let busy_cost = a
-        .cost
-        .mul_div(i128::from(a.busy_ms), i128::from(a.duration_ms.max(1)))
-        .unwrap_or(a.cost);
-    let per = |cost: Money, n: u64, unit: i128| {
-        (n > 0).then(|| cost.mul_div(unit, i128::from(n))).flatten()
-    };
+    let busy_cost = a.busy_cost().unwrap_or(a.cost);
     let tokens = acc.input_tokens + acc.output_tokens;
     let hours = a.duration_ms as f64 / HOUR_MS;
     let mut right_sizing = Vec::new();
