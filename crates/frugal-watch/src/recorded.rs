@@ -103,6 +103,19 @@ fn a_vllm_restart_counts_from_zero() {
     assert_eq!(i.busy_share, Some(1.0));
 }
 
+/// One target's body (or fetch error) observed alone.
+fn observe(
+    state: &mut crate::watch::State,
+    target: &crate::watch::Target,
+    body: Result<String, String>,
+    at_ms: i64,
+) -> crate::watch::Outcome {
+    let scrape = crate::watch::scrape_of(body);
+    state
+        .observe_all(std::slice::from_ref(target), vec![scrape], at_ms)
+        .remove(0)
+}
+
 /// The watcher's state: a baseline, then a bill; a failed scrape is a gap that forgets
 /// the last snapshot, so the next reading is a baseline again; the state survives a save.
 #[test]
@@ -124,7 +137,7 @@ fn the_state_bills_between_scrapes_and_forgets_across_a_gap() {
     };
     let mut state = State::default();
     assert!(matches!(
-        state.observe(&target, Ok(body("vllm.prom")), 1_000),
+        observe(&mut state, &target, Ok(body("vllm.prom")), 1_000),
         Outcome::Baseline(_)
     ));
     let dir = std::env::temp_dir().join(format!("frugal-watch-state-{}", std::process::id()));
@@ -133,7 +146,7 @@ fn the_state_bills_between_scrapes_and_forgets_across_a_gap() {
     state.save(&path).unwrap();
     let mut state = State::load(&path).unwrap();
     let Outcome::Billed { interval, bill } =
-        state.observe(&target, Ok(body("vllm-later.prom")), 61_000)
+        observe(&mut state, &target, Ok(body("vllm-later.prom")), 61_000)
     else {
         panic!("no bill")
     };
@@ -145,15 +158,15 @@ fn the_state_bills_between_scrapes_and_forgets_across_a_gap() {
         "a minute at $3.60/h"
     );
     assert!(matches!(
-        state.observe(&target, Err("down".into()), 121_000),
+        observe(&mut state, &target, Err("down".into()), 121_000),
         Outcome::Gap(_)
     ));
     assert!(matches!(
-        state.observe(&target, Ok("<html>".into()), 181_000),
+        observe(&mut state, &target, Ok("<html>".into()), 181_000),
         Outcome::Gap(_)
     ));
     assert!(matches!(
-        state.observe(&target, Ok(body("vllm-later.prom")), 241_000),
+        observe(&mut state, &target, Ok(body("vllm-later.prom")), 241_000),
         Outcome::Baseline(_)
     ));
     std::fs::write(&path, "{").unwrap();

@@ -107,18 +107,6 @@ impl State {
         std::fs::rename(&tmp, path).map_err(write)
     }
 
-    /// Reads `body` (or the fetch's error) for `target` at `at_ms`, against its last
-    /// snapshot; see [`State::observe_all`].
-    pub fn observe(
-        &mut self,
-        target: &Target,
-        body: Result<String, String>,
-        at_ms: Millis,
-    ) -> Outcome {
-        let reading = read(target, scrape_of(body));
-        self.observe_reading(target, reading, at_ms)
-    }
-
     /// Reads every target's scrape (or why there is none) at `at_ms`, in order. A DCGM exporter on
     /// the host of one or more serving targets lends them its GPU utilization and memory
     /// and is not billed itself; one alone on its host is billed as a machine. A failed or

@@ -174,7 +174,9 @@ impl Prometheus {
         }
     }
 
-    /// The value of an instant query's first series, once Prometheus answers with one.
+    /// The value of an instant query's first series, once Prometheus answers with one. HTTP/1.0
+    /// on a connection that may not be up yet: the common `request_at` speaks HTTP/1.1, whose
+    /// answers Prometheus may chunk, and panics on a refused connection.
     fn value(&self, promql: &str) -> Option<f64> {
         use std::io::{Read, Write};
         let mut stream = std::net::TcpStream::connect(&self.addr).ok()?;
