@@ -3,7 +3,8 @@
 //! `gguf` reads model files, `tokenizer` and `template` turn chat messages into tokens and
 //! `prompt` combines them into a model's input (message contents cannot forge special
 //! tokens there), `quant` holds the quantized weight formats and their matrix kernels,
-//! `model` runs the batched forward pass. It knows nothing of HTTP or money.
+//! `model` runs the batched forward pass, `eval` measures what a quantization costs in
+//! quality. It knows nothing of HTTP or money.
 
 /// The default model, relative to the repository root; `scripts/fetch-models.sh` fetches it.
 pub const DEFAULT_MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -11,6 +12,7 @@ pub const DEFAULT_MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 /// The larger tier (qwen2 architecture, mixed Q4_K_M types), fetched by the same script.
 pub const LARGE_MODEL: &str = "models/qwen2.5/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
 
+pub mod eval;
 pub mod gguf;
 pub mod model;
 pub mod prompt;

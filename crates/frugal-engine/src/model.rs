@@ -488,10 +488,26 @@ impl Model {
     pub fn forward(&self, chunks: &mut [Chunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         // Inside the pool every matmul starts on a pool thread and the other steals half;
         // from outside, each call would hand work over and sleep (3x slower per step).
-        self.pool.install(|| self.step(chunks))
+        self.pool.install(|| self.step(chunks, None))
     }
 
-    fn step(&self, chunks: &mut [Chunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    /// Runs `chunk` and returns the logits of each of its tokens from the `first`th on (a
+    /// perplexity evaluation scores every position, not only the last).
+    pub fn forward_from(
+        &self,
+        chunk: Chunk<'_>,
+        first: usize,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.pool.install(|| self.step(&mut [chunk], Some(first)))
+    }
+
+    /// One step; `every_from` asks for the logits of each chunk's tokens from that index on
+    /// instead of its last token's.
+    fn step(
+        &self,
+        chunks: &mut [Chunk<'_>],
+        every_from: Option<usize>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         let (d, kvd, hd) = (c.n_embd, c.kv_dim(), c.head_dim);
         let total: usize = chunks.iter().map(|ch| ch.tokens.len()).sum();
@@ -584,9 +600,11 @@ impl Model {
         let mut wanted = Vec::new();
         let mut end = 0;
         for ch in chunks.iter() {
+            let start = end;
             end += ch.tokens.len();
             if ch.logits {
-                wanted.extend_from_slice(&x[(end - 1) * d..end * d]);
+                let from = every_from.map_or(end - 1, |f| (start + f).min(end));
+                wanted.extend_from_slice(&x[from * d..end * d]);
             }
         }
         let n = wanted.len() / d;

@@ -27,6 +27,7 @@ pub mod meter;
 pub mod metrics;
 pub mod pipeline;
 pub mod pool;
+pub mod quality;
 mod render;
 pub mod route;
 pub mod route_eval;

@@ -77,6 +77,10 @@ pub enum Command {
     /// Search hyperparameters with ASHA over any training command: trials stopped at rungs
     /// resume from their checkpoints when promoted, spot-safe and priced
     Tune(TuneArgs),
+    /// What a quantization costs in quality, on held-out data: perplexity and KL divergence
+    /// from a reference per token, or task accuracy and flips; a gate for CI
+    #[command(subcommand)]
+    Eval(EvalCommand),
     /// Scrape the /metrics of the servers in `[[watch.target]]` (vLLM, TGI, llama.cpp, frugal,
     /// DCGM) into the ledger: cost per 1,000 requests and per million tokens, and idle dollars
     Watch(WatchArgs),
@@ -712,12 +716,134 @@ pub struct ServeArgs {
     pub drain_timeout: Option<u64>,
 }
 
+/// A weight type to re-quantize to at load; each runs on its own integer kernel. A matrix
+/// whose rows are no whole number of a K type's 256-weight blocks takes llama.cpp's
+/// substitute (Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum QuantArg {
     #[value(name = "q8_0")]
     Q8_0,
+    #[value(name = "q6_k")]
+    Q6K,
+    #[value(name = "q5_k")]
+    Q5K,
+    #[value(name = "q5_1")]
+    Q5_1,
+    #[value(name = "q5_0")]
+    Q5_0,
+    #[value(name = "q4_k")]
+    Q4K,
+    #[value(name = "q4_1")]
+    Q4_1,
     #[value(name = "q4_0")]
     Q4_0,
+}
+
+impl QuantArg {
+    pub fn weight_type(self) -> frugal_engine::quant::WeightType {
+        use frugal_engine::quant::WeightType as W;
+        match self {
+            QuantArg::Q8_0 => W::Q8_0,
+            QuantArg::Q6K => W::Q6_K,
+            QuantArg::Q5K => W::Q5_K,
+            QuantArg::Q5_1 => W::Q5_1,
+            QuantArg::Q5_0 => W::Q5_0,
+            QuantArg::Q4K => W::Q4_K,
+            QuantArg::Q4_1 => W::Q4_1,
+            QuantArg::Q4_0 => W::Q4_0,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EvalCommand {
+    /// Perplexity on a held-out text, and against a reference: KL divergence per token (mean,
+    /// p99), top-1 agreement and Δp, as llama-perplexity measures them
+    #[command(
+        after_help = "Held-out texts: data/eval/ (PROVENANCE.md). Exit status 1 when a gate fails."
+    )]
+    Ppl(EvalPplArgs),
+    /// Accuracy on questions with checkable answers, of the model and its reference, and the
+    /// flips: questions right in one and wrong in the other
+    Tasks(EvalTasksArgs),
+}
+
+/// The model evaluated, shared by `eval ppl` and `eval tasks`.
+#[derive(Debug, Args)]
+pub struct EvalModelArgs {
+    /// The model evaluated (GGUF)
+    #[arg(long, value_name = "Q.gguf")]
+    pub model: PathBuf,
+    /// Evaluate the model re-quantized at load to this type, as `frugal serve --quant` runs it
+    /// (the reference is then the file itself, unless --reference names another)
+    #[arg(long, value_enum)]
+    pub quant: Option<QuantArg>,
+    /// Kernel threads [default: one per core]
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Where the result is recorded for `frugal serve` to say at start [default:
+    /// $XDG_DATA_HOME/frugal/evals.jsonl]
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalPplArgs {
+    #[command(flatten)]
+    pub model: EvalModelArgs,
+    /// The reference: a GGUF (its weights dequantized to F32, so it is exact), or a file
+    /// written by --save-reference [default with --quant: --model's file]
+    #[arg(long, value_name = "R.gguf|FILE")]
+    pub reference: Option<PathBuf>,
+    /// Held-out text
+    #[arg(long, value_name = "FILE")]
+    pub text: PathBuf,
+    /// Tokens per chunk; the second half of each is scored
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Chunks at most [default: all the text holds]
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// Save the reference's top-k log-probabilities per token to FILE, for later runs'
+    /// --reference
+    #[arg(long, value_name = "FILE")]
+    pub save_reference: Option<PathBuf>,
+    /// Log-probabilities saved per token
+    #[arg(long, default_value_t = 32)]
+    pub top_k: usize,
+    /// Fail (exit 1) when the mean KL divergence is above this
+    #[arg(long, value_name = "NATS")]
+    pub max_kld: Option<f64>,
+    /// Fail when the share of tokens with the reference's top token is below this
+    #[arg(long, value_name = "SHARE", value_parser = unit_interval)]
+    pub min_top1: Option<f64>,
+    /// Fail when perplexity over the reference's is above this
+    #[arg(long, value_name = "RATIO")]
+    pub max_ppl_ratio: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalTasksArgs {
+    #[command(flatten)]
+    pub model: EvalModelArgs,
+    /// The reference model (GGUF), run as stored [default with --quant: --model's file]
+    #[arg(long, value_name = "R.gguf")]
+    pub reference: Option<PathBuf>,
+    /// JSON lines of {id, kind, question, answers, check}
+    #[arg(long, default_value = "data/cascade/questions.jsonl")]
+    pub questions: PathBuf,
+    /// Questions at most (the first N)
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Tokens per answer at most
+    #[arg(long, default_value_t = 24)]
+    pub max_tokens: usize,
+    /// Fail (exit 1) when more questions than this flip (right in one, wrong in the other)
+    #[arg(long)]
+    pub max_flips: Option<usize>,
 }
 
 #[derive(Debug, Args)]

@@ -12,8 +12,8 @@ use frugal_cost::report::{Options, PoolLine, Report, RightSizing, ServerLine, ut
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::{
-    BatchCommand, Cli, Command, DeployCommand, ImportFormat, KeysCommand, LedgerCommand,
-    NewKeyArgs, PriceSort, PricesArgs, ReportArgs,
+    BatchCommand, Cli, Command, DeployCommand, EvalCommand, ImportFormat, KeysCommand,
+    LedgerCommand, NewKeyArgs, PriceSort, PricesArgs, ReportArgs,
 };
 use crate::config::{self, Config, Sources};
 use crate::progress::Bar;
@@ -35,6 +35,12 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::EvalCache(args) => crate::eval_cache::run(&args),
         Command::EvalRoute(args) => crate::eval_route::run(&args),
+        Command::Eval(EvalCommand::Ppl(args)) => {
+            crate::eval::ppl(&args, config.data_home.as_deref())
+        }
+        Command::Eval(EvalCommand::Tasks(args)) => {
+            crate::eval::tasks(&args, config.data_home.as_deref())
+        }
         Command::Train(args) => crate::train::run(&config, &catalog, &args),
         Command::Batch(BatchCommand::Run(args)) => crate::batch::run(&config, &catalog, &args),
         Command::Plan(args) => crate::plan::run(&config, &catalog, &args),
@@ -140,7 +146,7 @@ pub fn open_for_write(config: &Config) -> Result<Ledger> {
     Ok(Ledger::open(&config.ledger)?)
 }
 
-fn print_json(value: &impl serde::Serialize) -> Result<()> {
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;

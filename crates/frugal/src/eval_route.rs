@@ -23,8 +23,8 @@ use crate::progress::Bar;
 use crate::table;
 
 /// A model loaded for evaluation: one sequence at a time.
-fn load_tier(path: &Path) -> Result<Tier> {
-    let (model, tokenizer, template) = crate::serve::load_model(path, LoadOptions::default())?;
+pub fn load_tier(path: &Path, options: LoadOptions) -> Result<Tier> {
+    let (model, tokenizer, template) = crate::serve::load_model(path, options)?;
     let engine = Engine::start(
         model,
         SchedulerConfig {
@@ -86,8 +86,8 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
             (small, large, saved.small, saved.large)
         }
         None => {
-            let small = load_tier(&args.small)?;
-            let large = load_tier(&args.large)?;
+            let small = load_tier(&args.small, LoadOptions::default())?;
+            let large = load_tier(&args.large, LoadOptions::default())?;
             let bar = Bar::count("answering");
             bar.start(2 * questions.len() as u64);
             // One tier at a time, so neither engine's threads compete with the other's.

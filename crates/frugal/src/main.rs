@@ -7,6 +7,7 @@ mod cli;
 mod commands;
 mod config;
 mod deploy;
+mod eval;
 mod eval_cache;
 mod eval_route;
 mod plan;

@@ -9,7 +9,6 @@ use anyhow::{Context, Result, bail};
 use frugal_cost::money::HourlyRate;
 use frugal_cost::{Capacity, Catalog, Money};
 use frugal_engine::model::{LoadOptions, Model};
-use frugal_engine::quant::WeightType;
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
@@ -133,7 +132,11 @@ impl Gateway {
         }
         let capacity = paid.capacity;
         let local = match model {
-            Some((path, name)) => Some(start_local(args, &serve, &path, name, paid)?),
+            Some((path, name)) => {
+                let local = start_local(args, &serve, &path, name, paid)?;
+                say_quality(&path, args.quant, config.data_home.as_deref())?;
+                Some(local)
+            }
             None => None,
         };
         let what = match &local {
@@ -303,6 +306,46 @@ pub fn embedder_search(data_home: Option<&Path>) -> Vec<PathBuf> {
     dirs
 }
 
+/// Says what `frugal eval` last measured of the model file as `--quant` runs it, or, when it
+/// re-quantizes, that nothing measured it: a saving is never served without its cost in
+/// quality in sight.
+fn say_quality(path: &Path, quant: Option<QuantArg>, data_home: Option<&Path>) -> Result<()> {
+    let Some(store) = crate::eval::store(None, data_home) else {
+        return Ok(());
+    };
+    let Ok(file) = frugal_gateway::quality::FileId::of(path) else {
+        return Ok(());
+    };
+    let quant = quant.map(|q| q.weight_type().name());
+    let found = frugal_gateway::quality::latest(&store, &file, quant);
+    let what = match quant {
+        Some(q) => format!("{} as {q}", path.display()),
+        None => path.display().to_string(),
+    };
+    let mut err = std::io::stderr().lock();
+    if found.is_empty() && quant.is_some() {
+        writeln!(
+            err,
+            "frugal serve: no held-out evaluation of {what}: `frugal eval ppl --model {} --quant {} --text data/eval/shakespeare-heldout.txt` measures what it keeps",
+            path.display(),
+            quant.unwrap_or_default().to_lowercase()
+        )?;
+    }
+    for r in found {
+        let gate = match r.gate {
+            Some(true) => ", gate passed",
+            Some(false) => ", GATE FAILED",
+            None => "",
+        };
+        writeln!(
+            err,
+            "frugal serve: {what}, last evaluated {} ({} on {}{gate}): {}",
+            r.at, r.kind, r.data, r.summary
+        )?;
+    }
+    Ok(())
+}
+
 /// Loads the local model at `path` and starts its engine, served as `name` and priced as
 /// `paid`.
 fn start_local(
@@ -320,10 +363,7 @@ fn start_local(
     }
     let started = std::time::Instant::now();
     let options = LoadOptions {
-        requantize: args.quant.map(|q| match q {
-            QuantArg::Q8_0 => WeightType::Q8_0,
-            QuantArg::Q4_0 => WeightType::Q4_0,
-        }),
+        requantize: args.quant.map(QuantArg::weight_type),
         threads: args.threads,
     };
     let (model, tokenizer, template) = load_model(path, options)?;

@@ -1,0 +1,144 @@
+//! What each model file and quantization was last measured to keep in quality: `frugal eval`
+//! appends a line per run to a JSON-lines file, and `frugal serve --quant` says the latest
+//! for what it is about to serve (or that nothing measured it), so a saving never runs
+//! without its cost in quality in sight.
+//!
+//! A file is known by its canonical path, size and modification time: cheap to check at every
+//! start (hashing a model would read it twice), and any rewrite of the file changes them.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+
+/// A model file as it is now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileId {
+    pub path: PathBuf,
+    pub size: u64,
+    pub modified_ms: u64,
+}
+
+impl FileId {
+    pub fn of(path: &Path) -> std::io::Result<FileId> {
+        let path = path.canonicalize()?;
+        let meta = std::fs::metadata(&path)?;
+        let modified_ms = meta
+            .modified()?
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Ok(FileId {
+            path,
+            size: meta.len(),
+            modified_ms,
+        })
+    }
+}
+
+/// One evaluation's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    /// When it ran (RFC 3339, UTC).
+    pub at: String,
+    /// `ppl` or `tasks`.
+    pub kind: String,
+    pub model: FileId,
+    /// The type the model was re-quantized to at load (`Q4_0`), if any.
+    pub quant: Option<String>,
+    /// What it was measured against, in words.
+    pub reference: Option<String>,
+    /// The held-out data (a text or a questions file).
+    pub data: String,
+    /// The figures a person reads, in one line.
+    pub summary: String,
+    /// Whether the gate passed, when one was set.
+    pub gate: Option<bool>,
+    /// Every figure, for machines.
+    pub figures: serde_json::Value,
+}
+
+/// Appends `record` to the store at `path` (made with its folder if missing).
+pub fn append(path: &Path, record: &Record) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut line = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    // One write of a whole line in append mode: concurrent runs never interleave a line.
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    f.write_all(&line)
+}
+
+/// The latest record of each kind for `model` as `quant` runs it, oldest kind first. Lines
+/// that do not parse (a newer version's, a torn one) are skipped: the store only informs.
+pub fn latest(path: &Path, model: &FileId, quant: Option<&str>) -> Vec<Record> {
+    let Ok(file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let mut by_kind: Vec<Record> = Vec::new();
+    for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
+        let Ok(r) = serde_json::from_str::<Record>(&line) else {
+            continue;
+        };
+        if r.model != *model || r.quant.as_deref() != quant {
+            continue;
+        }
+        by_kind.retain(|k| k.kind != r.kind);
+        by_kind.push(r);
+    }
+    by_kind
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(kind: &str, model: &FileId, quant: Option<&str>, summary: &str) -> Record {
+        Record {
+            at: "2026-12-05T00:00:00Z".into(),
+            kind: kind.into(),
+            model: model.clone(),
+            quant: quant.map(str::to_owned),
+            reference: None,
+            data: "t.txt".into(),
+            summary: summary.into(),
+            gate: None,
+            figures: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn the_latest_of_each_kind_for_the_file_and_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, b"weights").unwrap();
+        let id = FileId::of(&model).unwrap();
+        let store = dir.path().join("sub/evals.jsonl");
+        assert!(latest(&store, &id, Some("Q4_0")).is_empty());
+        append(&store, &record("ppl", &id, Some("Q4_0"), "old")).unwrap();
+        append(&store, &record("ppl", &id, Some("Q8_0"), "other type")).unwrap();
+        append(&store, &record("tasks", &id, Some("Q4_0"), "tasks")).unwrap();
+        append(&store, &record("ppl", &id, Some("Q4_0"), "new")).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&store)
+            .unwrap()
+            .write_all(b"{torn\n")
+            .unwrap();
+        let got: Vec<String> = latest(&store, &id, Some("Q4_0"))
+            .into_iter()
+            .map(|r| r.summary)
+            .collect();
+        assert_eq!(got, ["tasks", "new"]);
+        assert!(latest(&store, &id, None).is_empty());
+
+        // A rewritten file is another file.
+        std::fs::write(&model, b"other weights").unwrap();
+        let changed = FileId::of(&model).unwrap();
+        assert!(latest(&store, &changed, Some("Q4_0")).is_empty());
+    }
+}

@@ -1,0 +1,501 @@
+//! `frugal eval ppl|tasks`: loads the model (as `--quant` would serve it) and its reference,
+//! has `frugal_engine::eval` or `frugal_gateway::route_eval` measure them on held-out data,
+//! prints the figures, records them for `frugal serve` to say at start, and applies the gate.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use frugal_engine::eval::{
+    self, Made, PplOptions, PplReport, Reference, SavedReference, SavedWriter, Stats,
+};
+use frugal_engine::model::{LoadOptions, Model};
+use frugal_engine::quant::WeightType;
+use frugal_engine::tokenizer::Tokenizer;
+use frugal_gateway::quality::{self, FileId, Record};
+use frugal_gateway::route_eval::read_questions;
+use serde_json::json;
+
+use crate::cli::{EvalModelArgs, EvalPplArgs, EvalTasksArgs};
+use crate::progress::Bar;
+use crate::table;
+
+/// A gate crossed: the figure, and the bound it crossed. Exit status 1.
+#[derive(Debug, thiserror::Error)]
+#[error("gate failed: {0}")]
+pub struct GateFailed(String);
+
+/// Where results are recorded: --record, else the user's data folder's `frugal/evals.jsonl`.
+pub fn store(record: Option<&Path>, data_home: Option<&Path>) -> Option<PathBuf> {
+    record
+        .map(Path::to_owned)
+        .or_else(|| data_home.map(|h| h.join("frugal").join("evals.jsonl")))
+}
+
+fn load(
+    path: &Path,
+    requantize: Option<WeightType>,
+    threads: Option<usize>,
+) -> Result<(Model, Tokenizer)> {
+    let (model, tokenizer, _) = crate::serve::load_model(
+        path,
+        LoadOptions {
+            requantize,
+            threads,
+        },
+    )?;
+    Ok((model, tokenizer))
+}
+
+/// The model as evaluated, in words: its file and the type it was re-quantized to.
+fn described(m: &EvalModelArgs) -> String {
+    let name = m.model.display();
+    match m.quant {
+        Some(q) => format!("{name} as {}", q.weight_type()),
+        None => name.to_string(),
+    }
+}
+
+/// Refuses a reference whose vocabulary differs from the model's.
+fn same_vocabulary(model: &Tokenizer, reference: &Tokenizer) -> Result<[u8; 32]> {
+    let (m, r) = (
+        eval::vocabulary_hash(model),
+        eval::vocabulary_hash(reference),
+    );
+    if m != r {
+        return Err(eval::EvalError::Vocabulary {
+            model: model.vocab_size(),
+            model_hash: eval::short_hex(&m),
+            reference: reference.vocab_size(),
+            reference_hash: eval::short_hex(&r),
+        }
+        .into());
+    }
+    Ok(m)
+}
+
+/// Whether `path` is a saved reference rather than a GGUF.
+fn is_saved_reference(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    let read =
+        std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+    read.is_ok() && &magic != b"GGUF"
+}
+
+pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
+    let m = &args.model;
+    let text = std::fs::read_to_string(&args.text)
+        .with_context(|| format!("cannot read the text {}", args.text.display()))?;
+    let quant = m.quant.map(|q| q.weight_type());
+    let (model, tokenizer) = load(&m.model, quant, m.threads)?;
+    let chunks = eval::chunks(&tokenizer, &text, args.ctx, args.chunks)?;
+    let reference_path = args
+        .reference
+        .clone()
+        .or_else(|| quant.map(|_| m.model.clone()));
+    let saved = reference_path.as_deref().filter(|p| is_saved_reference(p));
+    if saved.is_some() && args.save_reference.is_some() {
+        bail!("--save-reference needs a reference model to run, not a saved reference");
+    }
+    if reference_path.is_none() && args.save_reference.is_some() {
+        bail!("--save-reference needs --reference R.gguf (or --quant, whose reference is --model)");
+    }
+    let gate_needs_reference = args
+        .max_kld
+        .or(args.min_top1)
+        .or(args.max_ppl_ratio)
+        .is_some();
+    if reference_path.is_none() && gate_needs_reference {
+        bail!(
+            "--max-kld, --min-top1 and --max-ppl-ratio compare with a reference: pass --reference"
+        );
+    }
+    let made = |vocab_hash: [u8; 32], k: usize| Made {
+        vocab: tokenizer.vocab_size() as u32,
+        k: k as u32,
+        ctx: args.ctx as u32,
+        chunks: chunks.len() as u32,
+        vocab_hash,
+        tokens_hash: eval::tokens_hash(&chunks),
+    };
+    let reference_model;
+    let (reference, reference_words, top_k) = match (reference_path.as_deref(), saved) {
+        (_, Some(path)) => {
+            let s = SavedReference::open(path, made(eval::vocabulary_hash(&tokenizer), 0))?;
+            let k = s.k();
+            (
+                Reference::Saved(s),
+                format!("the top {k} saved in {}", path.display()),
+                k,
+            )
+        }
+        (Some(path), None) => {
+            let (r, r_tok) = load(path, Some(WeightType::F32), m.threads)?;
+            same_vocabulary(&tokenizer, &r_tok)?;
+            reference_model = r;
+            (
+                Reference::Live(&reference_model),
+                format!("{} dequantized to F32", path.display()),
+                args.top_k,
+            )
+        }
+        (None, None) => (Reference::None, String::new(), args.top_k),
+    };
+    let mut writer = match &args.save_reference {
+        Some(path) => Some(SavedWriter::create(
+            path,
+            made(eval::vocabulary_hash(&tokenizer), top_k),
+        )?),
+        None => None,
+    };
+    let bar = Bar::count("chunks");
+    bar_len(&bar, chunks.len());
+    let report = eval::perplexity(
+        &model,
+        &chunks,
+        reference,
+        writer.as_mut(),
+        &PplOptions { top_k },
+        |done| bar.set(done as u64, String::new()),
+    )?;
+    bar.finish();
+
+    let figures = ppl_json(&report, &reference_words);
+    let failures = ppl_gate(args, &report);
+    let summary = ppl_summary(&report);
+    record(
+        m,
+        data_home,
+        "ppl",
+        &reference_words,
+        &args.text,
+        &summary,
+        &failures,
+        &figures,
+        gate_needs_reference,
+    );
+    if m.json {
+        let mut v = figures;
+        v["model"] = json!(described(m));
+        v["gate"] = gate_json(&failures, gate_needs_reference);
+        crate::commands::print_json(&v)?;
+    } else {
+        print_ppl(m, args, &report, &reference_words)?;
+        if let Some(path) = &args.save_reference {
+            writeln!(std::io::stdout(), "reference saved to {}", path.display())?;
+        }
+    }
+    gate(failures)
+}
+
+fn bar_len(bar: &Bar, n: usize) {
+    use frugal_cost::Progress;
+    bar.start(n as u64);
+}
+
+fn stats_json(s: &Stats) -> serde_json::Value {
+    json!({"mean": s.mean, "min": s.min, "p1": s.p1, "p5": s.p5, "median": s.median,
+           "p95": s.p95, "p99": s.p99, "max": s.max})
+}
+
+fn ppl_json(r: &PplReport, reference: &str) -> serde_json::Value {
+    let mut v = json!({
+        "ppl": r.ppl, "ppl_err": r.ppl_err, "ctx": r.ctx, "chunks": r.chunks,
+        "tokens_scored": r.tokens_scored,
+    });
+    if let Some(c) = &r.reference {
+        v["reference"] = json!({
+            "what": reference,
+            "ppl": c.ppl,
+            "ppl_ratio": c.ppl_ratio,
+            "kld": stats_json(&c.kld),
+            "kld_from_top_k": c.kld_is_top_k,
+            "top_k": c.top_k,
+            "kld_top_k_mean": c.top_k_mean,
+            "top1": c.top1,
+            "dp": stats_json(&c.dp),
+            "dp_rms": c.dp_rms,
+        });
+    }
+    v
+}
+
+fn ppl_summary(r: &PplReport) -> String {
+    match &r.reference {
+        Some(c) => format!(
+            "PPL {:.3} ({:+.2}% of the reference's {:.3}), mean KLD {:.4}, p99 {:.4}, same top token {:.1}%",
+            r.ppl,
+            (c.ppl_ratio - 1.0) * 100.0,
+            c.ppl,
+            c.kld.mean,
+            c.kld.p99,
+            c.top1 * 100.0
+        ),
+        None => format!("PPL {:.3} ± {:.3}", r.ppl, r.ppl_err),
+    }
+}
+
+fn ppl_gate(args: &EvalPplArgs, r: &PplReport) -> Vec<String> {
+    let Some(c) = &r.reference else {
+        return Vec::new();
+    };
+    let mut failed = Vec::new();
+    if let Some(max) = args.max_kld.filter(|&m| c.kld.mean > m) {
+        failed.push(format!(
+            "mean KL divergence {:.5} > --max-kld {max}",
+            c.kld.mean
+        ));
+    }
+    if let Some(min) = args.min_top1.filter(|&m| c.top1 < m) {
+        failed.push(format!("same top token {:.4} < --min-top1 {min}", c.top1));
+    }
+    if let Some(max) = args.max_ppl_ratio.filter(|&m| c.ppl_ratio > m) {
+        failed.push(format!(
+            "perplexity ratio {:.5} > --max-ppl-ratio {max}",
+            c.ppl_ratio
+        ));
+    }
+    failed
+}
+
+fn gate_json(failures: &[String], set: bool) -> serde_json::Value {
+    if set {
+        json!({"passed": failures.is_empty(), "failures": failures})
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+fn gate(failures: Vec<String>) -> Result<()> {
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(GateFailed(failures.join("; ")).into())
+    }
+}
+
+/// Appends the result to the store; a store that cannot be written is said, never fatal.
+#[allow(clippy::too_many_arguments)]
+fn record(
+    m: &EvalModelArgs,
+    data_home: Option<&Path>,
+    kind: &str,
+    reference: &str,
+    data: &Path,
+    summary: &str,
+    failures: &[String],
+    figures: &serde_json::Value,
+    gated: bool,
+) {
+    let Some(path) = store(m.record.as_deref(), data_home) else {
+        return;
+    };
+    let written = FileId::of(&m.model).and_then(|model| {
+        quality::append(
+            &path,
+            &Record {
+                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                kind: kind.into(),
+                model,
+                quant: m.quant.map(|q| q.weight_type().name().to_owned()),
+                reference: (!reference.is_empty()).then(|| reference.to_owned()),
+                data: data.display().to_string(),
+                summary: summary.to_owned(),
+                gate: gated.then_some(failures.is_empty()),
+                figures: figures.clone(),
+            },
+        )
+    });
+    if let Err(e) = written {
+        tracing::warn!(store = %path.display(), error = %e, "cannot record the evaluation");
+    }
+}
+
+fn print_ppl(m: &EvalModelArgs, args: &EvalPplArgs, r: &PplReport, reference: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{}: {} chunks of {} tokens of {}, {} tokens scored (each with at least {} before it)",
+        described(m),
+        r.chunks,
+        r.ctx,
+        args.text.display(),
+        r.tokens_scored,
+        eval::first_scored(r.ctx)
+    )?;
+    let Some(c) = &r.reference else {
+        writeln!(out, "perplexity {:.4} ± {:.4}", r.ppl, r.ppl_err)?;
+        return Ok(());
+    };
+    writeln!(out, "reference: {reference}\n")?;
+    let mut t = table::new(&["", "model", "reference", "ratio"]);
+    t.add_row(vec![
+        "perplexity".into(),
+        format!("{:.4} ± {:.4}", r.ppl, r.ppl_err),
+        format!("{:.4}", c.ppl),
+        format!("{:.4}", c.ppl_ratio),
+    ]);
+    writeln!(out, "{t}\n")?;
+    let mut t = table::new(&["per token", "mean", "median", "p95", "p99", "max"]);
+    let kld_name = if c.kld_is_top_k {
+        format!("KL divergence (top {})", c.top_k)
+    } else {
+        "KL divergence".to_owned()
+    };
+    t.add_row(vec![
+        kld_name,
+        format!("{:.5}", c.kld.mean),
+        format!("{:.5}", c.kld.median),
+        format!("{:.5}", c.kld.p95),
+        format!("{:.5}", c.kld.p99),
+        format!("{:.5}", c.kld.max),
+    ]);
+    t.add_row(vec![
+        "Δp (model − reference)".into(),
+        format!("{:+.3}%", c.dp.mean * 100.0),
+        format!("{:+.3}%", c.dp.median * 100.0),
+        format!("{:+.3}%", c.dp.p95 * 100.0),
+        format!("{:+.3}%", c.dp.p99 * 100.0),
+        format!("{:+.3}%", c.dp.max * 100.0),
+    ]);
+    writeln!(out, "{t}")?;
+    writeln!(
+        out,
+        "same top token {:.2}% · RMS Δp {:.3}% · Δp p1 {:+.3}%, p5 {:+.3}%, min {:+.3}%",
+        c.top1 * 100.0,
+        c.dp_rms * 100.0,
+        c.dp.p1 * 100.0,
+        c.dp.p5 * 100.0,
+        c.dp.min * 100.0
+    )?;
+    if let Some(top) = c.top_k_mean {
+        let gap = if c.kld.mean > 0.0 {
+            (1.0 - top / c.kld.mean) * 100.0
+        } else {
+            0.0
+        };
+        writeln!(
+            out,
+            "a saved top-{} reference would read the mean KLD as {top:.5}, {gap:.2}% under the full one",
+            c.top_k
+        )?;
+    }
+    Ok(())
+}
+
+pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
+    let m = &args.model;
+    let mut questions = read_questions(&args.questions)?;
+    if let Some(n) = args.limit {
+        questions.truncate(n);
+    }
+    if questions.is_empty() {
+        bail!("{} holds no questions", args.questions.display());
+    }
+    let quant = m.quant.map(|q| q.weight_type());
+    let Some(reference_path) = args
+        .reference
+        .clone()
+        .or_else(|| quant.map(|_| m.model.clone()))
+    else {
+        bail!("eval tasks compares with a reference: pass --reference R.gguf (or --quant)");
+    };
+    let options = |requantize| LoadOptions {
+        requantize,
+        threads: m.threads,
+    };
+    let ours = crate::eval_route::load_tier(&m.model, options(quant))?;
+    let theirs = crate::eval_route::load_tier(&reference_path, options(None))?;
+    same_vocabulary(&ours.tokenizer, &theirs.tokenizer)?;
+    let answer = |tier: &frugal_gateway::route_eval::Tier, what: &str| -> Result<Vec<bool>> {
+        let bar = Bar::count(what);
+        let got = tier.answer_all(&questions, args.max_tokens, &bar);
+        bar.finish();
+        Ok(got?.into_iter().map(|a| a.correct).collect())
+    };
+    let ours_right = answer(&ours, "model")?;
+    let theirs_right = answer(&theirs, "reference")?;
+    let n = questions.len();
+    let acc = |v: &[bool]| v.iter().filter(|&&c| c).count() as f64 / n as f64;
+    let (lost, gained): (Vec<u64>, Vec<u64>) = {
+        let mut lost = Vec::new();
+        let mut gained = Vec::new();
+        for ((q, &o), &t) in questions.iter().zip(&ours_right).zip(&theirs_right) {
+            if t && !o {
+                lost.push(q.id);
+            } else if o && !t {
+                gained.push(q.id);
+            }
+        }
+        (lost, gained)
+    };
+    let flips = lost.len() + gained.len();
+    let reference_words = format!("{} as stored", reference_path.display());
+    let figures = json!({
+        "questions": n,
+        "accuracy": acc(&ours_right),
+        "reference_accuracy": acc(&theirs_right),
+        "flips": flips,
+        "right_only_in_reference": lost,
+        "right_only_in_model": gained,
+        "reference": reference_words,
+    });
+    let summary = format!(
+        "accuracy {:.1}% vs the reference's {:.1}% on {n} questions, {flips} flips",
+        acc(&ours_right) * 100.0,
+        acc(&theirs_right) * 100.0
+    );
+    let failures: Vec<String> = args
+        .max_flips
+        .filter(|&max| flips > max)
+        .map(|max| format!("{flips} flips > --max-flips {max}"))
+        .into_iter()
+        .collect();
+    let gated = args.max_flips.is_some();
+    record(
+        m,
+        data_home,
+        "tasks",
+        &reference_words,
+        &args.questions,
+        &summary,
+        &failures,
+        &figures,
+        gated,
+    );
+    if m.json {
+        let mut v = figures;
+        v["model"] = json!(described(m));
+        v["gate"] = gate_json(&failures, gated);
+        crate::commands::print_json(&v)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "{}: {n} questions of {}",
+            described(m),
+            args.questions.display()
+        )?;
+        writeln!(out, "reference: {reference_words}\n")?;
+        let mut t = table::new(&["", "right", "accuracy"]);
+        let right = |v: &[bool]| v.iter().filter(|&&c| c).count().to_string();
+        t.add_row(vec![
+            "model".into(),
+            right(&ours_right),
+            format!("{:.1}%", acc(&ours_right) * 100.0),
+        ]);
+        t.add_row(vec![
+            "reference".into(),
+            right(&theirs_right),
+            format!("{:.1}%", acc(&theirs_right) * 100.0),
+        ]);
+        writeln!(out, "{t}")?;
+        writeln!(
+            out,
+            "flips: {flips} ({} right only in the reference, {} only in the model)",
+            lost.len(),
+            gained.len()
+        )?;
+    }
+    gate(failures)
+}
