@@ -811,8 +811,9 @@ pub struct EvalPplArgs {
     /// --reference
     #[arg(long, value_name = "FILE")]
     pub save_reference: Option<PathBuf>,
-    /// Log-probabilities saved per token
-    #[arg(long, default_value_t = 32)]
+    /// Log-probabilities saved per token (the KL divergence read from them is a lower bound:
+    /// 128 read SmolLM2's 12% under the full one, 32 read it 28% under)
+    #[arg(long, default_value_t = 128)]
     pub top_k: usize,
     /// Fail (exit 1) when the mean KL divergence is above this
     #[arg(long, value_name = "NATS")]
