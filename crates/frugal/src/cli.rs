@@ -766,6 +766,34 @@ pub enum EvalCommand {
     /// Accuracy on questions with checkable answers, of the model and its reference, and the
     /// flips: questions right in one and wrong in the other
     Tasks(EvalTasksArgs),
+    /// The semantic cache's embedder quantized against F32: cosine of each embedding to the
+    /// exact one, and the ROC AUC of held-out QQP pairs with each
+    Embedder(EvalEmbedderArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EvalEmbedderArgs {
+    /// The embedding model's folder (model.safetensors, tokenizer.json)
+    #[arg(long, value_name = "DIR", default_value = frugal_semantic::DEFAULT_EMBEDDER)]
+    pub embedder: PathBuf,
+    /// The type measured [default: q8_0, what the cache runs]
+    #[arg(long, value_enum, default_value = "q8_0")]
+    pub quant: QuantArg,
+    /// Labelled pairs (GPTCache's QQP file, or JSON [{text_a, text_b, label}])
+    #[arg(long, default_value = "data/semantic-cache/similiar_qqp_full.json.gz")]
+    pub pairs: PathBuf,
+    /// Held-out pairs measured at most (the split eval-cache holds out)
+    #[arg(long, default_value_t = 2000)]
+    pub limit: usize,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Fail (exit 1) when the mean cosine to the exact embeddings is below this
+    #[arg(long, value_parser = unit_interval)]
+    pub min_cosine: Option<f64>,
+    /// Fail when the pairs' ROC AUC drops by more than this from the exact embedder's
+    #[arg(long, value_parser = unit_interval)]
+    pub max_auc_drop: Option<f64>,
 }
 
 /// The model evaluated, shared by `eval ppl` and `eval tasks`.

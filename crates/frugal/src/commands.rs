@@ -41,6 +41,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Eval(EvalCommand::Tasks(args)) => {
             crate::eval::tasks(&args, config.data_home.as_deref())
         }
+        Command::Eval(EvalCommand::Embedder(args)) => crate::eval::embedder(&args),
         Command::Train(args) => crate::train::run(&config, &catalog, &args),
         Command::Batch(BatchCommand::Run(args)) => crate::batch::run(&config, &catalog, &args),
         Command::Plan(args) => crate::plan::run(&config, &catalog, &args),

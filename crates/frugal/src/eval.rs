@@ -16,7 +16,7 @@ use frugal_gateway::quality::{self, FileId, Record};
 use frugal_gateway::route_eval::read_questions;
 use serde_json::json;
 
-use crate::cli::{EvalModelArgs, EvalPplArgs, EvalTasksArgs};
+use crate::cli::{EvalEmbedderArgs, EvalModelArgs, EvalPplArgs, EvalTasksArgs};
 use crate::progress::Bar;
 use crate::table;
 
@@ -160,7 +160,8 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
     )?;
     bar.finish();
 
-    let figures = ppl_json(&report, &reference_words);
+    let mut figures = ppl_json(&report, &reference_words);
+    figures["weights_bytes"] = json!(model.weight_bytes());
     let failures = ppl_gate(args, &report);
     let summary = ppl_summary(&report);
     record(
@@ -180,7 +181,7 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
         v["gate"] = gate_json(&failures, gate_needs_reference);
         crate::commands::print_json(&v)?;
     } else {
-        print_ppl(m, args, &report, &reference_words)?;
+        print_ppl(m, args, &report, &reference_words, model.weight_bytes())?;
         if let Some(path) = &args.save_reference {
             writeln!(std::io::stdout(), "reference saved to {}", path.display())?;
         }
@@ -311,12 +312,19 @@ fn record(
     }
 }
 
-fn print_ppl(m: &EvalModelArgs, args: &EvalPplArgs, r: &PplReport, reference: &str) -> Result<()> {
+fn print_ppl(
+    m: &EvalModelArgs,
+    args: &EvalPplArgs,
+    r: &PplReport,
+    reference: &str,
+    weights: usize,
+) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{}: {} chunks of {} tokens of {}, {} tokens scored (each with at least {} before it)",
+        "{} ({:.1} MB of weights): {} chunks of {} tokens of {}, {} tokens scored (each with at least {} before it)",
         described(m),
+        weights as f64 / 1e6,
         r.chunks,
         r.ctx,
         args.text.display(),
@@ -495,6 +503,85 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
             "flips: {flips} ({} right only in the reference, {} only in the model)",
             lost.len(),
             gained.len()
+        )?;
+    }
+    gate(failures)
+}
+
+pub fn embedder(args: &EvalEmbedderArgs) -> Result<()> {
+    use frugal_semantic::Embedder;
+    use frugal_semantic::eval::{is_held_out, quant_kept, read_pairs};
+    let t = args.quant.weight_type();
+    let exact = Embedder::load_as(&args.embedder, WeightType::F32)
+        .with_context(|| format!("cannot load the embedder in {}", args.embedder.display()))?;
+    let quant = Embedder::load_as(&args.embedder, t)
+        .with_context(|| format!("cannot quantize the embedder to {t}"))?;
+    let pairs: Vec<_> = read_pairs(&args.pairs)?
+        .into_iter()
+        .filter(|p| is_held_out(p, 0.5))
+        .take(args.limit)
+        .collect();
+    if pairs.is_empty() {
+        bail!("{} holds no held-out pairs", args.pairs.display());
+    }
+    let bar = Bar::count("pairs");
+    bar_len(&bar, pairs.len());
+    let k = quant_kept(&exact, &quant, &pairs, &|| {
+        use frugal_cost::Progress;
+        bar.advance(1);
+    })?;
+    bar.finish();
+    let drop = k.auc_exact - k.auc_quant;
+    let mut failures = Vec::new();
+    if let Some(min) = args.min_cosine.filter(|&m| k.cosine_mean < m) {
+        failures.push(format!(
+            "mean cosine {:.5} < --min-cosine {min}",
+            k.cosine_mean
+        ));
+    }
+    if let Some(max) = args.max_auc_drop.filter(|&m| drop > m) {
+        failures.push(format!("ROC AUC drop {drop:.5} > --max-auc-drop {max}"));
+    }
+    let gated = args.min_cosine.or(args.max_auc_drop).is_some();
+    if args.json {
+        crate::commands::print_json(&json!({
+            "embedder": args.embedder.display().to_string(),
+            "quant": t.name(),
+            "pairs": pairs.len(),
+            "texts": k.texts,
+            "cosine": {"mean": k.cosine_mean, "p1": k.cosine_p1, "min": k.cosine_min},
+            "auc": {"f32": k.auc_exact, "quant": k.auc_quant, "drop": drop},
+            "ms_per_embedding": {"f32": k.ms_exact, "quant": k.ms_quant},
+            "gate": gate_json(&failures, gated),
+        }))?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "{} as {t} against F32, on {} held-out pairs of {} ({} texts)\n",
+            args.embedder.display(),
+            pairs.len(),
+            args.pairs.display(),
+            k.texts
+        )?;
+        let mut tb = table::new(&["", "F32", t.name(), "change"]);
+        tb.add_row(vec![
+            "ROC AUC of the pairs' cosine".into(),
+            format!("{:.4}", k.auc_exact),
+            format!("{:.4}", k.auc_quant),
+            format!("{:+.4}", -drop),
+        ]);
+        tb.add_row(vec![
+            "ms per embedding".into(),
+            format!("{:.2}", k.ms_exact),
+            format!("{:.2}", k.ms_quant),
+            format!("{:.2}x", k.ms_exact / k.ms_quant.max(1e-9)),
+        ]);
+        writeln!(out, "{tb}")?;
+        writeln!(
+            out,
+            "cosine of each {t} embedding to its F32 one: mean {:.5}, p1 {:.5}, least {:.5}",
+            k.cosine_mean, k.cosine_p1, k.cosine_min
         )?;
     }
     gate(failures)

@@ -262,3 +262,51 @@ fn tasks_count_accuracy_and_flips() {
         assert!(out.status.success(), "{}", said(&out));
     }
 }
+
+#[test]
+fn the_embedder_gate_passes_q8_0_and_fails_q4_0() {
+    let home = tempfile::tempdir().unwrap();
+    let e = common::embedder();
+    let pairs = repo("data/semantic-cache/similiar_qqp_full.json.gz");
+    let run = |quant: &str| {
+        frugal(
+            home.path(),
+            &[
+                "embedder",
+                "--embedder",
+                e.to_str().unwrap(),
+                "--pairs",
+                pairs.to_str().unwrap(),
+                "--quant",
+                quant,
+                "--limit",
+                "60",
+                "--min-cosine",
+                "0.99",
+                "--max-auc-drop",
+                "0.05",
+                "--json",
+            ],
+        )
+    };
+    let good = run("q8_0");
+    assert!(good.status.success(), "{}", said(&good));
+    let g = json(&good);
+    assert_eq!(g["texts"], 120);
+    assert!(g["cosine"]["mean"].as_f64().unwrap() > 0.999, "{g}");
+    assert!(g["auc"]["f32"].as_f64().unwrap() > 0.7, "{g}");
+    let bad = run("q4_0");
+    assert_eq!(bad.status.code(), Some(1), "{}", said(&bad));
+    assert!(
+        said(&bad).contains("gate failed: mean cosine"),
+        "{}",
+        said(&bad)
+    );
+    // A type whose blocks do not fit the embedder's 384-wide rows is named.
+    let k = run("q4_k");
+    assert!(
+        said(&k).contains("Q4_K needs a multiple of 256 weights, got 384"),
+        "{}",
+        said(&k)
+    );
+}
