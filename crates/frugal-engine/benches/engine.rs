@@ -3,7 +3,7 @@
 //! and 16 sequences decoding after 512-token prompts (where attention over the cache is a
 //! large part of each step).
 //!
-//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant TYPE]` (default: the
+//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant TYPE] [--kv q8_0]` (default: the
 //! default model as stored; TYPE a GGML type name such as q8_0, q4_k), on the kernel that
 //! `FRUGAL_ISA=avx512|avx2|scalar` names (default: the fastest the CPU has). Figures go to
 //! BENCHMARKS.md beside llama.cpp's.
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use frugal_engine::gguf::Gguf;
-use frugal_engine::model::{Chunk, KvCache, LoadOptions, Model};
+use frugal_engine::model::{Chunk, KvCache, KvType, LoadOptions, Model};
 use frugal_engine::quant::{Kernel, WeightType};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -47,20 +47,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         None => None,
     };
+    let kv = match args
+        .iter()
+        .position(|a| a == "--kv")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+    {
+        Some("q8_0") => KvType::Q8_0,
+        Some("f32") | None => KvType::F32,
+        Some(other) => return Err(format!("unknown --kv {other}: f32 or q8_0").into()),
+    };
     let g = Gguf::open(&path)?;
     let model = Model::from_gguf(
         &g,
         LoadOptions {
             requantize,
             threads: None,
+            kv,
         },
     )?;
     println!(
-        "{} ({:.0} MB of weights{}, {} kernels)",
+        "{} ({:.0} MB of weights{}, {} kernels, {} KV cache)",
         path.display(),
         model.weight_bytes() as f64 / 1e6,
         requantize.map_or(String::new(), |q| format!(", requantized to {q}")),
-        Kernel::active()
+        Kernel::active(),
+        kv.name()
     );
     let prompt: Vec<u32> = (0..128).map(|i| 1000 + (i * 37) % 20000).collect();
     let best =

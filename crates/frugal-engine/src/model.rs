@@ -53,6 +53,38 @@ pub struct Config {
     pub ctx_len: usize,
     pub rope_base: f32,
     pub rms_eps: f32,
+    /// How the KV cache stores keys and values (not in the file: a load option).
+    pub kv: KvType,
+}
+
+/// How the KV cache stores keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// Exact.
+    #[default]
+    F32,
+    /// Each position's key and value of each KV head as 8-bit integers with one f32 scale
+    /// (amax / 127), as llama.cpp's q8_0 cache keeps them: a quarter of the bytes, so four
+    /// times the positions (long contexts, many sequences) in the same memory.
+    Q8_0,
+}
+
+impl KvType {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes one position takes in every layer's cache.
+    pub fn bytes_per_position(self, c: &Config) -> usize {
+        let per_layer = match self {
+            KvType::F32 => 2 * c.kv_dim() * 4,
+            KvType::Q8_0 => 2 * c.kv_dim() + 2 * c.n_head_kv * 4,
+        };
+        per_layer * c.n_layer
+    }
 }
 
 impl Config {
@@ -91,6 +123,7 @@ impl Config {
             ctx_len: g.u32(&key("context_length"))? as usize,
             rope_base: g.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
             rms_eps: g.f32(&key("attention.layer_norm_rms_epsilon"))?,
+            kv: KvType::F32,
             arch,
         })
     }
@@ -129,11 +162,57 @@ pub struct Model {
 /// Values stay position-major, `kv_dim` per position: the weighted sum of a head's values
 /// runs down the positions with the head's output held in registers.
 pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    store: Store,
     len: usize,
     cap: usize,
     rows: usize,
+    heads: usize,
+    head_dim: usize,
+}
+
+/// The buffers per layer. In 8 bits, each position's key (and value) of each KV head has a
+/// scale, kept head by head (`cap` apart) so that a head's scales over positions are one
+/// stream too.
+enum Store {
+    F32 {
+        k: Vec<Vec<f32>>,
+        v: Vec<Vec<f32>>,
+    },
+    Q8 {
+        k: Vec<Vec<i8>>,
+        v: Vec<Vec<i8>>,
+        k_scale: Vec<Vec<f32>>,
+        v_scale: Vec<Vec<f32>>,
+    },
+}
+
+/// Each buffer its own zeroed allocation, mapped lazily: room reserved and never used costs
+/// no memory (`vec![buf; n]` would clone, writing every page at admission).
+fn zeroed<T: Clone + Default>(layers: usize, len: usize) -> Vec<Vec<T>> {
+    (0..layers).map(|_| vec![T::default(); len]).collect()
+}
+
+/// `buf` holds `rows` rows `old` apart, `len` used each; makes them `new` apart.
+fn regrow<T: Copy + Default>(buf: &mut Vec<T>, rows: usize, old: usize, new: usize, len: usize) {
+    let mut grown = vec![T::default(); rows * new];
+    for (n, o) in grown
+        .chunks_exact_mut(new)
+        .zip(buf.chunks_exact(old.max(1)))
+    {
+        n[..len].copy_from_slice(&o[..len]);
+    }
+    *buf = grown;
+}
+
+/// `x` as 8-bit integers and the scale that multiplies them back.
+fn quantize_q8(x: &[f32], out: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = (v * inv).round() as i8;
+    }
+    d
 }
 
 impl KvCache {
@@ -144,19 +223,26 @@ impl KvCache {
     /// A cache with room for `positions` before it has to grow (and copy).
     pub fn with_capacity(config: &Config, positions: usize) -> KvCache {
         let rows = config.kv_dim();
-        // Each buffer its own zeroed allocation, mapped lazily: room reserved and never used
-        // costs no memory (`vec![buf; n]` would clone, writing every page at admission).
-        let zeroed = || {
-            (0..config.n_layer)
-                .map(|_| vec![0.0; rows * positions])
-                .collect()
+        let (layers, heads) = (config.n_layer, config.n_head_kv);
+        let store = match config.kv {
+            KvType::F32 => Store::F32 {
+                k: zeroed(layers, rows * positions),
+                v: zeroed(layers, rows * positions),
+            },
+            KvType::Q8_0 => Store::Q8 {
+                k: zeroed(layers, rows * positions),
+                v: zeroed(layers, rows * positions),
+                k_scale: zeroed(layers, heads * positions),
+                v_scale: zeroed(layers, heads * positions),
+            },
         };
         KvCache {
-            k: zeroed(),
-            v: zeroed(),
+            store,
             len: 0,
             cap: positions,
             rows,
+            heads,
+            head_dim: config.head_dim,
         }
     }
 
@@ -175,38 +261,61 @@ impl KvCache {
             return;
         }
         let cap = positions.max(self.cap + self.cap / 2).max(64);
-        for buf in &mut self.k {
-            let mut grown = vec![0.0; self.rows * cap];
-            for (new, old) in grown
-                .chunks_exact_mut(cap)
-                .zip(buf.chunks_exact(self.cap.max(1)))
-            {
-                new[..self.len].copy_from_slice(&old[..self.len]);
+        let (old, len, rows, heads) = (self.cap, self.len, self.rows, self.heads);
+        match &mut self.store {
+            Store::F32 { k, v } => {
+                k.iter_mut().for_each(|b| regrow(b, rows, old, cap, len));
+                v.iter_mut().for_each(|b| b.resize(rows * cap, 0.0));
             }
-            *buf = grown;
-        }
-        for buf in &mut self.v {
-            buf.resize(self.rows * cap, 0.0);
+            Store::Q8 {
+                k,
+                v,
+                k_scale,
+                v_scale,
+            } => {
+                k.iter_mut().for_each(|b| regrow(b, rows, old, cap, len));
+                v.iter_mut().for_each(|b| b.resize(rows * cap, 0));
+                for b in k_scale.iter_mut().chain(v_scale.iter_mut()) {
+                    regrow(b, heads, old, cap, len);
+                }
+            }
         }
         self.cap = cap;
     }
 
     /// Stores position `pos` of `layer` (within the reserved room).
-    fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        for (row, &x) in self.k[layer].chunks_exact_mut(self.cap).zip(k) {
-            row[pos] = x;
+    fn write(&mut self, layer: usize, pos: usize, key: &[f32], value: &[f32]) {
+        let (cap, rows, hd) = (self.cap, self.rows, self.head_dim);
+        match &mut self.store {
+            Store::F32 { k, v } => {
+                for (row, &x) in k[layer].chunks_exact_mut(cap).zip(key) {
+                    row[pos] = x;
+                }
+                v[layer][pos * rows..(pos + 1) * rows].copy_from_slice(value);
+            }
+            Store::Q8 {
+                k,
+                v,
+                k_scale,
+                v_scale,
+            } => {
+                let mut q = vec![0i8; hd];
+                for (h, head) in key.chunks_exact(hd).enumerate() {
+                    k_scale[layer][h * cap + pos] = quantize_q8(head, &mut q);
+                    for (j, &x) in q.iter().enumerate() {
+                        k[layer][(h * hd + j) * cap + pos] = x;
+                    }
+                }
+                let vrow = &mut v[layer][pos * rows..(pos + 1) * rows];
+                for (h, (head, out)) in value
+                    .chunks_exact(hd)
+                    .zip(vrow.chunks_exact_mut(hd))
+                    .enumerate()
+                {
+                    v_scale[layer][h * cap + pos] = quantize_q8(head, out);
+                }
+            }
         }
-        self.v[layer][pos * self.rows..(pos + 1) * self.rows].copy_from_slice(v);
-    }
-
-    /// Key row `r` of `layer` over the first `n` positions.
-    fn key_row(&self, layer: usize, r: usize, n: usize) -> &[f32] {
-        &self.k[layer][r * self.cap..r * self.cap + n]
-    }
-
-    /// `layer`'s values of the first `n` positions, `kv_dim` each.
-    fn values(&self, layer: usize, n: usize) -> &[f32] {
-        &self.v[layer][..n * self.rows]
     }
 }
 
@@ -258,6 +367,8 @@ pub struct LoadOptions {
     pub requantize: Option<WeightType>,
     /// Threads for the kernels; `None`: one per core.
     pub threads: Option<usize>,
+    /// How the KV caches of this model store keys and values.
+    pub kv: KvType,
 }
 
 impl Model {
@@ -267,7 +378,8 @@ impl Model {
     }
 
     pub fn from_gguf(g: &Gguf, options: LoadOptions) -> Result<Model, ModelError> {
-        let config = Config::from_gguf(g)?;
+        let mut config = Config::from_gguf(g)?;
+        config.kv = options.kv;
         let c = &config;
         let (d, kvd, ff) = (c.n_embd as u64, c.kv_dim() as u64, c.n_ff as u64);
         let matrix = |names: &[&str], rows: &[u64], cols: u64| -> Result<QMatrix, ModelError> {
@@ -723,14 +835,44 @@ impl HeadGroup<'_> {
     /// `dot`, `softmax` and `axpy`, into the wide-vector context of [`Attend`].
     #[inline(always)]
     fn attend(&self, scores: &mut Vec<f32>, o: &mut [f32]) {
-        let (hd, visible) = (self.hd, self.visible);
+        let (cap, layer) = (self.cache.cap, self.layer);
+        match &self.cache.store {
+            Store::F32 { k, v } => self.attend_rows(scores, o, &k[layer], &v[layer], None),
+            Store::Q8 {
+                k,
+                v,
+                k_scale,
+                v_scale,
+            } => {
+                let at = self.first_row / self.hd * cap;
+                let scales = (
+                    &k_scale[layer][at..at + self.visible],
+                    &v_scale[layer][at..at + self.visible],
+                );
+                self.attend_rows(scores, o, &k[layer], &v[layer], Some(scales));
+            }
+        }
+    }
+
+    /// [`HeadGroup::attend`] over keys and values of type `T`; with 8-bit ones, `scales`
+    /// holds each position's key and value scale for this KV head.
+    #[inline(always)]
+    fn attend_rows<T: Elem>(
+        &self,
+        scores: &mut Vec<f32>,
+        o: &mut [f32],
+        keys: &[T],
+        values: &[T],
+        scales: Option<(&[f32], &[f32])>,
+    ) {
+        let (hd, visible, cap) = (self.hd, self.visible, self.cache.cap);
         scores.clear();
         scores.resize(self.qs.len() / hd * visible, 0.0);
         // scores[g] = sum over dimensions of q_g[dim] * keys[dim][..]: key rows serve
         // every head of the group while they are in L1, four dimensions per pass.
         let key = |dim: usize| {
-            self.cache
-                .key_row(self.layer, self.first_row + dim, visible)
+            let r = self.first_row + dim;
+            &keys[r * cap..r * cap + visible]
         };
         let mut dim = 0;
         while dim + 4 <= hd {
@@ -751,21 +893,34 @@ impl HeadGroup<'_> {
                 .chunks_exact(hd)
                 .zip(scores.chunks_exact_mut(visible))
             {
-                axpy(s, q[dim] * self.scale, key(dim));
+                let a = q[dim] * self.scale;
+                s.iter_mut()
+                    .zip(key(dim))
+                    .for_each(|(s, k)| *s += a * k.f());
+            }
+        }
+        // An 8-bit key's scale multiplies its whole dot product; a value's, its weight.
+        if let Some((ks, _)) = scales {
+            for s in scores.chunks_exact_mut(visible) {
+                s.iter_mut().zip(ks).for_each(|(s, d)| *s *= d);
             }
         }
         scores.chunks_exact_mut(visible).for_each(softmax);
-        let values = self.cache.values(self.layer, visible);
+        if let Some((_, vs)) = scales {
+            for w in scores.chunks_exact_mut(visible) {
+                w.iter_mut().zip(vs).for_each(|(w, d)| *w *= d);
+            }
+        }
         let kvd = self.cache.rows;
         for (og, w) in o.chunks_exact_mut(hd).zip(scores.chunks_exact(visible)) {
             match hd {
-                64 => weighted_sum::<64>(w, values, kvd, self.first_row, og),
-                128 => weighted_sum::<128>(w, values, kvd, self.first_row, og),
+                64 => weighted_sum::<64, T>(w, values, kvd, self.first_row, og),
+                128 => weighted_sum::<128, T>(w, values, kvd, self.first_row, og),
                 _ => {
                     og.fill(0.0);
                     for (p, &wp) in w.iter().enumerate() {
                         let v = &values[p * kvd + self.first_row..][..hd];
-                        axpy(og, wp, v);
+                        og.iter_mut().zip(v).for_each(|(o, v)| *o += wp * v.f());
                     }
                 }
             }
@@ -773,11 +928,30 @@ impl HeadGroup<'_> {
     }
 }
 
+/// A KV cache element: f32, or an 8-bit integer its scale multiplies back.
+trait Elem: Copy {
+    fn f(self) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn f(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for i8 {
+    #[inline(always)]
+    fn f(self) -> f32 {
+        f32::from(self)
+    }
+}
+
 /// `out = sum_p w[p] * values[p * stride + at ..][..HD]`, the sum held in registers.
 #[inline(always)]
-fn weighted_sum<const HD: usize>(
+fn weighted_sum<const HD: usize, T: Elem>(
     w: &[f32],
-    values: &[f32],
+    values: &[T],
     stride: usize,
     at: usize,
     out: &mut [f32],
@@ -786,7 +960,7 @@ fn weighted_sum<const HD: usize>(
     for (p, &wp) in w.iter().enumerate() {
         if let Some(v) = values[p * stride + at..].first_chunk::<HD>() {
             for i in 0..HD {
-                acc[i] += wp * v[i];
+                acc[i] += wp * v[i].f();
             }
         }
     }
@@ -839,15 +1013,6 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `o += w * v`: a plain zip, which the loop vectorizer turns into vector code (fused
-/// `mul_add` measured no faster, and is a libm call where FMA is missing).
-#[inline(always)]
-fn axpy(o: &mut [f32], w: f32, v: &[f32]) {
-    for (o, v) in o.iter_mut().zip(v) {
-        *o += w * v;
-    }
-}
-
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
@@ -876,11 +1041,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `s += a[0] * k[0] + ... + a[3] * k[3]`: four key rows per pass over the scores, so the
 /// scores are loaded and stored a quarter as often as with four `axpy`s.
 #[inline(always)]
-fn axpy4(s: &mut [f32], a: [f32; 4], k: [&[f32]; 4]) {
+fn axpy4<T: Elem>(s: &mut [f32], a: [f32; 4], k: [&[T]; 4]) {
     let n = s.len();
     let (k0, k1, k2, k3) = (&k[0][..n], &k[1][..n], &k[2][..n], &k[3][..n]);
     for i in 0..n {
-        s[i] += a[0] * k0[i] + a[1] * k1[i] + a[2] * k2[i] + a[3] * k3[i];
+        s[i] += a[0] * k0[i].f() + a[1] * k1[i].f() + a[2] * k2[i].f() + a[3] * k3[i].f();
     }
 }
 

@@ -46,6 +46,9 @@ pub struct Record {
     pub model: FileId,
     /// The type the model was re-quantized to at load (`Q4_0`), if any.
     pub quant: Option<String>,
+    /// The KV cache's type when not exact (`q8_0`).
+    #[serde(default)]
+    pub kv: Option<String>,
     /// What it was measured against, in words.
     pub reference: Option<String>,
     /// The held-out data (a text or a questions file).
@@ -73,9 +76,10 @@ pub fn append(path: &Path, record: &Record) -> std::io::Result<()> {
     f.write_all(&line)
 }
 
-/// The latest record of each kind for `model` as `quant` runs it, oldest kind first. Lines
-/// that do not parse (a newer version's, a torn one) are skipped: the store only informs.
-pub fn latest(path: &Path, model: &FileId, quant: Option<&str>) -> Vec<Record> {
+/// The latest record of each kind for `model` as `quant` and `kv` run it, oldest kind first.
+/// Lines that do not parse (a newer version's, a torn one) are skipped: the store only
+/// informs.
+pub fn latest(path: &Path, model: &FileId, quant: Option<&str>, kv: Option<&str>) -> Vec<Record> {
     let Ok(file) = std::fs::File::open(path) else {
         return Vec::new();
     };
@@ -84,7 +88,7 @@ pub fn latest(path: &Path, model: &FileId, quant: Option<&str>) -> Vec<Record> {
         let Ok(r) = serde_json::from_str::<Record>(&line) else {
             continue;
         };
-        if r.model != *model || r.quant.as_deref() != quant {
+        if r.model != *model || r.quant.as_deref() != quant || r.kv.as_deref() != kv {
             continue;
         }
         by_kind.retain(|k| k.kind != r.kind);
@@ -103,6 +107,7 @@ mod tests {
             kind: kind.into(),
             model: model.clone(),
             quant: quant.map(str::to_owned),
+            kv: None,
             reference: None,
             data: "t.txt".into(),
             summary: summary.into(),
@@ -118,7 +123,7 @@ mod tests {
         std::fs::write(&model, b"weights").unwrap();
         let id = FileId::of(&model).unwrap();
         let store = dir.path().join("sub/evals.jsonl");
-        assert!(latest(&store, &id, Some("Q4_0")).is_empty());
+        assert!(latest(&store, &id, Some("Q4_0"), None).is_empty());
         append(&store, &record("ppl", &id, Some("Q4_0"), "old")).unwrap();
         append(&store, &record("ppl", &id, Some("Q8_0"), "other type")).unwrap();
         append(&store, &record("tasks", &id, Some("Q4_0"), "tasks")).unwrap();
@@ -129,16 +134,16 @@ mod tests {
             .unwrap()
             .write_all(b"{torn\n")
             .unwrap();
-        let got: Vec<String> = latest(&store, &id, Some("Q4_0"))
+        let got: Vec<String> = latest(&store, &id, Some("Q4_0"), None)
             .into_iter()
             .map(|r| r.summary)
             .collect();
         assert_eq!(got, ["tasks", "new"]);
-        assert!(latest(&store, &id, None).is_empty());
+        assert!(latest(&store, &id, None, None).is_empty());
 
         // A rewritten file is another file.
         std::fs::write(&model, b"other weights").unwrap();
         let changed = FileId::of(&model).unwrap();
-        assert!(latest(&store, &changed, Some("Q4_0")).is_empty());
+        assert!(latest(&store, &changed, Some("Q4_0"), None).is_empty());
     }
 }

@@ -652,6 +652,10 @@ pub struct ServeArgs {
     /// Re-quantize the weights at load time to run on the fast kernels
     #[arg(long, value_enum)]
     pub quant: Option<QuantArg>,
+    /// The KV cache's type: q8_0 holds 3.8x the positions (long contexts, more sequences)
+    /// in the same memory; `frugal eval ppl --kv q8_0` measures what it keeps
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv: KvArg,
     /// Kernel threads [default: one per core]
     #[arg(long)]
     pub threads: Option<usize>,
@@ -755,6 +759,24 @@ impl QuantArg {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum KvArg {
+    #[default]
+    #[value(name = "f32")]
+    F32,
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl KvArg {
+    pub fn kv_type(self) -> frugal_engine::model::KvType {
+        match self {
+            KvArg::F32 => frugal_engine::model::KvType::F32,
+            KvArg::Q8_0 => frugal_engine::model::KvType::Q8_0,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum EvalCommand {
     /// Perplexity on a held-out text, and against a reference: KL divergence per token (mean,
@@ -806,6 +828,10 @@ pub struct EvalModelArgs {
     /// (the reference is then the file itself, unless --reference names another)
     #[arg(long, value_enum)]
     pub quant: Option<QuantArg>,
+    /// Evaluate the model with this KV cache, as `frugal serve --kv` runs it (the reference
+    /// keeps an exact one; with q8_0 the reference is --model's file unless named)
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv: KvArg,
     /// Kernel threads [default: one per core]
     #[arg(long)]
     pub threads: Option<usize>,

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use frugal_engine::eval::{
     self, Made, PplOptions, PplReport, Reference, SavedReference, SavedWriter, Stats,
 };
-use frugal_engine::model::{LoadOptions, Model};
+use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::quant::WeightType;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::quality::{self, FileId, Record};
@@ -32,28 +32,41 @@ pub fn store(record: Option<&Path>, data_home: Option<&Path>) -> Option<PathBuf>
         .or_else(|| data_home.map(|h| h.join("frugal").join("evals.jsonl")))
 }
 
-fn load(
-    path: &Path,
-    requantize: Option<WeightType>,
-    threads: Option<usize>,
-) -> Result<(Model, Tokenizer)> {
-    let (model, tokenizer, _) = crate::serve::load_model(
-        path,
-        LoadOptions {
-            requantize,
-            threads,
-        },
-    )?;
+fn load(path: &Path, options: LoadOptions) -> Result<(Model, Tokenizer)> {
+    let (model, tokenizer, _) = crate::serve::load_model(path, options)?;
     Ok((model, tokenizer))
+}
+
+/// How the evaluated model is loaded: as `frugal serve --quant --kv` would run it.
+fn evaluated(m: &EvalModelArgs) -> LoadOptions {
+    LoadOptions {
+        requantize: m.quant.map(|q| q.weight_type()),
+        threads: m.threads,
+        kv: m.kv.kv_type(),
+    }
+}
+
+/// The reference when none is named: the model's own file, when the model is run otherwise
+/// than as stored (re-quantized, or with an 8-bit KV cache).
+fn default_reference(m: &EvalModelArgs) -> Option<PathBuf> {
+    (m.quant.is_some() || m.kv.kv_type() != KvType::F32).then(|| m.model.clone())
+}
+
+fn kv_name(m: &EvalModelArgs) -> Option<String> {
+    let kv = m.kv.kv_type();
+    (kv != KvType::F32).then(|| kv.name().to_owned())
 }
 
 /// The model as evaluated, in words: its file and the type it was re-quantized to.
 fn described(m: &EvalModelArgs) -> String {
-    let name = m.model.display();
-    match m.quant {
-        Some(q) => format!("{name} as {}", q.weight_type()),
-        None => name.to_string(),
+    let mut what = m.model.display().to_string();
+    if let Some(q) = m.quant {
+        what += &format!(" as {}", q.weight_type());
     }
+    if let Some(kv) = kv_name(m) {
+        what += &format!(" with a {kv} KV cache");
+    }
+    what
 }
 
 /// Refuses a reference whose vocabulary differs from the model's.
@@ -86,19 +99,17 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
     let m = &args.model;
     let text = std::fs::read_to_string(&args.text)
         .with_context(|| format!("cannot read the text {}", args.text.display()))?;
-    let quant = m.quant.map(|q| q.weight_type());
-    let (model, tokenizer) = load(&m.model, quant, m.threads)?;
+    let (model, tokenizer) = load(&m.model, evaluated(m))?;
     let chunks = eval::chunks(&tokenizer, &text, args.ctx, args.chunks)?;
-    let reference_path = args
-        .reference
-        .clone()
-        .or_else(|| quant.map(|_| m.model.clone()));
+    let reference_path = args.reference.clone().or_else(|| default_reference(m));
     let saved = reference_path.as_deref().filter(|p| is_saved_reference(p));
     if saved.is_some() && args.save_reference.is_some() {
         bail!("--save-reference needs a reference model to run, not a saved reference");
     }
     if reference_path.is_none() && args.save_reference.is_some() {
-        bail!("--save-reference needs --reference R.gguf (or --quant, whose reference is --model)");
+        bail!(
+            "--save-reference needs --reference R.gguf (or --quant or --kv q8_0, whose reference is --model)"
+        );
     }
     let gate_needs_reference = args
         .max_kld
@@ -130,7 +141,12 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
             )
         }
         (Some(path), None) => {
-            let (r, r_tok) = load(path, Some(WeightType::F32), m.threads)?;
+            let exact = LoadOptions {
+                requantize: Some(WeightType::F32),
+                threads: m.threads,
+                kv: KvType::F32,
+            };
+            let (r, r_tok) = load(path, exact)?;
             same_vocabulary(&tokenizer, &r_tok)?;
             reference_model = r;
             (
@@ -299,6 +315,7 @@ fn record(
                 kind: kind.into(),
                 model,
                 quant: m.quant.map(|q| q.weight_type().name().to_owned()),
+                kv: kv_name(m),
                 reference: (!reference.is_empty()).then(|| reference.to_owned()),
                 data: data.display().to_string(),
                 summary: summary.to_owned(),
@@ -400,20 +417,15 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
     if questions.is_empty() {
         bail!("{} holds no questions", args.questions.display());
     }
-    let quant = m.quant.map(|q| q.weight_type());
-    let Some(reference_path) = args
-        .reference
-        .clone()
-        .or_else(|| quant.map(|_| m.model.clone()))
-    else {
+    let Some(reference_path) = args.reference.clone().or_else(|| default_reference(m)) else {
         bail!("eval tasks compares with a reference: pass --reference R.gguf (or --quant)");
     };
-    let options = |requantize| LoadOptions {
-        requantize,
+    let ours = crate::eval_route::load_tier(&m.model, evaluated(m))?;
+    let as_stored = LoadOptions {
         threads: m.threads,
+        ..LoadOptions::default()
     };
-    let ours = crate::eval_route::load_tier(&m.model, options(quant))?;
-    let theirs = crate::eval_route::load_tier(&reference_path, options(None))?;
+    let theirs = crate::eval_route::load_tier(&reference_path, as_stored)?;
     same_vocabulary(&ours.tokenizer, &theirs.tokenizer)?;
     let answer = |tier: &frugal_gateway::route_eval::Tier, what: &str| -> Result<Vec<bool>> {
         let bar = Bar::count(what);

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use frugal_cost::money::HourlyRate;
 use frugal_cost::{Capacity, Catalog, Money};
-use frugal_engine::model::{LoadOptions, Model};
+use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
@@ -134,7 +134,7 @@ impl Gateway {
         let local = match model {
             Some((path, name)) => {
                 let local = start_local(args, &serve, &path, name, paid)?;
-                say_quality(&path, args.quant, config.data_home.as_deref())?;
+                say_quality(&path, args, config.data_home.as_deref())?;
                 Some(local)
             }
             None => None,
@@ -309,26 +309,33 @@ pub fn embedder_search(data_home: Option<&Path>) -> Vec<PathBuf> {
 /// Says what `frugal eval` last measured of the model file as `--quant` runs it, or, when it
 /// re-quantizes, that nothing measured it: a saving is never served without its cost in
 /// quality in sight.
-fn say_quality(path: &Path, quant: Option<QuantArg>, data_home: Option<&Path>) -> Result<()> {
+fn say_quality(path: &Path, args: &ServeArgs, data_home: Option<&Path>) -> Result<()> {
     let Some(store) = crate::eval::store(None, data_home) else {
         return Ok(());
     };
     let Ok(file) = frugal_gateway::quality::FileId::of(path) else {
         return Ok(());
     };
-    let quant = quant.map(|q| q.weight_type().name());
-    let found = frugal_gateway::quality::latest(&store, &file, quant);
-    let what = match quant {
-        Some(q) => format!("{} as {q}", path.display()),
-        None => path.display().to_string(),
-    };
+    let quant = args.quant.map(|q| q.weight_type().name());
+    let kv = args.kv.kv_type();
+    let kv_name = (kv != KvType::F32).then(|| kv.name());
+    let found = frugal_gateway::quality::latest(&store, &file, quant, kv_name);
+    let mut what = path.display().to_string();
+    let mut flags = String::new();
+    if let Some(q) = quant {
+        what += &format!(" as {q}");
+        flags += &format!(" --quant {}", q.to_lowercase());
+    }
+    if let Some(k) = kv_name {
+        what += &format!(" with a {k} KV cache");
+        flags += &format!(" --kv {k}");
+    }
     let mut err = std::io::stderr().lock();
-    if found.is_empty() && quant.is_some() {
+    if found.is_empty() && !flags.is_empty() {
         writeln!(
             err,
-            "frugal serve: no held-out evaluation of {what}: `frugal eval ppl --model {} --quant {} --text data/eval/shakespeare-heldout.txt` measures what it keeps",
+            "frugal serve: no held-out evaluation of {what}: `frugal eval ppl --model {}{flags} --text data/eval/shakespeare-heldout.txt` measures what it keeps",
             path.display(),
-            quant.unwrap_or_default().to_lowercase()
         )?;
     }
     for r in found {
@@ -365,6 +372,7 @@ fn start_local(
     let options = LoadOptions {
         requantize: args.quant.map(QuantArg::weight_type),
         threads: args.threads,
+        kv: args.kv.kv_type(),
     };
     let (model, tokenizer, template) = load_model(path, options)?;
     tracing::info!(
@@ -374,6 +382,11 @@ fn start_local(
         "model loaded"
     );
     let ctx = model.config.ctx_len;
+    // The KV memory of four full contexts (at least 4,096 positions each) in f32: an 8-bit
+    // cache holds that many more positions in the same bytes.
+    let c = &model.config;
+    let kv_positions =
+        ctx.max(4096) * 4 * KvType::F32.bytes_per_position(c) / c.kv.bytes_per_position(c).max(1);
     let engine = Engine::start(
         model,
         SchedulerConfig {
@@ -384,7 +397,7 @@ fn start_local(
             },
             max_batch: serve.max_batch.unwrap_or(16),
             max_queue: serve.max_queue.unwrap_or(256),
-            kv_positions: ctx.max(4096) * 4,
+            kv_positions,
             ..SchedulerConfig::default()
         },
     )?;

@@ -174,9 +174,11 @@ impl SavedReference {
             vocab_hash: hash_at(24),
             tokens_hash: hash_at(56),
         };
-        let want = (made.ctx >= 4)
-            .then(|| HEADER + made.tokens() * made.record() + 32)
-            .unwrap_or(0);
+        let want = if made.ctx >= 4 {
+            HEADER + made.tokens() * made.record() + 32
+        } else {
+            0
+        };
         if bytes.len() != want {
             return Err(corrupt(format!(
                 "{} bytes where its header promises {want}: truncated or damaged",
