@@ -18,15 +18,16 @@ pub struct Cli {
     )]
     pub config: Option<PathBuf>,
 
-    /// Usage ledger (SQLite) [default: from config, else ~/.local/share/frugal/ledger.sqlite]
+    /// Usage ledger: a SQLite file, or a postgres:// URL [default: from config, else
+    /// ~/.local/share/frugal/ledger.sqlite]
     #[arg(
         long,
         global = true,
         env = "FRUGAL_LEDGER",
         hide_env_values = true,
-        value_name = "PATH"
+        value_name = "PATH|URL"
     )]
-    pub ledger: Option<PathBuf>,
+    pub ledger: Option<String>,
 
     /// Price file layered over the built-in catalog (repeatable)
     #[arg(long = "prices", global = true, value_name = "FILE")]

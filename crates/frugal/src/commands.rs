@@ -133,7 +133,12 @@ fn new_key(args: &NewKeyArgs) -> Result<()> {
 
 /// The ledger, its folder made first.
 pub fn open_for_write(config: &Config) -> Result<Ledger> {
-    if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
+    if let Some(dir) = config
+        .ledger
+        .path()
+        .and_then(|p| p.parent())
+        .filter(|d| !d.as_os_str().is_empty())
+    {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
     }
@@ -387,7 +392,7 @@ fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
         return print_json(&report);
     }
     if let Some(path) = &args.html {
-        let html = frugal_cost::html::render(&report, &ledger.path().display().to_string());
+        let html = frugal_cost::html::render(&report, &ledger.location().to_string());
         std::fs::write(path, html).with_context(|| format!("cannot write {}", path.display()))?;
         writeln!(std::io::stderr(), "wrote {}", path.display())?;
     }
@@ -455,7 +460,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
     writeln!(
         out,
         "frugal report: {} ({span}, {} events)",
-        ledger.path().display(),
+        ledger.location(),
         thousands(r.events)
     )?;
     if r.events == 0 {
