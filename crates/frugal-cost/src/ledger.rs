@@ -28,12 +28,14 @@ use crate::money::{Millis, Money};
 use crate::rollup::{self, Ids, Key, Pending, Sums};
 use crate::{Capacity, Kind, Outcome};
 
+mod migrate;
 mod postgres;
 mod segments;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use migrate::{Migrated, migrate};
 pub use segments::TrainingSegment;
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
@@ -326,6 +328,14 @@ trait Store: Send {
         visit: &mut dyn FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError>;
     fn info(&self) -> Result<LedgerInfo, LedgerError>;
+    /// Up to `limit` events whose row id is above `after_id`, in id order, with their
+    /// names and keys: what a copy to another ledger reads.
+    fn export_events(
+        &self,
+        after_id: i64,
+        limit: i64,
+        visit: &mut dyn FnMut(Stored),
+    ) -> Result<u64, LedgerError>;
     fn integrity_check(&self) -> Result<String, LedgerError>;
     #[cfg(test)]
     fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
@@ -358,6 +368,98 @@ trait Tx {
         rows: u64,
         sha256: Option<&str>,
     ) -> Result<(), LedgerError>;
+}
+
+/// An event as the ledger stored it: its row id there, the event, and its key.
+pub struct Stored {
+    pub row_id: i64,
+    pub event: Event,
+    pub key: Option<[u8; 16]>,
+}
+
+/// The columns `export_events` reads, after `FROM`, for both backends; `{AFTER}` and
+/// `{LIMIT}` are the placeholders.
+const EXPORT: &str = "SELECT e.id, e.ts_ms, e.duration_ms, e.kind, w.name, m.name, r.name,
+        i.name, g.name, e.capacity, e.instances, e.requests, e.input_tokens, e.output_tokens,
+        e.cached_tokens, e.utilization, e.cost, e.input_cost, e.list_cost, e.outcome, e.lost_ms,
+        e.saved, e.lever, t.name, e.row_hash, e.wait_ms, e.mfu, e.precision, e.data_stall,
+        e.sync_stall
+    FROM events e
+    JOIN dims w ON w.id = e.workload
+    LEFT JOIN dims m ON m.id = e.model
+    LEFT JOIN dims r ON r.id = e.run
+    LEFT JOIN dims i ON i.id = e.instance
+    LEFT JOIN dims g ON g.id = e.region
+    LEFT JOIN dims t ON t.id = e.tenant
+    WHERE e.id > {AFTER} ORDER BY e.id LIMIT {LIMIT}";
+
+/// The raw values of one `EXPORT` row, as either backend reads them.
+struct ExportRow {
+    ints: [Option<i64>; 30],
+    names: [Option<String>; 6],
+    floats: [Option<f64>; 4],
+    key: Option<Vec<u8>>,
+}
+
+impl ExportRow {
+    /// Indices of `EXPORT`'s columns by type.
+    const NAMES: [usize; 6] = [4, 5, 6, 7, 8, 23];
+    const FLOATS: [usize; 4] = [15, 26, 28, 29];
+    const KEY: usize = 24;
+
+    fn into_stored(self) -> Result<Stored, String> {
+        let int = |i: usize| self.ints[i].unwrap_or(0);
+        let code = |i: usize| self.ints[i];
+        let [workload, model, run, instance, region, tenant] = self.names.clone();
+        let kind = Kind::from_code(int(3)).ok_or_else(|| format!("kind {}", int(3)))?;
+        let mut e = Event::new(int(1), kind, workload.unwrap_or_default(), Money::ZERO);
+        e.duration_ms = int(2);
+        e.model = model;
+        e.run_id = run;
+        e.instance_type = instance;
+        e.region = region;
+        e.capacity = from_code(code(9), "capacity", Capacity::from_code)?;
+        e.instances = int(10).clamp(0, i64::from(u32::MAX)) as u32;
+        e.requests = int(11).max(0) as u64;
+        e.input_tokens = int(12).max(0) as u64;
+        e.output_tokens = int(13).max(0) as u64;
+        e.cached_input_tokens = int(14).max(0) as u64;
+        e.utilization = self.floats[0];
+        e.cost = Money::from_nanos(int(16));
+        e.input_cost = code(17).map(Money::from_nanos);
+        e.list_cost = code(18).map(Money::from_nanos);
+        e.outcome = from_code(code(19), "outcome", Outcome::from_code)?;
+        e.lost_ms = int(20);
+        e.saved = Money::from_nanos(int(21));
+        e.lever = from_code(code(22), "lever", crate::event::Lever::from_code)?;
+        e.tenant = tenant;
+        e.wait_ms = int(25);
+        e.mfu = self.floats[1];
+        e.precision = from_code(code(27), "precision", crate::event::Precision::from_code)?;
+        e.data_stall = self.floats[2];
+        e.sync_stall = self.floats[3];
+        let key = match self.key {
+            None => None,
+            Some(k) => {
+                Some(<[u8; 16]>::try_from(k.as_slice()).map_err(|_| "a row key".to_owned())?)
+            }
+        };
+        Ok(Stored {
+            row_id: int(0),
+            event: e,
+            key,
+        })
+    }
+}
+
+/// A stored code as its enum; `Err` names a code this build does not know.
+fn from_code<T>(
+    code: Option<i64>,
+    what: &str,
+    decode: fn(i64) -> Option<T>,
+) -> Result<Option<T>, String> {
+    code.map(|c| decode(c).ok_or_else(|| format!("{what} {c}")))
+        .transpose()
 }
 
 /// The dims ids of an event's names.

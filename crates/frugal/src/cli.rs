@@ -570,6 +570,24 @@ pub enum LedgerCommand {
     Import(ImportArgs),
     /// What the ledger holds
     Info(InfoArgs),
+    /// Copy a SQLite ledger into another (a postgres:// URL); a rerun copies only what is
+    /// missing
+    Migrate(MigrateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The SQLite ledger to copy
+    #[arg(long, value_name = "FILE")]
+    pub from: PathBuf,
+    /// The ledger to copy into: a postgres:// URL (or a SQLite file)
+    #[arg(long, value_name = "URL")]
+    pub to: String,
+    /// Events per transaction
+    #[arg(long, default_value_t = 50_000)]
+    pub batch: usize,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

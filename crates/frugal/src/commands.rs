@@ -71,6 +71,7 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             print_files(&mut out, &info.files)
         }
+        Command::Ledger(LedgerCommand::Migrate(args)) => migrate(&args),
         Command::Report(args) => report(&config, &catalog, &args),
         Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
         Command::Bench(args) => crate::bench::run(&catalog, &args),
@@ -79,6 +80,35 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::deploy::kubernetes(cli.config.as_deref(), &catalog, &args)
         }
     }
+}
+
+/// `frugal ledger migrate`: the copy, with a bar of events read, then what it did.
+fn migrate(args: &crate::cli::MigrateArgs) -> Result<()> {
+    let from = Ledger::open_existing(&args.from)?;
+    let to_location = frugal_cost::Location::parse(&args.to);
+    if to_location.path() == Some(args.from.as_path()) {
+        bail!("--from and --to are the same ledger");
+    }
+    let mut to = Ledger::open(to_location)?;
+    let bar = Bar::count("events");
+    let done = frugal_cost::ledger::migrate(&from, &mut to, args.batch, &bar)
+        .with_context(|| format!("cannot copy {} into {}", args.from.display(), to.location()))?;
+    if args.json {
+        return print_json(&done);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{} events read from {} ({}): {} copied, {} already in {}; {} spans copied",
+        thousands(done.events),
+        args.from.display(),
+        usd(done.cost),
+        thousands(done.copied),
+        thousands(done.skipped),
+        to.location(),
+        thousands(done.spans),
+    )?;
+    Ok(())
 }
 
 /// Files imported, newest last; only the latest few, `--json` has them all.

@@ -6,13 +6,38 @@ use std::process::{Command, Output};
 
 struct Env {
     dir: tempfile::TempDir,
+    /// `ledger.sqlite` in `dir`, or a database under `on_postgres!`.
+    ledger: std::ffi::OsString,
+}
+
+thread_local! {
+    static POSTGRES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `#[test]`s named after the given tests, running them with their ledger on PostgreSQL.
+macro_rules! on_postgres {
+    ($($test:ident),+ $(,)?) => {
+        mod on_postgres {
+            $(
+                #[test]
+                fn $test() {
+                    super::POSTGRES.set(true);
+                    super::$test();
+                }
+            )+
+        }
+    };
 }
 
 impl Env {
     fn new() -> Env {
-        Env {
-            dir: tempfile::tempdir().unwrap(),
-        }
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = if POSTGRES.get() {
+            postgres_ledger().into()
+        } else {
+            dir.path().join("ledger.sqlite").into_os_string()
+        };
+        Env { dir, ledger }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -27,10 +52,10 @@ impl Env {
 
     /// Runs frugal in the temp folder with its ledger there, and no user config.
     fn frugal(&self, args: &[&str]) -> Output {
-        self.frugal_with_ledger(&self.path("ledger.sqlite"), args)
+        self.frugal_with_ledger(&self.ledger, args)
     }
 
-    fn frugal_with_ledger(&self, ledger: &Path, args: &[&str]) -> Output {
+    fn frugal_with_ledger(&self, ledger: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_frugal"))
             .current_dir(self.dir.path())
             .env_remove("FRUGAL_CONFIG")
@@ -57,6 +82,14 @@ fn ok(o: Output) -> Output {
 
 fn json(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// A new database on the shared test server.
+fn postgres_ledger() -> String {
+    frugal_cost::pg_test::Server::shared()
+        .unwrap()
+        .database()
+        .unwrap()
 }
 
 fn events(env: &Env) -> u64 {
@@ -686,7 +719,7 @@ fn pool_ledger(env: &Env) {
     let mut idle = Event::new(t0, Kind::Idle, "chat", Money::from_cents(80));
     idle.model = Some("qwen".into());
     events.push(idle);
-    let mut ledger = frugal_cost::Ledger::open(&env.path("ledger.sqlite")).unwrap();
+    let mut ledger = frugal_cost::Ledger::open(env.path("ledger.sqlite")).unwrap();
     ledger
         .append_with_spans("frugal serve", &events, &spans)
         .unwrap();
@@ -730,4 +763,49 @@ fn report_prints_pools_and_what_to_right_size() {
         "{}",
         stderr(&o)
     );
+}
+
+on_postgres!(
+    a_bad_csv_imports_nothing_and_exits_non_zero,
+    the_same_usage_is_not_imported_twice,
+    report_json_and_html_from_a_focus_export,
+);
+
+#[test]
+fn a_sqlite_ledger_migrates_to_postgresql_with_the_same_report() {
+    let env = Env::new();
+    let usage = env.write(
+        "week.csv",
+        "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n2026-11-02,inference,chat,0.25\n2026-11-02,training,t,3\n",
+    );
+    ok(env.frugal(&["ledger", "import", usage.to_str().unwrap()]));
+    let url = postgres_ledger();
+    let from = env.path("ledger.sqlite");
+    let migrate = |json: bool| {
+        let mut args = vec![
+            "ledger",
+            "migrate",
+            "--from",
+            from.to_str().unwrap(),
+            "--to",
+            &url,
+        ];
+        args.extend(json.then_some("--json"));
+        ok(env.frugal(&args))
+    };
+    let said = stdout(&migrate(false));
+    assert!(
+        said.contains("3 events read from") && said.contains("($3.75): 3 copied, 0 already in"),
+        "{said}"
+    );
+    assert!(!said.contains(frugal_cost::pg_test::PASSWORD), "{said}");
+    let again = json(&migrate(true));
+    assert_eq!(
+        (again["copied"].as_u64(), again["skipped"].as_u64()),
+        (Some(0), Some(3))
+    );
+    let there = json(&ok(env.frugal_with_ledger(&url, &["report", "--json"])));
+    let here = json(&ok(env.frugal(&["report", "--json"])));
+    assert_eq!(there, here, "the same report from both");
+    assert_eq!(here["total"].as_i64(), Some(3_750_000_000));
 }

@@ -21,8 +21,8 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::segments::{self, ADVISED};
 use super::{
-    Axis, EventIds, LedgerError, LedgerInfo, Names, PriorImport, Row, SCHEMA_VERSION, SpanIds,
-    Store, TrainingSegment, Tx, Window, clamp,
+    Axis, EXPORT, EventIds, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
+    SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
 };
 use crate::event::{Capacity, Event, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
 use crate::money::{Millis, Money};
@@ -796,6 +796,45 @@ impl Store for PgStore {
             total_cost: Money::from_nanos(totals.get::<_, Option<i64>>(3).unwrap_or(0)),
             bytes: bytes.max(0) as u64,
         })
+    }
+
+    fn export_events(
+        &self,
+        after_id: i64,
+        limit: i64,
+        visit: &mut dyn FnMut(Stored),
+    ) -> Result<u64, LedgerError> {
+        let read = self.err("read");
+        let sql = EXPORT.replace("{AFTER}", "$1").replace("{LIMIT}", "$2");
+        let rows = self
+            .conn()?
+            .query(&sql, &[&after_id, &limit])
+            .map_err(&read)?;
+        for r in &rows {
+            let mut row = ExportRow {
+                ints: [None; 30],
+                names: Default::default(),
+                floats: [None; 4],
+                key: r.try_get(ExportRow::KEY).map_err(&read)?,
+            };
+            for i in 0..30 {
+                if ExportRow::NAMES.contains(&i)
+                    || ExportRow::FLOATS.contains(&i)
+                    || i == ExportRow::KEY
+                {
+                    continue;
+                }
+                row.ints[i] = r.try_get(i).map_err(&read)?;
+            }
+            for (slot, &i) in ExportRow::NAMES.iter().enumerate() {
+                row.names[slot] = r.try_get(i).map_err(&read)?;
+            }
+            for (slot, &i) in ExportRow::FLOATS.iter().enumerate() {
+                row.floats[slot] = r.try_get(i).map_err(&read)?;
+            }
+            visit(row.into_stored().map_err(|w| self.corrupt(w))?);
+        }
+        Ok(rows.len() as u64)
     }
 
     /// PostgreSQL checks its pages itself; this says the ledger's tables answer.

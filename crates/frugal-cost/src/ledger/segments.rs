@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn segments_overlapping_the_windows_hours_are_read_through_their_index() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         let advised = |ts, minutes| {
             let mut e = segment(ts, minutes);
             e.data_stall = Some(0.1);

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, params};
 
 use super::{
-    Axis, EventIds, LedgerError, LedgerInfo, Names, PriorImport, Row, SCHEMA_VERSION, SpanIds,
-    Store, TrainingSegment, Tx, Window, clamp,
+    Axis, EXPORT, EventIds, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
+    SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
 };
 use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan, ReplicaState};
 use crate::money::{Millis, Money};
@@ -641,6 +641,45 @@ impl Store for SqliteStore {
     }
 
     /// SQLite's own check of the file, for tests and `frugal ledger info --check`.
+    fn export_events(
+        &self,
+        after_id: i64,
+        limit: i64,
+        visit: &mut dyn FnMut(Stored),
+    ) -> Result<u64, LedgerError> {
+        let read_err = self.read_err();
+        let sql = EXPORT.replace("{AFTER}", "?1").replace("{LIMIT}", "?2");
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(read_err)?;
+        let mut rows = stmt.query(params![after_id, limit]).map_err(read_err)?;
+        let mut n = 0;
+        while let Some(r) = rows.next().map_err(read_err)? {
+            let mut row = ExportRow {
+                ints: [None; 30],
+                names: Default::default(),
+                floats: [None; 4],
+                key: r.get(ExportRow::KEY).map_err(read_err)?,
+            };
+            for i in 0..30 {
+                if ExportRow::NAMES.contains(&i)
+                    || ExportRow::FLOATS.contains(&i)
+                    || i == ExportRow::KEY
+                {
+                    continue;
+                }
+                row.ints[i] = r.get(i).map_err(read_err)?;
+            }
+            for (slot, &i) in ExportRow::NAMES.iter().enumerate() {
+                row.names[slot] = r.get(i).map_err(read_err)?;
+            }
+            for (slot, &i) in ExportRow::FLOATS.iter().enumerate() {
+                row.floats[slot] = r.get(i).map_err(read_err)?;
+            }
+            visit(row.into_stored().map_err(|what| self.corrupt(what))?);
+            n += 1;
+        }
+        Ok(n)
+    }
+
     #[cfg(test)]
     fn as_sqlite(&self) -> Option<&SqliteStore> {
         Some(self)
@@ -897,7 +936,7 @@ mod tests {
     #[test]
     fn a_failed_import_stores_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         ledger.append("ok", &[event(1, 1)]).unwrap();
         let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "csv", |sink| {
             sink.push(&event(2, 1))?;
@@ -911,7 +950,7 @@ mod tests {
     #[test]
     fn events_cannot_be_changed_or_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         ledger.append("ok", &[event(1, 1)]).unwrap();
         for sql in ["UPDATE events SET cost = 0", "DELETE FROM events"] {
             let err = ledger
@@ -1171,7 +1210,7 @@ mod tests {
     #[test]
     fn a_failed_write_stores_neither_events_nor_spans() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "api", |sink| {
             sink.push(&event(1, 1))?;
             sink.push_span(&span(1, 1, ReplicaState::Ready))?;
@@ -1185,7 +1224,7 @@ mod tests {
     #[test]
     fn wait_percentiles_rank_a_pools_requests_only() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         // 100 requests of pool qwen: 90 not held, 10 held 100 ms .. 1,000 ms; one failed
         // request held 60 s and another pool's request held longer are not the pool's.
         let mut events: Vec<Event> = (0..100)
@@ -1224,7 +1263,7 @@ mod tests {
     #[test]
     fn spend_is_summed_per_tenant_from_a_time_on() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         let of = |ts, cents, tenant: Option<&str>| {
             let mut e = event(ts, cents);
             e.tenant = tenant.map(str::to_owned);
@@ -1294,7 +1333,7 @@ mod tests {
         let err = Ledger::open(&other).err().unwrap().to_string();
         assert!(err.contains("is not a frugal ledger"), "{err}");
         assert!(matches!(
-            Ledger::open_existing(&dir.path().join("none.sqlite")),
+            Ledger::open_existing(dir.path().join("none.sqlite")),
             Err(LedgerError::Missing(_))
         ));
     }
@@ -1302,7 +1341,7 @@ mod tests {
     #[test]
     fn a_full_disk_is_a_clear_error_and_keeps_what_was_stored() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         ledger.append("ok", &[event(1, 1)]).unwrap();
         let pages: i64 = ledger
             .sqlite_conn()
