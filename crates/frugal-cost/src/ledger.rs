@@ -351,13 +351,9 @@ trait Store: Send {
 trait Tx {
     /// The id of a name on an axis, added if new.
     fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError>;
-    /// Stores an event unless its key is in the ledger already; returns whether it did.
-    fn insert_event(
-        &mut self,
-        e: &Event,
-        ids: &EventIds,
-        key: Option<&[u8; 16]>,
-    ) -> Result<bool, LedgerError>;
+    /// Stores events, each unless its key is in the ledger already (or earlier in
+    /// `rows`); returns, in order, whether each was stored.
+    fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError>;
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError>;
     fn file_imported(&mut self, sha256: &str) -> Result<Option<PriorImport>, LedgerError>;
     fn row_imported(&mut self, key: &[u8; 16]) -> Result<Option<PriorImport>, LedgerError>;
@@ -462,7 +458,18 @@ fn from_code<T>(
         .transpose()
 }
 
+/// An event to store, with its names' ids and its key.
+struct EventRow<'a> {
+    event: &'a Event,
+    ids: EventIds,
+    key: Option<[u8; 16]>,
+}
+
+/// Events a `Sink` holds back to store many in one statement.
+const BATCH: usize = 2_000;
+
 /// The dims ids of an event's names.
+#[derive(Clone, Copy)]
 struct EventIds {
     workload: i64,
     model: Option<i64>,
@@ -574,12 +581,14 @@ impl Ledger {
         let tx = self.store.begin(source, format)?;
         let mut sink = Sink {
             tx,
+            held: Vec::new(),
             dims: Default::default(),
             pending: Pending::default(),
             rows: 0,
             sha256: None,
         };
         let value = fill(&mut sink)?;
+        sink.flush()?;
         let Sink {
             tx,
             pending,
@@ -689,6 +698,9 @@ impl Ledger {
 /// Receives the rows of one import; see `Ledger::import`.
 pub struct Sink<'a> {
     tx: Box<dyn Tx + 'a>,
+    /// Events pushed and not yet stored: stored `BATCH` at a time, and before anything
+    /// that reads what is stored.
+    held: Vec<(Event, EventIds)>,
     /// Ids already known in this import, one map per axis.
     dims: [HashMap<String, i64>; Axis::COUNT],
     pending: Pending,
@@ -712,15 +724,68 @@ impl Sink<'_> {
     }
 
     /// Stores an event, unless it carries an id (`Event::id`) that is in the ledger
-    /// already; returns whether it was stored.
-    pub fn push(&mut self, e: &Event) -> Result<bool, LedgerError> {
-        self.insert(e, e.id.as_ref())
+    /// already (by the time the import commits).
+    pub fn push(&mut self, e: &Event) -> Result<(), LedgerError> {
+        let ids = self.ids(e)?;
+        self.held.push((e.clone(), ids));
+        if self.held.len() >= BATCH {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     /// Stores an imported row unless a row with its hash is in the ledger already; returns
     /// whether it was stored.
     pub fn push_row(&mut self, e: &Event, hash: RowHash) -> Result<bool, LedgerError> {
-        self.insert(e, Some(&hash.0))
+        Ok(self
+            .push_rows(&[(e, hash)])?
+            .first()
+            .copied()
+            .unwrap_or(false))
+    }
+
+    /// Stores imported rows, each unless a row with its hash is in the ledger already (or
+    /// earlier among them); returns, in order, whether each was stored.
+    pub fn push_rows(&mut self, rows: &[(&Event, RowHash)]) -> Result<Vec<bool>, LedgerError> {
+        self.flush()?;
+        let mut prepared = Vec::with_capacity(rows.len());
+        for &(event, hash) in rows {
+            prepared.push(EventRow {
+                event,
+                ids: self.ids(event)?,
+                key: Some(hash.0),
+            });
+        }
+        let stored = self.tx.insert_events(&prepared)?;
+        for (row, &ok) in prepared.iter().zip(&stored) {
+            if ok {
+                add(&mut self.pending, &mut self.rows, row);
+            }
+        }
+        Ok(stored)
+    }
+
+    /// Stores the events held back.
+    fn flush(&mut self) -> Result<(), LedgerError> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.held);
+        let rows: Vec<EventRow<'_>> = held
+            .iter()
+            .map(|(event, ids)| EventRow {
+                event,
+                ids: *ids,
+                key: event.id,
+            })
+            .collect();
+        let stored = self.tx.insert_events(&rows)?;
+        for (row, &ok) in rows.iter().zip(&stored) {
+            if ok {
+                add(&mut self.pending, &mut self.rows, row);
+            }
+        }
+        Ok(())
     }
 
     /// Records the SHA-256 (hex) of the file this import reads.
@@ -730,11 +795,13 @@ impl Sink<'_> {
 
     /// The earliest import of a file with this SHA-256 (hex), if any.
     pub fn file_imported(&mut self, sha256: &str) -> Result<Option<PriorImport>, LedgerError> {
+        self.flush()?;
         self.tx.file_imported(sha256)
     }
 
     /// The import that stored the row with this hash, if any.
     pub fn row_imported(&mut self, hash: RowHash) -> Result<Option<PriorImport>, LedgerError> {
+        self.flush()?;
         self.tx.row_imported(&hash.0)
     }
 
@@ -752,30 +819,30 @@ impl Sink<'_> {
         Ok(())
     }
 
-    fn insert(&mut self, e: &Event, key: Option<&[u8; 16]>) -> Result<bool, LedgerError> {
-        let ids = EventIds {
+    fn ids(&mut self, e: &Event) -> Result<EventIds, LedgerError> {
+        Ok(EventIds {
             workload: self.dim(Axis::Workload, &e.workload)?,
             model: self.opt_dim(Axis::Model, e.model.as_deref())?,
             run: self.opt_dim(Axis::Run, e.run_id.as_deref())?,
             instance: self.opt_dim(Axis::Instance, e.instance_type.as_deref())?,
             region: self.opt_dim(Axis::Region, e.region.as_deref())?,
             tenant: self.opt_dim(Axis::Tenant, e.tenant.as_deref())?,
-        };
-        if !self.tx.insert_event(e, &ids, key)? {
-            return Ok(false);
-        }
-        let id = |v: Option<i64>| v.map_or(0, |v| v as u32);
-        self.pending.add(
-            e,
-            Ids {
-                workload: ids.workload as u32,
-                model: id(ids.model),
-                run: id(ids.run),
-                instance: id(ids.instance),
-                region: id(ids.region),
-            },
-        );
-        self.rows += 1;
-        Ok(true)
+        })
     }
+}
+
+/// Folds a stored event into the write's rollups and counts it.
+fn add(pending: &mut Pending, rows: &mut u64, row: &EventRow<'_>) {
+    let id = |v: Option<i64>| v.map_or(0, |v| v as u32);
+    pending.add(
+        row.event,
+        Ids {
+            workload: row.ids.workload as u32,
+            model: id(row.ids.model),
+            run: id(row.ids.run),
+            instance: id(row.ids.instance),
+            region: id(row.ids.region),
+        },
+    );
+    *rows += 1;
 }

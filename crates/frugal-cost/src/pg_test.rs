@@ -109,6 +109,15 @@ impl Server {
 
     /// A server of its own, for a test that stops or breaks it.
     pub fn start() -> io::Result<Server> {
+        Server::start_with(false)
+    }
+
+    /// A server that syncs its writes to disk, as a production one does: for benchmarks.
+    pub fn start_durable() -> io::Result<Server> {
+        Server::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> io::Result<Server> {
         let bin = bin_dir()?;
         let user = run_as();
         let base =
@@ -148,7 +157,8 @@ impl Server {
             .arg(&data)
             .args(["-p", &port.to_string(), "-k"])
             .arg(&base)
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .args(["-c", "listen_addresses=127.0.0.1", "-c"])
+            .arg(if durable { "fsync=on" } else { "fsync=off" })
             .args(["-c", "max_connections=200"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

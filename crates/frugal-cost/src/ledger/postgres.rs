@@ -21,10 +21,10 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::segments::{self, ADVISED};
 use super::{
-    Axis, EXPORT, EventIds, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
+    Axis, EXPORT, EventRow, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
     SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
 };
-use crate::event::{Capacity, Event, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
+use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Pending};
 
@@ -38,7 +38,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MIGRATION_LOCK: i64 = 0x4652_5547;
 
 /// The schema at version 7 (SQLite's migrations 1..=7 in one), for an empty database.
-/// Column order is SQLite's, so `rollup`'s `SELECT *` reads the same on both.
+/// Column order is SQLite's, so `rollup`'s `SELECT *` reads the same on both. No foreign
+/// keys, as SQLite enforces none: ids come from the same transaction's `dims` and
+/// `imports`, and checking five references per event would cost more than the insert.
 const SCHEMA_V7: &str = r#"
 CREATE TABLE schema_version (
     version     BIGINT NOT NULL,
@@ -64,11 +66,11 @@ CREATE TABLE events (
     ts_ms         BIGINT NOT NULL,
     duration_ms   BIGINT NOT NULL,
     kind          BIGINT NOT NULL,
-    workload      BIGINT NOT NULL REFERENCES dims (id),
-    model         BIGINT REFERENCES dims (id),
-    run           BIGINT REFERENCES dims (id),
-    instance      BIGINT REFERENCES dims (id),
-    region        BIGINT REFERENCES dims (id),
+    workload      BIGINT NOT NULL,
+    model         BIGINT,
+    run           BIGINT,
+    instance      BIGINT,
+    region        BIGINT,
     capacity      BIGINT,
     instances     BIGINT NOT NULL,
     requests      BIGINT NOT NULL,
@@ -81,10 +83,10 @@ CREATE TABLE events (
     list_cost     BIGINT,
     outcome       BIGINT,
     lost_ms       BIGINT NOT NULL,
-    import        BIGINT NOT NULL REFERENCES imports (id),
+    import        BIGINT NOT NULL,
     saved         BIGINT NOT NULL DEFAULT 0,
     lever         BIGINT,
-    tenant        BIGINT REFERENCES dims (id),
+    tenant        BIGINT,
     row_hash      BYTEA,
     wait_ms       BIGINT NOT NULL DEFAULT 0,
     mfu           DOUBLE PRECISION,
@@ -138,19 +140,19 @@ CREATE TABLE replica_spans (
     id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     ts_ms         BIGINT NOT NULL,
     duration_ms   BIGINT NOT NULL,
-    workload      BIGINT NOT NULL REFERENCES dims (id),
-    pool          BIGINT NOT NULL REFERENCES dims (id),
+    workload      BIGINT NOT NULL,
+    pool          BIGINT NOT NULL,
     replica       BIGINT NOT NULL,
     state         BIGINT NOT NULL,
     busy_ms       BIGINT NOT NULL,
     cost          BIGINT NOT NULL,
-    instance      BIGINT REFERENCES dims (id),
+    instance      BIGINT,
     min_replicas  BIGINT NOT NULL,
     max_replicas  BIGINT NOT NULL,
     need_bytes    BIGINT,
     failed        BIGINT NOT NULL,
-    import        BIGINT NOT NULL REFERENCES imports (id),
-    server        BIGINT REFERENCES dims (id),
+    import        BIGINT NOT NULL,
+    server        BIGINT,
     requests      BIGINT NOT NULL DEFAULT 0,
     input_tokens  BIGINT NOT NULL DEFAULT 0,
     output_tokens BIGINT NOT NULL DEFAULT 0
@@ -207,14 +209,24 @@ DO UPDATE SET
     first_ms = LEAST(rollup.first_ms, excluded.first_ms),
     last_ms = GREATEST(rollup.last_ms, excluded.last_ms)";
 
-const INSERT_EVENT: &str = "
+/// Many events in one statement, a column an array; the keyed rows it stored come back.
+const INSERT_EVENTS: &str = "
 INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance, region, capacity,
     instances, requests, input_tokens, output_tokens, cached_tokens, utilization, cost,
     input_cost, list_cost, outcome, lost_ms, import, saved, lever, tenant, row_hash, wait_ms,
     mfu, precision, data_stall, sync_stall)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-    $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
-ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING";
+SELECT c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
+    c20, $21, c22, c23, c24, c25, c26, c27, c28, c29, c30
+FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[],
+    $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[], $10::BIGINT[], $11::BIGINT[],
+    $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::FLOAT8[], $16::BIGINT[], $17::BIGINT[],
+    $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $22::BIGINT[], $23::BIGINT[],
+    $24::BIGINT[], $25::BYTEA[], $26::BIGINT[], $27::FLOAT8[], $28::BIGINT[], $29::FLOAT8[],
+    $30::FLOAT8[])
+    AS u (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
+        c20, c22, c23, c24, c25, c26, c27, c28, c29, c30)
+ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING
+RETURNING row_hash";
 
 const INSERT_SPAN: &str = "
 INSERT INTO replica_spans (ts_ms, duration_ms, workload, pool, replica, state, busy_ms, cost,
@@ -855,7 +867,7 @@ impl Store for PgStore {
 
 /// Statements one write prepares once.
 struct Statements {
-    event: Statement,
+    events: Statement,
     span: Statement,
     dim_get: Statement,
     dim_add: Statement,
@@ -891,7 +903,7 @@ impl PgTx {
                     })
             };
             let statements = Statements {
-                event: prepare(INSERT_EVENT)?,
+                events: prepare(INSERT_EVENTS)?,
                 span: prepare(INSERT_SPAN)?,
                 dim_get: prepare("SELECT id FROM dims WHERE axis = $1 AND name = $2")?,
                 // A name another writer added since the look-up is read back, not doubled.
@@ -940,53 +952,101 @@ impl Tx for PgTx {
         }
     }
 
-    fn insert_event(
-        &mut self,
-        e: &Event,
-        ids: &EventIds,
-        key: Option<&[u8; 16]>,
-    ) -> Result<bool, LedgerError> {
-        let stmt = self.statements()?.event.clone();
-        let key: Option<&[u8]> = key.map(|k| &k[..]);
-        let stored = self
+    fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stmt = self.statements()?.events.clone();
+        let col = |f: &dyn Fn(&EventRow<'_>) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
+        let opt = |f: &dyn Fn(&EventRow<'_>) -> Option<i64>| {
+            rows.iter().map(f).collect::<Vec<Option<i64>>>()
+        };
+        let float = |f: &dyn Fn(&EventRow<'_>) -> Option<f64>| {
+            rows.iter().map(f).collect::<Vec<Option<f64>>>()
+        };
+        let ts = col(&|r| r.event.ts_ms);
+        let duration = col(&|r| r.event.duration_ms);
+        let kind = col(&|r| r.event.kind.code());
+        let workload = col(&|r| r.ids.workload);
+        let model = opt(&|r| r.ids.model);
+        let run = opt(&|r| r.ids.run);
+        let instance = opt(&|r| r.ids.instance);
+        let region = opt(&|r| r.ids.region);
+        let capacity = opt(&|r| r.event.capacity.map(Capacity::code));
+        let instances = col(&|r| i64::from(r.event.instances));
+        let requests = col(&|r| clamp(r.event.requests));
+        let input = col(&|r| clamp(r.event.input_tokens));
+        let output = col(&|r| clamp(r.event.output_tokens));
+        let cached = col(&|r| clamp(r.event.cached_input_tokens));
+        let utilization = float(&|r| r.event.utilization);
+        let cost = col(&|r| r.event.cost.nanos());
+        let input_cost = opt(&|r| r.event.input_cost.map(Money::nanos));
+        let list_cost = opt(&|r| r.event.list_cost.map(Money::nanos));
+        let outcome = opt(&|r| r.event.outcome.map(Outcome::code));
+        let lost = col(&|r| r.event.lost_ms);
+        let saved = col(&|r| r.event.saved.nanos());
+        let lever = opt(&|r| r.event.lever.map(Lever::code));
+        let tenant = opt(&|r| r.ids.tenant);
+        let keys: Vec<Option<&[u8]>> = rows
+            .iter()
+            .map(|r| r.key.as_ref().map(|k| &k[..]))
+            .collect();
+        let wait = col(&|r| r.event.wait_ms);
+        let mfu = float(&|r| r.event.mfu);
+        let precision = opt(&|r| r.event.precision.map(Precision::code));
+        let data_stall = float(&|r| r.event.data_stall);
+        let sync_stall = float(&|r| r.event.sync_stall);
+        let import_id = self.import_id;
+        let returned = self
             .conn
-            .execute(
+            .query(
                 &stmt,
                 &[
-                    &e.ts_ms,
-                    &e.duration_ms,
-                    &e.kind.code(),
-                    &ids.workload,
-                    &ids.model,
-                    &ids.run,
-                    &ids.instance,
-                    &ids.region,
-                    &e.capacity.map(Capacity::code),
-                    &i64::from(e.instances),
-                    &clamp(e.requests),
-                    &clamp(e.input_tokens),
-                    &clamp(e.output_tokens),
-                    &clamp(e.cached_input_tokens),
-                    &e.utilization,
-                    &e.cost.nanos(),
-                    &e.input_cost.map(Money::nanos),
-                    &e.list_cost.map(Money::nanos),
-                    &e.outcome.map(Outcome::code),
-                    &e.lost_ms,
-                    &self.import_id,
-                    &e.saved.nanos(),
-                    &e.lever.map(Lever::code),
-                    &ids.tenant,
-                    &key,
-                    &e.wait_ms,
-                    &e.mfu,
-                    &e.precision.map(Precision::code),
-                    &e.data_stall,
-                    &e.sync_stall,
+                    &ts,
+                    &duration,
+                    &kind,
+                    &workload,
+                    &model,
+                    &run,
+                    &instance,
+                    &region,
+                    &capacity,
+                    &instances,
+                    &requests,
+                    &input,
+                    &output,
+                    &cached,
+                    &utilization,
+                    &cost,
+                    &input_cost,
+                    &list_cost,
+                    &outcome,
+                    &lost,
+                    &import_id,
+                    &saved,
+                    &lever,
+                    &tenant,
+                    &keys,
+                    &wait,
+                    &mfu,
+                    &precision,
+                    &data_stall,
+                    &sync_stall,
                 ],
             )
             .map_err(self.err())?;
-        Ok(stored > 0)
+        // Keyed rows stored come back by key; a key twice in `rows` is stored once, first.
+        let mut stored: std::collections::HashSet<Vec<u8>> = returned
+            .iter()
+            .filter_map(|r| r.get::<_, Option<Vec<u8>>>(0))
+            .collect();
+        Ok(rows
+            .iter()
+            .map(|r| match &r.key {
+                None => true,
+                Some(k) => stored.remove(&k[..]),
+            })
+            .collect())
     }
 
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError> {

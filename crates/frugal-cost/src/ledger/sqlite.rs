@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, params};
 
 use super::{
-    Axis, EXPORT, EventIds, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
+    Axis, EXPORT, EventIds, EventRow, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
     SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
 };
 use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan, ReplicaState};
@@ -729,6 +729,62 @@ impl SqliteTx<'_> {
             source,
         }
     }
+
+    fn insert_event(
+        &mut self,
+        e: &Event,
+        ids: &EventIds,
+        key: Option<&[u8; 16]>,
+    ) -> Result<bool, LedgerError> {
+        let stored = self
+            .tx
+            .prepare_cached(
+                "INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance,
+                    region, capacity, instances, requests, input_tokens, output_tokens,
+                    cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
+                    import, saved, lever, tenant, row_hash, wait_ms, mfu, precision, data_stall,
+                    sync_stall)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)
+                 ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    e.ts_ms,
+                    e.duration_ms,
+                    e.kind.code(),
+                    ids.workload,
+                    ids.model,
+                    ids.run,
+                    ids.instance,
+                    ids.region,
+                    e.capacity.map(Capacity::code),
+                    e.instances,
+                    clamp(e.requests),
+                    clamp(e.input_tokens),
+                    clamp(e.output_tokens),
+                    clamp(e.cached_input_tokens),
+                    e.utilization,
+                    e.cost.nanos(),
+                    e.input_cost.map(Money::nanos),
+                    e.list_cost.map(Money::nanos),
+                    e.outcome.map(Outcome::code),
+                    e.lost_ms,
+                    self.import_id,
+                    e.saved.nanos(),
+                    e.lever.map(crate::event::Lever::code),
+                    ids.tenant,
+                    key.map(|k| &k[..]),
+                    e.wait_ms,
+                    e.mfu,
+                    e.precision.map(Precision::code),
+                    e.data_stall,
+                    e.sync_stall,
+                ])
+            })
+            .map_err(|err| self.write_err(err))?;
+        Ok(stored > 0)
+    }
 }
 
 impl Tx for SqliteTx<'_> {
@@ -799,60 +855,10 @@ impl Tx for SqliteTx<'_> {
         Ok(())
     }
 
-    fn insert_event(
-        &mut self,
-        e: &Event,
-        ids: &EventIds,
-        key: Option<&[u8; 16]>,
-    ) -> Result<bool, LedgerError> {
-        let stored = self
-            .tx
-            .prepare_cached(
-                "INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance,
-                    region, capacity, instances, requests, input_tokens, output_tokens,
-                    cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
-                    import, saved, lever, tenant, row_hash, wait_ms, mfu, precision, data_stall,
-                    sync_stall)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)
-                 ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    e.ts_ms,
-                    e.duration_ms,
-                    e.kind.code(),
-                    ids.workload,
-                    ids.model,
-                    ids.run,
-                    ids.instance,
-                    ids.region,
-                    e.capacity.map(Capacity::code),
-                    e.instances,
-                    clamp(e.requests),
-                    clamp(e.input_tokens),
-                    clamp(e.output_tokens),
-                    clamp(e.cached_input_tokens),
-                    e.utilization,
-                    e.cost.nanos(),
-                    e.input_cost.map(Money::nanos),
-                    e.list_cost.map(Money::nanos),
-                    e.outcome.map(Outcome::code),
-                    e.lost_ms,
-                    self.import_id,
-                    e.saved.nanos(),
-                    e.lever.map(crate::event::Lever::code),
-                    ids.tenant,
-                    key.map(|k| &k[..]),
-                    e.wait_ms,
-                    e.mfu,
-                    e.precision.map(Precision::code),
-                    e.data_stall,
-                    e.sync_stall,
-                ])
-            })
-            .map_err(|err| self.write_err(err))?;
-        Ok(stored > 0)
+    fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError> {
+        rows.iter()
+            .map(|r| self.insert_event(r.event, &r.ids, r.key.as_ref()))
+            .collect()
     }
 
     fn commit(
