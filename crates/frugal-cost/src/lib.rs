@@ -13,7 +13,6 @@ pub mod html;
 pub mod import;
 pub mod ledger;
 pub mod money;
-#[cfg(feature = "pg-test")]
 pub mod pg_test;
 pub mod plan;
 pub mod present;

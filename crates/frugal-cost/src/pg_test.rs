@@ -1,11 +1,14 @@
-//! A throwaway PostgreSQL server for tests (feature `pg-test`): `initdb` into a temporary
-//! folder, `postgres` on a free loopback port, a fresh database per test, stopped when
+//! A throwaway PostgreSQL server for tests and benchmarks (this crate's and the binary's):
+//! `initdb` into a temporary folder, `postgres` on a free loopback port, a fresh database per test, stopped when
 //! dropped, or when the test process exits (a watcher stops a server a process leaves
 //! behind, as the shared one is).
 //!
 //! `initdb` is found in `PATH` or under `/usr/lib/postgresql/*/bin` (Debian's
 //! `postgresql` package). PostgreSQL refuses to run as root: as root, the server runs as
 //! `nobody`, in a folder given to it.
+//!
+//! Compiled always (it adds no dependency): behind a feature that only tests enable, `cargo
+//! test` and `cargo build` would build this crate, and all that depends on it, twice.
 
 use std::io;
 use std::net::TcpListener;
@@ -21,6 +24,10 @@ pub const PASSWORD: &str = "frugal-test";
 /// A running server; stopped and its folder removed when dropped.
 pub struct Server {
     child: Child,
+    /// How to start `postgres` on this server's folder again.
+    bin: PathBuf,
+    user: Option<(u32, u32)>,
+    durable: bool,
     dir: PathBuf,
     port: u16,
     databases: AtomicU32,
@@ -152,25 +159,15 @@ impl Server {
             )));
         }
         let port = free_port()?;
-        let child = command(&bin.join("postgres"), user)
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-k"])
-            .arg(&base)
-            .args(["-c", "listen_addresses=127.0.0.1", "-c"])
-            .arg(if durable { "fsync=on" } else { "fsync=off" })
-            .args(["-c", "max_connections=200"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(base.join("log"))?)
-            .spawn()?;
+        let child = spawn(&bin, user, &base, port, durable)?;
         // Stops the server (and removes its folder) once this process is gone, however it
         // ends; a dropped `Server` does it sooner.
         let watcher = format!(
-            "while [ -d /proc/{me} ]; do sleep 1; done; kill -INT {pg} 2>/dev/null; \
-             while kill -0 {pg} 2>/dev/null; do sleep 0.2; done; rm -rf '{base}'",
+            "while [ -d /proc/{me} ]; do sleep 1; done; \
+             pg=$(head -1 '{base}/data/postmaster.pid' 2>/dev/null); \
+             [ -n \"$pg\" ] && kill -INT $pg 2>/dev/null; \
+             while [ -n \"$pg\" ] && kill -0 $pg 2>/dev/null; do sleep 0.2; done; rm -rf '{base}'",
             me = std::process::id(),
-            pg = child.id(),
             base = base.display()
         );
         command(Path::new("sh"), user)
@@ -181,6 +178,9 @@ impl Server {
             .spawn()?;
         let server = Server {
             child,
+            bin,
+            user,
+            durable,
             dir: base,
             port,
             databases: AtomicU32::new(0),
@@ -190,7 +190,11 @@ impl Server {
     }
 
     fn wait_ready(&self) -> io::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        self.wait_ready_for(Duration::from_secs(60))
+    }
+
+    fn wait_ready_for(&self, patience: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + patience;
         loop {
             match postgres::Client::connect(&self.url_of("postgres"), postgres::NoTls) {
                 Ok(_) => return Ok(()),
@@ -232,6 +236,50 @@ impl Server {
         self.child.kill()?;
         self.child.wait().map(|_| ())
     }
+
+    /// Starts a killed server again on its folder and port (recovering from its log),
+    /// once the killed one's last processes have gone.
+    pub fn restart(&mut self) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.child = spawn(&self.bin, self.user, &self.dir, self.port, self.durable)?;
+            match self.wait_ready_for(Duration::from_secs(10)) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                }
+            }
+        }
+    }
+}
+
+/// `postgres` on `base/data`, listening on loopback at `port` and a socket in `base`.
+fn spawn(
+    bin: &Path,
+    user: Option<(u32, u32)>,
+    base: &Path,
+    port: u16,
+    durable: bool,
+) -> io::Result<Child> {
+    command(&bin.join("postgres"), user)
+        .arg("-D")
+        .arg(base.join("data"))
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(base)
+        .args(["-c", "listen_addresses=127.0.0.1", "-c"])
+        .arg(if durable { "fsync=on" } else { "fsync=off" })
+        .args(["-c", "max_connections=200"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(base.join("log"))?,
+        )
+        .spawn()
 }
 
 impl Drop for Server {

@@ -381,15 +381,31 @@ fn a_killed_import_loses_nothing_acknowledged() {
     let big = usage_file(&env, "big.jsonl", 1_500_000);
     let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
         .current_dir(env.dir.path())
-        .env("FRUGAL_LEDGER", env.path("ledger.sqlite"))
+        .env("FRUGAL_LEDGER", &env.ledger)
         .args(["ledger", "import", big.to_str().unwrap()])
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Wait until the transaction is spilling pages into the WAL, then kill it.
+    // Wait until the transaction is spilling pages into the WAL (SQLite) or sending
+    // batches of events (PostgreSQL), then kill it.
     let wal = env.path("ledger.sqlite-wal");
+    let writing = || match env.ledger.to_str().filter(|l| l.starts_with("postgres")) {
+        Some(url) => {
+            let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+            let sending: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = 'frugal' AND query LIKE '%INSERT INTO events%'",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            sending > 0
+        }
+        None => std::fs::metadata(&wal).map_or(0, |m| m.len()) >= 4 << 20,
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while std::fs::metadata(&wal).map_or(0, |m| m.len()) < 4 << 20 {
+    while !writing() {
         assert!(
             child.try_wait().unwrap().is_none(),
             "the import ended before it could be killed"
@@ -766,6 +782,7 @@ fn report_prints_pools_and_what_to_right_size() {
 }
 
 on_postgres!(
+    a_killed_import_loses_nothing_acknowledged,
     a_bad_csv_imports_nothing_and_exits_non_zero,
     the_same_usage_is_not_imported_twice,
     report_json_and_html_from_a_focus_export,

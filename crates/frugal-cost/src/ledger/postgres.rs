@@ -484,11 +484,12 @@ impl Store for PgStore {
         let mut conn = self.conn()?;
         let err = self.err("write to");
         conn.batch_execute("BEGIN").map_err(&err)?;
+        let statements = Statements::prepare(&mut conn).map_err(&err)?;
         let mut tx = PgTx {
             conn,
             url: self.url.clone(),
             import_id: 0,
-            statements: None,
+            statements,
             done: false,
         };
         tx.import_id = tx
@@ -873,12 +874,27 @@ struct Statements {
     dim_add: Statement,
 }
 
+impl Statements {
+    fn prepare(client: &mut Client) -> Result<Statements, postgres::Error> {
+        Ok(Statements {
+            events: client.prepare(INSERT_EVENTS)?,
+            span: client.prepare(INSERT_SPAN)?,
+            dim_get: client.prepare("SELECT id FROM dims WHERE axis = $1 AND name = $2")?,
+            // A name another writer added since the look-up is read back, not doubled.
+            dim_add: client.prepare(
+                "INSERT INTO dims (axis, name) VALUES ($1, $2)
+                 ON CONFLICT (axis, name) DO UPDATE SET name = excluded.name RETURNING id",
+            )?,
+        })
+    }
+}
+
 /// One write's transaction on a pooled connection; rolled back when dropped uncommitted.
 struct PgTx {
     conn: PooledConnection<Manager>,
     url: String,
     import_id: i64,
-    statements: Option<Statements>,
+    statements: Statements,
     done: bool,
 }
 
@@ -888,35 +904,6 @@ impl PgTx {
             url: self.url.clone(),
             op: "write to",
             source,
-        }
-    }
-
-    fn statements(&mut self) -> Result<&Statements, LedgerError> {
-        if self.statements.is_none() {
-            let mut prepare = |sql: &str| {
-                self.conn
-                    .prepare(sql)
-                    .map_err(|source| LedgerError::Postgres {
-                        url: self.url.clone(),
-                        op: "write to",
-                        source,
-                    })
-            };
-            let statements = Statements {
-                events: prepare(INSERT_EVENTS)?,
-                span: prepare(INSERT_SPAN)?,
-                dim_get: prepare("SELECT id FROM dims WHERE axis = $1 AND name = $2")?,
-                // A name another writer added since the look-up is read back, not doubled.
-                dim_add: prepare(
-                    "INSERT INTO dims (axis, name) VALUES ($1, $2)
-                     ON CONFLICT (axis, name) DO UPDATE SET name = excluded.name RETURNING id",
-                )?,
-            };
-            self.statements = Some(statements);
-        }
-        match &self.statements {
-            Some(s) => Ok(s),
-            None => unreachable!("prepared just above"),
         }
     }
 }
@@ -932,10 +919,10 @@ impl Drop for PgTx {
 
 impl Tx for PgTx {
     fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError> {
-        let (get, add) = {
-            let s = self.statements()?;
-            (s.dim_get.clone(), s.dim_add.clone())
-        };
+        let (get, add) = (
+            self.statements.dim_get.clone(),
+            self.statements.dim_add.clone(),
+        );
         let axis = axis as i64;
         let found = self
             .conn
@@ -956,7 +943,7 @@ impl Tx for PgTx {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let stmt = self.statements()?.events.clone();
+        let stmt = self.statements.events.clone();
         let col = |f: &dyn Fn(&EventRow<'_>) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
         let opt = |f: &dyn Fn(&EventRow<'_>) -> Option<i64>| {
             rows.iter().map(f).collect::<Vec<Option<i64>>>()
@@ -1050,7 +1037,7 @@ impl Tx for PgTx {
     }
 
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError> {
-        let stmt = self.statements()?.span.clone();
+        let stmt = self.statements.span.clone();
         self.conn
             .execute(
                 &stmt,

@@ -335,3 +335,62 @@ fn two_writers_at_once_store_every_event_exactly_once() {
         .sum();
     assert_eq!(spend, info.total_cost);
 }
+
+/// `frugal train` and `frugal tune` record segments from inside their async runtime; the
+/// blocking client's own runtime may not start on that thread, so the write moves off it.
+#[test]
+fn a_write_from_inside_an_async_runtime_is_stored() {
+    let (_, mut ledger) = fresh();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stored = runtime.block_on(async { ledger.append("train", &[event(1, 1)]) });
+    assert_eq!(stored.unwrap(), 1);
+    assert_eq!(ledger.info().unwrap().events, 1);
+}
+
+/// PostgreSQL killed while an import sends its batches: the import fails, nothing of it is
+/// stored, and once the server is back the same import stores it all.
+#[test]
+fn a_server_killed_mid_import_keeps_nothing_of_it_and_a_rerun_works() {
+    let mut server = Server::start().unwrap();
+    let url = server.database().unwrap();
+    let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+    ledger.append("before", &[event(1, 1)]).unwrap();
+    let rows: Vec<Event> = (0..200_000).map(|i| event(10 + i, 1)).collect();
+    let import = |ledger: &mut Ledger, signal: Option<std::sync::mpsc::Sender<()>>| {
+        ledger.import("big.csv", "csv", |sink| {
+            for (i, e) in rows.iter().enumerate() {
+                sink.push(e)?;
+                if i == 40_000
+                    && let Some(signal) = &signal
+                {
+                    let _ = signal.send(());
+                }
+            }
+            Ok::<_, LedgerError>(())
+        })
+    };
+    let (signal, sending) = std::sync::mpsc::channel();
+    let killed = std::thread::scope(|s| {
+        let importer = s.spawn(|| import(&mut ledger, Some(signal)));
+        sending.recv().unwrap();
+        server.kill().unwrap();
+        importer.join().unwrap()
+    });
+    let err = killed.err().unwrap().to_string();
+    assert!(err.contains("nothing from this write was stored"), "{err}");
+    drop(ledger);
+    server.restart().unwrap();
+    let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+    let info = ledger.info().unwrap();
+    assert_eq!(
+        (info.events, info.imports),
+        (1, 1),
+        "nothing of the killed import"
+    );
+    let (stored, ()) = import(&mut ledger, None).unwrap();
+    assert_eq!(stored, 200_000);
+    assert_eq!(ledger.info().unwrap().events, 200_001);
+}
