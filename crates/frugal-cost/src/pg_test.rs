@@ -90,8 +90,11 @@ fn run_as() -> Option<(u32, u32)> {
     Some(nobody.unwrap_or((65534, 65534)))
 }
 
-fn command(program: &Path, user: Option<(u32, u32)>) -> Command {
+/// `program` as `user`, in `dir` (the server's own folder: the test's working directory may
+/// be one `nobody` cannot enter, as a checkout under /root is).
+fn command(program: &Path, user: Option<(u32, u32)>, dir: &Path) -> Command {
     let mut cmd = Command::new(program);
+    cmd.current_dir(dir);
     if let Some((uid, gid)) = user {
         use std::os::unix::process::CommandExt;
         cmd.uid(uid).gid(gid);
@@ -137,7 +140,7 @@ impl Server {
             std::os::unix::fs::chown(&base, Some(uid), Some(gid))?;
             std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid))?;
         }
-        let out = command(&bin.join("initdb"), user)
+        let out = command(&bin.join("initdb"), user, &base)
             .args([
                 "-U",
                 "postgres",
@@ -170,7 +173,7 @@ impl Server {
             me = std::process::id(),
             base = base.display()
         );
-        command(Path::new("sh"), user)
+        command(Path::new("sh"), user, &base)
             .args(["-c", &watcher])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -263,7 +266,7 @@ fn spawn(
     port: u16,
     durable: bool,
 ) -> io::Result<Child> {
-    command(&bin.join("postgres"), user)
+    command(&bin.join("postgres"), user, base)
         .arg("-D")
         .arg(base.join("data"))
         .args(["-p", &port.to_string(), "-k"])

@@ -394,3 +394,20 @@ fn a_server_killed_mid_import_keeps_nothing_of_it_and_a_rerun_works() {
     assert_eq!(stored, 200_000);
     assert_eq!(ledger.info().unwrap().events, 200_001);
 }
+
+/// `sslmode=require` goes through TLS or not at all: a server without it is refused, by
+/// name, rather than spoken to in the clear.
+#[test]
+fn sslmode_require_refuses_a_server_without_tls() {
+    let url = format!(
+        "{}?sslmode=require",
+        Server::shared().unwrap().database().unwrap()
+    );
+    let err = Ledger::open(Location::parse(&url)).err().unwrap();
+    let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(
+        text.starts_with("cannot connect to ledger postgres://postgres:***@127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains("TLS"), "{text}");
+}
