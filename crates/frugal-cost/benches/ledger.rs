@@ -1,8 +1,11 @@
 //! Ledger throughput at scale: import rate of a 10-million-event CSV (parse, price from
-//! the catalog, insert) and the time of a full report over it.
+//! the catalog, insert) and the time of a full report over it, on SQLite and then on
+//! PostgreSQL in the same run.
 //!
 //! `cargo bench -p frugal-cost --bench ledger [-- EVENTS]`; the files go to a temp folder
-//! (or `$FRUGAL_BENCH_DIR`) and are removed afterwards. Figures go to BENCHMARKS.md.
+//! (or `$FRUGAL_BENCH_DIR`) and are removed afterwards. PostgreSQL is `$FRUGAL_BENCH_PG` (a
+//! URL of an empty database), else a throwaway server started here (durable: fsync on),
+//! else skipped when none is installed. Figures go to BENCHMARKS.md.
 
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
@@ -13,7 +16,7 @@ use std::time::Instant;
 use frugal_cost::catalog::PriceSource;
 use frugal_cost::import::{ImportOptions, import_file};
 use frugal_cost::report::Report;
-use frugal_cost::{Catalog, Ledger, NoProgress, Window};
+use frugal_cost::{Catalog, Ledger, Location, NoProgress, Window};
 
 const WORKLOADS: &[&str] = &["chat", "code-assist", "search", "summarize", "agents"];
 const MODELS: &[&str] = &["small", "medium", "large"];
@@ -45,28 +48,75 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         PriceSource::Builtin,
     )?;
     let path = dir.path().join("ledger.sqlite");
-    let mut ledger = Ledger::open(&path)?;
+    let sqlite = run(Location::Sqlite(path.clone()), &csv, csv_bytes, &catalog)?;
+    println!(
+        "ledger file {:.0} MB",
+        std::fs::metadata(&path)?.len() as f64 / 1e6
+    );
+    // Kept until the end of the run: the server stops when dropped.
+    let mut server = None;
+    let url = match std::env::var("FRUGAL_BENCH_PG") {
+        Ok(url) => Some(url),
+        Err(_) => match frugal_cost::pg_test::Server::start_durable() {
+            Ok(s) => {
+                let url = s.database()?;
+                server = Some(s);
+                Some(url)
+            }
+            Err(e) => {
+                println!("postgres: {e}; skipped");
+                None
+            }
+        },
+    };
+    if let Some(url) = url {
+        let pg = run(Location::Postgres(url), &csv, csv_bytes, &catalog)?;
+        println!(
+            "postgres / sqlite: import rate {:.2}x, report time {:.2}x",
+            pg.0 / sqlite.0,
+            pg.1 / sqlite.1
+        );
+    }
+    drop(server);
+    peer_sqlite3(dir.path(), &csv);
+    Ok(())
+}
+
+/// Imports `csv` into a new ledger at `location`, then reports over it three times and
+/// scans its raw events; returns the import rate (events/s) and the best report time (s).
+fn run(
+    location: Location,
+    csv: &std::path::Path,
+    csv_bytes: u64,
+    catalog: &Catalog,
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    let label = match location {
+        Location::Sqlite(_) => "sqlite",
+        Location::Postgres(_) => "postgres",
+    };
+    let mut ledger = Ledger::open(&location)?;
     let options = ImportOptions::default();
     let started = Instant::now();
-    let summary = import_file(&mut ledger, &catalog, &csv, options, &NoProgress)?;
+    let summary = import_file(&mut ledger, catalog, csv, options, &NoProgress)?;
     let secs = started.elapsed().as_secs_f64();
+    let rate = summary.imported as f64 / secs;
     println!(
-        "import: {} events in {secs:.2}s = {:.0} events/s ({:.0} MB/s of CSV); ledger {:.0} MB",
+        "{label} import: {} events in {secs:.2}s = {rate:.0} events/s ({:.0} MB/s of CSV)",
         summary.imported,
-        summary.imported as f64 / secs,
         csv_bytes as f64 / 1e6 / secs,
-        std::fs::metadata(&path)?.len() as f64 / 1e6
     );
     drop(ledger);
 
-    let ledger = Ledger::open_existing(&path)?;
+    let ledger = Ledger::open_existing(&location)?;
+    let mut best = f64::MAX;
     for run in 1..=3 {
         let started = Instant::now();
-        let report = Report::build(&ledger, &catalog, Window::default())?;
+        let report = Report::build(&ledger, catalog, Window::default())?;
+        let secs = started.elapsed().as_secs_f64();
+        best = best.min(secs);
         println!(
-            "report {run}: {} events in {:.3}s ({} total, {} inference lines)",
+            "{label} report {run}: {} events in {secs:.3}s ({} total, {} inference lines)",
             report.events,
-            started.elapsed().as_secs_f64(),
             report.total,
             report.inference.len()
         );
@@ -75,11 +125,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let rows = ledger.scan(Window::default(), |_| {})?;
     println!(
-        "raw event scan: {rows} rows in {:.2}s",
+        "{label} raw event scan: {rows} rows in {:.2}s",
         started.elapsed().as_secs_f64()
     );
-    peer_sqlite3(dir.path(), &csv);
-    Ok(())
+    Ok((rate, best))
 }
 
 /// The same CSV through the sqlite3 shell, when it is installed: `.import` into a plain

@@ -174,6 +174,11 @@ text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching", {
 /// One row of the ledger.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Event {
+    /// The writer's id for the event, unique in the ledger: a write retried after a
+    /// failure it cannot see through (a lost commit acknowledgement) stores it once.
+    /// `None` for writers that never retry; imported rows are keyed by their content hash.
+    #[serde(skip)]
+    pub id: Option<[u8; 16]>,
     /// Start, milliseconds since the Unix epoch (UTC).
     pub ts_ms: Millis,
     pub duration_ms: Millis,
@@ -278,6 +283,7 @@ impl Event {
     /// An event with only the required fields set; the rest empty.
     pub fn new(ts_ms: Millis, kind: Kind, workload: impl Into<String>, cost: Money) -> Event {
         Event {
+            id: None,
             ts_ms,
             duration_ms: 0,
             kind,

@@ -571,7 +571,7 @@ mod tests {
 
     fn render_with_spans(events: &[Event], spans: &[ReplicaSpan]) -> String {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         ledger.append_with_spans("t", events, spans).unwrap();
         let catalog = Catalog::builtin().unwrap();
         let report = Report::build(&ledger, &catalog, Window::default()).unwrap();

@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 use crate::Progress;
 use crate::catalog::Catalog;
 use crate::event::{Capacity, Event, Kind, Outcome};
-use crate::ledger::{Ledger, LedgerError, PriorImport, RowHash};
+use crate::ledger::{Ledger, LedgerError, PriorImport, RowHash, Sink};
 use crate::money::{Millis, Money};
 
 /// Bad rows named in one error; the rest are counted.
@@ -226,24 +226,14 @@ pub fn import_file(
         let mut bad: Vec<RowError> = Vec::new();
         let mut bad_total = 0u64;
         let mut occurrences = Occurrences::default();
-        let (mut duplicate_lines, mut duplicates_total) = (Vec::new(), 0u64);
-        let mut first_duplicate = None;
+        let mut rows = Rows::default();
         let mut accept = |row: Parsed| -> Result<(), ImportError> {
             match row.event {
                 Ok(Some(event)) if bad_total == 0 || options.skip_invalid => {
                     let hash = occurrences.row_hash(&row.content);
-                    if sink.push_row(&event, hash)? {
-                        summary.cost += event.cost;
-                    } else if options.allow_duplicates {
-                        sink.push(&event)?;
-                        summary.cost += event.cost;
-                        summary.duplicates += 1;
-                    } else {
-                        duplicates_total += 1;
-                        first_duplicate.get_or_insert(hash);
-                        if duplicate_lines.len() < MAX_DUPLICATE_LINES {
-                            duplicate_lines.push(row.line);
-                        }
+                    rows.waiting.push((event, hash, row.line));
+                    if rows.waiting.len() >= ROWS_AT_ONCE {
+                        rows.settle(sink, options.allow_duplicates)?;
                     }
                 }
                 Ok(Some(_)) => {}
@@ -288,6 +278,15 @@ pub fn import_file(
                 }
             }
         }
+        rows.settle(sink, options.allow_duplicates)?;
+        summary.cost = rows.cost;
+        summary.duplicates = rows.duplicates;
+        let Rows {
+            duplicate_lines,
+            duplicates_total,
+            first_duplicate,
+            ..
+        } = rows;
         // The file's hash covers all of it, read or not (a broken CSV stops the parse).
         std::io::copy(&mut reader, &mut std::io::sink()).map_err(read_err)?;
         summary.sha256 = hex(&reader.get_mut().sha256.finalize_reset());
@@ -330,6 +329,46 @@ pub fn import_file(
     let (rows, ()) = result?;
     summary.imported = rows;
     Ok(summary)
+}
+
+/// Rows stored at once: a backend stores them in one statement.
+const ROWS_AT_ONCE: usize = 2_000;
+
+/// Rows read and not yet stored, and what storing the others found.
+#[derive(Default)]
+struct Rows {
+    waiting: Vec<(Event, RowHash, u64)>,
+    cost: Money,
+    duplicates: u64,
+    duplicate_lines: Vec<u64>,
+    duplicates_total: u64,
+    first_duplicate: Option<RowHash>,
+}
+
+impl Rows {
+    /// Stores the waiting rows; one an earlier import stored is counted as a duplicate, or
+    /// stored again (without its hash) when duplicates are allowed.
+    fn settle(&mut self, sink: &mut Sink<'_>, allow_duplicates: bool) -> Result<(), LedgerError> {
+        let waiting = std::mem::take(&mut self.waiting);
+        let rows: Vec<(&Event, RowHash)> = waiting.iter().map(|(e, h, _)| (e, *h)).collect();
+        let stored = sink.push_rows(&rows)?;
+        for ((event, hash, line), stored) in waiting.iter().zip(stored) {
+            if stored {
+                self.cost += event.cost;
+            } else if allow_duplicates {
+                sink.push(event)?;
+                self.cost += event.cost;
+                self.duplicates += 1;
+            } else {
+                self.duplicates_total += 1;
+                self.first_duplicate.get_or_insert(*hash);
+                if self.duplicate_lines.len() < MAX_DUPLICATE_LINES {
+                    self.duplicate_lines.push(*line);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Counts bytes read, for the progress bar, and hashes them, to know the file again.

@@ -13,6 +13,7 @@ pub mod html;
 pub mod import;
 pub mod ledger;
 pub mod money;
+pub mod pg_test;
 pub mod plan;
 pub mod present;
 pub mod report;
@@ -20,7 +21,7 @@ pub mod rollup;
 
 pub use catalog::Catalog;
 pub use event::{Capacity, Event, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
-pub use ledger::{Ledger, Window};
+pub use ledger::{Ledger, Location, Window};
 pub use money::Money;
 
 /// Progress of long work, in bytes or items; the binary draws it, libraries only report.

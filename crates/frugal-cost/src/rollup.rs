@@ -10,8 +10,6 @@
 
 use std::collections::HashMap;
 
-use rusqlite::params;
-
 use crate::event::{Capacity, Event, Kind, Lever, Outcome};
 use crate::money::{Millis, Money};
 
@@ -229,48 +227,49 @@ impl Pending {
         }
     }
 
-    /// Adds the folded rows to the rollup table inside the caller's transaction.
-    pub fn flush(self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
-        let mut stmt = tx.prepare_cached(UPSERT)?;
-        for (k, s) in self.0 {
-            stmt.execute(params![
-                k.hour_ms,
-                k.kind.code(),
-                k.workload,
-                k.model,
-                k.run,
-                k.instance,
-                k.region,
-                k.capacity.map_or(0, |c| c.code() + 1),
-                k.outcome.map_or(0, |o| o.code() + 1),
-                s.events,
-                s.requests,
-                s.input_tokens,
-                s.output_tokens,
-                s.cached_tokens,
-                s.cost.nanos(),
-                s.waste.nanos(),
-                s.capacity_cost.nanos(),
-                s.util_cost.nanos(),
-                s.split_cost.nanos(),
-                s.split_input_cost.nanos(),
-                s.split_input_tokens,
-                s.split_output_tokens,
-                s.list_cost.nanos(),
-                s.unlisted,
-                s.duration_ms,
-                s.instance_ms,
-                s.lost_ms,
-                s.lost_cost.nanos(),
-                s.first_ms,
-                s.last_ms,
-                s.saved_cache.nanos(),
-                s.saved_semantic.nanos(),
-                s.saved_routing.nanos(),
-                s.saved_batching.nanos(),
-            ])?;
-        }
-        Ok(())
+    /// The folded rows, each as the rollup table's columns in order (see `decode`).
+    pub fn into_values(self) -> Vec<[i64; COLUMNS]> {
+        self.0
+            .into_iter()
+            .map(|(k, s)| {
+                [
+                    k.hour_ms,
+                    k.kind.code(),
+                    i64::from(k.workload),
+                    i64::from(k.model),
+                    i64::from(k.run),
+                    i64::from(k.instance),
+                    i64::from(k.region),
+                    k.capacity.map_or(0, |c| c.code() + 1),
+                    k.outcome.map_or(0, |o| o.code() + 1),
+                    s.events,
+                    s.requests,
+                    s.input_tokens,
+                    s.output_tokens,
+                    s.cached_tokens,
+                    s.cost.nanos(),
+                    s.waste.nanos(),
+                    s.capacity_cost.nanos(),
+                    s.util_cost.nanos(),
+                    s.split_cost.nanos(),
+                    s.split_input_cost.nanos(),
+                    s.split_input_tokens,
+                    s.split_output_tokens,
+                    s.list_cost.nanos(),
+                    s.unlisted,
+                    s.duration_ms,
+                    s.instance_ms,
+                    s.lost_ms,
+                    s.lost_cost.nanos(),
+                    s.first_ms,
+                    s.last_ms,
+                    s.saved_cache.nanos(),
+                    s.saved_semantic.nanos(),
+                    s.saved_routing.nanos(),
+                    s.saved_batching.nanos(),
+                ]
+            })
+            .collect()
     }
 }
 
@@ -377,7 +376,11 @@ CREATE TABLE rollup (
 ) WITHOUT ROWID;
 "#;
 
-const UPSERT: &str = "
+/// Columns of the rollup table, at the current schema.
+pub const COLUMNS: usize = 34;
+
+/// Adds one folded row to SQLite's rollup table.
+pub const SQLITE_UPSERT: &str = "
 INSERT INTO rollup VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
     ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34)
 ON CONFLICT DO UPDATE SET
@@ -407,92 +410,61 @@ ON CONFLICT DO UPDATE SET
     first_ms = min(first_ms, excluded.first_ms),
     last_ms = max(last_ms, excluded.last_ms)";
 
-/// Why a rollup row could not be read.
-pub enum ReadError {
-    Sql(rusqlite::Error),
-    Corrupt(String),
-}
-
-impl From<rusqlite::Error> for ReadError {
-    fn from(e: rusqlite::Error) -> ReadError {
-        ReadError::Sql(e)
-    }
-}
-
-fn code<T>(
-    value: i64,
-    what: &str,
-    decode: impl Fn(i64) -> Option<T>,
-) -> Result<Option<T>, ReadError> {
+fn code<T>(value: i64, what: &str, decode: impl Fn(i64) -> Option<T>) -> Result<Option<T>, String> {
     match value {
         0 => Ok(None),
         v => decode(v - 1)
             .map(Some)
-            .ok_or_else(|| ReadError::Corrupt(format!("{what} {}", v - 1))),
+            .ok_or_else(|| format!("{what} {}", v - 1)),
     }
 }
 
-/// Calls `visit` for the rollup rows of the hours in `[since, until)`.
-pub fn read(
-    conn: &rusqlite::Connection,
-    since_ms: Millis,
-    until_ms: Millis,
-    mut visit: impl FnMut(&Key, &Sums),
-) -> Result<u64, ReadError> {
-    let mut stmt =
-        conn.prepare_cached("SELECT * FROM rollup WHERE hour_ms >= ?1 AND hour_ms < ?2")?;
-    let mut rows = stmt.query(params![since_ms, until_ms])?;
-    let mut n = 0;
-    while let Some(r) = rows.next()? {
-        let int = |i: usize| r.get::<_, i64>(i);
-        let money = |i: usize| r.get::<_, i64>(i).map(Money::from_nanos);
-        let id = |i: usize| r.get::<_, u32>(i);
-        let kind = int(1)?;
-        let key = Key {
-            hour_ms: int(0)?,
-            kind: Kind::from_code(kind)
-                .ok_or_else(|| ReadError::Corrupt(format!("kind {kind}")))?,
-            workload: id(2)?,
-            model: id(3)?,
-            run: id(4)?,
-            instance: id(5)?,
-            region: id(6)?,
-            capacity: code(int(7)?, "capacity", Capacity::from_code)?,
-            outcome: code(int(8)?, "outcome", Outcome::from_code)?,
-        };
-        let sums = Sums {
-            events: int(9)?,
-            requests: int(10)?,
-            input_tokens: int(11)?,
-            output_tokens: int(12)?,
-            cached_tokens: int(13)?,
-            cost: money(14)?,
-            waste: money(15)?,
-            capacity_cost: money(16)?,
-            util_cost: money(17)?,
-            split_cost: money(18)?,
-            split_input_cost: money(19)?,
-            split_input_tokens: int(20)?,
-            split_output_tokens: int(21)?,
-            list_cost: money(22)?,
-            unlisted: int(23)?,
-            duration_ms: int(24)?,
-            instance_ms: int(25)?,
-            lost_ms: int(26)?,
-            lost_cost: money(27)?,
-            first_ms: int(28)?,
-            last_ms: int(29)?,
-            // Added by the ledger's schema v2, after the first columns.
-            saved_cache: money(30)?,
-            saved_semantic: money(31)?,
-            saved_routing: money(32)?,
-            // Added by v3.
-            saved_batching: money(33)?,
-        };
-        visit(&key, &sums);
-        n += 1;
-    }
-    Ok(n)
+/// A rollup row from its columns in table order (`SELECT *`); `Err` names a value this
+/// build cannot read.
+pub fn decode(v: &[i64; COLUMNS]) -> Result<(Key, Sums), String> {
+    let id = |i: usize| u32::try_from(v[i]).map_err(|_| format!("dims id {}", v[i]));
+    let money = |i: usize| Money::from_nanos(v[i]);
+    let key = Key {
+        hour_ms: v[0],
+        kind: Kind::from_code(v[1]).ok_or_else(|| format!("kind {}", v[1]))?,
+        workload: id(2)?,
+        model: id(3)?,
+        run: id(4)?,
+        instance: id(5)?,
+        region: id(6)?,
+        capacity: code(v[7], "capacity", Capacity::from_code)?,
+        outcome: code(v[8], "outcome", Outcome::from_code)?,
+    };
+    let sums = Sums {
+        events: v[9],
+        requests: v[10],
+        input_tokens: v[11],
+        output_tokens: v[12],
+        cached_tokens: v[13],
+        cost: money(14),
+        waste: money(15),
+        capacity_cost: money(16),
+        util_cost: money(17),
+        split_cost: money(18),
+        split_input_cost: money(19),
+        split_input_tokens: v[20],
+        split_output_tokens: v[21],
+        list_cost: money(22),
+        unlisted: v[23],
+        duration_ms: v[24],
+        instance_ms: v[25],
+        lost_ms: v[26],
+        lost_cost: money(27),
+        first_ms: v[28],
+        last_ms: v[29],
+        // Added by the ledger's schema v2, after the first columns.
+        saved_cache: money(30),
+        saved_semantic: money(31),
+        saved_routing: money(32),
+        // Added by v3.
+        saved_batching: money(33),
+    };
+    Ok((key, sums))
 }
 
 #[cfg(test)]

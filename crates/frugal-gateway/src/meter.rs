@@ -30,7 +30,8 @@ pub const BATCH_WORKLOAD: &str = "batch";
 /// What the meter needs to write rows.
 #[derive(Debug, Clone)]
 pub struct MeterConfig {
-    pub ledger: PathBuf,
+    /// A SQLite file or a PostgreSQL URL.
+    pub ledger: frugal_cost::Location,
     pub workload: String,
     pub capacity: Option<Capacity>,
     /// Machines paid by the hour (the local engine's, self-hosted upstreams'), whose idle
@@ -373,6 +374,12 @@ impl Writer {
         if self.pending.is_empty() && self.spans.is_empty() {
             return true;
         }
+        // An id per event, kept with it across retries: a commit whose acknowledgement was
+        // lost (a PostgreSQL connection cut after COMMIT) is not stored twice when retried.
+        for e in self.pending.iter_mut().filter(|e| e.id.is_none()) {
+            let mut id = [0u8; 16];
+            e.id = getrandom::fill(&mut id).ok().map(|()| id);
+        }
         match self
             .ledger
             .append_with_spans("frugal serve", &self.pending, &self.spans)
@@ -433,7 +440,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
         let meter = Meter::start(MeterConfig {
-            ledger: path.clone(),
+            ledger: path.clone().into(),
             workload: "w".into(),
             capacity: Some(Capacity::OnDemand),
             machines: vec![Machine {

@@ -145,7 +145,7 @@ fn gateway_with(
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger.sqlite");
     let meter = Meter::start(MeterConfig {
-        ledger: ledger.clone(),
+        ledger: ledger.clone().into(),
         workload: "test".into(),
         capacity: None,
         machines: Vec::new(),

@@ -18,15 +18,16 @@ pub struct Cli {
     )]
     pub config: Option<PathBuf>,
 
-    /// Usage ledger (SQLite) [default: from config, else ~/.local/share/frugal/ledger.sqlite]
+    /// Usage ledger: a SQLite file, or a postgres:// URL [default: from config, else
+    /// ~/.local/share/frugal/ledger.sqlite]
     #[arg(
         long,
         global = true,
         env = "FRUGAL_LEDGER",
         hide_env_values = true,
-        value_name = "PATH"
+        value_name = "PATH|URL"
     )]
-    pub ledger: Option<PathBuf>,
+    pub ledger: Option<String>,
 
     /// Price file layered over the built-in catalog (repeatable)
     #[arg(long = "prices", global = true, value_name = "FILE")]
@@ -573,6 +574,24 @@ pub enum LedgerCommand {
     Import(ImportArgs),
     /// What the ledger holds
     Info(InfoArgs),
+    /// Copy a SQLite ledger into another (a postgres:// URL); a rerun copies only what is
+    /// missing
+    Migrate(MigrateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The SQLite ledger to copy
+    #[arg(long, value_name = "FILE")]
+    pub from: PathBuf,
+    /// The ledger to copy into: a postgres:// URL (or a SQLite file)
+    #[arg(long, value_name = "URL")]
+    pub to: String,
+    /// Events per transaction
+    #[arg(long, default_value_t = 50_000)]
+    pub batch: usize,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -78,6 +78,7 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             print_files(&mut out, &info.files)
         }
+        Command::Ledger(LedgerCommand::Migrate(args)) => migrate(&args),
         Command::Report(args) => report(&config, &catalog, &args),
         Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
         Command::Bench(args) => crate::bench::run(&catalog, &args),
@@ -86,6 +87,35 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::deploy::kubernetes(cli.config.as_deref(), &catalog, &args)
         }
     }
+}
+
+/// `frugal ledger migrate`: the copy, with a bar of events read, then what it did.
+fn migrate(args: &crate::cli::MigrateArgs) -> Result<()> {
+    let from = Ledger::open_existing(&args.from)?;
+    let to_location = frugal_cost::Location::parse(&args.to);
+    if to_location.path() == Some(args.from.as_path()) {
+        bail!("--from and --to are the same ledger");
+    }
+    let mut to = Ledger::open(to_location)?;
+    let bar = Bar::count("events");
+    let done = frugal_cost::ledger::migrate(&from, &mut to, args.batch, &bar)
+        .with_context(|| format!("cannot copy {} into {}", args.from.display(), to.location()))?;
+    if args.json {
+        return print_json(&done);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{} events read from {} ({}): {} copied, {} already in {}; {} spans copied",
+        thousands(done.events),
+        args.from.display(),
+        usd(done.cost),
+        thousands(done.copied),
+        thousands(done.skipped),
+        to.location(),
+        thousands(done.spans),
+    )?;
+    Ok(())
 }
 
 /// Files imported, newest last; only the latest few, `--json` has them all.
@@ -140,7 +170,12 @@ fn new_key(args: &NewKeyArgs) -> Result<()> {
 
 /// The ledger, its folder made first.
 pub fn open_for_write(config: &Config) -> Result<Ledger> {
-    if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
+    if let Some(dir) = config
+        .ledger
+        .path()
+        .and_then(|p| p.parent())
+        .filter(|d| !d.as_os_str().is_empty())
+    {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
     }
@@ -394,7 +429,7 @@ fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
         return print_json(&report);
     }
     if let Some(path) = &args.html {
-        let html = frugal_cost::html::render(&report, &ledger.path().display().to_string());
+        let html = frugal_cost::html::render(&report, &ledger.location().to_string());
         std::fs::write(path, html).with_context(|| format!("cannot write {}", path.display()))?;
         writeln!(std::io::stderr(), "wrote {}", path.display())?;
     }
@@ -462,7 +497,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
     writeln!(
         out,
         "frugal report: {} ({span}, {} events)",
-        ledger.path().display(),
+        ledger.location(),
         thousands(r.events)
     )?;
     if r.events == 0 {

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use frugal_cost::Location;
 use frugal_gateway::config::RawServe;
 use serde::Deserialize;
 
@@ -80,7 +81,10 @@ pub struct RawTarget {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLedger {
+    /// A SQLite file, relative to the config file.
     pub path: Option<PathBuf>,
+    /// A `postgres://` URL (or a path, as `path`).
+    pub url: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -94,7 +98,8 @@ pub struct RawPrices {
 /// What the commands run on, resolved once.
 #[derive(Debug)]
 pub struct Config {
-    pub ledger: PathBuf,
+    /// A SQLite file or a PostgreSQL database.
+    pub ledger: Location,
     pub price_files: Vec<PathBuf>,
     /// Paths resolved against the config file's folder.
     pub serve: RawServe,
@@ -104,12 +109,27 @@ pub struct Config {
     pub data_home: Option<PathBuf>,
 }
 
+impl Config {
+    /// The folder for what frugal keeps beside the ledger (pools' logs, checkpoints,
+    /// `frugal watch`'s state): a SQLite ledger's folder; for a PostgreSQL ledger, frugal's
+    /// data folder, else the working directory (an empty path, as a bare file name's folder).
+    pub fn beside_ledger(&self) -> PathBuf {
+        match &self.ledger {
+            Location::Sqlite(path) => path.parent().map_or_else(PathBuf::new, Path::to_owned),
+            Location::Postgres(_) => self
+                .data_home
+                .as_ref()
+                .map_or_else(PathBuf::new, |h| h.join("frugal")),
+        }
+    }
+}
+
 /// The sources a setting may come from, strongest first.
 pub struct Sources<'a> {
     pub config_flag: Option<&'a Path>,
     pub config_env: Option<PathBuf>,
-    pub ledger_flag: Option<&'a Path>,
-    pub ledger_env: Option<PathBuf>,
+    pub ledger_flag: Option<&'a str>,
+    pub ledger_env: Option<String>,
     pub price_flags: &'a [PathBuf],
     pub data_home: Option<PathBuf>,
 }
@@ -153,13 +173,22 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
         Some(dir) if p.is_relative() => dir.join(p),
         _ => p,
     };
-    let ledger = match (sources.ledger_flag, sources.ledger_env, raw.ledger.path) {
-        (Some(flag), _, _) => flag.to_owned(),
-        (None, Some(env), _) => env,
-        (None, None, Some(file)) => relative(file),
+    let from_file = match (raw.ledger.path, raw.ledger.url) {
+        (Some(_), Some(_)) => bail!("invalid config: give `ledger.path` or `ledger.url`, not both"),
+        (Some(path), None) => Some(Location::Sqlite(relative(path))),
+        (None, Some(url)) => Some(match Location::parse(&url) {
+            Location::Sqlite(path) => Location::Sqlite(relative(path)),
+            postgres => postgres,
+        }),
+        (None, None) => None,
+    };
+    let ledger = match (sources.ledger_flag, sources.ledger_env, from_file) {
+        (Some(flag), _, _) => Location::parse(flag),
+        (None, Some(env), _) => Location::parse(&env),
+        (None, None, Some(file)) => file,
         (None, None, None) => match &sources.data_home {
-            Some(home) => home.join("frugal").join("ledger.sqlite"),
-            None => bail!("no ledger location: pass --ledger PATH or set FRUGAL_LEDGER"),
+            Some(home) => Location::Sqlite(home.join("frugal").join("ledger.sqlite")),
+            None => bail!("no ledger location: pass --ledger PATH|URL or set FRUGAL_LEDGER"),
         },
     };
     let mut price_files: Vec<PathBuf> = raw.prices.files.into_iter().map(relative).collect();
@@ -212,17 +241,23 @@ mod tests {
         let sources = |flag: Option<&'static str>, env: Option<&str>| Sources {
             config_flag: Some(cfg.as_path()),
             config_env: None,
-            ledger_flag: flag.map(Path::new),
-            ledger_env: env.map(PathBuf::from),
+            ledger_flag: flag,
+            ledger_env: env.map(str::to_owned),
             price_flags: &[],
             data_home: None,
         };
         let c = resolve(sources(Some("flag.sqlite"), Some("env.sqlite"))).unwrap();
-        assert_eq!(c.ledger, PathBuf::from("flag.sqlite"));
+        assert_eq!(c.ledger, Location::Sqlite("flag.sqlite".into()));
         let c = resolve(sources(None, Some("env.sqlite"))).unwrap();
-        assert_eq!(c.ledger, PathBuf::from("env.sqlite"));
+        assert_eq!(c.ledger, Location::Sqlite("env.sqlite".into()));
+        let url = "postgres://u:pw@db.internal/ledger";
+        let c = resolve(sources(None, Some(url))).unwrap();
+        assert_eq!(c.ledger, Location::Postgres(url.into()));
         let c = resolve(sources(None, None)).unwrap();
-        assert_eq!(c.ledger, dir.path().join("from-file.sqlite"));
+        assert_eq!(
+            c.ledger,
+            Location::Sqlite(dir.path().join("from-file.sqlite"))
+        );
         assert_eq!(c.price_files, vec![dir.path().join("p.toml")]);
         assert_eq!(c.serve.model, Some(dir.path().join("m.gguf")));
         assert_eq!(c.serve.port, Some(9000));

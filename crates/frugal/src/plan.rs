@@ -90,7 +90,7 @@ fn demand(config: &Config, args: &PlanArgs) -> Result<(HourlyDemand, String)> {
     let demand = ledger_demand(&ledger, workload, Window::default())?.with_context(|| {
         format!(
             "the ledger {} holds no busy time of workload `{workload}`",
-            config.ledger.display()
+            config.ledger
         )
     })?;
     Ok((demand, format!("the ledger's workload {workload}")))

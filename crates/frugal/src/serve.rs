@@ -107,11 +107,7 @@ impl Gateway {
         });
         let search = embedder_search(config.data_home.as_deref());
         // Process pools' replicas log beside the ledger unless a pool says where.
-        let pool_logs = config
-            .ledger
-            .parent()
-            .unwrap_or_else(|| Path::new("."))
-            .join("frugal-pools");
+        let pool_logs = config.beside_ledger().join("frugal-pools");
         let assembly = assemble(
             &serve,
             &Inputs {
@@ -150,7 +146,12 @@ impl Gateway {
         let meter = if args.no_meter {
             None
         } else {
-            if let Some(dir) = config.ledger.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Some(dir) = config
+                .ledger
+                .path()
+                .and_then(|p| p.parent())
+                .filter(|d| !d.as_os_str().is_empty())
+            {
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use frugal_cost::{Capacity, Catalog, Money};
 use frugal_train::notice::{AnySource, Aws, Azure, Bases, Gcp, NoticeSource, detect};
 use frugal_train::orphan;
@@ -127,10 +127,8 @@ pub fn store_url(config: &Config, args: &SupervisorArgs) -> Result<String> {
     Ok(match &args.store {
         Some(url) => url.clone(),
         None => config
-            .ledger
-            .parent()
-            .map(|d| d.join("checkpoints"))
-            .context("no place for the default checkpoint store: give --store")?
+            .beside_ledger()
+            .join("checkpoints")
             .display()
             .to_string(),
     })

@@ -24,7 +24,10 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
     let sources = sources(config, catalog, &fixed)?;
     let mut ledger = crate::commands::open_for_write(config)?;
     // Beside the ledger: the last snapshot of each target, for the next scrape.
-    let state_path = config.ledger.with_extension("watch.json");
+    let state_path = match config.ledger.path() {
+        Some(path) => path.with_extension("watch.json"),
+        None => config.beside_ledger().join("ledger.watch.json"),
+    };
     let mut state = State::load(&state_path)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

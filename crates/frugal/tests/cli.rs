@@ -6,13 +6,38 @@ use std::process::{Command, Output};
 
 struct Env {
     dir: tempfile::TempDir,
+    /// `ledger.sqlite` in `dir`, or a database under `on_postgres!`.
+    ledger: std::ffi::OsString,
+}
+
+thread_local! {
+    static POSTGRES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `#[test]`s named after the given tests, running them with their ledger on PostgreSQL.
+macro_rules! on_postgres {
+    ($($test:ident),+ $(,)?) => {
+        mod on_postgres {
+            $(
+                #[test]
+                fn $test() {
+                    super::POSTGRES.set(true);
+                    super::$test();
+                }
+            )+
+        }
+    };
 }
 
 impl Env {
     fn new() -> Env {
-        Env {
-            dir: tempfile::tempdir().unwrap(),
-        }
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = if POSTGRES.get() {
+            postgres_ledger().into()
+        } else {
+            dir.path().join("ledger.sqlite").into_os_string()
+        };
+        Env { dir, ledger }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -27,10 +52,10 @@ impl Env {
 
     /// Runs frugal in the temp folder with its ledger there, and no user config.
     fn frugal(&self, args: &[&str]) -> Output {
-        self.frugal_with_ledger(&self.path("ledger.sqlite"), args)
+        self.frugal_with_ledger(&self.ledger, args)
     }
 
-    fn frugal_with_ledger(&self, ledger: &Path, args: &[&str]) -> Output {
+    fn frugal_with_ledger(&self, ledger: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_frugal"))
             .current_dir(self.dir.path())
             .env_remove("FRUGAL_CONFIG")
@@ -57,6 +82,14 @@ fn ok(o: Output) -> Output {
 
 fn json(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// A new database on the shared test server.
+fn postgres_ledger() -> String {
+    frugal_cost::pg_test::Server::shared()
+        .unwrap()
+        .database()
+        .unwrap()
 }
 
 fn events(env: &Env) -> u64 {
@@ -348,15 +381,31 @@ fn a_killed_import_loses_nothing_acknowledged() {
     let big = usage_file(&env, "big.jsonl", 1_500_000);
     let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
         .current_dir(env.dir.path())
-        .env("FRUGAL_LEDGER", env.path("ledger.sqlite"))
+        .env("FRUGAL_LEDGER", &env.ledger)
         .args(["ledger", "import", big.to_str().unwrap()])
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Wait until the transaction is spilling pages into the WAL, then kill it.
+    // Wait until the transaction is spilling pages into the WAL (SQLite) or sending
+    // batches of events (PostgreSQL), then kill it.
     let wal = env.path("ledger.sqlite-wal");
+    let writing = || match env.ledger.to_str().filter(|l| l.starts_with("postgres")) {
+        Some(url) => {
+            let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+            let sending: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = 'frugal' AND query LIKE '%INSERT INTO events%'",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            sending > 0
+        }
+        None => std::fs::metadata(&wal).map_or(0, |m| m.len()) >= 4 << 20,
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while std::fs::metadata(&wal).map_or(0, |m| m.len()) < 4 << 20 {
+    while !writing() {
         assert!(
             child.try_wait().unwrap().is_none(),
             "the import ended before it could be killed"
@@ -686,7 +735,7 @@ fn pool_ledger(env: &Env) {
     let mut idle = Event::new(t0, Kind::Idle, "chat", Money::from_cents(80));
     idle.model = Some("qwen".into());
     events.push(idle);
-    let mut ledger = frugal_cost::Ledger::open(&env.path("ledger.sqlite")).unwrap();
+    let mut ledger = frugal_cost::Ledger::open(env.path("ledger.sqlite")).unwrap();
     ledger
         .append_with_spans("frugal serve", &events, &spans)
         .unwrap();
@@ -730,4 +779,50 @@ fn report_prints_pools_and_what_to_right_size() {
         "{}",
         stderr(&o)
     );
+}
+
+on_postgres!(
+    a_killed_import_loses_nothing_acknowledged,
+    a_bad_csv_imports_nothing_and_exits_non_zero,
+    the_same_usage_is_not_imported_twice,
+    report_json_and_html_from_a_focus_export,
+);
+
+#[test]
+fn a_sqlite_ledger_migrates_to_postgresql_with_the_same_report() {
+    let env = Env::new();
+    let usage = env.write(
+        "week.csv",
+        "ts,kind,workload,cost_usd\n2026-11-01,inference,chat,0.5\n2026-11-02,inference,chat,0.25\n2026-11-02,training,t,3\n",
+    );
+    ok(env.frugal(&["ledger", "import", usage.to_str().unwrap()]));
+    let url = postgres_ledger();
+    let from = env.path("ledger.sqlite");
+    let migrate = |json: bool| {
+        let mut args = vec![
+            "ledger",
+            "migrate",
+            "--from",
+            from.to_str().unwrap(),
+            "--to",
+            &url,
+        ];
+        args.extend(json.then_some("--json"));
+        ok(env.frugal(&args))
+    };
+    let said = stdout(&migrate(false));
+    assert!(
+        said.contains("3 events read from") && said.contains("($3.75): 3 copied, 0 already in"),
+        "{said}"
+    );
+    assert!(!said.contains(frugal_cost::pg_test::PASSWORD), "{said}");
+    let again = json(&migrate(true));
+    assert_eq!(
+        (again["copied"].as_u64(), again["skipped"].as_u64()),
+        (Some(0), Some(3))
+    );
+    let there = json(&ok(env.frugal_with_ledger(&url, &["report", "--json"])));
+    let here = json(&ok(env.frugal(&["report", "--json"])));
+    assert_eq!(there, here, "the same report from both");
+    assert_eq!(here["total"].as_i64(), Some(3_750_000_000));
 }

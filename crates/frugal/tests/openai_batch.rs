@@ -38,7 +38,7 @@ fn the_official_openai_client_runs_a_batch() {
     assert!(status.success(), "{status:?}");
 
     // Each answered line is one request in the ledger, run by its batch.
-    let ledger = Ledger::open(&dir.path().join("ledger.sqlite")).unwrap();
+    let ledger = Ledger::open(dir.path().join("ledger.sqlite")).unwrap();
     let names = ledger.names().unwrap();
     let mut by_run: HashMap<String, u64> = HashMap::new();
     ledger

@@ -5,7 +5,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -693,4 +693,33 @@ fn bench(server: &Server, args: &[&str]) -> serde_json::Value {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn requests_are_metered_into_a_postgresql_ledger() {
+    let url = frugal_cost::pg_test::Server::shared()
+        .unwrap()
+        .database()
+        .unwrap();
+    let server = Server::start_on_ledger(&url, &["--no-cache"]);
+    let body = r#"{"messages":[{"role":"user","content":"Say hi."}],"max_tokens":4}"#;
+    for _ in 0..3 {
+        let (status, _, text) = server.request("POST", "/v1/chat/completions", body);
+        assert_eq!(status, 200, "{text}");
+    }
+    let (status, _) = server.stop();
+    assert!(status.success());
+    let report: serde_json::Value =
+        serde_json::from_str(&common::report(Path::new(&url), &["--json"])).unwrap();
+    let line = &report["inference"][0];
+    assert_eq!(line["requests"], 3, "{report}");
+    assert!(line["cost"].as_i64().unwrap() > 0, "{report}");
+    let ledger = frugal_cost::Ledger::open(frugal_cost::Location::parse(&url)).unwrap();
+    let mut rows = 0;
+    ledger
+        .scan(frugal_cost::Window::default(), |r| {
+            rows += u64::from(r.kind == frugal_cost::Kind::Inference) * r.requests
+        })
+        .unwrap();
+    assert_eq!(rows, 3, "every answered request once");
 }

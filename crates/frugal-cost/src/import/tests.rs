@@ -10,7 +10,7 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::open(&dir.path().join("ledger.sqlite")).unwrap();
+    let ledger = crate::ledger::testing::fresh(dir.path());
     let mut catalog = Catalog::builtin().unwrap();
     catalog
         .extend_from_toml(
@@ -458,3 +458,19 @@ usd,3.00,2026-11-02T00:00:00Z\n";
     let dollars = "ts,kind,workload,cost_usd,currency\n2026-11-01,other,fees,1,USD\n2026-11-02,other,fees,1,\n";
     assert_eq!(f.import("d.csv", dollars, false).unwrap().imported, 2);
 }
+
+crate::ledger::testing::on_postgres!(
+    csv_rows_are_priced_from_the_catalog,
+    jsonl_rows_take_numbers_and_strings,
+    a_bad_row_imports_nothing_and_names_every_bad_line,
+    skip_invalid_imports_the_good_rows_and_reports_the_rest,
+    bad_headers_and_files_are_clear_errors,
+    focus_exports_use_amortized_effective_cost,
+    focus_rows_with_bad_values_are_named,
+    timestamps_in_the_forms_users_have,
+    a_file_imported_twice_is_refused_naming_when_and_where,
+    rows_an_earlier_export_imported_are_refused,
+    identical_rows_within_one_file_are_all_kept,
+    allow_duplicates_imports_them_anyway,
+    a_focus_export_in_another_currency_is_refused,
+);

@@ -3,15 +3,13 @@
 //! segment of a supervised run) and a partial index holds just them, so reading them costs
 //! nothing beside the rollups.
 
-use rusqlite::params;
 use serde::Serialize;
 
-use super::{Ledger, LedgerError, Window};
-use crate::event::{Kind, Precision};
+use crate::event::Precision;
 use crate::money::{Millis, Money};
 
 /// The rows the `events_advised` index holds; the query repeats it word for word, which is
-/// how SQLite knows the index covers it.
+/// how SQLite (and PostgreSQL) know the index covers it.
 pub(super) const ADVISED: &str = "(mfu IS NOT NULL OR precision IS NOT NULL OR data_stall IS NOT NULL OR sync_stall IS NOT NULL)";
 
 /// One training segment with what its watchdog measured.
@@ -30,72 +28,16 @@ pub struct TrainingSegment {
     pub sync_stall: Option<f64>,
 }
 
-impl Ledger {
-    /// Calls `visit` for each training segment with watchdog figures that overlaps the whole
-    /// hours `window` touches (as the rollups count it), in time order.
-    pub fn training_segments(
-        &self,
-        window: Window,
-        mut visit: impl FnMut(&TrainingSegment),
-    ) -> Result<u64, LedgerError> {
-        let read_err = self.read_err();
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT ts_ms, duration_ms,
-                        (SELECT name FROM dims WHERE id = workload),
-                        (SELECT name FROM dims WHERE id = run),
-                        (SELECT name FROM dims WHERE id = instance),
-                        (SELECT name FROM dims WHERE id = region),
-                        cost, mfu, precision, data_stall, sync_stall
-                 FROM events
-                 WHERE {ADVISED} AND kind = ?3 AND ts_ms < ?2 AND ts_ms + duration_ms > ?1
-                 ORDER BY ts_ms, id"
-            ))
-            .map_err(read_err)?;
-        let (since, until) = window.whole_hours().bounds();
-        let training = Kind::Training.code();
-        let mut rows = stmt
-            .query(params![since, until, training])
-            .map_err(read_err)?;
-        let mut n = 0;
-        while let Some(r) = rows.next().map_err(read_err)? {
-            let precision = match r.get::<_, Option<i64>>(8).map_err(read_err)? {
-                None => None,
-                Some(c) => Some(Precision::from_code(c).ok_or_else(|| LedgerError::Corrupt {
-                    path: self.path.clone(),
-                    what: format!("precision {c}"),
-                })?),
-            };
-            let segment = TrainingSegment {
-                ts_ms: r.get(0).map_err(read_err)?,
-                duration_ms: r.get(1).map_err(read_err)?,
-                workload: r.get(2).map_err(read_err)?,
-                run: r.get(3).map_err(read_err)?,
-                instance_type: r.get(4).map_err(read_err)?,
-                region: r.get(5).map_err(read_err)?,
-                cost: Money::from_nanos(r.get(6).map_err(read_err)?),
-                mfu: r.get(7).map_err(read_err)?,
-                precision,
-                data_stall: r.get(9).map_err(read_err)?,
-                sync_stall: r.get(10).map_err(read_err)?,
-            };
-            visit(&segment);
-            n += 1;
-        }
-        Ok(n)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use rusqlite::Connection;
 
-    use super::super::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, schema};
+    use super::super::sqlite::{APPLICATION_ID, MIGRATIONS, schema};
+    use super::super::{Ledger, SCHEMA_VERSION, Window};
     use super::*;
-    use crate::event::Event;
+    use crate::event::{Event, Kind};
     use crate::rollup::HOUR_MS;
 
     fn segment(ts: Millis, minutes: i64) -> Event {
@@ -162,7 +104,7 @@ mod tests {
     #[test]
     fn segments_overlapping_the_windows_hours_are_read_through_their_index() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         let advised = |ts, minutes| {
             let mut e = segment(ts, minutes);
             e.data_stall = Some(0.1);
@@ -188,7 +130,7 @@ mod tests {
             .unwrap();
         assert_eq!(starts, [2 * HOUR_MS - 600_000, 2 * HOUR_MS + 60_000]);
         let plan: String = ledger
-            .conn
+            .sqlite_conn()
             .prepare(&format!(
                 "EXPLAIN QUERY PLAN SELECT cost FROM events
                  WHERE {ADVISED} AND ts_ms < 1 AND ts_ms + duration_ms > 0"

@@ -516,7 +516,7 @@ mod tests {
     #[test]
     fn arrivals_and_the_median_cold_start_come_from_the_ledger() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         let event = |ts: Millis, kind: Kind, workload: &str| {
             Event::new(ts, kind, workload, Money::from_cents(1))
         };

@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn ledger_demand_is_the_busy_instance_hours_of_the_workload_each_hour() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         let event = |ts: Millis, kind: Kind, workload: &str, minutes: i64| {
             let mut e = Event::new(ts, kind, workload, Money::from_cents(1));
             e.duration_ms = minutes * 60_000;

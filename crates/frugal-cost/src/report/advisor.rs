@@ -309,7 +309,7 @@ mod tests {
 
     fn report(events: &[Event], window: Window) -> Report {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         ledger.append("t", events).unwrap();
         Report::build(&ledger, &Catalog::builtin().unwrap(), window).unwrap()
     }

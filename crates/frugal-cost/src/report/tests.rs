@@ -11,7 +11,7 @@ const T0: Millis = 1_792_998_000_000;
 
 fn ledger_with(events: &[Event]) -> (tempfile::TempDir, Ledger) {
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+    let mut ledger = crate::ledger::testing::fresh(dir.path());
     ledger.append("test", events).unwrap();
     (dir, ledger)
 }
@@ -368,7 +368,7 @@ fn pool_example() -> (Vec<Event>, Vec<ReplicaSpan>) {
 fn ledger_with_pool() -> (tempfile::TempDir, Ledger) {
     let (events, spans) = pool_example();
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+    let mut ledger = crate::ledger::testing::fresh(dir.path());
     ledger.append_with_spans("test", &events, &spans).unwrap();
     (dir, ledger)
 }
@@ -466,7 +466,7 @@ fn pools_busy_below_the_threshold_and_on_oversized_instances_are_flagged() {
     let (events, mut spans) = pool_example();
     spans.iter_mut().for_each(|s| s.need_bytes = None);
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+    let mut ledger = crate::ledger::testing::fresh(dir.path());
     ledger.append_with_spans("t", &events, &spans).unwrap();
     let r = Report::build_with(&ledger, &catalog, Window::default(), options).unwrap();
     assert!(r.pools[0].right_sizing.is_empty());
@@ -569,7 +569,7 @@ fn watched_servers_by_hand_with_their_levers() {
     }
     spans.push(watched("c", "qwen", 100, 10, 120));
     let dir = tempfile::tempdir().unwrap();
-    let mut ledger = Ledger::open(&dir.path().join("l.sqlite")).unwrap();
+    let mut ledger = crate::ledger::testing::fresh(dir.path());
     ledger.append_with_spans("watch", &[], &spans).unwrap();
     let r = Report::build(&ledger, &Catalog::builtin().unwrap(), Window::default()).unwrap();
     assert_eq!(
@@ -609,3 +609,17 @@ fn watched_servers_by_hand_with_their_levers() {
     assert_eq!(lever("scale watched servers to zero"), Some(m("1.2")));
     assert!(lever("right-size watched servers").is_some());
 }
+
+crate::ledger::testing::on_postgres!(
+    unit_costs_by_hand,
+    a_window_counts_the_cost_incurred_inside_it,
+    the_series_spreads_long_segments_over_hours,
+    a_steady_on_demand_baseline_is_priced_at_the_reserved_rate,
+    an_empty_ledger_reports_nothing_without_failing,
+    rollups_match_the_raw_events_exactly,
+    a_pool_by_hand_against_a_fixed_pool_of_its_largest_size,
+    pools_busy_below_the_threshold_and_on_oversized_instances_are_flagged,
+    a_window_without_spans_has_no_pools_and_one_cuts_them_by_the_hour,
+    a_batch_job_on_spot_is_priced_per_unit_beside_the_models_interactive_traffic,
+    watched_servers_by_hand_with_their_levers,
+);

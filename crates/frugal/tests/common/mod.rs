@@ -86,6 +86,22 @@ impl Server {
         extra: &[&str],
         envs: &[(&str, &str)],
     ) -> Server {
+        Server::start_full(dir, files, extra, envs, None)
+    }
+
+    /// Metering into `ledger` (a path or a `postgres://` URL) rather than its folder's.
+    #[allow(dead_code)]
+    pub fn start_on_ledger(ledger: &str, extra: &[&str]) -> Server {
+        Server::start_full(tempfile::tempdir().unwrap(), &[], extra, &[], Some(ledger))
+    }
+
+    fn start_full(
+        dir: tempfile::TempDir,
+        files: &[(&str, &str)],
+        extra: &[&str],
+        envs: &[(&str, &str)],
+        ledger: Option<&str>,
+    ) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_frugal"));
         command.envs(envs.iter().copied());
         for (name, text) in files {
@@ -95,9 +111,13 @@ impl Server {
                 command.arg("--config").arg(path);
             }
         }
+        let ledger = ledger.map_or_else(
+            || dir.path().join("ledger.sqlite").into_os_string(),
+            std::ffi::OsString::from,
+        );
         command
             .arg("--ledger")
-            .arg(dir.path().join("ledger.sqlite"))
+            .arg(ledger)
             .args(["serve", "--port", "0", "--price-per-hour", "3.6"])
             .args(if extra.contains(&"--no-model") {
                 vec![]

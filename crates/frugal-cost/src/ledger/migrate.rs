@@ -1,0 +1,202 @@
+//! Copying a ledger into another (`frugal ledger migrate`: a SQLite file into PostgreSQL),
+//! resumably. Events go over in batches, each one transaction on the destination, keyed so
+//! a rerun after a kill stores only what is missing: an imported row keeps its content
+//! hash, any other event gets a key derived from its row id and content in the source.
+//! Spans (which have no key) go over in one transaction recorded under a hash of them all,
+//! so they are copied once.
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::{Ledger, LedgerError, Stored, Window};
+use crate::Progress;
+use crate::money::Money;
+
+/// What a copy did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Migrated {
+    /// Events read from the source.
+    pub events: u64,
+    /// Of them, stored now; the rest were in the destination already.
+    pub copied: u64,
+    pub skipped: u64,
+    /// Spans stored now (0 when an earlier copy stored them).
+    pub spans: u64,
+    /// The cost of the events read.
+    pub cost: Money,
+}
+
+/// The source written on the destination's imports.
+const SOURCE: &str = "frugal ledger migrate";
+
+/// A key for an event the source holds without one: the same on every run over the same
+/// source, different for every row of it.
+fn derived_key(s: &Stored) -> [u8; 16] {
+    let mut h = Sha256::new();
+    h.update(b"frugal ledger migrate\0");
+    h.update(s.row_id.to_le_bytes());
+    h.update(s.event.ts_ms.to_le_bytes());
+    h.update(s.event.cost.nanos().to_le_bytes());
+    h.update(s.event.workload.as_bytes());
+    let digest = h.finalize();
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&digest[..16]);
+    key
+}
+
+/// Copies every event and span of `from` into `to`, `batch` events a transaction,
+/// reporting events read to `progress`.
+pub fn migrate(
+    from: &Ledger,
+    to: &mut Ledger,
+    batch: usize,
+    progress: &dyn Progress,
+) -> Result<Migrated, LedgerError> {
+    let mut done = Migrated::default();
+    progress.start(from.info()?.events);
+    let mut after = i64::MIN;
+    loop {
+        let mut rows = Vec::with_capacity(batch);
+        from.store
+            .export_events(after, batch.max(1) as i64, &mut |s| rows.push(s))?;
+        let Some(last) = rows.last() else { break };
+        after = last.row_id;
+        let (copied, ()) = to.import(SOURCE, "api", |sink| {
+            for s in &rows {
+                let mut e = s.event.clone();
+                e.id = Some(s.key.unwrap_or_else(|| derived_key(s)));
+                sink.push(&e)?;
+            }
+            Ok::<_, LedgerError>(())
+        })?;
+        done.events += rows.len() as u64;
+        done.copied += copied;
+        done.skipped += rows.len() as u64 - copied;
+        done.cost += rows.iter().map(|s| s.event.cost).sum::<Money>();
+        progress.advance(rows.len() as u64);
+    }
+    let mut spans = Vec::new();
+    from.spans(Window::default(), |s| spans.push(s.clone()))?;
+    if !spans.is_empty() {
+        let mut h = Sha256::new();
+        h.update(b"frugal ledger migrate spans\0");
+        for s in &spans {
+            h.update(format!("{s:?}\n").as_bytes());
+        }
+        let mark: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let (stored, ()) = to.import(SOURCE, "api", |sink| {
+            if sink.file_imported(&mark)?.is_some() {
+                return Ok::<_, LedgerError>(());
+            }
+            sink.set_file_sha256(mark.clone());
+            for s in &spans {
+                sink.push_span(s)?;
+            }
+            Ok(())
+        })?;
+        done.spans = stored;
+    }
+    progress.finish();
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NoProgress;
+    use crate::event::{Event, Kind, ReplicaSpan, ReplicaState};
+    use crate::ledger::{Location, RowHash};
+    use crate::pg_test::Server;
+    use crate::report::Report;
+
+    fn event(ts: i64, cents: i64) -> Event {
+        let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
+        e.model = Some("m".into());
+        e.tenant = Some("acme".into());
+        e.requests = 2;
+        e
+    }
+
+    fn totals(ledger: &Ledger) -> (u64, Money, Vec<(String, Money)>, u64) {
+        let info = ledger.info().unwrap();
+        let mut rolled = Money::ZERO;
+        ledger
+            .rollups(Window::default(), |_, s| rolled += s.cost)
+            .unwrap();
+        assert_eq!(rolled, info.total_cost, "rollups agree with the events");
+        let spans = ledger.spans(Window::default(), |_| {}).unwrap();
+        (
+            info.events,
+            info.total_cost,
+            ledger.tenant_spend(0).unwrap(),
+            spans,
+        )
+    }
+
+    #[test]
+    fn a_sqlite_ledger_is_copied_once_and_a_rerun_copies_only_what_is_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut from = Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        let mut advised = event(3_600_000, 7);
+        advised.kind = Kind::Training;
+        advised.duration_ms = 7_200_000;
+        advised.mfu = Some(0.4);
+        from.append("serve", &[event(1, 5), event(2, 6), advised])
+            .unwrap();
+        from.import("f.csv", "csv", |sink| {
+            sink.push_row(&event(5, 1), RowHash([1; 16]))?;
+            sink.push_span(&ReplicaSpan {
+                ts_ms: 1,
+                duration_ms: 60_000,
+                workload: "chat".into(),
+                pool: "m".into(),
+                replica: 1,
+                state: ReplicaState::Ready,
+                busy_ms: 10,
+                cost: Money::from_cents(1),
+                instance_type: Some("g5.xlarge".into()),
+                min_replicas: 0,
+                max_replicas: 2,
+                need_bytes: None,
+                failed: false,
+                server: None,
+                requests: 0,
+                input_tokens: 0,
+                output_tokens: 0,
+            })
+        })
+        .unwrap();
+        let url = Server::shared().unwrap().database().unwrap();
+        let mut to = Ledger::open(Location::Postgres(url)).unwrap();
+        let first = migrate(&from, &mut to, 2, &NoProgress).unwrap();
+        assert_eq!(
+            (first.events, first.copied, first.skipped, first.spans),
+            (4, 4, 0, 1)
+        );
+        assert_eq!(totals(&from), totals(&to));
+        let catalog = crate::Catalog::builtin().unwrap();
+        let report = |l: &Ledger| {
+            serde_json::to_value(Report::build(l, &catalog, Window::default()).unwrap()).unwrap()
+        };
+        assert_eq!(
+            report(&from),
+            report(&to),
+            "the report over both is the same"
+        );
+        // A rerun (as after a kill) copies nothing again; new events in the source go over.
+        from.append("serve", &[event(9, 3)]).unwrap();
+        let again = migrate(&from, &mut to, 2, &NoProgress).unwrap();
+        assert_eq!(
+            (again.events, again.copied, again.skipped, again.spans),
+            (5, 1, 4, 0)
+        );
+        assert_eq!(totals(&from), totals(&to));
+        // The imported row kept its content hash: importing it again is refused there too.
+        let (_, found) = to
+            .import("again.csv", "csv", |sink| {
+                sink.push_row(&event(5, 1), RowHash([1; 16]))
+            })
+            .unwrap();
+        assert!(!found);
+    }
+}

@@ -1,0 +1,413 @@
+use super::super::{Ledger, LedgerError, Location, RowHash, Window};
+use super::*;
+use crate::event::Event;
+use crate::pg_test::{PASSWORD, Server};
+
+fn event(ts: i64, cents: i64) -> Event {
+    let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
+    e.model = Some("m".into());
+    e.requests = 1;
+    e
+}
+
+fn fresh() -> (String, Ledger) {
+    let url = Server::shared().unwrap().database().unwrap();
+    let ledger = Ledger::open(Location::Postgres(url.clone())).unwrap();
+    (url, ledger)
+}
+
+fn raw(url: &str) -> Client {
+    Client::connect(url, postgres::NoTls).unwrap()
+}
+
+#[test]
+fn append_then_scan_round_trips_and_reopens() {
+    let (url, mut ledger) = fresh();
+    let mut e = event(10, 5);
+    e.capacity = Some(Capacity::Spot);
+    e.outcome = Some(Outcome::Preempted);
+    e.utilization = Some(0.5);
+    e.tenant = Some("acme".into());
+    assert_eq!(ledger.append("t", &[e, event(5, 1)]).unwrap(), 2);
+    drop(ledger);
+    let ledger = Ledger::open(Location::parse(&url)).unwrap();
+    let names = ledger.names().unwrap();
+    let mut seen = Vec::new();
+    ledger.scan(Window::default(), |r| seen.push(*r)).unwrap();
+    assert_eq!(seen.len(), 2);
+    let r = *seen.iter().find(|r| r.ts_ms == 10).unwrap();
+    assert_eq!(names.get(r.workload), "chat");
+    assert_eq!(r.capacity, Some(Capacity::Spot));
+    assert_eq!(r.waste(), Money::from_nanos(25_000_000));
+    let info = ledger.info().unwrap();
+    assert_eq!((info.events, info.schema_version), (2, SCHEMA_VERSION));
+    assert_eq!(info.total_cost, Money::from_cents(6));
+    assert!(!info.path.display().to_string().contains(PASSWORD));
+    assert_eq!(
+        ledger.tenant_spend(0).unwrap(),
+        [("acme".to_owned(), Money::from_cents(5))]
+    );
+    assert_eq!(ledger.integrity_check().unwrap(), "ok");
+}
+
+#[test]
+fn events_and_spans_cannot_be_changed_or_removed() {
+    let (url, mut ledger) = fresh();
+    let span = ReplicaSpan {
+        ts_ms: 1,
+        duration_ms: 60_000,
+        workload: "chat".into(),
+        pool: "m".into(),
+        replica: 1,
+        state: ReplicaState::Ready,
+        busy_ms: 0,
+        cost: Money::from_cents(2),
+        instance_type: None,
+        min_replicas: 0,
+        max_replicas: 2,
+        need_bytes: None,
+        failed: false,
+        server: None,
+        requests: 0,
+        input_tokens: 0,
+        output_tokens: 0,
+    };
+    ledger
+        .append_with_spans("ok", &[event(1, 1)], &[span])
+        .unwrap();
+    let mut client = raw(&url);
+    for sql in [
+        "UPDATE events SET cost = 0",
+        "DELETE FROM events",
+        "TRUNCATE events",
+        "UPDATE replica_spans SET cost = 0",
+        "DELETE FROM replica_spans",
+        "TRUNCATE replica_spans CASCADE",
+    ] {
+        let err = client.batch_execute(sql).unwrap_err();
+        let text = err.as_db_error().map(|d| d.message().to_owned());
+        assert_eq!(text.as_deref(), Some("the ledger is append-only"), "{sql}");
+    }
+    assert_eq!(ledger.info().unwrap().events, 1);
+}
+
+#[test]
+fn a_failed_import_stores_nothing_and_the_ledger_goes_on() {
+    let (_, mut ledger) = fresh();
+    ledger.append("ok", &[event(1, 1)]).unwrap();
+    let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "csv", |sink| {
+        sink.push(&event(2, 1))?;
+        Err(LedgerError::Missing("stand-in for a bad row".into()))
+    });
+    assert!(result.is_err());
+    let info = ledger.info().unwrap();
+    assert_eq!((info.events, info.imports), (1, 1));
+    let mut hours = 0;
+    ledger
+        .rollups(Window::default(), |_, _| hours += 1)
+        .unwrap();
+    assert_eq!(hours, 1, "the failed import's rollups went with it");
+    ledger.append("again", &[event(3, 1)]).unwrap();
+    assert_eq!(ledger.info().unwrap().events, 2);
+}
+
+#[test]
+fn an_event_written_twice_with_its_id_is_stored_and_rolled_up_once() {
+    let (_, mut ledger) = fresh();
+    let mut e = event(1, 7);
+    e.id = Some([9; 16]);
+    assert_eq!(
+        ledger.append("meter", &[e.clone(), event(2, 1)]).unwrap(),
+        2
+    );
+    // A retried group commit: the same request again, with one new one.
+    assert_eq!(ledger.append("meter", &[e, event(3, 1)]).unwrap(), 1);
+    let info = ledger.info().unwrap();
+    assert_eq!(info.events, 3);
+    assert_eq!(info.total_cost, Money::from_cents(9));
+    let mut rolled = Money::ZERO;
+    ledger
+        .rollups(Window::default(), |_, s| rolled += s.cost)
+        .unwrap();
+    assert_eq!(rolled, Money::from_cents(9));
+}
+
+#[test]
+fn row_hashes_and_files_are_found_again() {
+    let (_, mut ledger) = fresh();
+    let hash = RowHash([7; 16]);
+    let (rows, stored) = ledger
+        .import("new.csv", "csv", |sink| {
+            sink.set_file_sha256("ab".repeat(32));
+            let first = sink.push_row(&event(10, 1), hash)?;
+            let again = sink.push_row(&event(11, 1), hash)?;
+            Ok::<_, LedgerError>((first, again))
+        })
+        .unwrap();
+    assert_eq!((rows, stored), (1, (true, false)));
+    let result: Result<(u64, ()), LedgerError> = ledger.import("look", "csv", |sink| {
+        assert_eq!(sink.row_imported(hash)?.unwrap().source, "new.csv");
+        let file = sink.file_imported(&"ab".repeat(32))?.unwrap();
+        assert_eq!((file.source.as_str(), file.rows), ("new.csv", 1));
+        assert!(sink.file_imported("cd")?.is_none());
+        Ok(())
+    });
+    result.unwrap();
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_left_alone() {
+    let (url, mut ledger) = fresh();
+    ledger.append("ok", &[event(1, 1)]).unwrap();
+    drop(ledger);
+    raw(&url)
+        .batch_execute("UPDATE schema_version SET version = 8")
+        .unwrap();
+    let err = Ledger::open(Location::parse(&url))
+        .err()
+        .unwrap()
+        .to_string();
+    let want = format!("schema version 8, newer than this frugal understands ({SCHEMA_VERSION})");
+    assert!(err.contains(&want), "{err}");
+    assert!(!err.contains(PASSWORD), "{err}");
+    let n: i64 = raw(&url)
+        .query_one("SELECT count(*) FROM events", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn a_database_with_other_events_is_not_a_ledger() {
+    let url = Server::shared().unwrap().database().unwrap();
+    raw(&url)
+        .batch_execute("CREATE TABLE events (x int)")
+        .unwrap();
+    let err = Ledger::open(Location::parse(&url))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("is not a frugal ledger"), "{err}");
+}
+
+#[test]
+fn two_ledgers_opening_one_new_database_at_once_both_work() {
+    let url = Server::shared().unwrap().database().unwrap();
+    let opened: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| Ledger::open(Location::parse(&url)).map(|_| ())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(opened.iter().all(Result::is_ok), "{opened:?}");
+}
+
+#[test]
+fn wrong_credentials_are_a_clear_error_without_the_password() {
+    let server = Server::shared().unwrap();
+    let url = format!(
+        "postgres://postgres:not-{PASSWORD}@127.0.0.1:{}/postgres",
+        server.port()
+    );
+    let err = Ledger::open(Location::parse(&url)).err().unwrap();
+    let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(text.contains("wrong user name or password"), "{text}");
+    assert!(text.contains("127.0.0.1"), "{text}");
+    assert!(!text.contains(PASSWORD), "{text}");
+}
+
+#[test]
+fn a_server_that_does_not_answer_is_named() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgresql://frugal:secret@127.0.0.1:{port}/ledger");
+    let err = Ledger::open(Location::parse(&url))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains(&format!("cannot connect to ledger postgresql://frugal:***@127.0.0.1:{port}/ledger (host 127.0.0.1:{port})")),
+        "{err}"
+    );
+    assert!(!err.contains("secret"), "{err}");
+}
+
+#[test]
+fn a_url_that_does_not_parse_is_a_clear_error() {
+    let err = Ledger::open(Location::parse("postgres://u:pw@host:notaport/db"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.starts_with("ledger URL postgres://u:***@host:notaport/db is not valid"),
+        "{err}"
+    );
+}
+
+#[test]
+fn passwords_are_redacted() {
+    assert_eq!(
+        redact("postgres://u:p%40ss@h:5432/db?sslmode=require"),
+        "postgres://u:***@h:5432/db?sslmode=require"
+    );
+    assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    assert_eq!(
+        redact("postgresql://h/db?user=u&password=x"),
+        "postgresql://h/db?user=u&password=***"
+    );
+    assert_eq!(
+        Location::parse("postgres://a:b@c/d").to_string(),
+        "postgres://a:***@c/d"
+    );
+    assert_eq!(
+        Location::parse("ledger.sqlite"),
+        Location::Sqlite("ledger.sqlite".into())
+    );
+}
+
+/// Two writers (as two gateways' meters) on one ledger at once, each retrying a batch the
+/// way the meter does, one of them resending every batch as after a lost acknowledgement:
+/// every event is stored exactly once and the rollups add up to the events.
+#[test]
+fn two_writers_at_once_store_every_event_exactly_once() {
+    let url = Server::shared().unwrap().database().unwrap();
+    Ledger::open(Location::parse(&url)).unwrap();
+    const BATCHES: u64 = 40;
+    const PER_BATCH: u64 = 50;
+    let write = |writer: u8| {
+        let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+        for b in 0..BATCHES {
+            let events: Vec<Event> = (0..PER_BATCH)
+                .map(|i| {
+                    let n = b * PER_BATCH + i;
+                    // The same hours and names from both writers, and new ones in turn.
+                    let mut e = event((n % 7) as i64 * 600_000, 1 + (n % 3) as i64);
+                    e.model = Some(format!("m{}", n % 5));
+                    e.tenant = Some(format!("t{}", (n + u64::from(writer)) % 4));
+                    let mut id = [writer; 16];
+                    id[..8].copy_from_slice(&n.to_le_bytes());
+                    e.id = Some(id);
+                    e
+                })
+                .collect();
+            let sends = if writer == 1 { 2 } else { 1 };
+            for _ in 0..sends {
+                // A deadlock or a dropped connection fails the whole write; the meter
+                // keeps it and writes it again.
+                let mut tries = 0;
+                while let Err(e) = ledger.append("meter", &events) {
+                    tries += 1;
+                    assert!(tries < 20, "{e}");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| write(1));
+        s.spawn(|| write(2));
+    });
+    let ledger = Ledger::open(Location::parse(&url)).unwrap();
+    let info = ledger.info().unwrap();
+    assert_eq!(info.events, 2 * BATCHES * PER_BATCH);
+    let mut client = raw(&url);
+    let distinct: i64 = client
+        .query_one("SELECT count(DISTINCT row_hash) FROM events", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(distinct as u64, info.events);
+    let (mut rolled, mut events) = (Money::ZERO, 0);
+    ledger
+        .rollups(Window::default(), |_, s| {
+            rolled += s.cost;
+            events += s.events;
+        })
+        .unwrap();
+    assert_eq!((rolled, events as u64), (info.total_cost, info.events));
+    let spend: Money = ledger
+        .tenant_spend(0)
+        .unwrap()
+        .iter()
+        .map(|(_, m)| *m)
+        .sum();
+    assert_eq!(spend, info.total_cost);
+}
+
+/// `frugal train` and `frugal tune` record segments from inside their async runtime; the
+/// blocking client's own runtime may not start on that thread, so the write moves off it.
+#[test]
+fn a_write_from_inside_an_async_runtime_is_stored() {
+    let (_, mut ledger) = fresh();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stored = runtime.block_on(async { ledger.append("train", &[event(1, 1)]) });
+    assert_eq!(stored.unwrap(), 1);
+    assert_eq!(ledger.info().unwrap().events, 1);
+}
+
+/// PostgreSQL killed while an import sends its batches: the import fails, nothing of it is
+/// stored, and once the server is back the same import stores it all.
+#[test]
+fn a_server_killed_mid_import_keeps_nothing_of_it_and_a_rerun_works() {
+    let mut server = Server::start().unwrap();
+    let url = server.database().unwrap();
+    let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+    ledger.append("before", &[event(1, 1)]).unwrap();
+    let rows: Vec<Event> = (0..200_000).map(|i| event(10 + i, 1)).collect();
+    let import = |ledger: &mut Ledger, signal: Option<std::sync::mpsc::Sender<()>>| {
+        ledger.import("big.csv", "csv", |sink| {
+            for (i, e) in rows.iter().enumerate() {
+                sink.push(e)?;
+                if i == 40_000
+                    && let Some(signal) = &signal
+                {
+                    let _ = signal.send(());
+                }
+            }
+            Ok::<_, LedgerError>(())
+        })
+    };
+    let (signal, sending) = std::sync::mpsc::channel();
+    let killed = std::thread::scope(|s| {
+        let importer = s.spawn(|| import(&mut ledger, Some(signal)));
+        sending.recv().unwrap();
+        server.kill().unwrap();
+        importer.join().unwrap()
+    });
+    let err = killed.err().unwrap().to_string();
+    assert!(err.contains("nothing from this write was stored"), "{err}");
+    drop(ledger);
+    server.restart().unwrap();
+    let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+    let info = ledger.info().unwrap();
+    assert_eq!(
+        (info.events, info.imports),
+        (1, 1),
+        "nothing of the killed import"
+    );
+    let (stored, ()) = import(&mut ledger, None).unwrap();
+    assert_eq!(stored, 200_000);
+    assert_eq!(ledger.info().unwrap().events, 200_001);
+}
+
+/// `sslmode=require` goes through TLS or not at all: a server without it is refused, by
+/// name, rather than spoken to in the clear.
+#[test]
+fn sslmode_require_refuses_a_server_without_tls() {
+    let url = format!(
+        "{}?sslmode=require",
+        Server::shared().unwrap().database().unwrap()
+    );
+    let err = Ledger::open(Location::parse(&url)).err().unwrap();
+    let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(
+        text.starts_with("cannot connect to ledger postgres://postgres:***@127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains("TLS"), "{text}");
+}
