@@ -51,8 +51,12 @@ pub enum QuantizeError {
     UnknownType { name: String },
     #[error("the output is the input file ({}): choose another output path", path.display())]
     SameFile { path: PathBuf },
-    #[error("reading the input")]
-    Open(#[source] GgufError),
+    #[error("reading {}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: GgufError,
+    },
     #[error(
         "tensor {tensor:?} has type {dtype}, which frugal cannot read (it reads f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K)"
     )]
@@ -386,7 +390,14 @@ pub fn quantize_file(
             path: input.to_owned(),
         });
     }
-    let g = Gguf::open(input).map_err(QuantizeError::Open)?;
+    let g = Gguf::open(input).map_err(|e| QuantizeError::Open {
+        path: input.to_owned(),
+        // The path is said once, here.
+        source: match e {
+            GgufError::InFile { source, .. } => *source,
+            other => other,
+        },
+    })?;
     let steps = plan(&g, &options)?;
     let file_type = llama_file_type(options.target);
     let specs: Vec<TensorSpec> = steps.iter().map(|s| s.spec.clone()).collect();
