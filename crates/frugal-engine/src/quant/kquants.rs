@@ -11,10 +11,17 @@ use super::blocks::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K, f16_bits_to_f32, f
 /// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below this is all zeros.
 const GROUP_MAX_EPS: f32 = 1e-15;
 
-/// ggml's `nearest_int`: round half to even (its float trick does exactly that).
+/// ggml's `nearest_int`: round half to even. Its float trick (adding 1.5 * 2^23 leaves the
+/// rounded integer in the low mantissa bits) is exact for |v| < 2^22, where ggml asserts it
+/// is; it costs an add where `round_ties_even` is a libm call on baseline x86-64.
 #[inline]
 fn nearest_int(v: f32) -> i32 {
-    v.round_ties_even() as i32
+    if v.abs() <= 4_194_303.0 {
+        let bits = (v + 12_582_912.0).to_bits();
+        (bits & 0x007f_ffff) as i32 - 0x0040_0000
+    } else {
+        v.round_ties_even() as i32
+    }
 }
 
 /// ggml's `make_qkx2_quants`: quants `l` in `0..=nmax` with `x ~ scale * l - min`, searching
@@ -35,8 +42,14 @@ fn make_qkx2_quants(
     let mut sum_w = weights[0];
     let mut sum_x = sum_w * x[0];
     for i in 1..n {
-        min = min.min(x[i]);
-        max = max.max(x[i]);
+        // Comparisons as ggml's, not f32::min/max, which may pick either of 0.0 and -0.0:
+        // the sign of a zero min decides the sign bit of a stored zero dmin.
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
         sum_w += weights[i];
         sum_x += weights[i] * x[i];
     }
@@ -168,8 +181,10 @@ fn qn_k_block(xb: &[f32], nmax: i32, rmin: f32, nstep: i32, blk: &mut [u8]) -> [
             nstep,
         );
     }
-    let max_scale = scales.iter().fold(0.0f32, |a, &v| a.max(v));
-    let max_min = mins.iter().fold(0.0f32, |a, &v| a.max(v));
+    // As ggml: an all-zero sub-block's min is -0.0, which must not become the maximum.
+    let greatest = |v: &[f32]| v.iter().fold(0.0f32, |a, &v| if v > a { v } else { a });
+    let max_scale = greatest(&scales);
+    let max_min = greatest(&mins);
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
     } else {
@@ -385,9 +400,13 @@ mod tests {
     #[test]
     fn nearest_int_rounds_half_to_even_like_ggml() {
         assert_eq!(
-            [0.5, 1.5, 2.5, -0.5, -1.5, 2.4, -2.6].map(nearest_int),
-            [0, 2, 2, 0, -2, 2, -3]
+            [0.5, 1.5, 2.5, -0.5, -1.5, 2.4, -2.6, 4_194_303.0, -5e6, 1e9].map(nearest_int),
+            [0, 2, 2, 0, -2, 2, -3, 4_194_303, -5_000_000, 1_000_000_000]
         );
+        for i in -100_000..100_000 {
+            let v = i as f32 * 0.013_7;
+            assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+        }
     }
 
     /// A constant block, an all-zero block and one with a single outlier decode sensibly.
