@@ -67,7 +67,8 @@ fn make_qkx2_quants(
         let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
         l_out[i] = l as u8;
         let diff = scale * l as f32 + min - x[i];
-        best_error += weights[i] * diff * diff;
+        // w * (diff * diff), in ggml's order: the other rounds differently near ties.
+        best_error += weights[i] * (diff * diff);
     }
     let mut laux = [0u8; 32];
     for is in 0..=nstep {
@@ -92,7 +93,7 @@ fn make_qkx2_quants(
             let mut cur_error = 0.0f32;
             for i in 0..n {
                 let diff = this_scale * f32::from(laux[i]) + this_min - x[i];
-                cur_error += weights[i] * diff * diff;
+                cur_error += weights[i] * (diff * diff);
             }
             if cur_error < best_error {
                 l_out[..n].copy_from_slice(&laux[..n]);
@@ -373,8 +374,11 @@ mod tests {
     }
 
     /// Byte for byte what ggml writes. `testdata/weights.f32` holds 4 rows of SmolLM2's
-    /// `blk.0.ffn_down.weight` (dequantized by the `gguf` package) and 2048 Gaussian weights
-    /// with outliers, an all-zero and an all-positive super-block; `testdata/ggml-q*_k.bin` are
+    /// `blk.0.ffn_down.weight` (dequantized by the `gguf` package), 2048 Gaussian weights
+    /// with outliers, an all-zero and an all-positive super-block, and super-block 11872 of
+    /// Qwen2.5's Q6_K `blk.6.ffn_down.weight` (dequantized by ggml), whose Q4_K scale search
+    /// lands on a near tie that only ggml's order of operations breaks the same way;
+    /// `testdata/ggml-q*_k.bin` are
     /// llama.cpp's `quantize_row_q{4,5,6}_K_ref` (ggml-quants.c as vendored by
     /// llama-cpp-python 0.3.36, built with `gcc -O2`) of it.
     #[test]
