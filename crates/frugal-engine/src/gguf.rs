@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+pub mod write;
+
 /// The four bytes every GGUF file starts with.
 const MAGIC: [u8; 4] = *b"GGUF";
 /// Tensor data alignment when the file does not set `general.alignment`.

@@ -27,6 +27,7 @@
 //! halves have their own scales, so it takes two integer sums per block.
 
 mod blocks;
+mod kquants;
 mod out;
 mod packed;
 #[cfg(target_arch = "x86_64")]
@@ -265,8 +266,9 @@ pub fn dequantize_row(t: WeightType, bytes: &[u8], out: &mut [f32]) -> Result<()
     Ok(())
 }
 
-/// Quantize `x` into `out` (exactly its GGUF encoding): ggml's reference quantizers for the
-/// 32-weight types, plain rounding for the K types (see `blocks::quant_qn_k`).
+/// Quantize `x` into `out` (exactly its GGUF encoding) with ggml's reference quantizers, the
+/// ones `llama-quantize` uses without an importance matrix (the K types' scale searches are in
+/// `kquants`).
 pub fn quantize_row(t: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
     expect_len("quantize_row bytes", t.row_bytes(x.len())?, out.len())?;
     match t {
@@ -277,9 +279,9 @@ pub fn quantize_row(t: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), Quan
         WeightType::Q5_0 => blocks::quant_q5_0(x, out),
         WeightType::Q5_1 => blocks::quant_q5_1(x, out),
         WeightType::Q8_0 => blocks::quant_q8_0(x, out),
-        WeightType::Q4_K => blocks::quant_qn_k(x, out, 4),
-        WeightType::Q5_K => blocks::quant_qn_k(x, out, 5),
-        WeightType::Q6_K => blocks::quant_q6_k(x, out),
+        WeightType::Q4_K => kquants::quant_q4_k(x, out),
+        WeightType::Q5_K => kquants::quant_q5_k(x, out),
+        WeightType::Q6_K => kquants::quant_q6_k(x, out),
     }
     Ok(())
 }

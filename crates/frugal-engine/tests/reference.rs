@@ -118,7 +118,49 @@ fn logits_match_candle_quantized_llama() {
     let path = model_path();
     let mut all = vec![vec![504u32], vec![504, 3575, 282, 4649]];
     all.extend(prompts(&Gguf::open(&path).unwrap()));
-    check_against_candle(&path, candle_llama, all);
+    check_against_candle(&path, candle_llama, all, STRICT);
+}
+
+/// SmolLM2 written by `frugal quantize` in each type (from its Q4_1 file; rows of 576 take
+/// llama.cpp's fallbacks for the K types) is read by candle and computes the logits candle
+/// computes from the same file: the writer's layout and the quantizers' blocks are what an
+/// independent GGUF reader expects. Candle strays further from the exact logits on 4-bit K
+/// blocks (2.6 of a spread of 37 on Q4_K, where ours stays under 0.9), so the two may differ
+/// by 10% of the spread here, and either may flip a near tie of the exact logits (0.012 apart
+/// on the chat prompt at Q4_K, where candle does). Which of the two lands nearer the exact
+/// logits varies by type and prompt (ours 1.57 against candle's 0.94 at Q5_0, 0.83 against
+/// 2.60 at Q4_K): ours may be twice as far, where the shipped files' test allows 1.5 times.
+#[test]
+fn requantized_files_match_candle_for_each_type() {
+    use frugal_engine::quant::WeightType;
+    use frugal_engine::quantize::{NoProgress, QuantizeOptions, quantize_file};
+    let dir = tempfile::tempdir().unwrap();
+    let input = model_path();
+    let all = prompts(&Gguf::open(&input).unwrap());
+    for target in [
+        WeightType::Q8_0,
+        WeightType::Q6_K,
+        WeightType::Q5_K,
+        WeightType::Q4_K,
+        WeightType::Q5_1,
+        WeightType::Q5_0,
+        WeightType::Q4_0,
+    ] {
+        let path = dir.path().join(format!("{target}.gguf"));
+        let options = QuantizeOptions {
+            target,
+            keep_output: None,
+        };
+        quantize_file(&input, &path, options, &NoProgress).unwrap();
+        eprintln!("{target}:");
+        let tolerance = Tolerance {
+            err_ratio: 2.0,
+            agree: 0.1,
+            same_token: false,
+        };
+        check_against_candle(&path, candle_llama, all.clone(), tolerance);
+        std::fs::remove_file(&path).unwrap();
+    }
 }
 
 /// The qwen2 family (attention biases, half-split RoPE, untied output, 14 heads over 2 KV
@@ -128,7 +170,7 @@ fn logits_match_candle_quantized_llama() {
 fn logits_match_candle_quantized_qwen2() {
     let path = large_model_path();
     let all = prompts(&Gguf::open(&path).unwrap());
-    check_against_candle(&path, candle_qwen2, all);
+    check_against_candle(&path, candle_qwen2, all, STRICT);
 }
 
 /// A K-quant file stays resident at its own size: the weights held are within 3% of the
@@ -272,7 +314,12 @@ fn logits_on_one_isa() {
     }
 }
 
-fn check_against_candle(path: &Path, candle: fn(&Path, &[u32]) -> Vec<f32>, all: Vec<Vec<u32>>) {
+fn check_against_candle(
+    path: &Path,
+    candle: fn(&Path, &[u32]) -> Vec<f32>,
+    all: Vec<Vec<u32>>,
+    tolerance: Tolerance,
+) {
     let g = Gguf::open(path).unwrap();
     let model = Model::from_gguf(&g, LoadOptions::default()).unwrap();
     let exact_model = Model::from_gguf(
@@ -299,16 +346,47 @@ fn check_against_candle(path: &Path, candle: fn(&Path, &[u32]) -> Vec<f32>, all:
             tokens.len()
         );
         assert!(
-            ours_err <= 1.5 * theirs_err + 0.1,
+            ours_err <= tolerance.err_ratio * theirs_err + 0.1,
             "ours {ours_err} vs candle {theirs_err}"
         );
         assert!(
-            between < 0.06 * spread,
+            between < tolerance.agree * spread,
             "{between} over a spread of {spread}"
         );
-        assert_eq!(argmax(&reference), argmax(&mine));
+        if tolerance.same_token {
+            assert_eq!(argmax(&reference), argmax(&mine));
+        } else {
+            // Either may flip a near tie of the exact logits, no more.
+            let best = exact[argmax(&exact)];
+            assert!(
+                exact[argmax(&mine)] >= best - 0.5,
+                "our greedy token is off"
+            );
+            assert!(
+                exact[argmax(&reference)] >= best - 0.5,
+                "candle's greedy token is off"
+            );
+        }
     }
 }
+
+/// How close ours and candle's logits must be.
+struct Tolerance {
+    /// How many times candle's distance from the exact logits ours may be (plus 0.1).
+    err_ratio: f32,
+    /// Their largest difference, as a share of the exact logits' spread.
+    agree: f32,
+    /// Whether both must pick the same greedy token (else each within a near tie of the
+    /// exact one).
+    same_token: bool,
+}
+
+/// On the shipped files: within 6% and the same token.
+const STRICT: Tolerance = Tolerance {
+    err_ratio: 1.5,
+    agree: 0.06,
+    same_token: true,
+};
 
 /// A sequence decoded in a batch with others, and with its prompt prefilled in chunks,
 /// yields the same greedy tokens as alone.

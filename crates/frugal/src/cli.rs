@@ -45,6 +45,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve a GGUF model over an OpenAI-compatible API, metered into the ledger
     Serve(ServeArgs),
+    /// Quantize a GGUF model's weights to another type (q8_0, q6_k, q5_k, q4_k, ...), with its
+    /// tokenizer and chat template carried over: bytes before and after, fallbacks
+    Quantize(QuantizeArgs),
     /// Load-test an OpenAI-compatible endpoint: throughput, TTFT/TPOT/latency, cost per unit
     Bench(BenchArgs),
     /// List instance and model prices from the catalog
@@ -85,6 +88,33 @@ pub enum Command {
     /// Scrape the /metrics of the servers in `[[watch.target]]` (vLLM, TGI, llama.cpp, frugal,
     /// DCGM) into the ledger: cost per 1,000 requests and per million tokens, and idle dollars
     Watch(WatchArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Rows that are not whole blocks of --type (256 weights for the K types) fall back per tensor, as llama.cpp does: q4_k to q5_0, q5_k to q5_1, q6_k to q8_0. Norms and biases are copied as they are (F32)."
+)]
+pub struct QuantizeArgs {
+    /// The model to quantize: a GGUF file of any type frugal reads
+    #[arg(value_name = "IN.gguf")]
+    pub input: PathBuf,
+    /// Where to write the quantized model (written whole, or not at all)
+    #[arg(value_name = "OUT.gguf")]
+    pub output: PathBuf,
+    /// Type of the weight matrices: q8_0, q6_k, q5_k, q4_k, q5_1, q5_0, q4_1, q4_0 or f16
+    #[arg(long = "type", value_name = "TYPE", value_parser = parse_quant_type)]
+    pub target: frugal_engine::quant::WeightType,
+    /// Another type for the output projection (output.weight, or the token embedding when
+    /// the model ties them), whose error the logits feel most: e.g. q8_0
+    #[arg(long, value_name = "TYPE", value_parser = parse_quant_type)]
+    pub keep_output: Option<frugal_engine::quant::WeightType>,
+    /// Print the report as one JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_quant_type(s: &str) -> Result<frugal_engine::quant::WeightType, String> {
+    frugal_engine::quantize::target_from_name(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]

@@ -81,6 +81,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Ledger(LedgerCommand::Migrate(args)) => migrate(&args),
         Command::Report(args) => report(&config, &catalog, &args),
         Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
+        Command::Quantize(args) => crate::quantize::run(&args),
         Command::Bench(args) => crate::bench::run(&catalog, &args),
         Command::Keys(KeysCommand::New(args)) => new_key(&args),
         Command::Deploy(DeployCommand::Kubernetes(args)) => {

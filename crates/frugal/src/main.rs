@@ -12,6 +12,7 @@ mod eval_cache;
 mod eval_route;
 mod plan;
 mod progress;
+mod quantize;
 mod serve;
 mod table;
 mod train;

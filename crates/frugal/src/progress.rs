@@ -60,3 +60,13 @@ impl frugal_cost::Progress for Bar {
         self.0.finish_and_clear();
     }
 }
+
+impl frugal_engine::quantize::QuantizeProgress for Bar {
+    fn start(&self, total_bytes: u64) {
+        self.0.set_length(total_bytes);
+    }
+
+    fn tensor_done(&self, _name: &str, bytes: u64) {
+        self.0.inc(bytes);
+    }
+}
