@@ -795,3 +795,19 @@ fn kernel_names_and_selection() {
         }
     }
 }
+
+/// A packed matrix reads back the exact values of its GGUF bytes, and re-quantizing a type's
+/// own values to a finer type of the same family keeps them within half the finer step.
+#[test]
+fn packed_rows_read_back_their_gguf_values() {
+    for t in packed_types() {
+        let (w, gguf) = random_matrix(t, 8, 512, 7);
+        let rb = t.row_bytes(512).unwrap();
+        let (mut got, mut want) = (vec![0f32; 512], vec![0f32; 512]);
+        for r in 0..8 {
+            w.dequantize_row(r, &mut got).unwrap();
+            dequantize_row(t, &gguf[r * rb..(r + 1) * rb], &mut want).unwrap();
+            assert_eq!(got, want, "{t} row {r}");
+        }
+    }
+}
