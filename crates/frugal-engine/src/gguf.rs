@@ -1104,6 +1104,7 @@ fn read_value(
 /// Test helpers shared by this crate's unit tests: a GGUF writer and the test model.
 #[cfg(test)]
 pub(crate) mod testutil {
+    use super::write::{put_str, put_value, type_id};
     use super::*;
     use std::sync::OnceLock;
 
@@ -1192,14 +1193,14 @@ pub(crate) mod testutil {
             out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
             out.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
             for (k, v) in &self.kvs {
-                write_str(&mut out, k);
+                put_str(&mut out, k);
                 out.extend_from_slice(&type_id(v).to_le_bytes());
-                write_value(&mut out, v);
+                put_value(&mut out, v);
             }
             let mut offset = 0u64;
             let mut offsets = Vec::new();
             for (name, dims, ty, data) in &self.tensors {
-                write_str(&mut out, name);
+                put_str(&mut out, name);
                 out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
                 for d in dims {
                     out.extend_from_slice(&d.to_le_bytes());
@@ -1223,54 +1224,6 @@ pub(crate) mod testutil {
                 out.extend_from_slice(data);
             }
             out
-        }
-    }
-
-    fn write_str(out: &mut Vec<u8>, s: &str) {
-        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
-
-    fn type_id(v: &Value) -> u32 {
-        match v {
-            Value::U8(_) => vtype::U8,
-            Value::I8(_) => vtype::I8,
-            Value::U16(_) => vtype::U16,
-            Value::I16(_) => vtype::I16,
-            Value::U32(_) => vtype::U32,
-            Value::I32(_) => vtype::I32,
-            Value::U64(_) => vtype::U64,
-            Value::I64(_) => vtype::I64,
-            Value::F32(_) => vtype::F32,
-            Value::F64(_) => vtype::F64,
-            Value::Bool(_) => vtype::BOOL,
-            Value::String(_) => vtype::STRING,
-            Value::Array(_) => vtype::ARRAY,
-        }
-    }
-
-    fn write_value(out: &mut Vec<u8>, v: &Value) {
-        match v {
-            Value::U8(x) => out.push(*x),
-            Value::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
-            Value::Bool(x) => out.push(u8::from(*x)),
-            Value::String(s) => write_str(out, s),
-            Value::Array(items) => {
-                let elem = items.first().map_or(vtype::U8, type_id);
-                out.extend_from_slice(&elem.to_le_bytes());
-                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-                for item in items {
-                    write_value(out, item);
-                }
-            }
         }
     }
 }

@@ -97,6 +97,25 @@ pub fn latest(path: &Path, model: &FileId, quant: Option<&str>, kv: Option<&str>
     by_kind
 }
 
+/// The latest record of each kind for every file and way of running it, in the order they
+/// were last measured: what `frugal report` shows beside the savings.
+pub fn all_latest(path: &Path) -> Vec<Record> {
+    let Ok(file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let mut latest: Vec<Record> = Vec::new();
+    for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
+        let Ok(r) = serde_json::from_str::<Record>(&line) else {
+            continue;
+        };
+        latest.retain(|k| {
+            (&k.model, &k.quant, &k.kv, &k.kind) != (&r.model, &r.quant, &r.kv, &r.kind)
+        });
+        latest.push(r);
+    }
+    latest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +159,8 @@ mod tests {
             .collect();
         assert_eq!(got, ["tasks", "new"]);
         assert!(latest(&store, &id, None, None).is_empty());
+        let every: Vec<String> = all_latest(&store).into_iter().map(|r| r.summary).collect();
+        assert_eq!(every, ["other type", "tasks", "new"]);
 
         // A rewritten file is another file.
         std::fs::write(&model, b"other weights").unwrap();

@@ -434,7 +434,10 @@ fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
         std::fs::write(path, html).with_context(|| format!("cannot write {}", path.display()))?;
         writeln!(std::io::stderr(), "wrote {}", path.display())?;
     }
-    print_report(&report, &ledger)
+    let quality = crate::eval::store(None, config.data_home.as_deref())
+        .map(|path| frugal_gateway::quality::all_latest(&path))
+        .unwrap_or_default();
+    print_report(&report, &ledger, &quality)
 }
 
 /// What each lever saved, per workload and model, against what the requests would have cost
@@ -489,7 +492,61 @@ fn print_savings(out: &mut impl Write, r: &Report) -> Result<()> {
     Ok(())
 }
 
-fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
+/// Beside the savings, what `frugal eval` last measured of the models served here, run each
+/// way it was measured (a quantization, an 8-bit KV cache): a lever's saving is never shown
+/// without the quality it keeps. A model is matched by its file's name, which `frugal serve`
+/// serves it under unless `--name` says otherwise.
+fn print_quality(
+    out: &mut impl Write,
+    r: &Report,
+    quality: &[frugal_gateway::quality::Record],
+) -> Result<()> {
+    let served: std::collections::BTreeSet<&str> = r
+        .inference
+        .iter()
+        .filter_map(|l| l.model.as_deref())
+        .collect();
+    let rows: Vec<_> = quality
+        .iter()
+        .filter_map(|q| {
+            let stem = q.model.path.file_stem()?.to_str()?;
+            served.contains(stem).then_some((stem, q))
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut t = table::new(&["model", "run as", "measured", "on", "quality kept", "gate"]);
+    for (stem, q) in rows {
+        let mut run_as = q.quant.clone().unwrap_or_else(|| "as stored".into());
+        if let Some(kv) = &q.kv {
+            run_as += &format!(", {kv} KV");
+        }
+        t.add_row(vec![
+            stem.to_owned(),
+            run_as,
+            format!("{} ({})", q.at.get(..10).unwrap_or(&q.at), q.kind),
+            q.data.clone(),
+            q.summary.clone(),
+            match q.gate {
+                Some(true) => "passed".into(),
+                Some(false) => "FAILED".into(),
+                None => "-".into(),
+            },
+        ]);
+    }
+    writeln!(
+        out,
+        "\nQuality kept, as `frugal eval` last measured it (held-out data, against the model's reference)\n{t}"
+    )?;
+    Ok(())
+}
+
+fn print_report(
+    r: &Report,
+    ledger: &Ledger,
+    quality: &[frugal_gateway::quality::Record],
+) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let span = match (r.first_ms, r.last_ms) {
         (Some(a), Some(b)) => format!("{} .. {}", date(a), date(b)),
@@ -586,6 +643,7 @@ fn print_report(r: &Report, ledger: &Ledger) -> Result<()> {
             "\nInference: cost per unit (idle capacity charged to its workload)\n{t}"
         )?;
         print_savings(&mut out, r)?;
+        print_quality(&mut out, r, quality)?;
     }
 
     if !r.batch.is_empty() {

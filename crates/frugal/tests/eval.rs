@@ -135,7 +135,34 @@ fn the_gate_passes_q8_0_fails_q4_0_and_reads_a_saved_reference() {
         );
         let logs = server.logs();
         assert!(logs.contains(expect), "{quant}: {logs}");
-        server.stop();
+        if quant != "q4_0" {
+            server.stop();
+            continue;
+        }
+        // What it served, the report shows beside the quality each way of running it kept.
+        server.ask("Say hi.", 4);
+        let (_, dir) = server.stop();
+        let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .env("XDG_DATA_HOME", xdg)
+            .arg("--ledger")
+            .arg(dir.path().join("ledger.sqlite"))
+            .arg("report")
+            .output()
+            .unwrap();
+        let report = said(&out);
+        assert!(out.status.success(), "{report}");
+        let table = report
+            .split("Quality kept")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{report}"));
+        assert!(
+            table.contains("Q4_0") && table.contains("FAILED"),
+            "{report}"
+        );
+        assert!(
+            table.contains("Q8_0") && table.contains("passed"),
+            "{report}"
+        );
     }
 }
 

@@ -228,12 +228,12 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
 }
 
-fn type_id(v: &Value) -> u32 {
+pub(crate) fn type_id(v: &Value) -> u32 {
     match v {
         Value::U8(_) => vtype::U8,
         Value::I8(_) => vtype::I8,
@@ -251,7 +251,7 @@ fn type_id(v: &Value) -> u32 {
     }
 }
 
-fn put_value(out: &mut Vec<u8>, v: &Value) {
+pub(crate) fn put_value(out: &mut Vec<u8>, v: &Value) {
     match v {
         Value::U8(x) => out.push(*x),
         Value::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
