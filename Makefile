@@ -3,7 +3,7 @@ CARGO ?= cargo
 JOBS ?= 2
 OUT ?= out
 
-.PHONY: run demo test lint fmt models bench sample manifest-validator gguf-reader
+.PHONY: run demo test lint fmt models bench sample test-deps
 
 MODEL ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 # The larger (qwen2) tier, which the tests also load.
@@ -42,19 +42,13 @@ sample:
 
 # The whole test suite, with the lints CI enforces (the tests use the default model and
 # the larger tier, fetched if missing).
-test: lint $(MODEL) $(LARGE) $(EMBEDDER) manifest-validator gguf-reader
+test: lint $(MODEL) $(LARGE) $(EMBEDDER) test-deps
 	$(CARGO) test --workspace --release -j $(JOBS)
 
-# What scripts/validate-manifests.py needs to check `frugal deploy kubernetes`'s output
-# offline (Kubernetes' schemas come inside kubernetes-validate), installed if missing.
-manifest-validator:
-	python3 -c 'import kubernetes_validate, jsonschema' 2>/dev/null || \
-		python3 -m pip install --quiet --disable-pip-version-check 'kubernetes-validate>=1.30' jsonschema
-
-# llama.cpp's Python GGUF reader, which the quantize test reads `frugal quantize`'s files with.
-gguf-reader:
-	python3 -c 'import gguf' 2>/dev/null || \
-		python3 -m pip install --quiet --disable-pip-version-check 'gguf>=0.10'
+# The servers and Python packages the tests run beside Rust (Redis, PostgreSQL, Prometheus,
+# the OpenAI client, a Kubernetes schema validator, a GGUF reader), installed if missing.
+test-deps:
+	bash scripts/test-deps.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
