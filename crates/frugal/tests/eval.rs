@@ -155,14 +155,16 @@ fn the_gate_passes_q8_0_fails_q4_0_and_reads_a_saved_reference() {
             .split("Quality kept")
             .nth(1)
             .unwrap_or_else(|| panic!("{report}"));
-        assert!(
-            table.contains("Q4_0") && table.contains("FAILED"),
-            "{report}"
-        );
-        assert!(
-            table.contains("Q8_0") && table.contains("passed"),
-            "{report}"
-        );
+        // The latest run of each: Q4_0's read the saved reference with no gate (its PPL
+        // 20-30% above the reference's), Q8_0's passed its gate.
+        let row = |t: &str| {
+            let line = table.lines().find(|l| l.contains(t));
+            line.unwrap_or_else(|| panic!("no {t} row: {report}"))
+                .to_owned()
+        };
+        assert!(row("Q4_0").contains("% of the reference"), "{report}");
+        assert!(!row("Q4_0").contains("passed"), "{report}");
+        assert!(row("Q8_0").contains("passed"), "{report}");
     }
 }
 
