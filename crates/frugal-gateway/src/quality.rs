@@ -77,28 +77,16 @@ pub fn append(path: &Path, record: &Record) -> std::io::Result<()> {
 }
 
 /// The latest record of each kind for `model` as `quant` and `kv` run it, oldest kind first.
-/// Lines that do not parse (a newer version's, a torn one) are skipped: the store only
-/// informs.
 pub fn latest(path: &Path, model: &FileId, quant: Option<&str>, kv: Option<&str>) -> Vec<Record> {
-    let Ok(file) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    let mut by_kind: Vec<Record> = Vec::new();
-    for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
-        let Ok(r) = serde_json::from_str::<Record>(&line) else {
-            continue;
-        };
-        if r.model != *model || r.quant.as_deref() != quant || r.kv.as_deref() != kv {
-            continue;
-        }
-        by_kind.retain(|k| k.kind != r.kind);
-        by_kind.push(r);
-    }
-    by_kind
+    all_latest(path)
+        .into_iter()
+        .filter(|r| r.model == *model && r.quant.as_deref() == quant && r.kv.as_deref() == kv)
+        .collect()
 }
 
 /// The latest record of each kind for every file and way of running it, in the order they
-/// were last measured: what `frugal report` shows beside the savings.
+/// were last measured: what `frugal report` shows beside the savings. Lines that do not parse
+/// (a newer version's, a torn one) are skipped: the store only informs.
 pub fn all_latest(path: &Path) -> Vec<Record> {
     let Ok(file) = std::fs::File::open(path) else {
         return Vec::new();

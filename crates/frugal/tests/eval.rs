@@ -56,6 +56,12 @@ fn ppl(home: &Path, quant: &str, extra: &[&str]) -> Output {
     frugal(home, &args)
 }
 
+/// Asserts that `out` is a refusal (exit 1) that says `why`.
+fn refused(out: &Output, why: &str) {
+    assert_eq!(out.status.code(), Some(1), "{}", said(out));
+    assert!(said(out).contains(why), "{}", said(out));
+}
+
 fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", said(out)))
 }
@@ -184,12 +190,7 @@ fn bad_input_is_refused_clearly() {
             short.to_str().unwrap(),
         ],
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        said(&out).contains("shorter than one context of 512"),
-        "{}",
-        said(&out)
-    );
+    refused(&out, "shorter than one context of 512");
 
     // A damaged saved reference.
     let damaged = home.path().join("damaged.bin");
@@ -199,12 +200,7 @@ fn bad_input_is_refused_clearly() {
         "q8_0",
         &["--reference", damaged.to_str().unwrap()],
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        said(&out).contains("truncated or damaged"),
-        "{}",
-        said(&out)
-    );
+    refused(&out, "truncated or damaged");
 
     // A gate with nothing to compare with.
     let t = text();
@@ -220,8 +216,7 @@ fn bad_input_is_refused_clearly() {
             "0.1",
         ],
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(said(&out).contains("pass --reference"), "{}", said(&out));
+    refused(&out, "pass --reference");
 
     // A reference with another vocabulary (the larger tier's).
     let large = repo(frugal_engine::LARGE_MODEL);
@@ -231,8 +226,7 @@ fn bad_input_is_refused_clearly() {
         "q8_0",
         &["--reference", large.to_str().unwrap()],
     );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(said(&out).contains("another vocabulary"), "{}", said(&out));
+    refused(&out, "another vocabulary");
 }
 
 #[test]
@@ -281,12 +275,7 @@ fn tasks_count_accuracy_and_flips() {
     let out = run("q4_0", "0");
     let v = json(&out);
     if v["flips"].as_u64().unwrap() > 0 {
-        assert_eq!(out.status.code(), Some(1));
-        assert!(
-            said(&out).contains("flips > --max-flips 0"),
-            "{}",
-            said(&out)
-        );
+        refused(&out, "flips > --max-flips 0");
     } else {
         assert!(out.status.success(), "{}", said(&out));
     }
@@ -325,12 +314,7 @@ fn the_embedder_gate_passes_q8_0_and_fails_q4_0() {
     assert!(g["cosine"]["mean"].as_f64().unwrap() > 0.999, "{g}");
     assert!(g["auc"]["f32"].as_f64().unwrap() > 0.7, "{g}");
     let bad = run("q4_0");
-    assert_eq!(bad.status.code(), Some(1), "{}", said(&bad));
-    assert!(
-        said(&bad).contains("gate failed: mean cosine"),
-        "{}",
-        said(&bad)
-    );
+    refused(&bad, "gate failed: mean cosine");
     // A type whose blocks do not fit the embedder's 384-wide rows is named.
     let k = run("q4_k");
     assert!(
