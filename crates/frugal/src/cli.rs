@@ -294,6 +294,15 @@ pub struct KubernetesArgs {
     /// frugal's container image: the gateway's, and a local pool's without an `image`
     #[arg(long, default_value = concat!("frugal:", env!("CARGO_PKG_VERSION")))]
     pub image: String,
+    /// Gateway replicas. Past one they need a shared ledger (`[ledger] url =
+    /// "postgres://..."`), shared budgets (`[serve] budget_redis`, where keys have budgets)
+    /// and, with pools, --prometheus
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gateway_replicas: u32,
+    /// A Prometheus server that scrapes the gateways, as KEDA's operator reaches it: pools
+    /// scale on their demand summed over every gateway
+    #[arg(long, value_name = "URL")]
+    pub prometheus: Option<String>,
 }
 
 /// Where preemption notices come from.
@@ -746,7 +755,12 @@ pub struct ServeArgs {
     pub cache_ttl: Option<u64>,
     /// Share the exact cache with other replicas through this Redis server
     /// (e.g. redis://127.0.0.1:6379/)
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        env = "FRUGAL_CACHE_REDIS",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     pub cache_redis: Option<String>,
     /// Turn the semantic cache off (on with the exact cache: a question asked in other
     /// words gets the cached answer when the guard accepts the pair)

@@ -1,5 +1,5 @@
 //! `frugal deploy kubernetes`: writes the manifests the gateway library makes from
-//! `frugal.toml`, and lists them.
+//! `frugal.toml`, lists them, and says what the gateway's Secret must hold.
 
 use std::io::Write;
 use std::path::Path;
@@ -21,6 +21,9 @@ pub fn kubernetes(config: Option<&Path>, catalog: &Catalog, args: &KubernetesArg
     let target = Target {
         namespace: args.namespace.clone(),
         image: args.image.clone(),
+        gateway_replicas: args.gateway_replicas,
+        prometheus: args.prometheus.clone(),
+        ledger: raw.ledger.url.clone(),
     };
     let manifests = kube::manifests(&raw.serve, catalog, &target)?;
     std::fs::create_dir_all(&args.out)
@@ -31,6 +34,20 @@ pub fn kubernetes(config: Option<&Path>, catalog: &Catalog, args: &KubernetesArg
         std::fs::write(&file, m.yaml())
             .with_context(|| format!("cannot write {}", file.display()))?;
         writeln!(out, "{}  {}", file.display(), m.kinds().join(", "))?;
+    }
+    let secrets = kube::secret_keys(&raw.serve, &target);
+    if !secrets.is_empty() {
+        writeln!(
+            out,
+            "\nThe gateway reads these from Secret {} (kubectl -n {} create secret generic {} \\\n  --from-literal=KEY=VALUE ...), never from these files:",
+            kube::GATEWAY,
+            args.namespace,
+            kube::GATEWAY
+        )?;
+        let width = secrets.iter().map(|s| s.key.len()).max().unwrap_or(0);
+        for s in &secrets {
+            writeln!(out, "  {:width$}  {}", s.key, s.holds)?;
+        }
     }
     Ok(())
 }

@@ -306,3 +306,89 @@ fn bad_pools_are_refused_by_name() {
         "nothing is written on an error"
     );
 }
+
+/// Gateways that share a PostgreSQL ledger, Redis budgets and Prometheus-summed demand, from
+/// `frugal.toml`; their credentials reach only the Secret's list, never a file.
+#[test]
+fn replicated_gateways_share_the_ledger_and_budgets_and_keep_credentials_secret() {
+    python();
+    let tmp = tempfile::tempdir().unwrap();
+    let shared = format!(
+        "[ledger]\nurl = \"postgres://frugal:pg-s3cret@db.data:5432/ledger\"\n{}",
+        CONFIG.replace(
+            "port = 8080\n",
+            "port = 8080\ncache_redis = \"redis://:redis-s3cret@redis.data:6379/\"\n\
+             budget_redis = \"redis://:redis-s3cret@redis.data:6379/1\"\n\
+             [[serve.key]]\ntenant = \"team-a\"\nsha256 = \"ab\"\ndaily_usd = \"20\"\n",
+        )
+    );
+    std::fs::write(tmp.path().join("frugal.toml"), &shared).unwrap();
+    let deploy = |extra: &[&str]| {
+        let mut args = vec![
+            "deploy",
+            "kubernetes",
+            "--config",
+            "frugal.toml",
+            "--out",
+            "k8s",
+            "--gateway-replicas",
+            "3",
+        ];
+        args.extend(extra);
+        frugal(tmp.path(), &args)
+    };
+
+    let out = deploy(&[]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("3 gateway replicas need pools scaled on their demand at every gateway")
+            && err.contains("--prometheus"),
+        "{err}"
+    );
+
+    let out = deploy(&["--prometheus", "http://prometheus.monitoring.svc:9090"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    for line in [
+        "FRUGAL_BUDGET_REDIS  redis://***@redis.data:6379/1",
+        "FRUGAL_CACHE_REDIS   redis://***@redis.data:6379/",
+        "FRUGAL_LEDGER        postgres://frugal:***@db.data:5432/ledger",
+        "OPENAI_API_KEY       the API key",
+    ] {
+        assert!(listed.contains(line), "{line}\nnot in\n{listed}");
+    }
+    assert!(!listed.contains("s3cret"), "{listed}");
+
+    let dir = tmp.path().join("k8s");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let written = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        assert!(!written.contains("s3cret"), "{written}");
+    }
+    let files = read(&dir);
+    let gateway = &object(&files, "frugal-gateway.yaml", "Deployment")["spec"];
+    assert_eq!(gateway["replicas"], 3);
+    let env = gateway["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    for var in ["FRUGAL_LEDGER", "FRUGAL_CACHE_REDIS", "FRUGAL_BUDGET_REDIS"] {
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == var && e["valueFrom"]["secretKeyRef"]["key"] == var),
+            "{var} from the Secret: {env:?}"
+        );
+    }
+    let trigger = &object(&files, "frugal-pool-qwen-2-5.yaml", "ScaledObject")["spec"]["triggers"][0];
+    assert_eq!(trigger["type"], "prometheus");
+    assert_eq!(
+        trigger["metadata"]["serverAddress"],
+        "http://prometheus.monitoring.svc:9090"
+    );
+    let out = validate(&dir);
+    assert!(
+        out.status.success() && text(&out.stdout).contains("9 passed, 0 failed"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}

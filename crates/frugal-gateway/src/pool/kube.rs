@@ -6,6 +6,13 @@
 //! `frugal.toml`, in which those pools are `external` pools at their Services, a Deployment and
 //! a Service. An `external` pool already points at something else: it stays as it is.
 //!
+//! Past one gateway replica (`Target::gateway_replicas`), the gateways must share what one
+//! gateway keeps to itself: the ledger (a PostgreSQL URL, `[ledger] url`), tenants' budgets
+//! (`[serve] budget_redis`) and pools' demand (read by KEDA from Prometheus, summed over the
+//! gateways, instead of from one gateway); [`manifests`] refuses a setup that would split
+//! them. A URL that carries credentials (the ledger's, a Redis one) never goes into a
+//! manifest: the gateway reads it from its Secret, whose keys [`secret_keys`] lists.
+//!
 //! Objects are built as `serde_json::Value`s and written by [`yaml`]: no YAML crate is in the
 //! build, and the subset written here (maps, lists, scalars, a block of text) is small.
 
@@ -22,6 +29,7 @@ use thiserror::Error;
 use super::settings::{self, Kind, PoolConfig};
 use crate::assemble::ConfigError;
 use crate::config::{PoolBackend, RawServe};
+use crate::shared::redact_url;
 
 /// The gateway's Deployment, Service, ConfigMap and (for upstreams' API keys) Secret.
 pub const GATEWAY: &str = "frugal-gateway";
@@ -62,6 +70,14 @@ pub enum KubeError {
          starting and ending with a letter or digit)"
     )]
     Namespace(String),
+    #[error(
+        "{replicas} gateway replicas need {what}; {fix}"
+    )]
+    Replicas {
+        replicas: u32,
+        what: &'static str,
+        fix: &'static str,
+    },
     #[error("cannot write the gateway's frugal.toml")]
     ConfigJson(#[source] serde_json::Error),
     #[error("cannot write the gateway's frugal.toml")]
@@ -74,6 +90,113 @@ pub struct Target {
     pub namespace: String,
     /// frugal's image: the gateway's, and a local pool's unless the pool names its own.
     pub image: String,
+    /// The gateway Deployment's replicas.
+    pub gateway_replicas: u32,
+    /// A Prometheus server that scrapes the gateways (its URL as KEDA's operator reaches it):
+    /// pools then scale on their demand summed over every gateway.
+    pub prometheus: Option<String>,
+    /// `[ledger] url`: a PostgreSQL ledger every gateway writes; `None` (or a SQLite file),
+    /// a SQLite file in each gateway's pod.
+    pub ledger: Option<String>,
+}
+
+/// A value the gateway reads from its Secret (named [`GATEWAY`]): the key, and what it
+/// should hold as messages may show it (credentials masked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretKey {
+    pub key: String,
+    pub holds: String,
+}
+
+/// The environment variables through which `frugal serve` takes URLs that carry
+/// credentials, instead of from `frugal.toml`.
+pub const LEDGER_ENV: &str = "FRUGAL_LEDGER";
+pub const CACHE_REDIS_ENV: &str = "FRUGAL_CACHE_REDIS";
+pub const BUDGET_REDIS_ENV: &str = "FRUGAL_BUDGET_REDIS";
+
+/// A URL that shows differently with its credentials masked carries some.
+fn has_credentials(url: &str) -> bool {
+    redact_url(url) != url || frugal_cost::Location::parse(url).redacted() != url
+}
+
+impl Target {
+    /// The PostgreSQL ledger the gateways share, if the config names one.
+    fn postgres_ledger(&self) -> Option<&str> {
+        self.ledger
+            .as_deref()
+            .filter(|l| matches!(frugal_cost::Location::parse(l), frugal_cost::Location::Postgres(_)))
+    }
+}
+
+/// The Redis URLs of `[serve]` that carry credentials, with the variable each is read from.
+fn secret_redis(serve: &RawServe) -> Vec<(&'static str, &str)> {
+    [
+        (CACHE_REDIS_ENV, serve.cache_redis.as_deref()),
+        (BUDGET_REDIS_ENV, serve.budget_redis.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(var, url)| url.filter(|u| has_credentials(u)).map(|u| (var, u)))
+    .collect()
+}
+
+/// What the gateway's Secret must hold: upstreams' API keys, and the URLs that carry
+/// credentials. Sorted by key.
+pub fn secret_keys(serve: &RawServe, target: &Target) -> Vec<SecretKey> {
+    let mut keys: Vec<SecretKey> = serve
+        .upstream
+        .iter()
+        .filter_map(|u| u.api_key_env.as_deref())
+        .map(|var| SecretKey {
+            key: var.to_owned(),
+            holds: "the API key".to_owned(),
+        })
+        .collect();
+    if let Some(url) = target.postgres_ledger().filter(|u| has_credentials(u)) {
+        keys.push(SecretKey {
+            key: LEDGER_ENV.to_owned(),
+            holds: frugal_cost::Location::parse(url).redacted(),
+        });
+    }
+    keys.extend(secret_redis(serve).into_iter().map(|(var, url)| SecretKey {
+        key: var.to_owned(),
+        holds: redact_url(url),
+    }));
+    keys.sort_by(|a, b| a.key.cmp(&b.key));
+    keys.dedup_by(|a, b| a.key == b.key);
+    keys
+}
+
+/// Refuses more than one gateway where the gateways would not share the ledger, budgets or
+/// pools' demand.
+fn check_replicas(serve: &RawServe, target: &Target, deployed_pools: bool) -> Result<(), KubeError> {
+    let replicas = target.gateway_replicas;
+    if replicas <= 1 {
+        return Ok(());
+    }
+    let refuse = |what, fix| Err(KubeError::Replicas { replicas, what, fix });
+    if target.postgres_ledger().is_none() {
+        return refuse(
+            "one ledger",
+            "set `[ledger] url = \"postgres://...\"` (a SQLite file per pod would hold a part of the bill each)",
+        );
+    }
+    let budgets = serve
+        .key
+        .iter()
+        .any(|k| k.daily_usd.is_some() || k.monthly_usd.is_some());
+    if budgets && serve.budget_redis.is_none() {
+        return refuse(
+            "one budget per tenant",
+            "set `[serve] budget_redis = \"redis://...\"` (each gateway alone would spend a whole budget)",
+        );
+    }
+    if deployed_pools && target.prometheus.is_none() {
+        return refuse(
+            "pools scaled on their demand at every gateway",
+            "pass --prometheus URL, a Prometheus that scrapes the gateways (KEDA would read one gateway's demand)",
+        );
+    }
+    Ok(())
 }
 
 /// One file's objects: the gateway's, or one pool's.
@@ -130,10 +253,11 @@ pub fn manifests(
         }
         files.push(Manifest {
             file: format!("{name}.yaml"),
-            objects: pool_objects(&pool, &name, container, &target.namespace),
+            objects: pool_objects(&pool, &name, container, target),
         });
         services.insert(i, name);
     }
+    check_replicas(serve, target, !services.is_empty())?;
     let config = gateway_config(serve, &services)?;
     files.insert(
         0,
@@ -210,7 +334,8 @@ fn escape(arg: &str) -> String {
     arg.replace('$', "$$")
 }
 
-fn pool_objects(pool: &PoolConfig, name: &str, container: Value, namespace: &str) -> Vec<Value> {
+fn pool_objects(pool: &PoolConfig, name: &str, container: Value, target: &Target) -> Vec<Value> {
+    let namespace = &target.namespace;
     let mut meta = metadata(name, namespace, "pool");
     // The name clients ask for, which the object's name may have had to change.
     meta["annotations"] = json!({"frugal/pool": pool.name});
@@ -240,12 +365,7 @@ fn pool_objects(pool: &PoolConfig, name: &str, container: Value, namespace: &str
             "ports": [{"name": "http", "port": PORT, "targetPort": "http"}],
         },
     });
-    // KEDA's operator, not a pod of this namespace, polls the gateway: its Service is named
-    // with the namespace.
-    let url = format!(
-        "http://{GATEWAY}.{namespace}.svc:{METRICS_PORT}/v1/pools/{}/scale",
-        percent_encode(&pool.name)
-    );
+    let trigger = demand_trigger(pool, target);
     let scaled = json!({
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -260,23 +380,55 @@ fn pool_objects(pool: &PoolConfig, name: &str, container: Value, namespace: &str
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {
                 "stabilizationWindowSeconds": seconds(pool.stable_window),
             }}}},
-            "triggers": [{
+            "triggers": [trigger],
+        },
+    });
+    vec![deployment, service, scaled]
+}
+
+/// How KEDA reads a pool's demand (queued and in flight): from the one gateway, or from
+/// Prometheus, summed over every gateway. Demand over replicas aims at target_in_flight each,
+/// as the pool's own autoscaler does; any demand, queued requests included, wakes a pool at
+/// zero.
+fn demand_trigger(pool: &PoolConfig, target: &Target) -> Value {
+    let target_value = pool.target_in_flight.to_string();
+    match &target.prometheus {
+        Some(server) => {
+            let label = pool.name.replace('\\', "\\\\").replace('"', "\\\"");
+            json!({
+                "type": "prometheus",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": server,
+                    "query": format!(
+                        "sum(frugal_pool_queue{{pool=\"{label}\"}}) + sum(frugal_pool_in_flight{{pool=\"{label}\"}})"
+                    ),
+                    "threshold": target_value,
+                    "activationThreshold": "0",
+                },
+            })
+        }
+        None => {
+            // KEDA's operator, not a pod of this namespace, polls the gateway: its Service is
+            // named with the namespace.
+            let url = format!(
+                "http://{GATEWAY}.{}.svc:{METRICS_PORT}/v1/pools/{}/scale",
+                target.namespace,
+                percent_encode(&pool.name)
+            );
+            json!({
                 "type": "metrics-api",
-                // Demand over replicas aims at target_in_flight each, as the pool's own
-                // autoscaler does.
                 "metricType": "AverageValue",
                 "metadata": {
                     "url": url,
                     "format": "json",
                     "valueLocation": "demand",
-                    "targetValue": pool.target_in_flight.to_string(),
-                    // Any demand, queued requests included, wakes a pool at zero.
+                    "targetValue": target_value,
                     "activationTargetValue": "0",
                 },
-            }],
-        },
-    });
-    vec![deployment, service, scaled]
+            })
+        }
+    }
 }
 
 fn gateway_objects(serve: &RawServe, config: &str, target: &Target) -> Vec<Value> {
@@ -291,30 +443,46 @@ fn gateway_objects(serve: &RawServe, config: &str, target: &Target) -> Vec<Value
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let mut env =
-        vec![json!({"name": "FRUGAL_LEDGER", "value": format!("{LEDGER_DIR}/ledger.sqlite")})];
-    // Upstreams' API keys come from a Secret the operator creates, never from these files.
-    let keys: BTreeSet<&str> = serve
-        .upstream
-        .iter()
-        .filter_map(|u| u.api_key_env.as_deref())
+    let from_secret =
+        |var: &str| json!({"name": var, "valueFrom": {"secretKeyRef": {"name": GATEWAY, "key": var}}});
+    let mut env = match target.postgres_ledger() {
+        Some(url) if has_credentials(url) => vec![from_secret(LEDGER_ENV)],
+        Some(url) => vec![json!({"name": LEDGER_ENV, "value": url})],
+        None => vec![json!({"name": LEDGER_ENV, "value": format!("{LEDGER_DIR}/ledger.sqlite")})],
+    };
+    if target.postgres_ledger().is_some() {
+        // The spool of ledger writes made while PostgreSQL is unreachable goes beside the
+        // ledger, in frugal's data folder: the volume below.
+        env.push(json!({"name": "XDG_DATA_HOME", "value": LEDGER_DIR.trim_end_matches("/frugal")}));
+    }
+    // Upstreams' API keys and URLs with credentials come from a Secret the operator creates,
+    // never from these files.
+    let secrets: BTreeSet<String> = secret_keys(serve, target)
+        .into_iter()
+        .map(|k| k.key)
+        .filter(|k| k != LEDGER_ENV)
         .collect();
-    env.extend(keys.into_iter().map(
-        |var| json!({"name": var, "valueFrom": {"secretKeyRef": {"name": GATEWAY, "key": var}}}),
-    ));
+    env.extend(secrets.iter().map(|var| from_secret(var)));
     let deployment = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(GATEWAY, ns, "gateway"),
         "spec": {
-            // One: each gateway counts only its own queue, and KEDA reads one gateway's.
-            "replicas": 1,
+            // Past one, `check_replicas` has made sure the gateways share a ledger, budgets
+            // and pools' demand.
+            "replicas": target.gateway_replicas,
             "selector": {"matchLabels": selector(GATEWAY)},
             "template": {
                 "metadata": {
                     "labels": labels(GATEWAY, "gateway"),
                     // A changed config changes the pod template, so the gateway restarts on it.
-                    "annotations": {"frugal/config-sha256": hash},
+                    // The scrape annotations are the convention Prometheus' Kubernetes
+                    // discovery is usually set up with.
+                    "annotations": {
+                        "frugal/config-sha256": hash,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": METRICS_PORT.to_string(),
+                    },
                 },
                 "spec": {
                     "containers": [{
@@ -339,8 +507,8 @@ fn gateway_objects(serve: &RawServe, config: &str, target: &Target) -> Vec<Value
                     }],
                     "volumes": [
                         {"name": "config", "configMap": {"name": GATEWAY}},
-                        // The ledger lasts as long as the pod; a PersistentVolumeClaim here
-                        // keeps it.
+                        // A SQLite ledger, or a PostgreSQL ledger's spool, lasts as long as
+                        // the pod; a PersistentVolumeClaim here keeps it.
                         {"name": "ledger", "emptyDir": {}},
                     ],
                 },
@@ -373,7 +541,15 @@ fn gateway_config(
     struct File<'a> {
         serve: &'a RawServe,
     }
+    // URLs with credentials: the gateway reads them from its Secret.
+    let secret = secret_redis(serve);
     let mut serve = serve.clone();
+    for (var, _) in secret {
+        match var {
+            CACHE_REDIS_ENV => serve.cache_redis = None,
+            _ => serve.budget_redis = None,
+        }
+    }
     serve.model = None;
     serve.name = None;
     serve.host = None;
@@ -665,7 +841,94 @@ mod tests {
         Target {
             namespace: "ml".into(),
             image: "frugal:test".into(),
+            gateway_replicas: 1,
+            prometheus: None,
+            ledger: None,
         }
+    }
+
+    fn env(files: &[Manifest]) -> Vec<Value> {
+        find(files, "frugal-gateway.yaml", "Deployment")["spec"]["template"]["spec"]["containers"]
+            [0]["env"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn replicas_share_the_ledger_budgets_and_demand_and_credentials_stay_secret() {
+        let config = CONFIG.replace(
+            "semantic_threshold = 0.95\n",
+            "semantic_threshold = 0.95\ncache_redis = \"redis://:hunter2@redis:6379/\"\n\
+             budget_redis = \"redis://redis:6379/1\"\n\
+             [[serve.key]]\ntenant = \"a\"\nsha256 = \"00\"\ndaily_usd = \"5\"\n",
+        );
+        let ledger = "postgres://frugal:s3cret@db.data:5432/ledger";
+        let mut t = Target {
+            gateway_replicas: 3,
+            prometheus: Some("http://prometheus.monitoring:9090".into()),
+            ledger: Some(ledger.into()),
+            ..target()
+        };
+        let files = manifests(&serve(&config), &Catalog::default(), &t).unwrap();
+        let all = files.iter().map(Manifest::yaml).collect::<String>();
+        assert!(
+            !all.contains("hunter2") && !all.contains("s3cret"),
+            "no credential in a manifest:\n{all}"
+        );
+        let deployment = find(&files, "frugal-gateway.yaml", "Deployment");
+        assert_eq!(deployment["spec"]["replicas"], 3);
+        let vars = env(&files);
+        let secret = |var: &str| {
+            vars.iter()
+                .any(|e| e["name"] == var && e["valueFrom"]["secretKeyRef"]["key"] == var)
+        };
+        assert!(secret(LEDGER_ENV) && secret(CACHE_REDIS_ENV) && secret("OPENAI_API_KEY"));
+        assert!(vars.iter().any(|e| e["name"] == "XDG_DATA_HOME" && e["value"] == "/var/lib"));
+        let text = find(&files, "frugal-gateway.yaml", "ConfigMap")["data"]["frugal.toml"]
+            .as_str()
+            .unwrap();
+        let raw = serve(text);
+        assert_eq!(raw.cache_redis, None, "read from the Secret");
+        assert_eq!(raw.budget_redis.as_deref(), Some("redis://redis:6379/1"), "no credential: kept");
+        let keys = secret_keys(&serve(&config), &t);
+        assert_eq!(
+            keys.iter().map(|k| (k.key.as_str(), k.holds.as_str())).collect::<Vec<_>>(),
+            [
+                (CACHE_REDIS_ENV, "redis://***@redis:6379/"),
+                (LEDGER_ENV, "postgres://frugal:***@db.data:5432/ledger"),
+                ("OPENAI_API_KEY", "the API key"),
+            ]
+        );
+        let trigger = &find(&files, "frugal-pool-qwen-2-5.yaml", "ScaledObject")["spec"]["triggers"][0];
+        assert_eq!(trigger["type"], "prometheus");
+        assert_eq!(
+            trigger["metadata"]["query"],
+            "sum(frugal_pool_queue{pool=\"Qwen_2.5\"}) + sum(frugal_pool_in_flight{pool=\"Qwen_2.5\"})"
+        );
+        assert_eq!(trigger["metadata"]["threshold"], "4");
+
+        // What would split the bill, the budgets or the demand is refused, saying what to set.
+        let refused = |t: &Target, config: &str| {
+            manifests(&serve(config), &Catalog::default(), t)
+                .unwrap_err()
+                .to_string()
+        };
+        t.prometheus = None;
+        assert!(refused(&t, &config).contains("--prometheus"));
+        t.prometheus = Some("http://p:9090".into());
+        let no_budget_redis = config.replace("budget_redis = \"redis://redis:6379/1\"\n", "");
+        assert!(refused(&t, &no_budget_redis).contains("budget_redis"));
+        t.ledger = Some("ledger.sqlite".into());
+        assert!(refused(&t, &config).contains("[ledger] url"));
+        t.gateway_replicas = 1;
+        let one = manifests(&serve(&no_budget_redis), &Catalog::default(), &t).unwrap();
+        assert!(
+            env(&one)
+                .iter()
+                .any(|e| e["name"] == LEDGER_ENV && e["value"] == "/var/lib/frugal/ledger.sqlite"),
+            "one gateway keeps its SQLite ledger in the pod"
+        );
     }
 
     fn build(text: &str) -> Result<Vec<Manifest>, KubeError> {
@@ -836,7 +1099,7 @@ mod tests {
             &Catalog::default(),
             &Target {
                 namespace: "ML".into(),
-                image: "frugal".into(),
+                ..target()
             },
         );
         assert!(matches!(err, Err(KubeError::Namespace(_))));
