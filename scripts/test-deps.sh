@@ -4,6 +4,7 @@
 #   redis-server  the shared-cache test's real Redis
 #   postgresql    the ledger's tests start a real PostgreSQL (initdb in a temporary folder)
 #   prometheus    the watch test reads a fleet through a real Prometheus server's API
+#   openssl       makes a private CA and a certificate for the ledger's TLS test
 #   openai        the end-to-end test drives `frugal serve` with the official OpenAI client
 #   kubernetes-validate, jsonschema
 #                 scripts/validate-manifests.py checks `frugal deploy kubernetes` offline
@@ -15,6 +16,7 @@ command -v redis-server >/dev/null || packages+=(redis-server)
 command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null ||
   packages+=(postgresql)
 command -v prometheus >/dev/null || packages+=(prometheus)
+command -v openssl >/dev/null || packages+=(openssl)
 if [ ${#packages[@]} -gt 0 ]; then
   echo "installing ${packages[*]}"
   sudo=()

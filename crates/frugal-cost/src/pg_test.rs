@@ -234,6 +234,50 @@ impl Server {
         Ok(self.url_of(&name))
     }
 
+    /// Serves TLS with `cert` and `key` (PEM files), and from then on refuses connections
+    /// over TCP without it, so a client that connects is known to have used TLS.
+    pub fn require_tls(&self, cert: &Path, key: &Path) -> io::Result<()> {
+        let data = self.dir.join("data");
+        for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+            let to = data.join(to);
+            std::fs::copy(from, &to)?;
+            // PostgreSQL refuses a key that others can read.
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            if let Some((uid, gid)) = self.user {
+                std::os::unix::fs::chown(&to, Some(uid), Some(gid))?;
+            }
+        }
+        let hba = data.join("pg_hba.conf");
+        let rules = std::fs::read_to_string(&hba)?;
+        let rules: String = rules
+            .lines()
+            .map(|l| match l.strip_prefix("host ") {
+                Some(rest) => format!("hostssl {rest}\n"),
+                None => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&hba, rules)?;
+        let mut admin = postgres::Client::connect(&self.url_of("postgres"), postgres::NoTls)
+            .map_err(|e| other(e.to_string()))?;
+        // One statement each: ALTER SYSTEM refuses to run in a transaction, which several
+        // statements in one query are.
+        for sql in ["ALTER SYSTEM SET ssl = on", "SELECT pg_reload_conf()"] {
+            admin
+                .batch_execute(sql)
+                .map_err(|e| other(format!("{sql}: {e:?}")))?;
+        }
+        // The reload is asynchronous: wait until a plain connection is refused.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while postgres::Client::connect(&self.url_of("postgres"), postgres::NoTls).is_ok() {
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+                return Err(other(format!("PostgreSQL did not turn TLS on\n{log}")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
     /// Stops the server at once, as a crash or `kill -9` would.
     pub fn kill(&mut self) -> io::Result<()> {
         self.child.kill()?;

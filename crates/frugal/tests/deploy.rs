@@ -378,7 +378,8 @@ fn replicated_gateways_share_the_ledger_and_budgets_and_keep_credentials_secret(
             "{var} from the Secret: {env:?}"
         );
     }
-    let trigger = &object(&files, "frugal-pool-qwen-2-5.yaml", "ScaledObject")["spec"]["triggers"][0];
+    let trigger =
+        &object(&files, "frugal-pool-qwen-2-5.yaml", "ScaledObject")["spec"]["triggers"][0];
     assert_eq!(trigger["type"], "prometheus");
     assert_eq!(
         trigger["metadata"]["serverAddress"],

@@ -2,14 +2,13 @@
 //! database: the same logical schema as SQLite's, its version in a `schema_version` table
 //! (a newer one refused, migrations under an advisory lock so two starting processes do
 //! not race), triggers that refuse UPDATE, DELETE and TRUNCATE on events and spans, a pool
-//! of connections, and TLS (rustls, the Web PKI's roots) when the URL's `sslmode` asks for
-//! it. A URL's password never reaches a message: see `redact`.
+//! of connections, and TLS when the URL's `sslmode` asks for it (see `tls`). A URL's
+//! password never reaches a message: see `redact`.
 //!
 //! The client is the blocking one (`postgres`), as the ledger's API is; it drives a small
 //! runtime of its own, so `Ledger` moves its writes off a thread that drives another.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
@@ -27,6 +26,8 @@ use super::{
 use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Pending};
+
+mod tls;
 
 type Manager = PostgresConnectionManager<MakeRustlsConnect>;
 
@@ -282,19 +283,6 @@ pub(super) fn nothing_stored(op: &str) -> &'static str {
     }
 }
 
-/// Rustls over aws-lc-rs (the provider the workspace's HTTP client builds), trusting the
-/// Web PKI's roots: what a managed PostgreSQL's certificate chains to.
-fn tls() -> Result<MakeRustlsConnect, rustls::Error> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add_parsable_certificates(webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter().cloned());
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(MakeRustlsConnect::new(config))
-}
-
 /// The hosts a configuration names, for messages.
 fn hosts(config: &postgres::Config) -> String {
     let ports = config.get_ports();
@@ -328,24 +316,25 @@ impl PgStore {
     /// and keeps a pool for the reads and writes that follow.
     pub(super) fn open(url: &str) -> Result<PgStore, LedgerError> {
         let shown = redact(url);
+        let params = tls::params(url);
         let mut config: postgres::Config =
-            url.parse()
+            params
+                .url
+                .parse()
                 .map_err(|e: postgres::Error| LedgerError::BadUrl {
                     url: shown.clone(),
                     reason: e.to_string(),
                 })?;
-        if !url.contains("sslmode=") {
-            // libpq's default would try TLS and verify against roots it cannot know;
-            // TLS is asked for with `sslmode=require`.
+        if !params.asked {
             config.ssl_mode(postgres::config::SslMode::Disable);
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         config.application_name("frugal");
-        let tls = tls().map_err(|e| LedgerError::Pool {
+        let tls = tls::connector(params.roots.as_ref()).map_err(|reason| LedgerError::Pool {
             url: shown.clone(),
-            reason: format!("cannot set up TLS: {e}"),
+            reason,
         })?;
         let mut first = config
             .connect(tls.clone())

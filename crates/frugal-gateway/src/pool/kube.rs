@@ -70,9 +70,7 @@ pub enum KubeError {
          starting and ending with a letter or digit)"
     )]
     Namespace(String),
-    #[error(
-        "{replicas} gateway replicas need {what}; {fix}"
-    )]
+    #[error("{replicas} gateway replicas need {what}; {fix}")]
     Replicas {
         replicas: u32,
         what: &'static str,
@@ -122,9 +120,12 @@ fn has_credentials(url: &str) -> bool {
 impl Target {
     /// The PostgreSQL ledger the gateways share, if the config names one.
     fn postgres_ledger(&self) -> Option<&str> {
-        self.ledger
-            .as_deref()
-            .filter(|l| matches!(frugal_cost::Location::parse(l), frugal_cost::Location::Postgres(_)))
+        self.ledger.as_deref().filter(|l| {
+            matches!(
+                frugal_cost::Location::parse(l),
+                frugal_cost::Location::Postgres(_)
+            )
+        })
     }
 }
 
@@ -168,12 +169,22 @@ pub fn secret_keys(serve: &RawServe, target: &Target) -> Vec<SecretKey> {
 
 /// Refuses more than one gateway where the gateways would not share the ledger, budgets or
 /// pools' demand.
-fn check_replicas(serve: &RawServe, target: &Target, deployed_pools: bool) -> Result<(), KubeError> {
+fn check_replicas(
+    serve: &RawServe,
+    target: &Target,
+    deployed_pools: bool,
+) -> Result<(), KubeError> {
     let replicas = target.gateway_replicas;
     if replicas <= 1 {
         return Ok(());
     }
-    let refuse = |what, fix| Err(KubeError::Replicas { replicas, what, fix });
+    let refuse = |what, fix| {
+        Err(KubeError::Replicas {
+            replicas,
+            what,
+            fix,
+        })
+    };
     if target.postgres_ledger().is_none() {
         return refuse(
             "one ledger",
@@ -443,8 +454,7 @@ fn gateway_objects(serve: &RawServe, config: &str, target: &Target) -> Vec<Value
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let from_secret =
-        |var: &str| json!({"name": var, "valueFrom": {"secretKeyRef": {"name": GATEWAY, "key": var}}});
+    let from_secret = |var: &str| json!({"name": var, "valueFrom": {"secretKeyRef": {"name": GATEWAY, "key": var}}});
     let mut env = match target.postgres_ledger() {
         Some(url) if has_credentials(url) => vec![from_secret(LEDGER_ENV)],
         Some(url) => vec![json!({"name": LEDGER_ENV, "value": url})],
@@ -884,23 +894,33 @@ mod tests {
                 .any(|e| e["name"] == var && e["valueFrom"]["secretKeyRef"]["key"] == var)
         };
         assert!(secret(LEDGER_ENV) && secret(CACHE_REDIS_ENV) && secret("OPENAI_API_KEY"));
-        assert!(vars.iter().any(|e| e["name"] == "XDG_DATA_HOME" && e["value"] == "/var/lib"));
+        assert!(
+            vars.iter()
+                .any(|e| e["name"] == "XDG_DATA_HOME" && e["value"] == "/var/lib")
+        );
         let text = find(&files, "frugal-gateway.yaml", "ConfigMap")["data"]["frugal.toml"]
             .as_str()
             .unwrap();
         let raw = serve(text);
         assert_eq!(raw.cache_redis, None, "read from the Secret");
-        assert_eq!(raw.budget_redis.as_deref(), Some("redis://redis:6379/1"), "no credential: kept");
+        assert_eq!(
+            raw.budget_redis.as_deref(),
+            Some("redis://redis:6379/1"),
+            "no credential: kept"
+        );
         let keys = secret_keys(&serve(&config), &t);
         assert_eq!(
-            keys.iter().map(|k| (k.key.as_str(), k.holds.as_str())).collect::<Vec<_>>(),
+            keys.iter()
+                .map(|k| (k.key.as_str(), k.holds.as_str()))
+                .collect::<Vec<_>>(),
             [
                 (CACHE_REDIS_ENV, "redis://***@redis:6379/"),
                 (LEDGER_ENV, "postgres://frugal:***@db.data:5432/ledger"),
                 ("OPENAI_API_KEY", "the API key"),
             ]
         );
-        let trigger = &find(&files, "frugal-pool-qwen-2-5.yaml", "ScaledObject")["spec"]["triggers"][0];
+        let trigger =
+            &find(&files, "frugal-pool-qwen-2-5.yaml", "ScaledObject")["spec"]["triggers"][0];
         assert_eq!(trigger["type"], "prometheus");
         assert_eq!(
             trigger["metadata"]["query"],
