@@ -18,8 +18,17 @@ use supervised::*;
 
 #[test]
 fn aws_notice_mid_run_then_a_new_machine_resumes_bit_for_bit() {
+    notice_then_a_new_machine_resumes(&Shared2::new());
+}
+
+/// The same spot run, billed into a PostgreSQL ledger.
+#[test]
+fn aws_notice_mid_run_then_a_new_machine_resumes_on_a_postgresql_ledger() {
+    notice_then_a_new_machine_resumes(&Shared2::on_postgres());
+}
+
+fn notice_then_a_new_machine_resumes(shared: &Shared2) {
     let meta = Metadata::start();
-    let shared = Shared2::new();
     let first = Machine::new();
     let flags = [meta.spot("aws"), vec!["--instance", "g5.xlarge"]].concat();
     let mut child = first.train(&shared, &flags, &[]);
@@ -407,7 +416,15 @@ fn bad_invocations_say_what_is_wrong() {
 
 #[test]
 fn a_killed_supervisor_s_segment_is_billed_and_its_trainer_stopped_by_the_next_start() {
-    let shared = Shared2::new();
+    killed_supervisor(&Shared2::new());
+}
+
+#[test]
+fn a_killed_supervisor_s_segment_is_billed_on_a_postgresql_ledger() {
+    killed_supervisor(&Shared2::on_postgres());
+}
+
+fn killed_supervisor(shared: &Shared2) {
     let m = Machine::new();
     let flags = ["--notice", "none", "--price-per-hour", "3.60"];
     let mut child = m.train(&shared, &flags, &[]);

@@ -345,7 +345,7 @@ pub fn streamed_text(sse: &str) -> (String, bool) {
 }
 
 /// `frugal report` on `ledger`, with `args`: its standard output.
-pub fn report(ledger: &Path, args: &[&str]) -> String {
+pub fn report(ledger: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
         .arg("--ledger")
         .arg(ledger)

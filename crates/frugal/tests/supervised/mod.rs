@@ -325,11 +325,12 @@ impl Machine {
 /// A segment in the ledger: outcome code, lost_ms, cost and list cost in nano-dollars, busy share.
 pub type Row = (i64, i64, i64, Option<i64>, Option<f64>);
 
-/// What outlives machines: the store and the ledger.
+/// What outlives machines: the store and the ledger (a SQLite file, or a PostgreSQL
+/// database).
 pub struct Shared2 {
     _dir: tempfile::TempDir,
     pub store: PathBuf,
-    pub ledger: PathBuf,
+    pub ledger: String,
 }
 
 impl Shared2 {
@@ -353,8 +354,17 @@ impl Shared2 {
         let dir = tempfile::tempdir().unwrap();
         Shared2 {
             store: dir.path().join("store"),
-            ledger: dir.path().join("ledger.sqlite"),
+            ledger: dir.path().join("ledger.sqlite").display().to_string(),
             _dir: dir,
+        }
+    }
+
+    /// The same, with the ledger a database of the test process's PostgreSQL server.
+    pub fn on_postgres() -> Shared2 {
+        let server = frugal_cost::pg_test::Server::shared().expect("PostgreSQL for this test");
+        Shared2 {
+            ledger: server.database().unwrap(),
+            ..Shared2::new()
         }
     }
 
@@ -377,20 +387,23 @@ impl Shared2 {
         common::report(&self.ledger, args)
     }
 
-    /// The ledger's segments.
+    /// The ledger's segments, in time order, read through the ledger's own interface (either
+    /// backend).
     pub fn segments(&self) -> Vec<Row> {
-        let db = rusqlite::Connection::open(&self.ledger).unwrap();
-        let mut q = db
-            .prepare(
-                "SELECT outcome, lost_ms, cost, list_cost, utilization FROM events ORDER BY id",
-            )
+        let ledger = frugal_cost::Ledger::open(frugal_cost::Location::parse(&self.ledger)).unwrap();
+        let mut rows = Vec::new();
+        ledger
+            .scan(frugal_cost::ledger::Window::default(), |r| {
+                rows.push((
+                    r.outcome.map_or(-1, |o| o.code()),
+                    r.lost_ms,
+                    r.cost.nanos(),
+                    r.list_cost.map(|c| c.nanos()),
+                    r.utilization,
+                ));
+            })
             .unwrap();
-        q.query_map([], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
+        rows
     }
 }
 
