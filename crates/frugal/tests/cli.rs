@@ -696,6 +696,7 @@ fn pool_ledger(env: &Env) {
     let t0 = 1_793_000_000_000 - 1_793_000_000_000 % 3_600_000;
     let minute = 60_000;
     let span = |at: i64, replica, state, minutes: i64, busy: i64| ReplicaSpan {
+        id: None,
         ts_ms: t0 + at * minute,
         duration_ms: minutes * minute,
         workload: "chat".into(),

@@ -146,6 +146,7 @@ mod tests {
         from.import("f.csv", "csv", |sink| {
             sink.push_row(&event(5, 1), RowHash([1; 16]))?;
             sink.push_span(&ReplicaSpan {
+                id: None,
                 ts_ms: 1,
                 duration_ms: 60_000,
                 workload: "chat".into(),
