@@ -85,6 +85,10 @@ pub struct RawLedger {
     pub path: Option<PathBuf>,
     /// A `postgres://` URL (or a path, as `path`).
     pub url: Option<String>,
+    /// Where the gateway spools usage while a PostgreSQL ledger is unreachable (a SQLite
+    /// file, relative to the config file); by default `ledger.spool.sqlite` beside the
+    /// ledger (see `Config::beside_ledger`).
+    pub spool: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -104,6 +108,8 @@ pub struct Config {
     /// Paths resolved against the config file's folder.
     pub serve: RawServe,
     pub watch: RawWatch,
+    /// `ledger.spool`, resolved against the config file's folder.
+    pub spool: Option<PathBuf>,
     /// The user's data folder (`$XDG_DATA_HOME`, else `~/.local/share`), which holds
     /// `frugal/` (the ledger, models).
     pub data_home: Option<PathBuf>,
@@ -121,6 +127,14 @@ impl Config {
                 .as_ref()
                 .map_or_else(PathBuf::new, |h| h.join("frugal")),
         }
+    }
+
+    /// Where the gateway's meter spools usage while a PostgreSQL ledger is unreachable:
+    /// `ledger.spool`, else `ledger.spool.sqlite` beside the ledger.
+    pub fn spool(&self) -> PathBuf {
+        self.spool
+            .clone()
+            .unwrap_or_else(|| self.beside_ledger().join("ledger.spool.sqlite"))
     }
 }
 
@@ -204,6 +218,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
         price_files,
         serve,
         watch: raw.watch,
+        spool: raw.ledger.spool.map(relative),
         data_home: sources.data_home,
     })
 }
