@@ -95,6 +95,18 @@ impl Server {
         Server::start_full(tempfile::tempdir().unwrap(), &[], extra, &[], Some(ledger))
     }
 
+    /// Metering into `ledger`, with `files` (name, text) in its folder first.
+    #[allow(dead_code)]
+    pub fn start_on_ledger_with(ledger: &str, files: &[(&str, &str)], extra: &[&str]) -> Server {
+        Server::start_full(
+            tempfile::tempdir().unwrap(),
+            files,
+            extra,
+            &[],
+            Some(ledger),
+        )
+    }
+
     fn start_full(
         dir: tempfile::TempDir,
         files: &[(&str, &str)],
