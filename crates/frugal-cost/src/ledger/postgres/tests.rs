@@ -172,7 +172,7 @@ fn a_v7_database_gains_span_ids_and_a_span_written_twice_with_its_id_is_stored_o
     let spans = [span.clone()];
     assert_eq!(
         ledger
-            .append_with_spans("meter", &[e.clone()], &spans)
+            .append_with_spans("meter", std::slice::from_ref(&e), &spans)
             .unwrap(),
         2
     );
