@@ -58,6 +58,8 @@ const CONNECTION_WAIT: Duration = Duration::from_secs(1);
 const REPLAY_BATCH: usize = 5_000;
 /// How long one round of replay may keep the writer from the queue.
 const REPLAY_FOR: Duration = Duration::from_secs(2);
+/// How often a continuing loss of rows is logged (each time with what was dropped since).
+const LOSS_LOG_EVERY: Duration = Duration::from_secs(10);
 /// The workload batch jobs' lines are recorded under, beside interactive traffic.
 pub const BATCH_WORKLOAD: &str = "batch";
 
@@ -283,6 +285,9 @@ struct Writer {
     spool: Option<Spool>,
     /// Whether the last write to the spool failed (said once, not per batch).
     spool_failing: bool,
+    /// Rows dropped (and their cost) since the last line that said so, and its time.
+    unlogged_loss: (u64, Money),
+    loss_logged_at: Option<Instant>,
     config: MeterConfig,
     /// Rows taken and not yet in the ledger or the spool.
     pending: Vec<Event>,
@@ -347,6 +352,8 @@ impl Writer {
             },
             spool,
             spool_failing: false,
+            unlogged_loss: (0, Money::ZERO),
+            loss_logged_at: None,
             pending: Vec::new(),
             spans: Vec::new(),
             busy: HashMap::new(),
@@ -586,18 +593,35 @@ impl Writer {
         }
     }
 
-    /// Drops the newest events past `PENDING_MAX`, counting and logging the loss: serving
-    /// goes on, and what it cost is known.
+    /// Drops the newest events past `PENDING_MAX`, counting the loss and logging it (at
+    /// most every `LOSS_LOG_EVERY`: a flush may come many times a second): serving goes
+    /// on, and what it cost is known.
     fn shed(&mut self) {
-        if self.pending.len() <= PENDING_MAX {
+        if self.pending.len() > PENDING_MAX {
+            let dropped: Vec<Event> = self.pending.drain(PENDING_MAX..).collect();
+            let cost: Money = dropped.iter().map(|e| e.cost).sum();
+            self.target.health.add_lost(dropped.len() as u64, cost);
+            self.unlogged_loss.0 += dropped.len() as u64;
+            self.unlogged_loss.1 += cost;
+        }
+        if self
+            .loss_logged_at
+            .is_none_or(|at| at.elapsed() >= LOSS_LOG_EVERY)
+        {
+            self.log_loss();
+        }
+    }
+
+    /// Logs the rows dropped since the last such line, if any.
+    fn log_loss(&mut self) {
+        let (lost, cost) = std::mem::take(&mut self.unlogged_loss);
+        if lost == 0 {
             return;
         }
-        let dropped: Vec<Event> = self.pending.drain(PENDING_MAX..).collect();
-        let cost: Money = dropped.iter().map(|e| e.cost).sum();
-        self.target.health.add_lost(dropped.len() as u64, cost);
+        self.loss_logged_at = Some(Instant::now());
         let (total, total_cost) = self.target.health.lost();
         tracing::error!(
-            lost = dropped.len(),
+            lost,
             usd = %cost,
             lost_total = total,
             usd_total = %total_cost,
@@ -608,6 +632,12 @@ impl Writer {
     /// At shutdown: a few more tries before giving up on what is in memory, and saying
     /// so. Rows in the spool stay there for the next start when the ledger is down.
     fn flush_until_written(&mut self) {
+        self.try_before_exit();
+        // Rows dropped since the last line that said so (the loss goes on being counted).
+        self.log_loss();
+    }
+
+    fn try_before_exit(&mut self) {
         for _ in 0..20 {
             self.target.retry_at = self.target.retry_at.map(|_| Instant::now());
             let written = self.flush();
