@@ -67,18 +67,109 @@ fn wait_for(addr: &str, what: &str, patience: Duration, done: impl Fn(&str) -> b
     }
 }
 
+/// The gateway's config: a mock upstream, priced, and the spool in its folder.
+fn config() -> [(&'static str, String); 2] {
+    [
+        (
+            "frugal.toml",
+            format!(
+                "[ledger]\nspool = \"outage.spool\"\n\n[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\n",
+                upstream()
+            ),
+        ),
+        (
+            "prices.toml",
+            "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n".into(),
+        ),
+    ]
+}
+
+/// Inference rows in the ledger, their distinct ids, and the requests they served.
+fn in_ledger(url: &str) -> (i64, i64, i64) {
+    let mut db = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let row = db
+        .query_one(
+            "SELECT count(*), count(DISTINCT row_hash), coalesce(sum(requests), 0)::BIGINT
+             FROM events WHERE kind = $1",
+            &[&frugal_cost::Kind::Inference.code()],
+        )
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+fn ask(server: &Server, i: usize) {
+    let body =
+        json!({ "model": "mock", "messages": [{ "role": "user", "content": format!("q{i}") }] });
+    let (status, _, text) = server.request("POST", "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+}
+
+#[test]
+fn a_spool_left_by_a_killed_gateway_is_replayed_at_the_next_start() {
+    let mut pg = frugal_cost::pg_test::Server::start().unwrap();
+    let url = pg.database().unwrap();
+    let files = config();
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let extra = ["--no-model", "--no-cache"];
+    let server = Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &url, &files, &extra);
+    for i in 0..10 {
+        ask(&server, i);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while in_ledger(&url) != (10, 10, 10) {
+        assert!(Instant::now() < deadline, "the first rows committed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pg.kill().unwrap();
+    for i in 10..35 {
+        ask(&server, i);
+    }
+    wait_for(
+        &server.addr,
+        "the ledger down, rows spooled",
+        Duration::from_secs(30),
+        |m| {
+            metric(m, "frugal_ledger_up") == Some(0.0)
+                && metric(m, "frugal_ledger_spooled_events").is_some_and(|n| n > 0.0)
+        },
+    );
+    // The rest of the group commits go to the spool within the writer's next rounds.
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, _, m) = server.request("GET", "/metrics", "");
+    let spooled = metric(&m, "frugal_ledger_spooled_events").unwrap();
+    let dir = server.kill();
+    pg.restart().unwrap();
+    assert!(dir.path().join("outage.spool").exists());
+    let server = Server::start_on_ledger_in(dir, &url, &files, &extra);
+    wait_for(
+        &server.addr,
+        "the spool replayed",
+        Duration::from_secs(30),
+        |m| {
+            metric(m, "frugal_ledger_spooled_events") == Some(0.0)
+                && metric(m, "frugal_ledger_replayed_events_total") == Some(spooled)
+        },
+    );
+    let (status, dir) = server.stop();
+    assert!(status.success());
+    assert_eq!(in_ledger(&url), (35, 35, 35), "every answered request once");
+    let left: i64 = rusqlite::Connection::open(dir.path().join("outage.spool"))
+        .unwrap()
+        .query_row("SELECT count(*) FROM rows", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
 #[test]
 fn postgres_killed_and_restarted_under_load_every_answered_request_is_in_the_ledger_once() {
     let mut pg = frugal_cost::pg_test::Server::start().unwrap();
     let url = pg.database().unwrap();
-    let config = format!(
-        "[ledger]\nspool = \"outage.spool\"\n\n[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\n",
-        upstream()
-    );
-    let prices = "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n";
-    let server = Server::start_on_ledger_with(
+    let files = config();
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let server = Server::start_on_ledger_in(
+        tempfile::tempdir().unwrap(),
         &url,
-        &[("frugal.toml", &config), ("prices.toml", prices)],
+        &files,
         &["--no-model", "--no-cache"],
     );
     let spool = server.dir().join("outage.spool");
@@ -161,15 +252,7 @@ fn postgres_killed_and_restarted_under_load_every_answered_request_is_in_the_led
     let refused = refused.lock().unwrap();
     assert!(refused.is_empty(), "every request answered: {refused:?}");
     let answered = answered.load(Ordering::Relaxed);
-    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-    let row = db
-        .query_one(
-            "SELECT count(*), count(DISTINCT row_hash), coalesce(sum(requests), 0)::BIGINT
-             FROM events WHERE kind = $1",
-            &[&frugal_cost::Kind::Inference.code()],
-        )
-        .unwrap();
-    let (rows, ids, requests): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    let (rows, ids, requests) = in_ledger(&url);
     assert_eq!(
         (rows, ids, requests),
         (answered as i64, answered as i64, answered as i64),
