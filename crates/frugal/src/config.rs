@@ -277,4 +277,32 @@ mod tests {
         assert_eq!(c.serve.model, Some(dir.path().join("m.gguf")));
         assert_eq!(c.serve.port, Some(9000));
     }
+
+    #[test]
+    fn the_spool_is_beside_the_ledger_unless_the_file_names_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("frugal.toml");
+        let url = "postgres://u:pw@db.internal/ledger";
+        let resolved = |text: &str| {
+            std::fs::write(&cfg, text).unwrap();
+            resolve(Sources {
+                config_flag: Some(cfg.as_path()),
+                config_env: None,
+                ledger_flag: Some(url),
+                ledger_env: None,
+                price_flags: &[],
+                data_home: Some(PathBuf::from("/home/u/.local/share")),
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            resolved("").spool(),
+            Path::new("/home/u/.local/share/frugal/ledger.spool.sqlite")
+        );
+        assert_eq!(
+            resolved("[ledger]\nspool = 'spool/s.sqlite'\n").spool(),
+            dir.path().join("spool/s.sqlite"),
+            "relative to the config file"
+        );
+    }
 }
