@@ -172,7 +172,7 @@ text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching", {
 });
 
 /// One row of the ledger.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// The writer's id for the event, unique in the ledger: a write retried after a
     /// failure it cannot see through (a lost commit acknowledgement) stores it once.
@@ -246,8 +246,12 @@ text_enum!(ReplicaState, "replica state", "starting, ready, draining", {
 /// its whole life (a long ready state is cut into spans so the ledger stays current); the
 /// part no request was billed for is also an `idle` event, so the report counts it as
 /// waste. Replica-hours, cold starts and the fixed-pool comparison come from spans.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaSpan {
+    /// The writer's id for the span, unique in the ledger, as `Event::id`: the gateway's
+    /// meter gives each one, so a retried or replayed commit stores it once.
+    #[serde(skip)]
+    pub id: Option<[u8; 16]>,
     pub ts_ms: Millis,
     pub duration_ms: Millis,
     pub workload: String,

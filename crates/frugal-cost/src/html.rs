@@ -656,6 +656,7 @@ mod tests {
     fn pools_get_a_table() {
         assert!(!render_events(&events()).contains("<h2>Pools</h2>"));
         let span = ReplicaSpan {
+            id: None,
             ts_ms: T0,
             duration_ms: HOUR_MS,
             workload: "<b>&co".into(),

@@ -14,8 +14,9 @@
 //! An event may carry a key, unique in the ledger: a file import's content hash of the row
 //! (see `RowHash`, with the SHA-256 of the file recorded, so the same usage is not billed
 //! twice), or a writer's id for the event (`Event::id`: the gateway's meter gives each
-//! request one, so a retried group commit stores it once). A keyed row already in the
-//! ledger is skipped, and only rows actually stored reach the rollups.
+//! request one, so a retried group commit stores it once). Spans may carry a writer's
+//! id the same way (`ReplicaSpan::id`). A keyed row already in the ledger is skipped, and
+//! only rows actually stored reach the rollups.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -39,7 +40,7 @@ pub use migrate::{Migrated, migrate};
 pub use segments::TrainingSegment;
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Where a ledger lives: a SQLite file, or a PostgreSQL database. Shown (and put in
 /// errors) with any password hidden.
@@ -341,6 +342,8 @@ trait Store: Send {
     fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
         None
     }
+    /// How long a read or write waits for a connection, where it needs one.
+    fn set_connection_wait(&mut self, _wait: std::time::Duration) {}
     /// Whether its client must not run on a thread that drives an async runtime.
     fn blocks_on_own_runtime(&self) -> bool {
         false
@@ -354,7 +357,9 @@ trait Tx {
     /// Stores events, each unless its key is in the ledger already (or earlier in
     /// `rows`); returns, in order, whether each was stored.
     fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError>;
-    fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError>;
+    /// Stores a span unless its id (`ReplicaSpan::id`) is in the ledger already; returns
+    /// whether it was stored.
+    fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<bool, LedgerError>;
     fn file_imported(&mut self, sha256: &str) -> Result<Option<PriorImport>, LedgerError>;
     fn row_imported(&mut self, key: &[u8; 16]) -> Result<Option<PriorImport>, LedgerError>;
     /// Adds the rollups, records the import's rows and file hash, and commits.
@@ -458,6 +463,12 @@ fn from_code<T>(
         .transpose()
 }
 
+/// A span's stored id as `ReplicaSpan::id`; `Err` says what is wrong with it.
+fn span_key(key: Option<Vec<u8>>) -> Result<Option<[u8; 16]>, String> {
+    key.map(|k| <[u8; 16]>::try_from(k.as_slice()).map_err(|_| "a span's id".to_owned()))
+        .transpose()
+}
+
 /// An event to store, with its names' ids and its key.
 struct EventRow<'a> {
     event: &'a Event,
@@ -524,6 +535,13 @@ impl Ledger {
 
     pub fn location(&self) -> &Location {
         &self.location
+    }
+
+    /// How long a read or write waits for a connection to a PostgreSQL ledger (a SQLite
+    /// one needs none) before it fails: the gateway's meter waits little, as it spools
+    /// what it cannot write rather than hold requests back.
+    pub fn set_connection_wait(&mut self, wait: std::time::Duration) {
+        self.store.set_connection_wait(wait);
     }
 
     /// Appends events in one transaction; all of them are stored or none.
@@ -805,7 +823,8 @@ impl Sink<'_> {
         self.tx.row_imported(&hash.0)
     }
 
-    /// Stores a pool replica's span. Spans are not rolled up: their money is already in
+    /// Stores a pool replica's span, unless it carries an id (`ReplicaSpan::id`) that is
+    /// in the ledger already. Spans are not rolled up: their money is already in
     /// the pool's request and idle events, so a report reads them apart and adds none of it.
     pub fn push_span(&mut self, span: &ReplicaSpan) -> Result<(), LedgerError> {
         let ids = SpanIds {
@@ -814,8 +833,9 @@ impl Sink<'_> {
             instance: self.opt_dim(Axis::Instance, span.instance_type.as_deref())?,
             server: self.opt_dim(Axis::Server, span.server.as_deref())?,
         };
-        self.tx.insert_span(span, &ids)?;
-        self.rows += 1;
+        if self.tx.insert_span(span, &ids)? {
+            self.rows += 1;
+        }
         Ok(())
     }
 

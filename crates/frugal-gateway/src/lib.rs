@@ -244,6 +244,9 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
     });
     let mut text = s.inner.metrics.render(gauges.as_ref());
     pool::render_metrics(s.inner.pools.values(), &mut text);
+    if let Some(meter) = &s.inner.meter {
+        meter.health().render(&mut text);
+    }
     if let Some(shared) = &s.inner.shared {
         use std::fmt::Write;
         let _ = write!(

@@ -2,7 +2,7 @@
 //! output token. A handful of atomics; a metrics library would add more than it saves.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use frugal_cost::Lever;
 use frugal_semantic::Veto;
@@ -76,6 +76,120 @@ impl Histogram {
             self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
         );
         let _ = writeln!(out, "{name}_count{} {count}", braces(labels));
+    }
+}
+
+/// The ledger writer's health: updated by the meter, read by `/metrics`.
+pub struct LedgerHealth {
+    /// Whether the last write to the ledger succeeded.
+    up: AtomicBool,
+    /// Rows waiting in the spool for the ledger.
+    spooled: AtomicU64,
+    replayed: AtomicU64,
+    /// Rows dropped because neither the ledger nor the spool could take them, and their
+    /// cost in nano-dollars.
+    lost: AtomicU64,
+    lost_nanos: AtomicI64,
+    /// Each group commit to the ledger (a replayed batch too), failed ones included.
+    pub commit: Histogram,
+}
+
+impl Default for LedgerHealth {
+    fn default() -> LedgerHealth {
+        LedgerHealth {
+            up: AtomicBool::new(true),
+            spooled: AtomicU64::new(0),
+            replayed: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            lost_nanos: AtomicI64::new(0),
+            commit: Histogram::default(),
+        }
+    }
+}
+
+impl LedgerHealth {
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+    }
+
+    pub fn up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    pub fn set_spooled(&self, rows: u64) {
+        self.spooled.store(rows, Ordering::Relaxed);
+    }
+
+    pub fn spooled(&self) -> u64 {
+        self.spooled.load(Ordering::Relaxed)
+    }
+
+    pub fn add_replayed(&self, rows: u64) {
+        self.replayed.fetch_add(rows, Ordering::Relaxed);
+    }
+
+    pub fn replayed(&self) -> u64 {
+        self.replayed.load(Ordering::Relaxed)
+    }
+
+    pub fn add_lost(&self, rows: u64, cost: frugal_cost::Money) {
+        self.lost.fetch_add(rows, Ordering::Relaxed);
+        self.lost_nanos.fetch_add(cost.nanos(), Ordering::Relaxed);
+    }
+
+    /// Rows lost, and their cost.
+    pub fn lost(&self) -> (u64, frugal_cost::Money) {
+        (
+            self.lost.load(Ordering::Relaxed),
+            frugal_cost::Money::from_nanos(self.lost_nanos.load(Ordering::Relaxed)),
+        )
+    }
+
+    pub fn render(&self, out: &mut String) {
+        let (lost, lost_cost) = self.lost();
+        let lines: [(&str, &str, &str, String); 5] = [
+            (
+                "frugal_ledger_up",
+                "Whether the last write to the ledger succeeded (0: rows go to the spool).",
+                "gauge",
+                u8::from(self.up()).to_string(),
+            ),
+            (
+                "frugal_ledger_spooled_events",
+                "Rows (events and replica spans) waiting in the local spool for the ledger.",
+                "gauge",
+                self.spooled().to_string(),
+            ),
+            (
+                "frugal_ledger_replayed_events_total",
+                "Rows replayed from the spool into the ledger.",
+                "counter",
+                self.replayed().to_string(),
+            ),
+            (
+                "frugal_ledger_lost_events_total",
+                "Rows dropped because neither the ledger nor its spool could take them.",
+                "counter",
+                lost.to_string(),
+            ),
+            (
+                "frugal_ledger_lost_usd_total",
+                "The cost of the dropped rows, in US dollars.",
+                "counter",
+                lost_cost.to_string_places(9),
+            ),
+        ];
+        for (name, help, kind, value) in lines {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+        self.commit.render(
+            "frugal_ledger_commit_seconds",
+            "Latency of each group commit to the ledger, failed ones and replayed batches included.",
+            out,
+        );
     }
 }
 

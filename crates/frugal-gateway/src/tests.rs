@@ -150,6 +150,7 @@ fn gateway_with(
         capacity: None,
         machines: Vec::new(),
         pools: Vec::new(),
+        spool: None,
     })
     .unwrap();
     let state = AppState::new(Parts {

@@ -228,6 +228,7 @@ pub fn bill(
     work.output_tokens = interval.output_tokens;
     let share = interval.busy_share.map_or(1.0, |s| s.clamp(0.0, 1.0));
     let span = ReplicaSpan {
+        id: None,
         ts_ms: start_ms,
         duration_ms: interval.duration_ms,
         workload: target.workload.clone(),

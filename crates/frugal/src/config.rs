@@ -85,6 +85,10 @@ pub struct RawLedger {
     pub path: Option<PathBuf>,
     /// A `postgres://` URL (or a path, as `path`).
     pub url: Option<String>,
+    /// Where the gateway spools usage while a PostgreSQL ledger is unreachable (a SQLite
+    /// file, relative to the config file); by default `ledger.spool.sqlite` beside the
+    /// ledger (see `Config::beside_ledger`).
+    pub spool: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -104,6 +108,8 @@ pub struct Config {
     /// Paths resolved against the config file's folder.
     pub serve: RawServe,
     pub watch: RawWatch,
+    /// `ledger.spool`, resolved against the config file's folder.
+    pub spool: Option<PathBuf>,
     /// The user's data folder (`$XDG_DATA_HOME`, else `~/.local/share`), which holds
     /// `frugal/` (the ledger, models).
     pub data_home: Option<PathBuf>,
@@ -121,6 +127,14 @@ impl Config {
                 .as_ref()
                 .map_or_else(PathBuf::new, |h| h.join("frugal")),
         }
+    }
+
+    /// Where the gateway's meter spools usage while a PostgreSQL ledger is unreachable:
+    /// `ledger.spool`, else `ledger.spool.sqlite` beside the ledger.
+    pub fn spool(&self) -> PathBuf {
+        self.spool
+            .clone()
+            .unwrap_or_else(|| self.beside_ledger().join("ledger.spool.sqlite"))
     }
 }
 
@@ -204,6 +218,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
         price_files,
         serve,
         watch: raw.watch,
+        spool: raw.ledger.spool.map(relative),
         data_home: sources.data_home,
     })
 }
@@ -261,5 +276,33 @@ mod tests {
         assert_eq!(c.price_files, vec![dir.path().join("p.toml")]);
         assert_eq!(c.serve.model, Some(dir.path().join("m.gguf")));
         assert_eq!(c.serve.port, Some(9000));
+    }
+
+    #[test]
+    fn the_spool_is_beside_the_ledger_unless_the_file_names_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("frugal.toml");
+        let url = "postgres://u:pw@db.internal/ledger";
+        let resolved = |text: &str| {
+            std::fs::write(&cfg, text).unwrap();
+            resolve(Sources {
+                config_flag: Some(cfg.as_path()),
+                config_env: None,
+                ledger_flag: Some(url),
+                ledger_env: None,
+                price_flags: &[],
+                data_home: Some(PathBuf::from("/home/u/.local/share")),
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            resolved("").spool(),
+            Path::new("/home/u/.local/share/frugal/ledger.spool.sqlite")
+        );
+        assert_eq!(
+            resolved("[ledger]\nspool = 'spool/s.sqlite'\n").spool(),
+            dir.path().join("spool/s.sqlite"),
+            "relative to the config file"
+        );
     }
 }

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use frugal_cost::ledger::Location;
 use frugal_cost::money::HourlyRate;
 use frugal_cost::{Capacity, Catalog, Money};
 use frugal_engine::model::{KvType, LoadOptions, Model};
@@ -155,7 +156,20 @@ impl Gateway {
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }
+            let spool = config.spool();
+            if let Location::Postgres(_) = config.ledger
+                && let Some(dir) = spool.parent().filter(|d| !d.as_os_str().is_empty())
+                && let Err(e) = std::fs::create_dir_all(dir)
+            {
+                // Serving works without it until the ledger is unreachable: then the loss
+                // is counted and reported.
+                tracing::warn!(
+                    "cannot create {} for the ledger spool ({e}); set `ledger.spool` to a writable file",
+                    dir.display()
+                );
+            }
             Some(Meter::start(MeterConfig {
+                spool: Some(spool),
                 ledger: config.ledger.clone(),
                 workload: workload.clone(),
                 capacity: Some(capacity),

@@ -223,7 +223,7 @@ fn the_same_usage_is_not_imported_twice() {
     assert_eq!(events(&env), 4);
     let info = stdout(&ok(env.frugal(&["ledger", "info"])));
     assert!(
-        info.contains("schema    v7") && info.contains("Files imported"),
+        info.contains("schema    v8") && info.contains("Files imported"),
         "{info}"
     );
     assert!(
@@ -287,7 +287,7 @@ fn missing_ledgers_and_bad_config_are_clear_errors() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("`ledger.file`: unknown field `file`, expected `path`"),
+        stderr(&o).contains("`ledger.file`: unknown field `file`, expected one of `path`"),
         "{}",
         stderr(&o)
     );
@@ -696,6 +696,7 @@ fn pool_ledger(env: &Env) {
     let t0 = 1_793_000_000_000 - 1_793_000_000_000 % 3_600_000;
     let minute = 60_000;
     let span = |at: i64, replica, state, minutes: i64, busy: i64| ReplicaSpan {
+        id: None,
         ts_ms: t0 + at * minute,
         duration_ms: minutes * minute,
         workload: "chat".into(),

@@ -2,8 +2,9 @@
 //! resumably. Events go over in batches, each one transaction on the destination, keyed so
 //! a rerun after a kill stores only what is missing: an imported row keeps its content
 //! hash, any other event gets a key derived from its row id and content in the source.
-//! Spans (which have no key) go over in one transaction recorded under a hash of them all,
-//! so they are copied once.
+//! Spans go over with their ids (the gateway's meter gives each one since schema 8), in one
+//! transaction recorded under a hash of them all, so older spans, which have none, are
+//! copied once too.
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -146,6 +147,7 @@ mod tests {
         from.import("f.csv", "csv", |sink| {
             sink.push_row(&event(5, 1), RowHash([1; 16]))?;
             sink.push_span(&ReplicaSpan {
+                id: Some([5; 16]),
                 ts_ms: 1,
                 duration_ms: 60_000,
                 workload: "chat".into(),
@@ -174,6 +176,9 @@ mod tests {
             (4, 4, 0, 1)
         );
         assert_eq!(totals(&from), totals(&to));
+        let mut ids = Vec::new();
+        to.spans(Window::default(), |s| ids.push(s.id)).unwrap();
+        assert_eq!(ids, [Some([5; 16])], "a span keeps its id");
         let catalog = crate::Catalog::builtin().unwrap();
         let report = |l: &Ledger| {
             serde_json::to_value(Report::build(l, &catalog, Window::default()).unwrap()).unwrap()

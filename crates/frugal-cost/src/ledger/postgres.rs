@@ -175,8 +175,12 @@ CREATE TRIGGER replica_spans_no_truncate BEFORE TRUNCATE ON replica_spans
 "#;
 
 /// Migration `i` takes a PostgreSQL ledger from version `7 + i` to `8 + i` (the first
-/// PostgreSQL ledgers were made at 7, by `SCHEMA_V7`).
-const MIGRATIONS: &[&str] = &[];
+/// PostgreSQL ledgers were made at 7, by `SCHEMA_V7`); SQLite's of the same versions.
+const MIGRATIONS: &[&str] = &["
+-- v8: a writer's id for each span, unique, as events have one.
+ALTER TABLE replica_spans ADD COLUMN row_hash BYTEA;
+CREATE UNIQUE INDEX replica_spans_row_hash ON replica_spans (row_hash) WHERE row_hash IS NOT NULL;
+"];
 
 /// Adds one folded row to the rollup table.
 const UPSERT: &str = "
@@ -232,8 +236,9 @@ RETURNING row_hash";
 const INSERT_SPAN: &str = "
 INSERT INTO replica_spans (ts_ms, duration_ms, workload, pool, replica, state, busy_ms, cost,
     instance, min_replicas, max_replicas, need_bytes, failed, import, server, requests,
-    input_tokens, output_tokens)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)";
+    input_tokens, output_tokens, row_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING";
 
 /// `url` with its password (in the user part, or a `password=` parameter) as `***`.
 pub(super) fn redact(url: &str) -> String {
@@ -307,6 +312,8 @@ fn hosts(config: &postgres::Config) -> String {
 
 pub(super) struct PgStore {
     pool: Pool<Manager>,
+    /// How long `conn` waits for a connection.
+    wait: Duration,
     /// The URL as messages show it.
     url: String,
 }
@@ -350,14 +357,20 @@ impl PgStore {
             .min_idle(Some(0))
             .connection_timeout(CONNECT_TIMEOUT * 3)
             .build_unchecked(PostgresConnectionManager::new(config, tls));
-        Ok(PgStore { pool, url: shown })
+        Ok(PgStore {
+            pool,
+            wait: CONNECT_TIMEOUT * 3,
+            url: shown,
+        })
     }
 
     fn conn(&self) -> Result<PooledConnection<Manager>, LedgerError> {
-        self.pool.get().map_err(|e: r2d2::Error| LedgerError::Pool {
-            url: self.url.clone(),
-            reason: e.to_string(),
-        })
+        self.pool
+            .get_timeout(self.wait)
+            .map_err(|e: r2d2::Error| LedgerError::Pool {
+                url: self.url.clone(),
+                reason: e.to_string(),
+            })
     }
 
     fn err(&self, op: &'static str) -> impl Fn(postgres::Error) -> LedgerError + '_ {
@@ -585,7 +598,7 @@ impl Store for PgStore {
             .query_raw(
                 "SELECT s.ts_ms, s.duration_ms, w.name, p.name, s.replica, s.state, s.busy_ms,
                         s.cost, i.name, s.min_replicas, s.max_replicas, s.need_bytes, s.failed,
-                        v.name, s.requests, s.input_tokens, s.output_tokens
+                        v.name, s.requests, s.input_tokens, s.output_tokens, s.row_hash
                  FROM replica_spans s
                  JOIN dims w ON w.id = s.workload
                  JOIN dims p ON p.id = s.pool
@@ -602,7 +615,9 @@ impl Store for PgStore {
             let code = int(5)?;
             let state = ReplicaState::from_code(code)
                 .ok_or_else(|| self.corrupt(format!("replica state {code}")))?;
+            let key: Option<Vec<u8>> = r.try_get(17).map_err(&read)?;
             let span = ReplicaSpan {
+                id: super::span_key(key).map_err(|what| self.corrupt(what))?,
                 ts_ms: int(0)?,
                 duration_ms: int(1)?,
                 workload: r.try_get(2).map_err(&read)?,
@@ -850,6 +865,10 @@ impl Store for PgStore {
         Ok("ok".into())
     }
 
+    fn set_connection_wait(&mut self, wait: Duration) {
+        self.wait = wait;
+    }
+
     fn blocks_on_own_runtime(&self) -> bool {
         true
     }
@@ -1025,9 +1044,11 @@ impl Tx for PgTx {
             .collect())
     }
 
-    fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError> {
+    fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<bool, LedgerError> {
         let stmt = self.statements.span.clone();
-        self.conn
+        let key = span.id.as_ref().map(|k| &k[..]);
+        let stored = self
+            .conn
             .execute(
                 &stmt,
                 &[
@@ -1049,10 +1070,11 @@ impl Tx for PgTx {
                     &clamp(span.requests),
                     &clamp(span.input_tokens),
                     &clamp(span.output_tokens),
+                    &key,
                 ],
             )
             .map_err(self.err())?;
-        Ok(())
+        Ok(stored > 0)
     }
 
     fn file_imported(&mut self, sha256: &str) -> Result<Option<PriorImport>, LedgerError> {

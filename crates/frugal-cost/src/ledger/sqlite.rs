@@ -140,6 +140,12 @@ ALTER TABLE replica_spans ADD COLUMN requests INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE replica_spans ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE replica_spans ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- v8: a writer's id for each span, unique, as events have one (the gateway's meter gives
+-- each), so a retried or replayed commit stores it once; spans written before have none.
+ALTER TABLE replica_spans ADD COLUMN row_hash BLOB;
+CREATE UNIQUE INDEX replica_spans_row_hash ON replica_spans (row_hash) WHERE row_hash IS NOT NULL;
+"#,
 ];
 
 /// A migration with its placeholders filled in.
@@ -415,7 +421,7 @@ impl Store for SqliteStore {
             .prepare(
                 "SELECT s.ts_ms, s.duration_ms, w.name, p.name, s.replica, s.state, s.busy_ms,
                         s.cost, i.name, s.min_replicas, s.max_replicas, s.need_bytes, s.failed,
-                        v.name, s.requests, s.input_tokens, s.output_tokens
+                        v.name, s.requests, s.input_tokens, s.output_tokens, s.row_hash
                  FROM replica_spans s
                  JOIN dims w ON w.id = s.workload
                  JOIN dims p ON p.id = s.pool
@@ -434,7 +440,9 @@ impl Store for SqliteStore {
                 path: self.path.clone(),
                 what: format!("replica state {code}"),
             })?;
+            let key: Option<Vec<u8>> = r.get(17).map_err(read_err)?;
             let span = ReplicaSpan {
+                id: super::span_key(key).map_err(|what| self.corrupt(what))?,
                 ts_ms: r.get(0).map_err(read_err)?,
                 duration_ms: r.get(1).map_err(read_err)?,
                 workload: r.get(2).map_err(read_err)?,
@@ -820,14 +828,16 @@ impl Tx for SqliteTx<'_> {
             .map_err(|e| self.write_err(e))
     }
 
-    fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError> {
-        self.tx
+    fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<bool, LedgerError> {
+        let stored = self
+            .tx
             .prepare_cached(
                 "INSERT INTO replica_spans (ts_ms, duration_ms, workload, pool, replica, state,
                     busy_ms, cost, instance, min_replicas, max_replicas, need_bytes, failed, import,
-                    server, requests, input_tokens, output_tokens)
+                    server, requests, input_tokens, output_tokens, row_hash)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18)",
+                    ?17, ?18, ?19)
+                 ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -849,10 +859,11 @@ impl Tx for SqliteTx<'_> {
                     clamp(span.requests),
                     clamp(span.input_tokens),
                     clamp(span.output_tokens),
+                    span.id.as_ref().map(|k| &k[..]),
                 ])
             })
             .map_err(|err| self.write_err(err))?;
-        Ok(())
+        Ok(stored > 0)
     }
 
     fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError> {
@@ -1106,6 +1117,7 @@ mod tests {
 
     fn span(ts: i64, replica: u32, state: ReplicaState) -> ReplicaSpan {
         ReplicaSpan {
+            id: None,
             ts_ms: ts,
             duration_ms: 60_000,
             workload: "chat".into(),
@@ -1172,6 +1184,34 @@ mod tests {
         waits.sort();
         assert_eq!(waits, [(5, 0), (10, 1_500)], "old rows waited 0");
         assert_eq!(ledger.spans(Window::default(), |_| {}).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_span_written_twice_with_its_id_is_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        let mut keyed = span(100, 2, ReplicaState::Ready);
+        keyed.id = Some([7; 16]);
+        let plain = span(200, 1, ReplicaState::Ready);
+        assert_eq!(
+            ledger
+                .append_with_spans("t", &[], &[keyed.clone(), plain.clone()])
+                .unwrap(),
+            2
+        );
+        // A retried commit: the keyed span again is skipped; one without an id is not.
+        assert_eq!(
+            ledger
+                .append_with_spans("t", &[], &[keyed.clone(), plain])
+                .unwrap(),
+            1
+        );
+        let mut seen = Vec::new();
+        ledger
+            .spans(Window::default(), |s| seen.push(s.clone()))
+            .unwrap();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen.iter().filter(|s| s.id == keyed.id).count(), 1);
     }
 
     #[test]
@@ -1306,12 +1346,12 @@ mod tests {
         ledger.append("ok", &[event(1, 1)]).unwrap();
         ledger
             .sqlite_conn()
-            .execute_batch("PRAGMA user_version = 8")
+            .execute_batch("PRAGMA user_version = 9")
             .unwrap();
         drop(ledger);
         let err = Ledger::open(&path).err().unwrap().to_string();
         let want =
-            format!("schema version 8, newer than this frugal understands ({SCHEMA_VERSION})");
+            format!("schema version 9, newer than this frugal understands ({SCHEMA_VERSION})");
         assert!(err.contains(&want), "{err}");
         let conn = Connection::open(&path).unwrap();
         let n: i64 = conn

@@ -521,6 +521,7 @@ mod tests {
             Event::new(ts, kind, workload, Money::from_cents(1))
         };
         let span = |ts: Millis, secs: i64, state: ReplicaState, failed: bool| ReplicaSpan {
+            id: None,
             ts_ms: ts,
             duration_ms: secs * 1000,
             workload: "chat".into(),

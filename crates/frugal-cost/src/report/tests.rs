@@ -308,6 +308,7 @@ const MINUTE_MS: Millis = 60_000;
 /// A span of pool `qwen` at $1 an hour, its cost exact for whole tenths of an hour.
 fn span(at_min: i64, replica: u32, state: ReplicaState, min: i64, busy_min: i64) -> ReplicaSpan {
     ReplicaSpan {
+        id: None,
         ts_ms: T0 + at_min * MINUTE_MS,
         duration_ms: min * MINUTE_MS,
         workload: "chat".into(),

@@ -455,6 +455,7 @@ impl Pool {
         }
         let cost = cost_of(rate, wall);
         let span = ReplicaSpan {
+            id: None,
             ts_ms: epoch_ms(start),
             duration_ms: wall.as_millis() as i64,
             workload: workload.clone(),

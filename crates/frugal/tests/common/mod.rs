@@ -95,6 +95,17 @@ impl Server {
         Server::start_full(tempfile::tempdir().unwrap(), &[], extra, &[], Some(ledger))
     }
 
+    /// In `dir`, metering into `ledger`, with `files` (name, text) in its folder first.
+    #[allow(dead_code)]
+    pub fn start_on_ledger_in(
+        dir: tempfile::TempDir,
+        ledger: &str,
+        files: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Server {
+        Server::start_full(dir, files, extra, &[], Some(ledger))
+    }
+
     fn start_full(
         dir: tempfile::TempDir,
         files: &[(&str, &str)],
@@ -252,6 +263,14 @@ impl Server {
             .filter(|l| l.starts_with(&prefix))
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
             .sum()
+    }
+
+    /// SIGKILL, as a crash; hands back the folder.
+    #[allow(dead_code)]
+    pub fn kill(mut self) -> tempfile::TempDir {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.dir.take().unwrap()
     }
 
     /// SIGTERM, then wait for a clean exit; hands back the folder with the ledger.

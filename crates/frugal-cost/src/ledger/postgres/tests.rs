@@ -54,6 +54,7 @@ fn append_then_scan_round_trips_and_reopens() {
 fn events_and_spans_cannot_be_changed_or_removed() {
     let (url, mut ledger) = fresh();
     let span = ReplicaSpan {
+        id: None,
         ts_ms: 1,
         duration_ms: 60_000,
         workload: "chat".into(),
@@ -133,6 +134,62 @@ fn an_event_written_twice_with_its_id_is_stored_and_rolled_up_once() {
 }
 
 #[test]
+fn a_v7_database_gains_span_ids_and_a_span_written_twice_with_its_id_is_stored_once() {
+    let url = Server::shared().unwrap().database().unwrap();
+    raw(&url)
+        .batch_execute(&format!(
+            "{}\nINSERT INTO schema_version (version) VALUES (7);",
+            SCHEMA_V7.replace("{ADVISED}", segments::ADVISED)
+        ))
+        .unwrap();
+    let mut ledger = Ledger::open(Location::Postgres(url.clone())).unwrap();
+    assert_eq!(ledger.info().unwrap().schema_version, SCHEMA_VERSION);
+    let span = ReplicaSpan {
+        id: Some([3; 16]),
+        ts_ms: 1,
+        duration_ms: 60_000,
+        workload: "chat".into(),
+        pool: "m".into(),
+        replica: 1,
+        state: ReplicaState::Ready,
+        busy_ms: 0,
+        cost: Money::from_cents(1),
+        instance_type: None,
+        min_replicas: 0,
+        max_replicas: 1,
+        need_bytes: None,
+        failed: false,
+        server: None,
+        requests: 0,
+        input_tokens: 0,
+        output_tokens: 0,
+    };
+    let e = {
+        let mut e = event(1, 2);
+        e.id = Some([4; 16]);
+        e
+    };
+    let spans = [span.clone()];
+    assert_eq!(
+        ledger
+            .append_with_spans("meter", std::slice::from_ref(&e), &spans)
+            .unwrap(),
+        2
+    );
+    assert_eq!(ledger.append_with_spans("meter", &[e], &spans).unwrap(), 0);
+    let mut seen = Vec::new();
+    ledger
+        .spans(Window::default(), |s| seen.push(s.clone()))
+        .unwrap();
+    assert_eq!(seen, [span]);
+    let version: i64 = raw(&url)
+        .query_one("SELECT version FROM schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION);
+}
+
+#[test]
 fn row_hashes_and_files_are_found_again() {
     let (_, mut ledger) = fresh();
     let hash = RowHash([7; 16]);
@@ -161,13 +218,13 @@ fn a_newer_schema_is_refused_and_left_alone() {
     ledger.append("ok", &[event(1, 1)]).unwrap();
     drop(ledger);
     raw(&url)
-        .batch_execute("UPDATE schema_version SET version = 8")
+        .batch_execute("UPDATE schema_version SET version = 9")
         .unwrap();
     let err = Ledger::open(Location::parse(&url))
         .err()
         .unwrap()
         .to_string();
-    let want = format!("schema version 8, newer than this frugal understands ({SCHEMA_VERSION})");
+    let want = format!("schema version 9, newer than this frugal understands ({SCHEMA_VERSION})");
     assert!(err.contains(&want), "{err}");
     assert!(!err.contains(PASSWORD), "{err}");
     let n: i64 = raw(&url)

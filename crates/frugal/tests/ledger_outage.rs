@@ -1,0 +1,271 @@
+//! End-to-end: `frugal serve --ledger postgres://...` under concurrent load while its
+//! PostgreSQL server is killed and started again. Serving goes on (the meter spools to a
+//! local file), `/metrics` says so, and after a SIGTERM every answered request is in the
+//! ledger exactly once.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::post;
+use serde_json::{Value, json};
+
+use common::Server;
+
+/// An OpenAI-compatible upstream on loopback that answers every chat at once, with usage.
+fn upstream() -> String {
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(|body: axum::Json<Value>| async move {
+            axum::Json(json!({
+                "id": "up-1",
+                "object": "chat.completion",
+                "model": body.0["model"],
+                "choices": [{ "index": 0, "message": { "role": "assistant", "content": "ok" }, "finish_reason": "stop" }],
+                "usage": { "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15 },
+            }))
+        }),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    format!("http://{}/v1", rx.recv().unwrap())
+}
+
+/// A metric's value in a `/metrics` text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|v| v.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// Polls `/metrics` until `done` holds of it (at most `patience`).
+fn wait_for(addr: &str, what: &str, patience: Duration, done: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + patience;
+    loop {
+        let (_, _, text) = Server::attach(addr).request("GET", "/metrics", "");
+        if done(&text) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting: {what}\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The gateway's config: a mock upstream, priced, and the spool in its folder.
+fn config() -> [(&'static str, String); 2] {
+    [
+        (
+            "frugal.toml",
+            format!(
+                "[ledger]\nspool = \"outage.spool\"\n\n[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\n",
+                upstream()
+            ),
+        ),
+        (
+            "prices.toml",
+            "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n".into(),
+        ),
+    ]
+}
+
+/// Inference rows in the ledger, their distinct ids, and the requests they served.
+fn in_ledger(url: &str) -> (i64, i64, i64) {
+    let mut db = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let row = db
+        .query_one(
+            "SELECT count(*), count(DISTINCT row_hash), coalesce(sum(requests), 0)::BIGINT
+             FROM events WHERE kind = $1",
+            &[&frugal_cost::Kind::Inference.code()],
+        )
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+fn ask(server: &Server, i: usize) {
+    let body =
+        json!({ "model": "mock", "messages": [{ "role": "user", "content": format!("q{i}") }] });
+    let (status, _, text) = server.request("POST", "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+}
+
+#[test]
+fn a_spool_left_by_a_killed_gateway_is_replayed_at_the_next_start() {
+    let mut pg = frugal_cost::pg_test::Server::start().unwrap();
+    let url = pg.database().unwrap();
+    let files = config();
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let extra = ["--no-model", "--no-cache"];
+    let server = Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &url, &files, &extra);
+    for i in 0..10 {
+        ask(&server, i);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while in_ledger(&url) != (10, 10, 10) {
+        assert!(Instant::now() < deadline, "the first rows committed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pg.kill().unwrap();
+    for i in 10..35 {
+        ask(&server, i);
+    }
+    wait_for(
+        &server.addr,
+        "the ledger down, rows spooled",
+        Duration::from_secs(30),
+        |m| {
+            metric(m, "frugal_ledger_up") == Some(0.0)
+                && metric(m, "frugal_ledger_spooled_events").is_some_and(|n| n > 0.0)
+        },
+    );
+    // The rest of the group commits go to the spool within the writer's next rounds.
+    std::thread::sleep(Duration::from_secs(1));
+    let (_, _, m) = server.request("GET", "/metrics", "");
+    let spooled = metric(&m, "frugal_ledger_spooled_events").unwrap();
+    let dir = server.kill();
+    pg.restart().unwrap();
+    assert!(dir.path().join("outage.spool").exists());
+    let server = Server::start_on_ledger_in(dir, &url, &files, &extra);
+    wait_for(
+        &server.addr,
+        "the spool replayed",
+        Duration::from_secs(30),
+        |m| {
+            metric(m, "frugal_ledger_spooled_events") == Some(0.0)
+                && metric(m, "frugal_ledger_replayed_events_total") == Some(spooled)
+        },
+    );
+    let (status, dir) = server.stop();
+    assert!(status.success());
+    assert_eq!(in_ledger(&url), (35, 35, 35), "every answered request once");
+    let left: i64 = rusqlite::Connection::open(dir.path().join("outage.spool"))
+        .unwrap()
+        .query_row("SELECT count(*) FROM rows", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+#[test]
+fn postgres_killed_and_restarted_under_load_every_answered_request_is_in_the_ledger_once() {
+    let mut pg = frugal_cost::pg_test::Server::start().unwrap();
+    let url = pg.database().unwrap();
+    let files = config();
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let server = Server::start_on_ledger_in(
+        tempfile::tempdir().unwrap(),
+        &url,
+        &files,
+        &["--no-model", "--no-cache"],
+    );
+    let spool = server.dir().join("outage.spool");
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (stop, answered, refused) = (stop.clone(), answered.clone(), refused.clone());
+            let client = Server::attach(&server.addr);
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let body = json!({
+                        "model": "mock",
+                        "messages": [{ "role": "user", "content": format!("client {c} request {i}") }],
+                    })
+                    .to_string();
+                    let (status, _, text) = client.request("POST", "/v1/chat/completions", &body);
+                    if status == 200 {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        refused.lock().unwrap().push(format!("{status}: {text}"));
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let before = answered.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    pg.kill().unwrap();
+    let killed = Instant::now();
+    let at_kill = answered.load(Ordering::Relaxed);
+    // While PostgreSQL is down, `/metrics` says so and rows pile up in the spool.
+    wait_for(
+        &server.addr,
+        "the ledger down, rows spooled",
+        Duration::from_secs(30),
+        |m| {
+            metric(m, "frugal_ledger_up") == Some(0.0)
+                && metric(m, "frugal_ledger_spooled_events").is_some_and(|n| n > 0.0)
+        },
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(spool.exists());
+    let during = answered.load(Ordering::Relaxed) - at_kill;
+    let down_for = killed.elapsed().as_secs_f64();
+    assert!(during > 0, "serving goes on while the ledger is down");
+    pg.restart().unwrap();
+    wait_for(
+        &server.addr,
+        "the spool replayed",
+        Duration::from_secs(60),
+        |m| {
+            metric(m, "frugal_ledger_up") == Some(1.0)
+                && metric(m, "frugal_ledger_spooled_events") == Some(0.0)
+                && metric(m, "frugal_ledger_replayed_events_total").is_some_and(|n| n > 0.0)
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let (_, _, metrics) = server.request("GET", "/metrics", "");
+    assert_eq!(
+        metric(&metrics, "frugal_ledger_lost_events_total"),
+        Some(0.0)
+    );
+    let replayed = metric(&metrics, "frugal_ledger_replayed_events_total").unwrap_or(0.0);
+    assert!(
+        metrics.contains("frugal_ledger_commit_seconds_count"),
+        "{metrics}"
+    );
+    let logs = server.logs();
+    let (status, _dir) = server.stop();
+    assert!(status.success(), "{logs}");
+    let refused = refused.lock().unwrap();
+    assert!(refused.is_empty(), "every request answered: {refused:?}");
+    let answered = answered.load(Ordering::Relaxed);
+    let (rows, ids, requests) = in_ledger(&url);
+    assert_eq!(
+        (rows, ids, requests),
+        (answered as i64, answered as i64, answered as i64),
+        "every answered request once ({during} during the outage)"
+    );
+    let left: i64 = rusqlite::Connection::open(&spool)
+        .unwrap()
+        .query_row("SELECT count(*) FROM rows", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, 0, "the spool is empty");
+    assert!(!logs.contains(frugal_cost::pg_test::PASSWORD), "{logs}");
+    eprintln!(
+        "answered {answered} requests, each once in the ledger; {before:.0} requests/s before the kill, {:.0}/s in the {down_for:.1} s after it; {replayed} rows replayed from the spool",
+        during as f64 / down_for
+    );
+}
