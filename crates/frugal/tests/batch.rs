@@ -254,7 +254,7 @@ fn bad_inputs_and_a_second_run_are_refused_before_anything_runs() {
     }
     // Every line is in the ledger once, as batch work.
     let lines_in_ledger = |dir: &Path| {
-        let report = common::report(&dir.join("ledger.sqlite"), &["--json"]);
+        let report = common::report(dir.join("ledger.sqlite"), &["--json"]);
         let report: serde_json::Value = serde_json::from_str(&report).unwrap();
         report["batch"].as_array().unwrap().clone()
     };

@@ -57,7 +57,7 @@ fn the_official_openai_client_runs_a_batch() {
     );
     // `frugal report` shows them as the workload `batch`.
     let report: serde_json::Value = serde_json::from_str(&common::report(
-        &dir.path().join("ledger.sqlite"),
+        dir.path().join("ledger.sqlite"),
         &["--json"],
     ))
     .unwrap();

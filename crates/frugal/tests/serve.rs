@@ -13,7 +13,7 @@ use common::{Server, header, model, streamed_text};
 
 /// `frugal report` on the ledger a stopped server left in `dir`.
 fn ledger_report(dir: &tempfile::TempDir, args: &[&str]) -> String {
-    common::report(&dir.path().join("ledger.sqlite"), args)
+    common::report(dir.path().join("ledger.sqlite"), args)
 }
 
 /// Stops the server cleanly; `frugal report --json` on its ledger, and the ledger's folder.

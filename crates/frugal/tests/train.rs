@@ -31,7 +31,7 @@ fn notice_then_a_new_machine_resumes(shared: &Shared2) {
     let meta = Metadata::start();
     let first = Machine::new();
     let flags = [meta.spot("aws"), vec!["--instance", "g5.xlarge"]].concat();
-    let mut child = first.train(&shared, &flags, &[]);
+    let mut child = first.train(shared, &flags, &[]);
     first.wait_for_step(&mut child, 150);
     meta.preempt(Duration::from_secs(120));
     // The trainer checkpoints at once, stops, and its checkpoint reaches the store; then the
@@ -70,7 +70,7 @@ fn notice_then_a_new_machine_resumes(shared: &Shared2) {
 
     let second = Machine::new();
     meta.clear();
-    let out = finish(second.train(&shared, &flags, &[]));
+    let out = finish(second.train(shared, &flags, &[]));
     assert!(out.status.success());
     assert_eq!(resumed_from(&stderr(&out)), vec![stored]);
     assert_eq!(
@@ -427,7 +427,7 @@ fn a_killed_supervisor_s_segment_is_billed_on_a_postgresql_ledger() {
 fn killed_supervisor(shared: &Shared2) {
     let m = Machine::new();
     let flags = ["--notice", "none", "--price-per-hour", "3.60"];
-    let mut child = m.train(&shared, &flags, &[]);
+    let mut child = m.train(shared, &flags, &[]);
     m.wait_for_step(&mut child, 150);
     child.kill().unwrap();
     child.wait().unwrap();
@@ -437,7 +437,7 @@ fn killed_supervisor(shared: &Shared2) {
     assert!(Path::new(&format!("/proc/{pid}")).exists(), "{marker}");
     assert!(shared.segments().is_empty());
 
-    let out = finish(m.train(&shared, &flags, &[]));
+    let out = finish(m.train(shared, &flags, &[]));
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("outlived its supervisor"),
