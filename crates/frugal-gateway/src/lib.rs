@@ -16,6 +16,7 @@ pub mod api;
 pub mod assemble;
 pub mod backend;
 pub mod batch;
+pub mod budget;
 pub mod cache;
 mod cascade;
 pub mod config;
@@ -244,6 +245,14 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
     });
     let mut text = s.inner.metrics.render(gauges.as_ref());
     pool::render_metrics(s.inner.pools.values(), &mut text);
+    if let Some(b) = s.inner.keys.shared() {
+        metrics::Metrics::render_budgets(
+            &mut text,
+            b.is_shared(),
+            b.fallbacks.load(Ordering::Relaxed),
+            b.unsettled(),
+        );
+    }
     if let Some(shared) = &s.inner.shared {
         use std::fmt::Write;
         let _ = write!(

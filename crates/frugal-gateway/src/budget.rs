@@ -1,0 +1,460 @@
+//! Budgets shared by gateway replicas, in Redis (`[serve] budget_redis`).
+//!
+//! Each tenant has three keys: its spend this UTC day and this UTC month (integer
+//! nanodollars, expiring a day after their period ends) and a sorted set of holds, one per
+//! request in flight on any replica (`id:nanos`, scored by when it expires). Admission is one
+//! Lua script, atomic in Redis: drop expired holds, start the totals from this gateway's
+//! view if Redis has none (`SET NX`: this gateway's view starts from the ledger, so a fresh
+//! Redis does not hand out a budget again), refuse once spend plus holds reach a limit, else
+//! add the hold. Settling is another: remove the hold, add the real cost to both totals. The
+//! rule is the single gateway's ([`crate::keys`]), so N replicas overshoot a budget by at most
+//! the one hold that found room last, not N budgets.
+//!
+//! Redis is not needed to serve. A call that fails or takes longer than
+//! [`CALL_TIMEOUT`](crate::shared::CALL_TIMEOUT) leaves admission on the local view (this
+//! gateway's spend and the shared totals it last saw), counted in `/metrics`, and Redis is
+//! tried again a second later. What is spent meanwhile is kept and settled into Redis once it
+//! answers again, so the shared totals do not miss it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Datelike, Utc};
+use frugal_cost::Money;
+use redis::aio::ConnectionManager;
+
+use crate::keys::{Tenant, next_day, next_month};
+use crate::shared::{CALL_TIMEOUT, connect_redis, redact_url};
+
+/// How long a hold lives when its request never settles (the gateway that held it crashed):
+/// a little over the longest a request runs. An upstream call is cut at its `timeout_s`
+/// (120 s by default) times its tries; a long generation on the local model's CPU engine
+/// (thousands of tokens at a few tokens per second) takes minutes. A request that outlives
+/// its hold is still charged in full when it settles.
+pub const HOLD_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// After a failed call, admission stays on the local view this long before Redis is tried
+/// again: an outage costs one timeout a second, not one per request.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Totals outlive their period by a day, so a late settle (a replica's clock behind, spend
+/// replayed after an outage) still finds them.
+const GRACE_S: i64 = 86_400;
+
+/// How often spend that Redis missed is offered to it again while nothing else calls.
+const REPLAY_EVERY: Duration = Duration::from_secs(2);
+
+/// KEYS: holds, day, month. ARGV: day base, day expiry (unix s), month base, month expiry,
+/// daily limit, monthly limit (-1: none), the hold (`id:nanos`), its TTL in ms.
+/// Returns {admitted, day total, month total, held by others}.
+const RESERVE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EXAT', ARGV[2])
+redis.call('SET', KEYS[3], ARGV[3], 'NX', 'EXAT', ARGV[4])
+local held = 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  held = held + tonumber(string.match(m, ':(%d+)$'))
+end
+local day = tonumber(redis.call('GET', KEYS[2]))
+local month = tonumber(redis.call('GET', KEYS[3]))
+local dl, ml = tonumber(ARGV[5]), tonumber(ARGV[6])
+if (dl >= 0 and day + held >= dl) or (ml >= 0 and month + held >= ml) then
+  return {0, day, month, held}
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[8]), ARGV[7])
+redis.call('PEXPIRE', KEYS[1], ARGV[8])
+return {1, day, month, held}
+";
+
+/// KEYS: holds, day, month. ARGV: day base, day expiry, month base, month expiry, the hold
+/// ('' for none), the cost, '1' to add the cost only if the hold was still there (a retry
+/// of a settle that may have run). A period already over is left alone.
+/// Returns {day total, month total}, -1 for a period over.
+const SETTLE: &str = r"
+local now = tonumber(redis.call('TIME')[1])
+local removed = 1
+if ARGV[5] ~= '' then removed = redis.call('ZREM', KEYS[1], ARGV[5]) end
+local add = removed == 1 or ARGV[7] ~= '1'
+local out = {-1, -1}
+for i = 1, 2 do
+  local exat = tonumber(ARGV[2 * i])
+  if exat > now then
+    redis.call('SET', KEYS[i + 1], ARGV[2 * i - 1], 'NX', 'EXAT', exat)
+    if add then redis.call('INCRBY', KEYS[i + 1], ARGV[6]) end
+    out[i] = tonumber(redis.call('GET', KEYS[i + 1]))
+  end
+end
+return out
+";
+
+/// What Redis said to a reservation.
+pub(crate) struct Verdict {
+    pub admitted: bool,
+    pub day: Money,
+    pub month: Money,
+    /// Held by requests in flight on every replica (before this one).
+    pub held: Money,
+}
+
+/// A cost not yet added to the shared totals: being settled, or waiting for Redis.
+struct Pending {
+    id: u64,
+    tenant: Arc<Tenant>,
+    at: DateTime<Utc>,
+    cost: Money,
+    hold: Option<String>,
+    /// A settle of it failed after it may have run: add it only if its hold is still there.
+    only_if_held: bool,
+    in_flight: bool,
+}
+
+pub struct SharedBudgets {
+    conn: ConnectionManager,
+    /// The URL without its password, for the log.
+    shown: String,
+    /// Whether the last call reached Redis.
+    reached: AtomicBool,
+    /// Until when admission skips Redis after a failed call.
+    retry_at: Mutex<Option<Instant>>,
+    /// Admissions decided on the local view.
+    pub fallbacks: AtomicU64,
+    pending: Mutex<Vec<Pending>>,
+    /// Makes hold and pending ids unique: a random prefix per process, then a count.
+    prefix: String,
+    next: AtomicU64,
+    /// Wakes the task that replays pending spend.
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl std::fmt::Debug for SharedBudgets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBudgets")
+            .field("redis", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tenant's three keys at `at`, and when each total expires.
+fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 3], [i64; 2]) {
+    // The hash tag keeps a tenant's keys in one slot of a Redis Cluster.
+    let base = format!("frugal:budget:v1:{{{tenant}}}");
+    (
+        [
+            format!("{base}:holds"),
+            format!("{base}:day:{}", at.format("%Y-%m-%d")),
+            format!("{base}:month:{}", at.format("%Y-%m")),
+        ],
+        [
+            next_day(at).timestamp() + GRACE_S,
+            next_month(at).timestamp() + GRACE_S,
+        ],
+    )
+}
+
+fn limit(l: Option<Money>) -> i64 {
+    l.map_or(-1, Money::nanos)
+}
+
+impl SharedBudgets {
+    /// Connects (and checks Redis answers) before serving starts, and starts the task that
+    /// settles into Redis what was spent while it was unreachable.
+    pub async fn connect(url: &str) -> Result<Arc<SharedBudgets>, String> {
+        let conn = connect_redis("budget_redis", url).await?;
+        let mut random = [0u8; 6];
+        getrandom::fill(&mut random).map_err(|e| format!("budget_redis: no randomness: {e}"))?;
+        let budgets = Arc::new(SharedBudgets {
+            conn,
+            shown: redact_url(url),
+            reached: AtomicBool::new(true),
+            retry_at: Mutex::new(None),
+            fallbacks: AtomicU64::new(0),
+            pending: Mutex::new(Vec::new()),
+            prefix: random.iter().map(|b| format!("{b:02x}")).collect(),
+            next: AtomicU64::new(0),
+            wake: Arc::new(tokio::sync::Notify::new()),
+        });
+        tokio::spawn(replay(Arc::downgrade(&budgets), budgets.wake.clone()));
+        Ok(budgets)
+    }
+
+    /// Whether the last budget call reached Redis (else admission is on the local view).
+    pub fn is_shared(&self) -> bool {
+        self.reached.load(Ordering::Relaxed)
+    }
+
+    /// Costs waiting to be added to the shared totals.
+    pub fn unsettled(&self) -> usize {
+        self.lock_pending().len()
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether to call Redis now: it answered last time, or the pause after a failure is over.
+    fn worth_trying(&self) -> bool {
+        let retry = self.retry_at.lock().unwrap_or_else(|p| p.into_inner());
+        self.is_shared() || retry.is_none_or(|t| Instant::now() >= t)
+    }
+
+    fn reached_it(&self) {
+        *self.retry_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if !self.reached.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                redis = %self.shown,
+                "budgets: Redis answers again; admission is shared again, and what was spent meanwhile is settled into it"
+            );
+            self.wake.notify_one();
+        }
+    }
+
+    fn missed_it(&self, why: &str) {
+        *self.retry_at.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Instant::now() + RETRY_AFTER);
+        if self.reached.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                redis = %self.shown,
+                "budgets: Redis {why}; admission falls back to this gateway's view of each tenant's spend"
+            );
+        }
+    }
+
+    fn new_id(&self) -> (u64, String) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        (n, format!("{}-{n}", self.prefix))
+    }
+
+    /// A hold's member in the holds set: a unique id and the amount held.
+    pub(crate) fn new_hold(&self, amount: Money) -> String {
+        format!("{}:{}", self.new_id().1, amount.nanos().max(0))
+    }
+
+    /// What Redis should start `tenant`'s totals of `at`'s periods from if it has none: this
+    /// gateway's view of the current periods, less what it has not yet added to Redis
+    /// (added as it settles); 0 for a period that is over.
+    fn bases(&self, pending: &[Pending], tenant: &Arc<Tenant>, at: DateTime<Utc>) -> [Money; 2] {
+        let now = Utc::now();
+        let (day, month) = tenant.totals(now);
+        let same_day = |t: DateTime<Utc>| t.date_naive() == now.date_naive();
+        let same_month = |t: DateTime<Utc>| (t.year(), t.month()) == (now.year(), now.month());
+        let mut bases = [
+            if same_day(at) { day } else { Money::ZERO },
+            if same_month(at) { month } else { Money::ZERO },
+        ];
+        for p in pending.iter().filter(|p| Arc::ptr_eq(&p.tenant, tenant)) {
+            if same_day(at) && same_day(p.at) {
+                bases[0] -= p.cost;
+            }
+            if same_month(at) && same_month(p.at) {
+                bases[1] -= p.cost;
+            }
+        }
+        bases.map(|b| b.max(Money::ZERO))
+    }
+
+    async fn call<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, String> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(CALL_TIMEOUT, cmd.query_async::<T>(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(format!("failed: {e}")),
+            Err(_) => Err(format!(
+                "did not answer within {} ms",
+                CALL_TIMEOUT.as_millis()
+            )),
+        }
+    }
+
+    /// Holds `hold` of `tenant`'s budgets in Redis; `None` when Redis did not answer (the
+    /// caller decides on its local view, counted as a fallback).
+    pub(crate) async fn reserve(
+        &self,
+        tenant: &Arc<Tenant>,
+        hold: &str,
+        now: DateTime<Utc>,
+    ) -> Option<Verdict> {
+        if !self.worth_trying() {
+            self.fallbacks.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let (keys, expiry) = keys(&tenant.name, now);
+        let bases = self.bases(&self.lock_pending(), tenant, now);
+        let limits = tenant.limits();
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RESERVE)
+            .arg(3)
+            .arg(&keys[..])
+            .arg(bases[0].nanos())
+            .arg(expiry[0])
+            .arg(bases[1].nanos())
+            .arg(expiry[1])
+            .arg(limit(limits.daily))
+            .arg(limit(limits.monthly))
+            .arg(hold)
+            .arg(HOLD_TTL.as_millis() as u64);
+        match self.call::<(i64, i64, i64, i64)>(cmd).await {
+            Ok((admitted, day, month, held)) => {
+                self.reached_it();
+                Some(Verdict {
+                    admitted: admitted == 1,
+                    day: Money::from_nanos(day),
+                    month: Money::from_nanos(month),
+                    held: Money::from_nanos(held),
+                })
+            }
+            Err(why) => {
+                self.missed_it(&why);
+                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Charges `cost` to `tenant` (in this gateway's view now, in Redis in the background)
+    /// and drops its `hold`, if any. Until Redis has it, the cost is pending: left out of
+    /// the totals Redis would start from, and replayed when Redis answers again.
+    pub(crate) fn charge(
+        self: &Arc<Self>,
+        tenant: Arc<Tenant>,
+        hold: Option<String>,
+        cost: Money,
+        now: DateTime<Utc>,
+    ) {
+        let (id, _) = self.new_id();
+        let attempt = self.worth_trying() && tokio::runtime::Handle::try_current().is_ok();
+        {
+            let mut pending = self.lock_pending();
+            tenant.add_local(cost, now);
+            pending.push(Pending {
+                id,
+                tenant,
+                at: now,
+                cost,
+                hold,
+                only_if_held: false,
+                in_flight: attempt,
+            });
+        }
+        if attempt {
+            let this = self.clone();
+            tokio::spawn(async move { this.settle(id).await });
+        }
+    }
+
+    /// Gives back a hold whose request settled nothing (refused before any work, or dropped).
+    pub(crate) fn release(self: &Arc<Self>, tenant: &str, hold: String) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return; // It expires.
+        }
+        let (keys, _) = keys(tenant, Utc::now());
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut cmd = redis::cmd("ZREM");
+            cmd.arg(&keys[0]).arg(hold);
+            if let Err(why) = this.call::<i64>(cmd).await {
+                this.missed_it(&why);
+            }
+        });
+    }
+
+    /// Adds pending cost `id` to the shared totals; false when Redis did not take it.
+    async fn settle(&self, id: u64) -> bool {
+        let (cmd, tenant, at) = {
+            let pending = self.lock_pending();
+            let Some(p) = pending.iter().find(|p| p.id == id) else {
+                return true;
+            };
+            let (keys, expiry) = keys(&p.tenant.name, p.at);
+            let bases = self.bases(&pending, &p.tenant, p.at);
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(SETTLE)
+                .arg(3)
+                .arg(&keys[..])
+                .arg(bases[0].nanos())
+                .arg(expiry[0])
+                .arg(bases[1].nanos())
+                .arg(expiry[1])
+                .arg(p.hold.as_deref().unwrap_or(""))
+                .arg(p.cost.nanos())
+                .arg(if p.only_if_held { "1" } else { "0" });
+            (cmd, p.tenant.clone(), p.at)
+        };
+        let result = self.call::<(i64, i64)>(cmd).await;
+        let mut pending = self.lock_pending();
+        let Some(i) = pending.iter().position(|p| p.id == id) else {
+            return true;
+        };
+        match result {
+            Ok((day, month)) => {
+                pending.swap_remove(i);
+                drop(pending);
+                tenant.seen(at, day, month);
+                self.reached_it();
+                true
+            }
+            Err(why) => {
+                let p = &mut pending[i];
+                p.in_flight = false;
+                p.only_if_held = p.hold.is_some();
+                drop(pending);
+                self.missed_it(&why);
+                false
+            }
+        }
+    }
+
+    /// Settles, oldest first, what Redis has not taken yet; stops at the first failure.
+    async fn replay_pending(&self) {
+        let ids: Vec<u64> = {
+            let mut pending = self.lock_pending();
+            pending
+                .iter_mut()
+                .filter(|p| !p.in_flight)
+                .map(|p| {
+                    p.in_flight = true;
+                    p.id
+                })
+                .collect()
+        };
+        if ids.is_empty() {
+            return;
+        }
+        let mut settled = 0;
+        for (i, id) in ids.iter().enumerate() {
+            if !self.settle(*id).await {
+                // The rest wait for the next try.
+                let mut pending = self.lock_pending();
+                for p in pending.iter_mut().filter(|p| ids[i..].contains(&p.id)) {
+                    p.in_flight = false;
+                }
+                break;
+            }
+            settled += 1;
+        }
+        if settled > 0 {
+            tracing::info!(
+                requests = settled,
+                "budgets: settled into Redis what was spent while it was unreachable"
+            );
+        }
+    }
+}
+
+/// Replays pending spend when Redis answers again, and every few seconds while some waits
+/// (a gateway with no traffic to find Redis back).
+async fn replay(budgets: Weak<SharedBudgets>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        tokio::select! {
+            () = wake.notified() => {}
+            () = tokio::time::sleep(REPLAY_EVERY) => {}
+        }
+        let Some(budgets) = budgets.upgrade() else {
+            return;
+        };
+        if budgets.worth_trying() {
+            budgets.replay_pending().await;
+        }
+    }
+}
