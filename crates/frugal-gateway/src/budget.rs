@@ -71,19 +71,21 @@ return {1, day, month, held}
 
 /// KEYS: holds, day, month. ARGV: day base, day expiry, month base, month expiry, the hold
 /// ('' for none), the cost, '1' to add the cost only if the hold was still there (a retry
-/// of a settle that may have run). A period already over is left alone.
+/// of a settle that may have run), unless the total starts here (Redis lost its data: the
+/// base leaves this cost out). A period already over is left alone.
 /// Returns {day total, month total}, -1 for a period over.
 const SETTLE: &str = r"
 local now = tonumber(redis.call('TIME')[1])
 local removed = 1
 if ARGV[5] ~= '' then removed = redis.call('ZREM', KEYS[1], ARGV[5]) end
-local add = removed == 1 or ARGV[7] ~= '1'
 local out = {-1, -1}
 for i = 1, 2 do
   local exat = tonumber(ARGV[2 * i])
   if exat > now then
-    redis.call('SET', KEYS[i + 1], ARGV[2 * i - 1], 'NX', 'EXAT', exat)
-    if add then redis.call('INCRBY', KEYS[i + 1], ARGV[6]) end
+    local fresh = redis.call('SET', KEYS[i + 1], ARGV[2 * i - 1], 'NX', 'EXAT', exat)
+    if removed == 1 or ARGV[7] ~= '1' or fresh then
+      redis.call('INCRBY', KEYS[i + 1], ARGV[6])
+    end
     out[i] = tonumber(redis.call('GET', KEYS[i + 1]))
   end
 end
@@ -127,6 +129,7 @@ pub struct SharedBudgets {
     next: AtomicU64,
     /// Wakes the task that replays pending spend.
     wake: Arc<tokio::sync::Notify>,
+    hold_ttl: Duration,
 }
 
 impl std::fmt::Debug for SharedBudgets {
@@ -162,6 +165,10 @@ impl SharedBudgets {
     /// Connects (and checks Redis answers) before serving starts, and starts the task that
     /// settles into Redis what was spent while it was unreachable.
     pub async fn connect(url: &str) -> Result<Arc<SharedBudgets>, String> {
+        SharedBudgets::connect_holding(url, HOLD_TTL).await
+    }
+
+    async fn connect_holding(url: &str, hold_ttl: Duration) -> Result<Arc<SharedBudgets>, String> {
         let conn = connect_redis("budget_redis", url).await?;
         let mut random = [0u8; 6];
         getrandom::fill(&mut random).map_err(|e| format!("budget_redis: no randomness: {e}"))?;
@@ -175,6 +182,7 @@ impl SharedBudgets {
             prefix: random.iter().map(|b| format!("{b:02x}")).collect(),
             next: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
+            hold_ttl,
         });
         tokio::spawn(replay(Arc::downgrade(&budgets), budgets.wake.clone()));
         Ok(budgets)
@@ -293,7 +301,7 @@ impl SharedBudgets {
             .arg(limit(limits.daily))
             .arg(limit(limits.monthly))
             .arg(hold)
-            .arg(HOLD_TTL.as_millis() as u64);
+            .arg(self.hold_ttl.as_millis() as u64);
         match self.call::<(i64, i64, i64, i64)>(cmd).await {
             Ok((admitted, day, month, held)) => {
                 self.reached_it();
@@ -456,5 +464,216 @@ async fn replay(budgets: Weak<SharedBudgets>, wake: Arc<tokio::sync::Notify>) {
         if budgets.worth_trying() {
             budgets.replay_pending().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ApiError;
+    use crate::keys::{KeyConfig, Keys, hash_key};
+    use crate::redis_test::Redis;
+
+    fn replica(budgets: &Arc<SharedBudgets>, daily: Money, monthly: Option<Money>) -> Keys {
+        Keys::with_budgets(
+            &[KeyConfig {
+                tenant: "t".into(),
+                sha256: hash_key("k"),
+                daily: Some(daily),
+                monthly,
+            }],
+            Some(budgets.clone()),
+        )
+    }
+
+    /// The tenant's day and month totals and holds in Redis.
+    async fn in_redis(url: &str) -> (Option<i64>, Option<i64>, i64) {
+        let mut conn = connect_redis("test", url).await.unwrap();
+        let (k, _) = keys("t", Utc::now());
+        let day: Option<i64> = redis::cmd("GET")
+            .arg(&k[1])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let month: Option<i64> = redis::cmd("GET")
+            .arg(&k[2])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let holds: i64 = redis::cmd("ZCARD")
+            .arg(&k[0])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        (day, month, holds)
+    }
+
+    /// Waits until every cost is in Redis.
+    async fn settled(budgets: &[&Arc<SharedBudgets>]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while budgets.iter().any(|b| b.unsettled() > 0 || !b.is_shared()) {
+            assert!(
+                Instant::now() < deadline,
+                "spend was not settled into Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn replicas_reserving_at_once_stop_within_one_hold_of_the_limit() {
+        let redis = Redis::start().unwrap();
+        let (a, b) = (
+            SharedBudgets::connect(&redis.url).await.unwrap(),
+            SharedBudgets::connect(&redis.url).await.unwrap(),
+        );
+        let limit = Money::from_cents(100);
+        let hold = Money::from_cents(7);
+        let replicas = [replica(&a, limit, None), replica(&b, limit, None)];
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let t = replicas[i % 2].tenant("t").unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0;
+                loop {
+                    match t.reserve(hold, Utc::now()).await {
+                        Ok(r) => {
+                            tokio::task::yield_now().await;
+                            r.settle(hold, Utc::now());
+                            admitted += 1;
+                        }
+                        Err(ApiError::Budget { message, .. }) => {
+                            assert!(message.contains("daily budget of `t`"), "{message}");
+                            return admitted;
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        settled(&[&a, &b]).await;
+        assert_eq!(a.fallbacks.load(Ordering::Relaxed), 0);
+        let (day, month, holds) = in_redis(&redis.url).await;
+        // Admitted while spend + holds < $1.00, each settling at its whole hold: the total
+        // reaches the limit and passes it by less than one hold.
+        let day = day.unwrap();
+        assert!(
+            day >= limit.nanos() && day < (limit + hold).nanos(),
+            "{day} after {admitted} requests"
+        );
+        assert_eq!(day, admitted * hold.nanos());
+        assert_eq!(month, Some(day));
+        assert_eq!(holds, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crashed_gateways_holds_expire() {
+        let redis = Redis::start().unwrap();
+        let budgets = SharedBudgets::connect_holding(&redis.url, Duration::from_millis(300))
+            .await
+            .unwrap();
+        let keys = replica(&budgets, Money::from_cents(100), None);
+        let t = keys.tenant("t").unwrap();
+        // Held by a gateway that died: never settled, never released.
+        std::mem::forget(t.reserve(Money::from_cents(100), Utc::now()).await.unwrap());
+        let Err(ApiError::Budget { message, .. }) =
+            t.reserve(Money::from_cents(1), Utc::now()).await
+        else {
+            panic!("the hold fills the budget")
+        };
+        assert!(
+            message.contains("$1.000000 more held by requests in flight"),
+            "{message}"
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let r = t.reserve(Money::from_cents(1), Utc::now()).await.unwrap();
+        assert_eq!(in_redis(&redis.url).await.2, 1, "the expired hold is gone");
+        drop(r);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            in_redis(&redis.url).await,
+            (Some(0), Some(0), 0),
+            "released"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn settling_adds_the_real_cost_to_totals_that_start_from_the_ledger() {
+        let redis = Redis::start().unwrap();
+        let budgets = SharedBudgets::connect(&redis.url).await.unwrap();
+        let keys = replica(
+            &budgets,
+            Money::from_cents(45),
+            Some(Money::from_cents(500)),
+        );
+        // The ledger says $0.30 today and $0.50 this month.
+        let now = Utc::now();
+        keys.preload(now, |start| {
+            let cents = if start == crate::keys::period_starts(now).0 {
+                30
+            } else {
+                50
+            };
+            Ok::<_, ()>(vec![("t".to_owned(), Money::from_cents(cents))])
+        })
+        .unwrap();
+        let t = keys.tenant("t").unwrap();
+        let r = t.reserve(Money::from_cents(60), Utc::now()).await.unwrap();
+        assert_eq!(
+            in_redis(&redis.url).await,
+            (Some(30 * 10_000_000), Some(50 * 10_000_000), 1)
+        );
+        r.settle(Money::from_cents(10), Utc::now());
+        settled(&[&budgets]).await;
+        assert_eq!(
+            in_redis(&redis.url).await,
+            (Some(40 * 10_000_000), Some(60 * 10_000_000), 0)
+        );
+        // Another replica, which has seen none of it, is refused by the shared total.
+        let other = SharedBudgets::connect(&redis.url).await.unwrap();
+        let keys = replica(&other, Money::from_cents(40), None);
+        let Err(ApiError::Budget { message, .. }) = keys
+            .tenant("t")
+            .unwrap()
+            .reserve(Money::from_cents(1), Utc::now())
+            .await
+        else {
+            panic!("the shared total reaches the limit")
+        };
+        assert!(
+            message.contains("is spent: $0.400000 of $0.40; it resets at"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_redis_admission_is_local_and_the_spend_is_settled_when_it_returns() {
+        let mut redis = Redis::start().unwrap();
+        let budgets = SharedBudgets::connect(&redis.url).await.unwrap();
+        let keys = replica(&budgets, Money::from_cents(100), None);
+        let t = keys.tenant("t").unwrap();
+        t.add_local(Money::from_cents(20), Utc::now());
+        let first = t.reserve(Money::from_cents(5), Utc::now()).await.unwrap();
+        assert_eq!(in_redis(&redis.url).await.0, Some(20 * 10_000_000));
+        redis.kill();
+        first.settle(Money::from_cents(5), Utc::now());
+        let second = t.reserve(Money::from_cents(5), Utc::now()).await.unwrap();
+        assert!(!budgets.is_shared());
+        assert!(budgets.fallbacks.load(Ordering::Relaxed) >= 1);
+        second.settle(Money::from_cents(5), Utc::now());
+        assert_eq!(budgets.unsettled(), 2);
+        assert_eq!(t.totals(Utc::now()).0, Money::from_cents(30));
+        // It comes back empty (no persistence): the totals start again from this gateway's
+        // view, and what was spent meanwhile is added once.
+        redis.restart().unwrap();
+        settled(&[&budgets]).await;
+        assert_eq!(
+            in_redis(&redis.url).await,
+            (Some(30 * 10_000_000), Some(30 * 10_000_000), 0)
+        );
     }
 }
