@@ -45,10 +45,13 @@ const GRACE_S: i64 = 86_400;
 /// How often spend that Redis missed is offered to it again while nothing else calls.
 const REPLAY_EVERY: Duration = Duration::from_secs(2);
 
-/// KEYS: holds, day, month. ARGV: day base, day expiry (unix s), month base, month expiry,
-/// daily limit, monthly limit (-1: none), the hold (`id:nanos`), its TTL in ms.
-/// Returns {admitted, day total, month total, held by others}.
+/// KEYS: holds, day, month, epoch. ARGV: day base, day expiry (unix s), month base, month
+/// expiry, daily limit, monthly limit (-1: none), the hold (`id:nanos`), its TTL in ms, an
+/// epoch should the tenant have none. Returns {admitted, day total, month total, held by
+/// others, epoch}.
 const RESERVE: &str = r"
+redis.call('SET', KEYS[4], ARGV[9], 'NX')
+local epoch = redis.call('GET', KEYS[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -62,30 +65,32 @@ local day = tonumber(redis.call('GET', KEYS[2]))
 local month = tonumber(redis.call('GET', KEYS[3]))
 local dl, ml = tonumber(ARGV[5]), tonumber(ARGV[6])
 if (dl >= 0 and day + held >= dl) or (ml >= 0 and month + held >= ml) then
-  return {0, day, month, held}
+  return {0, day, month, held, epoch}
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[8]), ARGV[7])
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
-return {1, day, month, held}
+return {1, day, month, held, epoch}
 ";
 
-/// KEYS: holds, day, month. ARGV: day base, day expiry, month base, month expiry, the hold
-/// ('' for none), the cost, '1' to add the cost only if the hold was still there (a retry
-/// of a settle that may have run), unless the total starts here (Redis lost its data: the
-/// base leaves this cost out). A period already over is left alone.
+/// KEYS: holds, day, month, epoch. ARGV: day base, day expiry, month base, month expiry,
+/// the hold ('' for none), the cost, '1' to add the cost only if the hold is still there (a
+/// retry of a settle that may have run), the epoch the hold was placed in, an epoch should
+/// the tenant have none. A hold of another epoch (Redis lost its data since) proves nothing:
+/// the cost is added. A period already over is left alone.
 /// Returns {day total, month total}, -1 for a period over.
 const SETTLE: &str = r"
+redis.call('SET', KEYS[4], ARGV[9], 'NX')
+local same = redis.call('GET', KEYS[4]) == ARGV[8]
 local now = tonumber(redis.call('TIME')[1])
 local removed = 1
 if ARGV[5] ~= '' then removed = redis.call('ZREM', KEYS[1], ARGV[5]) end
+local add = removed == 1 or ARGV[7] ~= '1' or not same
 local out = {-1, -1}
 for i = 1, 2 do
   local exat = tonumber(ARGV[2 * i])
   if exat > now then
-    local fresh = redis.call('SET', KEYS[i + 1], ARGV[2 * i - 1], 'NX', 'EXAT', exat)
-    if removed == 1 or ARGV[7] ~= '1' or fresh then
-      redis.call('INCRBY', KEYS[i + 1], ARGV[6])
-    end
+    redis.call('SET', KEYS[i + 1], ARGV[2 * i - 1], 'NX', 'EXAT', exat)
+    if add then redis.call('INCRBY', KEYS[i + 1], ARGV[6]) end
     out[i] = tonumber(redis.call('GET', KEYS[i + 1]))
   end
 end
@@ -99,6 +104,16 @@ pub(crate) struct Verdict {
     pub month: Money,
     /// Held by requests in flight on every replica (before this one).
     pub held: Money,
+    /// This one's hold, when admitted.
+    pub hold: Hold,
+}
+
+/// A request's hold in Redis: its member of the holds set, and the epoch of the tenant's
+/// keys it was placed in (a new one each time Redis starts empty).
+#[derive(Debug, Clone)]
+pub struct Hold {
+    member: String,
+    epoch: String,
 }
 
 /// A cost not yet added to the shared totals: being settled, or waiting for Redis.
@@ -107,7 +122,7 @@ struct Pending {
     tenant: Arc<Tenant>,
     at: DateTime<Utc>,
     cost: Money,
-    hold: Option<String>,
+    hold: Option<Hold>,
     /// A settle of it failed after it may have run: add it only if its hold is still there.
     only_if_held: bool,
     in_flight: bool,
@@ -141,7 +156,7 @@ impl std::fmt::Debug for SharedBudgets {
 }
 
 /// A tenant's three keys at `at`, and when each total expires.
-fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 3], [i64; 2]) {
+fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 4], [i64; 2]) {
     // The hash tag keeps a tenant's keys in one slot of a Redis Cluster.
     let base = format!("frugal:budget:v1:{{{tenant}}}");
     (
@@ -149,6 +164,7 @@ fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 3], [i64; 2]) {
             format!("{base}:holds"),
             format!("{base}:day:{}", at.format("%Y-%m-%d")),
             format!("{base}:month:{}", at.format("%Y-%m")),
+            format!("{base}:epoch"),
         ],
         [
             next_day(at).timestamp() + GRACE_S,
@@ -211,7 +227,8 @@ impl SharedBudgets {
     fn reached_it(&self) {
         *self.retry_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if !self.reached.swap(true, Ordering::Relaxed) {
-            tracing::info!(
+            // At the fallback's level, so that whoever saw it go sees it come back.
+            tracing::warn!(
                 redis = %self.shown,
                 "budgets: Redis answers again; admission is shared again, and what was spent meanwhile is settled into it"
             );
@@ -236,7 +253,7 @@ impl SharedBudgets {
     }
 
     /// A hold's member in the holds set: a unique id and the amount held.
-    pub(crate) fn new_hold(&self, amount: Money) -> String {
+    fn new_hold(&self, amount: Money) -> String {
         format!("{}:{}", self.new_id().1, amount.nanos().max(0))
     }
 
@@ -275,12 +292,12 @@ impl SharedBudgets {
         }
     }
 
-    /// Holds `hold` of `tenant`'s budgets in Redis; `None` when Redis did not answer (the
+    /// Holds `amount` of `tenant`'s budgets in Redis; `None` when Redis did not answer (the
     /// caller decides on its local view, counted as a fallback).
     pub(crate) async fn reserve(
         &self,
         tenant: &Arc<Tenant>,
-        hold: &str,
+        amount: Money,
         now: DateTime<Utc>,
     ) -> Option<Verdict> {
         if !self.worth_trying() {
@@ -290,9 +307,10 @@ impl SharedBudgets {
         let (keys, expiry) = keys(&tenant.name, now);
         let bases = self.bases(&self.lock_pending(), tenant, now);
         let limits = tenant.limits();
+        let member = self.new_hold(amount);
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(RESERVE)
-            .arg(3)
+            .arg(4)
             .arg(&keys[..])
             .arg(bases[0].nanos())
             .arg(expiry[0])
@@ -300,16 +318,18 @@ impl SharedBudgets {
             .arg(expiry[1])
             .arg(limit(limits.daily))
             .arg(limit(limits.monthly))
-            .arg(hold)
-            .arg(self.hold_ttl.as_millis() as u64);
-        match self.call::<(i64, i64, i64, i64)>(cmd).await {
-            Ok((admitted, day, month, held)) => {
+            .arg(&member)
+            .arg(self.hold_ttl.as_millis() as u64)
+            .arg(self.new_id().1);
+        match self.call::<(i64, i64, i64, i64, String)>(cmd).await {
+            Ok((admitted, day, month, held, epoch)) => {
                 self.reached_it();
                 Some(Verdict {
                     admitted: admitted == 1,
                     day: Money::from_nanos(day),
                     month: Money::from_nanos(month),
                     held: Money::from_nanos(held),
+                    hold: Hold { member, epoch },
                 })
             }
             Err(why) => {
@@ -326,7 +346,7 @@ impl SharedBudgets {
     pub(crate) fn charge(
         self: &Arc<Self>,
         tenant: Arc<Tenant>,
-        hold: Option<String>,
+        hold: Option<Hold>,
         cost: Money,
         now: DateTime<Utc>,
     ) {
@@ -352,7 +372,7 @@ impl SharedBudgets {
     }
 
     /// Gives back a hold whose request settled nothing (refused before any work, or dropped).
-    pub(crate) fn release(self: &Arc<Self>, tenant: &str, hold: String) {
+    pub(crate) fn release(self: &Arc<Self>, tenant: &str, hold: Hold) {
         if tokio::runtime::Handle::try_current().is_err() {
             return; // It expires.
         }
@@ -360,7 +380,7 @@ impl SharedBudgets {
         let this = self.clone();
         tokio::spawn(async move {
             let mut cmd = redis::cmd("ZREM");
-            cmd.arg(&keys[0]).arg(hold);
+            cmd.arg(&keys[0]).arg(hold.member);
             if let Err(why) = this.call::<i64>(cmd).await {
                 this.missed_it(&why);
             }
@@ -378,15 +398,17 @@ impl SharedBudgets {
             let bases = self.bases(&pending, &p.tenant, p.at);
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(SETTLE)
-                .arg(3)
+                .arg(4)
                 .arg(&keys[..])
                 .arg(bases[0].nanos())
                 .arg(expiry[0])
                 .arg(bases[1].nanos())
                 .arg(expiry[1])
-                .arg(p.hold.as_deref().unwrap_or(""))
+                .arg(p.hold.as_ref().map_or("", |h| &h.member))
                 .arg(p.cost.nanos())
-                .arg(if p.only_if_held { "1" } else { "0" });
+                .arg(if p.only_if_held { "1" } else { "0" })
+                .arg(p.hold.as_ref().map_or("", |h| &h.epoch))
+                .arg(self.new_id().1);
             (cmd, p.tenant.clone(), p.at)
         };
         let result = self.call::<(i64, i64)>(cmd).await;
@@ -669,11 +691,16 @@ mod tests {
         assert_eq!(t.totals(Utc::now()).0, Money::from_cents(30));
         // It comes back empty (no persistence): the totals start again from this gateway's
         // view, and what was spent meanwhile is added once.
+        // The first settle's hold is gone with the old Redis: its cost is added anyway,
+        // whether the totals start at the replay or at a reservation before it.
         redis.restart().unwrap();
+        tokio::time::sleep(RETRY_AFTER).await;
+        let third = t.reserve(Money::from_cents(5), Utc::now()).await.unwrap();
+        third.settle(Money::from_cents(5), Utc::now());
         settled(&[&budgets]).await;
         assert_eq!(
             in_redis(&redis.url).await,
-            (Some(30 * 10_000_000), Some(30 * 10_000_000), 0)
+            (Some(35 * 10_000_000), Some(35 * 10_000_000), 0)
         );
     }
 }

@@ -24,7 +24,7 @@ use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Utc};
 use frugal_cost::Money;
 use sha2::{Digest, Sha256};
 
-use crate::budget::SharedBudgets;
+use crate::budget::{Hold, SharedBudgets};
 use crate::error::ApiError;
 
 /// One configured key.
@@ -178,8 +178,7 @@ impl Tenant {
         now: DateTime<Utc>,
     ) -> Result<Reservation, ApiError> {
         if let Some(shared) = &self.shared {
-            let hold = shared.new_hold(worst);
-            if let Some(v) = shared.reserve(self, &hold, now).await {
+            if let Some(v) = shared.reserve(self, worst, now).await {
                 let mut spend = self.lock();
                 spend.roll(now);
                 spend.seen(now, v.day.nanos(), v.month.nanos());
@@ -196,7 +195,7 @@ impl Tenant {
                 return Ok(Reservation {
                     tenant: self.clone(),
                     held: worst,
-                    hold: Some(hold),
+                    hold: Some(v.hold),
                 });
             }
         }
@@ -230,7 +229,7 @@ impl Tenant {
         self.charge(cost, None, now);
     }
 
-    fn charge(self: &Arc<Self>, cost: Money, hold: Option<String>, now: DateTime<Utc>) {
+    fn charge(self: &Arc<Self>, cost: Money, hold: Option<Hold>, now: DateTime<Utc>) {
         match &self.shared {
             Some(shared) => shared.charge(self.clone(), hold, cost, now),
             None => self.add_local(cost, now),
@@ -276,7 +275,7 @@ pub struct Reservation {
     tenant: Arc<Tenant>,
     held: Money,
     /// Its hold in Redis, when Redis took it.
-    hold: Option<String>,
+    hold: Option<Hold>,
 }
 
 impl Reservation {

@@ -305,11 +305,18 @@ async fn reload_on_hangup(
                 Some(path) => read_keys(path).map_err(|e| format!("{e:#}")),
                 None => Err("no config file was read at start (pass --config FILE)".into()),
             };
-            state.reload_keys(keys, |start| match &ledger {
+            let reloaded = state.reload_keys(keys, |start| match &ledger {
                 Some(l) => frugal_cost::Ledger::open(l)
                     .and_then(|l| l.tenant_spend(start.timestamp_millis())),
                 None => Ok(Vec::new()),
             });
+            let said = match reloaded {
+                Ok(changes) => format!("frugal serve: keys reloaded: {changes}"),
+                Err(why) => format!(
+                    "frugal serve: config reload refused, the keys stay as they were: {why}"
+                ),
+            };
+            let _ = writeln!(std::io::stderr(), "{said}");
         });
         if let Err(e) = reloaded.await {
             tracing::error!("config reload stopped: {e}");

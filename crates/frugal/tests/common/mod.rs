@@ -95,6 +95,17 @@ impl Server {
         Server::start_full(tempfile::tempdir().unwrap(), &[], extra, &[], Some(ledger))
     }
 
+    /// With `files` in its own folder, metering into `ledger` (a path or a `postgres://` URL).
+    pub fn start_files_on_ledger(files: &[(&str, &str)], extra: &[&str], ledger: &str) -> Server {
+        Server::start_full(
+            tempfile::tempdir().unwrap(),
+            files,
+            extra,
+            &[],
+            Some(ledger),
+        )
+    }
+
     fn start_full(
         dir: tempfile::TempDir,
         files: &[(&str, &str)],
