@@ -102,7 +102,7 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
         Server::start_files_on_ledger(&files, &flags, &ledger),
         Server::start_files_on_ledger(&files, &flags, &ledger),
     ];
-    let answered = std::sync::atomic::AtomicU64::new(0);
+    let mut answered = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
         for i in 0..8 {
             let addr = gateways[i % 2].addr.clone();
@@ -120,9 +120,17 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
             });
         }
     });
+    // A refusal counts the holds in flight, which settle at less: once they have, one
+    // gateway or the other may find room for a last request or two.
     for g in &gateways {
-        let (status, head, body) = ask(&g.addr, "fk-acme");
-        refused_for_budget(status, &head, &body);
+        loop {
+            let (status, head, body) = ask(&g.addr, "fk-acme");
+            if status != 200 {
+                refused_for_budget(status, &head, &body);
+                break;
+            }
+            *answered.get_mut() += 1;
+        }
         assert_eq!(metric(&g.addr, "fk-acme", "frugal_budget_shared"), 1.0);
         assert_eq!(
             metric(&g.addr, "fk-acme", "frugal_budget_fallbacks_total"),
@@ -146,6 +154,12 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
         })
         .unwrap();
     let answered = answered.into_inner();
+    eprintln!(
+        "two gateways: {answered} requests answered, ${} spent of a ${} budget (one hold: ${})",
+        spent.to_string_places(2),
+        limit.to_string_places(2),
+        HOLD.to_string_places(2)
+    );
     assert_eq!(rows, answered, "every answered request once in the ledger");
     assert_eq!(
         spent,
@@ -226,8 +240,9 @@ fn without_redis_requests_are_served_on_the_local_view_and_settled_when_it_retur
         Money::from_nanos(Money::from_cents(2).nanos() * requests as i64),
         "{requests} requests in Redis's total"
     );
-    let logs = server.logs();
-    assert!(logs.contains("Redis answers again"), "{logs}");
+    wait_for("the log of the return", || {
+        server.logs().contains("Redis answers again")
+    });
 }
 
 #[test]
@@ -277,13 +292,12 @@ fn sighup_reloads_keys_and_budgets_and_refuses_a_bad_config() {
     let (status, _, body) = ask(&server.addr, "fk-acme");
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("$0.020000 of $0.01"), "{body}");
-    let logs = server.logs();
-    assert!(
-        logs.contains(
-            "keys reloaded: 2 keys (were 1); tenants added: other; budgets changed: acme"
-        ),
-        "{logs}"
-    );
+    // Said once the keys are swapped (the metric counts first).
+    wait_for("the reload's log", || {
+        server
+            .logs()
+            .contains("keys reloaded: 2 keys (were 1); tenants added: other; budgets changed: acme")
+    });
 
     // A config that does not parse, then one that does not check: refused, keys kept.
     std::fs::write(&file, "[serve]\nbogus = 1\n").unwrap();
@@ -291,7 +305,9 @@ fn sighup_reloads_keys_and_budgets_and_refuses_a_bad_config() {
     wait_for("the refused reload", || reloads("error") == 1.0);
     std::fs::write(&file, "[[serve.key]]\ntenant = \"x\"\nsha256 = \"abc\"\n").unwrap();
     hup(&server);
-    wait_for("the second refused reload", || reloads("error") == 2.0);
+    wait_for("the second refused reload", || {
+        reloads("error") == 2.0 && server.logs().contains("sha256 must be 64 hex digits")
+    });
     assert_eq!(ask(&server.addr, "fk-other").0, 200);
     let logs = server.logs();
     assert!(logs.contains("config reload refused"), "{logs}");
