@@ -177,27 +177,27 @@ impl Tenant {
         worst: Money,
         now: DateTime<Utc>,
     ) -> Result<Reservation, ApiError> {
-        if let Some(shared) = &self.shared {
-            if let Some(v) = shared.reserve(self, worst, now).await {
-                let mut spend = self.lock();
-                spend.roll(now);
-                spend.seen(now, v.day.nanos(), v.month.nanos());
-                if !v.admitted {
-                    return Err(
-                        check(&self.name, spend.limits, (v.day, v.month), v.held, now)
-                            .err()
-                            .unwrap_or_else(|| {
-                                ApiError::Internal("the shared budget check disagreed".into())
-                            }),
-                    );
-                }
-                spend.reserved += worst;
-                return Ok(Reservation {
-                    tenant: self.clone(),
-                    held: worst,
-                    hold: Some(v.hold),
-                });
+        if let Some(shared) = &self.shared
+            && let Some(v) = shared.reserve(self, worst, now).await
+        {
+            let mut spend = self.lock();
+            spend.roll(now);
+            spend.seen(now, v.day.nanos(), v.month.nanos());
+            if !v.admitted {
+                return Err(
+                    check(&self.name, spend.limits, (v.day, v.month), v.held, now)
+                        .err()
+                        .unwrap_or_else(|| {
+                            ApiError::Internal("the shared budget check disagreed".into())
+                        }),
+                );
             }
+            spend.reserved += worst;
+            return Ok(Reservation {
+                tenant: self.clone(),
+                held: worst,
+                hold: Some(v.hold),
+            });
         }
         let mut spend = self.lock();
         spend.roll(now);
