@@ -939,6 +939,10 @@ mod tests {
                 key(&hash, "monthly_usd = \"lots\"\n"),
                 "serve.key of tenant `acme`: monthly_usd: `lots` is not a decimal number",
             ),
+            (
+                "budget_redis = \"redis://127.0.0.1:6379/\"\n".into(),
+                "serve.budget_redis: shares the budgets of [[serve.key]] tenants, and none is configured",
+            ),
         ] {
             let err = refused(&text);
             assert!(err.contains(want), "{text}: {err}");

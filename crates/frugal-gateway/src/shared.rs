@@ -61,10 +61,25 @@ pub async fn connect_redis(what: &str, url: &str) -> Result<redis::aio::Connecti
     // The client's own errors may quote the URL: they are shown with it redacted.
     let hide = |e: redis::RedisError| e.to_string().replace(url, &shown);
     let client = redis::Client::open(url).map_err(|e| format!("{what} {shown}: {}", hide(e)))?;
-    tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
-        .await
-        .map_err(|_| format!("{what} {shown}: no answer within 5 s"))?
-        .map_err(|e| format!("{what} {shown}: {}", hide(e)))
+    // A plain connection first, which says why Redis cannot be reached (the manager's
+    // first connection retries until the timeout).
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| format!("{what} {shown}: no answer within 5 s"))?
+    .map_err(|e| format!("{what} {shown}: {}", hide(e)))?;
+    // Reconnecting backs off to a second at most, so a Redis back after a long outage is
+    // found within about a second.
+    let config = redis::aio::ConnectionManagerConfig::new().set_max_delay(Duration::from_secs(1));
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_connection_manager_with_config(config),
+    )
+    .await
+    .map_err(|_| format!("{what} {shown}: no answer within 5 s"))?
+    .map_err(|e| format!("{what} {shown}: {}", hide(e)))
 }
 
 impl SharedCache {

@@ -261,6 +261,9 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
                 .with_context(|| format!("cannot listen on {addr} (--metrics-addr)"))?;
             frugal_gateway::serve_metrics(metrics, state.clone());
         }
+        // Registered before the address is said: SIGHUP's default would end the process.
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("cannot listen for SIGHUP")?;
         writeln!(
             std::io::stderr(),
             "frugal serve: {} on http://{local}/v1; Ctrl-C to stop",
@@ -268,9 +271,6 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         )?;
         state.start_pools(&gateway.workload);
         state.start_batches();
-        // Registered before serving: SIGHUP's default would end the process.
-        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .context("cannot listen for SIGHUP")?;
         let ledger = (!args.no_meter).then(|| config.ledger.clone());
         tokio::spawn(reload_on_hangup(
             hangup,

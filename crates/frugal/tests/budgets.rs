@@ -179,7 +179,7 @@ fn without_redis_requests_are_served_on_the_local_view_and_settled_when_it_retur
     let text = config(
         &upstream,
         &format!("budget_redis = \"{}\"\n", redis.url),
-        &[("acme", "fk-acme", "1.00")],
+        &[("acme", "fk-acme", "100.00")],
     );
     let server = Server::start_with_files(
         &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
@@ -201,6 +201,36 @@ fn without_redis_requests_are_served_on_the_local_view_and_settled_when_it_retur
             .logs()
             .contains("admission falls back to this gateway's view")
     });
+
+    // A gateway cannot start against a Redis that is not there; the URL's password is not
+    // said.
+    let dir = tempfile::tempdir().unwrap();
+    let secret = redis.url.replace("redis://", "redis://:hunter2@");
+    std::fs::write(dir.path().join("prices.toml"), PRICES).unwrap();
+    std::fs::write(
+        dir.path().join("frugal.toml"),
+        config(
+            &upstream,
+            &format!("budget_redis = \"{secret}\"\n"),
+            &[("acme", "fk-acme", "1.00")],
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--config")
+        .arg(dir.path().join("frugal.toml"))
+        .arg("--ledger")
+        .arg(dir.path().join("ledger.sqlite"))
+        .args(["serve", "--no-model", "--port", "0"])
+        .output()
+        .unwrap();
+    let said = common::said(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("cannot reach the shared budgets: budget_redis redis://***@127.0.0.1:"),
+        "{said}"
+    );
+    assert!(!said.contains("hunter2"), "{said}");
 
     // Back, empty: the totals start again from this gateway's view, and what it spent
     // meanwhile is added once.
