@@ -111,7 +111,7 @@ pub(crate) struct Verdict {
 /// A request's hold in Redis: its member of the holds set, and the epoch of the tenant's
 /// keys it was placed in (a new one each time Redis starts empty).
 #[derive(Debug, Clone)]
-pub struct Hold {
+pub(crate) struct Hold {
     member: String,
     epoch: String,
 }
