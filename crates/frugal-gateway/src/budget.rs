@@ -1,8 +1,10 @@
 //! Budgets shared by gateway replicas, in Redis (`[serve] budget_redis`).
 //!
-//! Each tenant has three keys: its spend this UTC day and this UTC month (integer
-//! nanodollars, expiring a day after their period ends) and a sorted set of holds, one per
-//! request in flight on any replica (`id:nanos`, scored by when it expires). Admission is one
+//! Each tenant has its spend this UTC day and this UTC month (integer nanodollars, expiring a
+//! day after their period ends), a sorted set of holds, one per request in flight on any
+//! replica (`id:nanos`, scored by when it expires, [`HOLD_TTL`]), and an epoch, new whenever
+//! Redis starts empty (a retried settle whose hold is gone added its cost already only if the
+//! hold was placed in the same epoch). Admission is one
 //! Lua script, atomic in Redis: drop expired holds, start the totals from this gateway's
 //! view if Redis has none (`SET NX`: this gateway's view starts from the ledger, so a fresh
 //! Redis does not hand out a budget again), refuse once spend plus holds reach a limit, else
@@ -155,7 +157,7 @@ impl std::fmt::Debug for SharedBudgets {
     }
 }
 
-/// A tenant's three keys at `at`, and when each total expires.
+/// A tenant's keys at `at` (holds, day, month, epoch), and when each total expires.
 fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 4], [i64; 2]) {
     // The hash tag keeps a tenant's keys in one slot of a Redis Cluster.
     let base = format!("frugal:budget:v1:{{{tenant}}}");

@@ -137,6 +137,15 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
             0.0
         );
     }
+    let served: Vec<f64> = gateways
+        .iter()
+        .map(|g| metric(&g.addr, "fk-acme", "frugal_requests_total{status=\"ok\"}"))
+        .collect();
+    assert!(
+        served.iter().all(|n| *n > 0.0),
+        "both gateways served: {served:?}"
+    );
+    assert_eq!(served.iter().sum::<f64>(), *answered.get_mut() as f64);
     let [a, b] = gateways;
     assert!(a.stop().0.success() && b.stop().0.success());
     let ledger = Ledger::open(Location::parse(&ledger)).unwrap();
@@ -155,7 +164,7 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
         .unwrap();
     let answered = answered.into_inner();
     eprintln!(
-        "two gateways: {answered} requests answered, ${} spent of a ${} budget (one hold: ${})",
+        "two gateways: {answered} requests answered ({served:?} each), ${} spent of a ${} budget (one hold: ${})",
         spent.to_string_places(2),
         limit.to_string_places(2),
         HOLD.to_string_places(2)
