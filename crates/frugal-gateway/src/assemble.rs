@@ -19,6 +19,7 @@ use frugal_semantic::{EmbedError, Embedder};
 use thiserror::Error;
 
 use crate::backend::Local;
+use crate::budget::SharedBudgets;
 use crate::cache::{CacheConfig, CachePolicy, ExactCache};
 use crate::config::{RawKey, RawRoute, RawServe, RawUpstream};
 use crate::jsonl::JsonLinesError;
@@ -132,7 +133,9 @@ pub struct Assembly {
     pub upstreams: Vec<Upstream>,
     pub routes: Vec<RouteConfig>,
     pub policies: HashMap<String, CachePolicy>,
-    pub keys: Keys,
+    pub keys: Vec<KeyConfig>,
+    /// A Redis URL where the tenants' budgets are shared with other replicas.
+    pub budget_redis: Option<String>,
     /// `None`: the exact cache (and so the semantic cache) is off.
     pub cache: Option<CacheConfig>,
     pub semantic: Option<SemanticCache>,
@@ -148,11 +151,13 @@ pub struct Assembly {
 }
 
 impl Assembly {
+    /// `budgets`: the connection for `budget_redis`.
     pub fn into_parts(
         self,
         local: Option<Local>,
         meter: Option<Meter>,
         shared: Option<SharedCache>,
+        budgets: Option<Arc<SharedBudgets>>,
     ) -> Parts {
         Parts {
             local,
@@ -163,7 +168,7 @@ impl Assembly {
             upstreams: self.upstreams,
             routes: self.routes,
             policies: self.policies,
-            keys: self.keys,
+            keys: Keys::with_budgets(&self.keys, budgets),
             backends: Vec::new(),
             pools: self.pools,
             batch_semantic: self.batch_semantic,
@@ -209,7 +214,13 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         .as_ref()
         .filter(|_| wants_semantic)
         .map(|e| SemanticCache::new(e.clone(), semantic_config));
-    let keys = raw.key.iter().map(key).collect::<Result<Vec<_>, _>>()?;
+    let keys = keys(raw)?;
+    if raw.budget_redis.is_some() && keys.is_empty() {
+        return Err(invalid(
+            "serve.budget_redis".into(),
+            "shares the budgets of [[serve.key]] tenants, and none is configured",
+        ));
+    }
     let policies = policies(raw, local)?;
     // What a route's last tier may be besides the local model.
     let served: Vec<&str> = upstreams
@@ -226,7 +237,8 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         upstreams,
         routes,
         policies,
-        keys: Keys::new(&keys),
+        keys,
+        budget_redis: raw.budget_redis.clone(),
         no_embedder: wants_semantic && embedder.is_none(),
         shared_cache: raw.cache_redis.clone().filter(|_| cache.is_some()),
         cache,
@@ -539,6 +551,11 @@ pub fn read_skip_examples(path: &Path) -> Result<Vec<SkipExample>, SkipExamplesE
 }
 
 /// A key from its `[[serve.key]]` entry: the hash must be hex SHA-256, the budgets dollars.
+/// `[[serve.key]]`, checked: what [`assemble`] uses, and a reload swaps in.
+pub fn keys(raw: &RawServe) -> Result<Vec<KeyConfig>, ConfigError> {
+    raw.key.iter().map(key).collect()
+}
+
 pub fn key(raw: &RawKey) -> Result<KeyConfig, ConfigError> {
     let what = || format!("serve.key of tenant `{}`", raw.tenant);
     let hex = raw.sha256.trim();
@@ -921,6 +938,10 @@ mod tests {
             (
                 key(&hash, "monthly_usd = \"lots\"\n"),
                 "serve.key of tenant `acme`: monthly_usd: `lots` is not a decimal number",
+            ),
+            (
+                "budget_redis = \"redis://127.0.0.1:6379/\"\n".into(),
+                "serve.budget_redis: shares the budgets of [[serve.key]] tenants, and none is configured",
             ),
         ] {
             let err = refused(&text);

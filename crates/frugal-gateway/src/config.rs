@@ -33,7 +33,8 @@ pub struct RawServe {
     pub cache_ttl: Option<u64>,
     /// A Redis URL: the exact cache shared with other replicas.
     pub cache_redis: Option<String>,
-    /// A Redis URL: tenants' budgets shared with other replicas.
+    /// A Redis URL: the tenants' budgets shared with other replicas (reservations held
+    /// there, so N replicas cannot spend N budgets). May be the cache's Redis.
     pub budget_redis: Option<String>,
     pub semantic_cache: Option<bool>,
     /// Batch jobs' lines use the semantic cache too [default: false, the exact cache only:

@@ -10,15 +10,21 @@
 //! at most the one reservation that found room last. Failed and abandoned requests are charged
 //! what they spent, as the ledger records them. Spend is kept in memory per period (UTC day,
 //! UTC month) and preloaded from the ledger at start.
+//!
+//! With `budget_redis`, reservations and spend live in Redis, shared by every replica
+//! ([`crate::budget`]), with the same rule; the memory here is then this gateway's view
+//! (its own spend and the shared totals it last saw), which decides while Redis is
+//! unreachable. [`Keys::reload`] swaps the keys and budgets while requests go on.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use axum::http::{HeaderMap, header};
 use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Utc};
 use frugal_cost::Money;
 use sha2::{Digest, Sha256};
 
+use crate::budget::{Hold, SharedBudgets};
 use crate::error::ApiError;
 
 /// One configured key.
@@ -49,17 +55,26 @@ pub fn new_key() -> Result<String, getrandom::Error> {
     ))
 }
 
+/// A tenant's budgets; `None`: no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub daily: Option<Money>,
+    pub monthly: Option<Money>,
+}
+
 #[derive(Debug)]
 pub struct Tenant {
     pub name: String,
-    daily: Option<Money>,
-    monthly: Option<Money>,
     spend: Mutex<Spend>,
+    /// The budgets shared with other replicas, when `budget_redis` is set.
+    shared: Option<Arc<SharedBudgets>>,
 }
 
-/// Spend in the current day and month, and what requests in flight have reserved.
+/// A tenant's limits (changed by a reload), its spend in the current day and month, and
+/// what requests in flight here have reserved.
 #[derive(Debug, Default)]
 struct Spend {
+    limits: Limits,
     day: Option<NaiveDate>,
     day_total: Money,
     month: Option<(i32, u32)>,
@@ -83,76 +98,174 @@ impl Spend {
     }
 }
 
+/// Refuses a request once `spent` plus `held` (by requests in flight) reaches a budget,
+/// naming it and when it resets.
+fn check(
+    name: &str,
+    limits: Limits,
+    (day, month): (Money, Money),
+    held: Money,
+    now: DateTime<Utc>,
+) -> Result<(), ApiError> {
+    let checks = [
+        ("daily", limits.daily, day, next_day(now)),
+        ("monthly", limits.monthly, month, next_month(now)),
+    ];
+    for (period, limit, spent, resets) in checks {
+        if let Some(limit) = limit.filter(|l| spent + held >= *l) {
+            let held = if held > Money::ZERO {
+                format!(
+                    " (${} more held by requests in flight)",
+                    held.to_string_places(6)
+                )
+            } else {
+                String::new()
+            };
+            return Err(ApiError::Budget {
+                message: format!(
+                    "the {period} budget of `{name}` is spent: ${} of ${}{held}; it resets at {}",
+                    spent.to_string_places(6),
+                    limit.to_string_places(2),
+                    resets.format("%Y-%m-%dT%H:%MZ")
+                ),
+                retry_after_s: (resets - now).num_seconds().max(1) as u64,
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Tenant {
-    /// Refuses a request once a budget is spent (or reserved by requests in flight),
-    /// naming it and when it resets.
-    pub fn admit(&self, now: DateTime<Utc>) -> Result<(), ApiError> {
-        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
-        self.check(&mut spend, now)
+    fn new(name: String, limits: Limits, shared: Option<Arc<SharedBudgets>>) -> Tenant {
+        Tenant {
+            name,
+            spend: Mutex::new(Spend {
+                limits,
+                ..Spend::default()
+            }),
+            shared,
+        }
     }
 
-    fn check(&self, spend: &mut Spend, now: DateTime<Utc>) -> Result<(), ApiError> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Spend> {
+        self.spend.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.lock().limits
+    }
+
+    /// Refuses a request once a budget is spent (or reserved by requests in flight here),
+    /// as this gateway sees it: a check before the request is read; [`Tenant::reserve`]
+    /// decides.
+    pub fn admit(&self, now: DateTime<Utc>) -> Result<(), ApiError> {
+        let mut spend = self.lock();
         spend.roll(now);
-        let checks = [
-            ("daily", self.daily, spend.day_total, next_day(now)),
-            ("monthly", self.monthly, spend.month_total, next_month(now)),
-        ];
-        for (period, limit, spent, resets) in checks {
-            let committed = spent + spend.reserved;
-            if let Some(limit) = limit.filter(|l| committed >= *l) {
-                let held = if spend.reserved > Money::ZERO {
-                    format!(
-                        " (${} more held by requests in flight)",
-                        spend.reserved.to_string_places(6)
-                    )
-                } else {
-                    String::new()
-                };
-                return Err(ApiError::Budget {
-                    message: format!(
-                        "the {period} budget of `{}` is spent: ${} of ${}{held}; it resets at {}",
-                        self.name,
-                        spent.to_string_places(6),
-                        limit.to_string_places(2),
-                        resets.format("%Y-%m-%dT%H:%MZ")
-                    ),
-                    retry_after_s: (resets - now).num_seconds().max(1) as u64,
-                });
-            }
-        }
-        Ok(())
+        check(
+            &self.name,
+            spend.limits,
+            (spend.day_total, spend.month_total),
+            spend.reserved,
+            now,
+        )
     }
 
     /// Admits a request whose cost can reach `worst`, holding that much of the budgets until
-    /// it settles.
-    pub fn reserve(
+    /// it settles: in Redis when budgets are shared and it answers, else in this gateway.
+    pub async fn reserve(
         self: &Arc<Self>,
         worst: Money,
         now: DateTime<Utc>,
     ) -> Result<Reservation, ApiError> {
-        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
-        self.check(&mut spend, now)?;
+        if let Some(shared) = &self.shared
+            && let Some(v) = shared.reserve(self, worst, now).await
+        {
+            let mut spend = self.lock();
+            spend.roll(now);
+            spend.seen(now, v.day.nanos(), v.month.nanos());
+            if !v.admitted {
+                return Err(
+                    check(&self.name, spend.limits, (v.day, v.month), v.held, now)
+                        .err()
+                        .unwrap_or_else(|| {
+                            ApiError::Internal("the shared budget check disagreed".into())
+                        }),
+                );
+            }
+            spend.reserved += worst;
+            return Ok(Reservation {
+                tenant: self.clone(),
+                held: worst,
+                hold: Some(v.hold),
+            });
+        }
+        let mut spend = self.lock();
+        spend.roll(now);
+        check(
+            &self.name,
+            spend.limits,
+            (spend.day_total, spend.month_total),
+            spend.reserved,
+            now,
+        )?;
         spend.reserved += worst;
         Ok(Reservation {
             tenant: self.clone(),
             held: worst,
+            hold: None,
         })
     }
 
     /// Starts from what the ledger says was spent this day and this month (before a restart).
     fn preload(&self, day: Money, month: Money, now: DateTime<Utc>) {
-        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+        let mut spend = self.lock();
         spend.roll(now);
         spend.day_total = day;
         spend.month_total = month;
     }
 
-    /// Adds a finished request's cost.
-    pub fn spend(&self, cost: Money, now: DateTime<Utc>) {
-        let mut spend = self.spend.lock().unwrap_or_else(|p| p.into_inner());
+    /// Adds a finished request's cost (to the shared totals too, when budgets are shared).
+    pub fn spend(self: &Arc<Self>, cost: Money, now: DateTime<Utc>) {
+        self.charge(cost, None, now);
+    }
+
+    fn charge(self: &Arc<Self>, cost: Money, hold: Option<Hold>, now: DateTime<Utc>) {
+        match &self.shared {
+            Some(shared) => shared.charge(self.clone(), hold, cost, now),
+            None => self.add_local(cost, now),
+        }
+    }
+
+    /// Adds `cost` to this gateway's view only.
+    pub(crate) fn add_local(&self, cost: Money, now: DateTime<Utc>) {
+        let mut spend = self.lock();
         spend.roll(now);
         spend.day_total += cost;
         spend.month_total += cost;
+    }
+
+    /// This day's and month's spend as this gateway sees it.
+    pub(crate) fn totals(&self, now: DateTime<Utc>) -> (Money, Money) {
+        let mut spend = self.lock();
+        spend.roll(now);
+        (spend.day_total, spend.month_total)
+    }
+
+    /// Takes in the shared totals (in nanodollars, negative: unknown) of the periods of
+    /// `at`, as Redis gave them: this gateway's view is never below them.
+    pub(crate) fn seen(&self, at: DateTime<Utc>, day: i64, month: i64) {
+        self.lock().seen(at, day, month);
+    }
+}
+
+impl Spend {
+    fn seen(&mut self, at: DateTime<Utc>, day: i64, month: i64) {
+        if self.day == Some(at.date_naive()) && day >= 0 {
+            self.day_total = self.day_total.max(Money::from_nanos(day));
+        }
+        if self.month == Some((at.year(), at.month())) && month >= 0 {
+            self.month_total = self.month_total.max(Money::from_nanos(month));
+        }
     }
 }
 
@@ -161,25 +274,31 @@ impl Tenant {
 pub struct Reservation {
     tenant: Arc<Tenant>,
     held: Money,
+    /// Its hold in Redis, when Redis took it.
+    hold: Option<Hold>,
 }
 
 impl Reservation {
     /// The request settled at `cost`: the hold becomes that spend.
     pub fn settle(mut self, cost: Money, now: DateTime<Utc>) {
-        self.release();
-        self.tenant.spend(cost, now);
+        self.release_here();
+        let hold = self.hold.take();
+        self.tenant.charge(cost, hold, now);
     }
 
-    fn release(&mut self) {
+    fn release_here(&mut self) {
         let held = std::mem::replace(&mut self.held, Money::ZERO);
-        let mut spend = self.tenant.spend.lock().unwrap_or_else(|p| p.into_inner());
+        let mut spend = self.tenant.lock();
         spend.reserved = (spend.reserved - held).max(Money::ZERO);
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.release();
+        self.release_here();
+        if let (Some(hold), Some(shared)) = (self.hold.take(), &self.tenant.shared) {
+            shared.release(&self.tenant.name, hold);
+        }
     }
 }
 
@@ -192,7 +311,7 @@ pub fn period_starts(now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
     (day, month)
 }
 
-fn next_day(now: DateTime<Utc>) -> DateTime<Utc> {
+pub(crate) fn next_day(now: DateTime<Utc>) -> DateTime<Utc> {
     let midnight = now
         .date_naive()
         .and_hms_opt(0, 0, 0)
@@ -200,7 +319,7 @@ fn next_day(now: DateTime<Utc>) -> DateTime<Utc> {
     midnight.map_or(now, |m| m + Duration::days(1))
 }
 
-fn next_month(now: DateTime<Utc>) -> DateTime<Utc> {
+pub(crate) fn next_month(now: DateTime<Utc>) -> DateTime<Utc> {
     let (y, m) = if now.month() == 12 {
         (now.year() + 1, 1)
     } else {
@@ -211,29 +330,116 @@ fn next_month(now: DateTime<Utc>) -> DateTime<Utc> {
         .map_or(now, |t| Utc.from_utc_datetime(&t))
 }
 
-/// The configured keys; empty means the API is open.
+/// The configured keys; empty means the API is open. Swapped whole by [`Keys::reload`].
 #[derive(Debug, Default)]
 pub struct Keys {
-    by_hash: HashMap<String, Arc<Tenant>>,
+    by_hash: RwLock<HashMap<String, Arc<Tenant>>>,
+    shared: Option<Arc<SharedBudgets>>,
+}
+
+/// What a reload changed, for the log: tenant names and counts, never a key or its hash.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub keys_before: usize,
+    pub keys_after: usize,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Tenants whose budgets changed.
+    pub budgets: Vec<String>,
+    /// The tenants added, to start from the ledger's spend.
+    pub new_tenants: Vec<Arc<Tenant>>,
+}
+
+impl std::fmt::Display for Changes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} keys (were {})", self.keys_after, self.keys_before)?;
+        for (what, names) in [
+            ("tenants added", &self.added),
+            ("tenants removed", &self.removed),
+            ("budgets changed", &self.budgets),
+        ] {
+            if !names.is_empty() {
+                write!(f, "; {what}: {}", names.join(", "))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Keys {
     /// Keys of one tenant share its budgets.
     pub fn new(configs: &[KeyConfig]) -> Keys {
+        Keys::with_budgets(configs, None)
+    }
+
+    /// Keys whose tenants' budgets are shared with other replicas through `shared`.
+    pub fn with_budgets(configs: &[KeyConfig], shared: Option<Arc<SharedBudgets>>) -> Keys {
+        let keys = Keys {
+            by_hash: RwLock::default(),
+            shared,
+        };
+        keys.reload(configs);
+        keys
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Tenant>>> {
+        self.by_hash.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces the keys with `configs`. A tenant that stays keeps its spend and the
+    /// reservations of its requests in flight, with its budgets as `configs` now say; a
+    /// tenant removed is refused from now on (its requests in flight settle as usual).
+    pub fn reload(&self, configs: &[KeyConfig]) -> Changes {
+        let mut by_hash = self.by_hash.write().unwrap_or_else(|p| p.into_inner());
+        let before: HashMap<&str, &Arc<Tenant>> =
+            by_hash.values().map(|t| (t.name.as_str(), t)).collect();
+        let mut changes = Changes {
+            keys_before: by_hash.len(),
+            ..Changes::default()
+        };
         let mut tenants: HashMap<&str, Arc<Tenant>> = HashMap::new();
-        let mut by_hash = HashMap::new();
+        let mut next = HashMap::new();
         for k in configs {
             let tenant = tenants.entry(&k.tenant).or_insert_with(|| {
-                Arc::new(Tenant {
-                    name: k.tenant.clone(),
+                let limits = Limits {
                     daily: k.daily,
                     monthly: k.monthly,
-                    spend: Mutex::new(Spend::default()),
-                })
+                };
+                match before.get(k.tenant.as_str()) {
+                    Some(t) => {
+                        let mut spend = t.lock();
+                        if spend.limits != limits {
+                            spend.limits = limits;
+                            changes.budgets.push(k.tenant.clone());
+                        }
+                        Arc::clone(t)
+                    }
+                    None => {
+                        let t =
+                            Arc::new(Tenant::new(k.tenant.clone(), limits, self.shared.clone()));
+                        changes.added.push(k.tenant.clone());
+                        changes.new_tenants.push(t.clone());
+                        t
+                    }
+                }
             });
-            by_hash.insert(k.sha256.to_ascii_lowercase(), tenant.clone());
+            next.insert(k.sha256.to_ascii_lowercase(), tenant.clone());
         }
-        Keys { by_hash }
+        changes.removed = before
+            .keys()
+            .filter(|name| !tenants.contains_key(*name))
+            .map(|name| (*name).to_owned())
+            .collect();
+        changes.removed.sort();
+        changes.keys_after = next.len();
+        drop(before);
+        *by_hash = next;
+        changes
+    }
+
+    /// The budgets shared with other replicas, when configured.
+    pub fn shared(&self) -> Option<&Arc<SharedBudgets>> {
+        self.shared.as_ref()
     }
 
     /// Each tenant's spend so far this day and month, from `spent_since(start)` (the
@@ -243,31 +449,23 @@ impl Keys {
         now: DateTime<Utc>,
         spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
     ) -> Result<(), E> {
-        if self.by_hash.is_empty() {
-            return Ok(());
-        }
-        let (day_start, month_start) = period_starts(now);
-        let day: HashMap<String, Money> = spent_since(day_start)?.into_iter().collect();
-        let month: HashMap<String, Money> = spent_since(month_start)?.into_iter().collect();
-        let spent = |m: &HashMap<String, Money>, t: &str| m.get(t).copied().unwrap_or(Money::ZERO);
-        for t in self.by_hash.values() {
-            t.preload(spent(&day, &t.name), spent(&month, &t.name), now);
-        }
-        Ok(())
+        let tenants: Vec<Arc<Tenant>> = self.read().values().cloned().collect();
+        preload(&tenants, now, spent_since)
     }
 
     pub fn is_open(&self) -> bool {
-        self.by_hash.is_empty()
+        self.read().is_empty()
     }
 
     /// The tenant named `name`, if a configured key still belongs to it.
     pub fn tenant(&self, name: &str) -> Option<Arc<Tenant>> {
-        self.by_hash.values().find(|t| t.name == name).cloned()
+        self.read().values().find(|t| t.name == name).cloned()
     }
 
     /// The tenant of the request's bearer key; `None` when no keys are configured.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Option<Arc<Tenant>>, ApiError> {
-        if self.by_hash.is_empty() {
+        let by_hash = self.read();
+        if by_hash.is_empty() {
             return Ok(None);
         }
         let key = headers
@@ -280,7 +478,7 @@ impl Keys {
                     "this server needs an API key: send `Authorization: Bearer <key>`".into(),
                 )
             })?;
-        self.by_hash
+        by_hash
             .get(&hash_key(key))
             .cloned()
             .map(Some)
@@ -288,10 +486,31 @@ impl Keys {
     }
 }
 
+/// Starts `tenants` from their spend this day and month by `spent_since(start)` (the
+/// ledger's).
+pub fn preload<E>(
+    tenants: &[Arc<Tenant>],
+    now: DateTime<Utc>,
+    spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
+) -> Result<(), E> {
+    if tenants.is_empty() {
+        return Ok(());
+    }
+    let (day_start, month_start) = period_starts(now);
+    let day: HashMap<String, Money> = spent_since(day_start)?.into_iter().collect();
+    let month: HashMap<String, Money> = spent_since(month_start)?.into_iter().collect();
+    let spent = |m: &HashMap<String, Money>, t: &str| m.get(t).copied().unwrap_or(Money::ZERO);
+    for t in tenants {
+        t.preload(spent(&day, &t.name), spent(&month, &t.name), now);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use futures_util::FutureExt;
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -355,9 +574,9 @@ mod tests {
                 monthly: None,
             },
         ]);
-        let t = keys.by_hash[&hash_key("k1")].clone();
+        let t = keys.read()[&hash_key("k1")].clone();
         // Both keys of a tenant share its budget.
-        assert!(Arc::ptr_eq(&t, &keys.by_hash[&hash_key("k2")]));
+        assert!(Arc::ptr_eq(&t, &keys.read()[&hash_key("k2")]));
         let now = at("2026-12-03T10:00:00Z");
         t.admit(now).unwrap();
         t.spend(Money::from_cents(99), now);
@@ -396,24 +615,93 @@ mod tests {
             daily: Some(Money::from_cents(100)),
             monthly: None,
         }]);
-        let t = keys.by_hash[&hash_key("k")].clone();
+        let t = keys.read()[&hash_key("k")].clone();
         let now = at("2026-12-03T10:00:00Z");
         // Three requests of up to $0.60 each arrive at once: the first two find room (the
         // second overshoots by at most its own reservation), the third does not.
-        let a = t.reserve(Money::from_cents(60), now).unwrap();
-        let b = t.reserve(Money::from_cents(60), now).unwrap();
-        let Err(ApiError::Budget { message, .. }) = t.reserve(Money::from_cents(60), now) else {
+        let a = t
+            .reserve(Money::from_cents(60), now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        let b = t
+            .reserve(Money::from_cents(60), now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        let Err(ApiError::Budget { message, .. }) = t
+            .reserve(Money::from_cents(60), now)
+            .now_or_never()
+            .unwrap()
+        else {
             panic!("reservations fill the budget")
         };
         assert!(message.contains("held by requests in flight"), "{message}");
         // They settle at their real cost; the holds are released.
         a.settle(Money::from_cents(10), now);
         b.settle(Money::from_cents(15), now);
-        let c = t.reserve(Money::from_cents(60), now).unwrap();
+        let c = t
+            .reserve(Money::from_cents(60), now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
         // Dropped unsettled (a task that died): the hold goes, nothing is spent.
         drop(c);
         let spend = t.spend.lock().unwrap();
         assert_eq!(spend.reserved, Money::ZERO);
         assert_eq!(spend.day_total, Money::from_cents(25));
+    }
+
+    #[test]
+    fn a_reload_keeps_the_spend_and_holds_of_tenants_that_stay() {
+        let key = |tenant: &str, k: &str, daily: i64| KeyConfig {
+            tenant: tenant.into(),
+            sha256: hash_key(k),
+            daily: Some(Money::from_cents(daily)),
+            monthly: None,
+        };
+        let keys = Keys::new(&[key("a", "ka", 100), key("b", "kb", 100)]);
+        let now = at("2026-12-03T10:00:00Z");
+        let a = keys.tenant("a").unwrap();
+        a.spend(Money::from_cents(90), now);
+        let held = a
+            .reserve(Money::from_cents(5), now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        let changes = keys.reload(&[
+            key("a", "ka", 200),
+            key("c", "kc", 100),
+            key("c", "kc2", 100),
+        ]);
+        assert_eq!(
+            changes.to_string(),
+            "3 keys (were 2); tenants added: c; tenants removed: b; budgets changed: a"
+        );
+        assert_eq!(changes.new_tenants.len(), 1);
+        assert!(!changes.to_string().contains(&hash_key("kc")[..8]));
+        // The same tenant: its spend and hold carry over, under its new budget.
+        assert!(Arc::ptr_eq(&a, &keys.tenant("a").unwrap()));
+        assert!(keys.tenant("b").is_none());
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer kb"));
+        assert!(matches!(
+            keys.authenticate(&h),
+            Err(ApiError::Unauthorized(_))
+        ));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer kc2"),
+        );
+        assert_eq!(keys.authenticate(&h).unwrap().unwrap().name, "c");
+        held.settle(Money::from_cents(5), now);
+        assert_eq!(a.totals(now).0, Money::from_cents(95));
+        assert_eq!(a.lock().reserved, Money::ZERO);
+        a.admit(now).unwrap();
+        assert_eq!(
+            keys.reload(&[]).to_string(),
+            "0 keys (were 3); tenants removed: a, c"
+        );
+        assert!(keys.is_open());
     }
 }

@@ -16,6 +16,7 @@ pub mod api;
 pub mod assemble;
 pub mod backend;
 pub mod batch;
+pub mod budget;
 pub mod cache;
 mod cascade;
 pub mod config;
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod pool;
 pub mod quality;
+pub mod redis_test;
 mod render;
 pub mod route;
 pub mod route_eval;
@@ -246,6 +248,14 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
     pool::render_metrics(s.inner.pools.values(), &mut text);
     if let Some(meter) = &s.inner.meter {
         meter.health().render(&mut text);
+    }
+    if let Some(b) = s.inner.keys.shared() {
+        metrics::Metrics::render_budgets(
+            &mut text,
+            b.is_shared(),
+            b.fallbacks.load(Ordering::Relaxed),
+            b.unsettled(),
+        );
     }
     if let Some(shared) = &s.inner.shared {
         use std::fmt::Write;

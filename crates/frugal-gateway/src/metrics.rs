@@ -218,6 +218,9 @@ pub struct Metrics {
     pub semantic_vetoes: [AtomicU64; Veto::ALL.len()],
     /// Requests per cascade route and the tier whose answer was sent.
     routes: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
+    /// Keys reloaded (SIGHUP), and reloads refused (a config that did not parse or check).
+    pub reloads_ok: AtomicU64,
+    pub reloads_failed: AtomicU64,
 }
 
 /// Engine gauges read at scrape time.
@@ -269,7 +272,23 @@ impl Metrics {
             Self::render_engine(&mut out, g);
         }
         self.render_requests(&mut out);
+        let _ = writeln!(
+            out,
+            "# HELP frugal_config_reloads_total Reloads of the keys and budgets from the config file (SIGHUP).\n# TYPE frugal_config_reloads_total counter\nfrugal_config_reloads_total{{result=\"ok\"}} {}\nfrugal_config_reloads_total{{result=\"error\"}} {}",
+            self.reloads_ok.load(Ordering::Relaxed),
+            self.reloads_failed.load(Ordering::Relaxed)
+        );
         out
+    }
+
+    /// Whether budgets are shared (`frugal_budget_shared`: 1 while the last call reached
+    /// Redis, 0 while admission is on the local view) and how many admissions fell back.
+    pub fn render_budgets(out: &mut String, shared: bool, fallbacks: u64, unsettled: usize) {
+        let _ = writeln!(
+            out,
+            "# HELP frugal_budget_shared 1 when the last budget call reached Redis, 0 when admission uses this gateway's local view.\n# TYPE frugal_budget_shared gauge\nfrugal_budget_shared {}\n# HELP frugal_budget_fallbacks_total Admissions decided on this gateway's local view because Redis was unreachable or slow.\n# TYPE frugal_budget_fallbacks_total counter\nfrugal_budget_fallbacks_total {fallbacks}\n# HELP frugal_budget_unsettled Requests' costs not yet added to the shared totals in Redis.\n# TYPE frugal_budget_unsettled gauge\nfrugal_budget_unsettled {unsettled}",
+            u8::from(shared)
+        );
     }
 
     fn render_engine(out: &mut String, g: &Gauges) {

@@ -95,6 +95,7 @@ pub async fn start(
     let reservation = match &ask.tenant {
         Some(t) => Some(
             t.reserve(plan.worst_case, chrono::Utc::now())
+                .await
                 .map_err(rejected)?,
         ),
         None => None,

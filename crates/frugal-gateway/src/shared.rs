@@ -20,7 +20,7 @@ use crate::api::Usage;
 use crate::cache::{Answer, Chunk};
 
 /// Longest a Redis call may take before the request goes on without it.
-const CALL_TIMEOUT: Duration = Duration::from_millis(250);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_millis(250);
 
 pub struct SharedCache {
     conn: redis::aio::ConnectionManager,
@@ -54,20 +54,39 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// A connection to the Redis at `url`, checked to answer within 5 s; errors name the
+/// setting `what` and show the URL redacted.
+pub async fn connect_redis(what: &str, url: &str) -> Result<redis::aio::ConnectionManager, String> {
+    let shown = redact_url(url);
+    // The client's own errors may quote the URL: they are shown with it redacted.
+    let hide = |e: redis::RedisError| e.to_string().replace(url, &shown);
+    let client = redis::Client::open(url).map_err(|e| format!("{what} {shown}: {}", hide(e)))?;
+    // A plain connection first, which says why Redis cannot be reached (the manager's
+    // first connection retries until the timeout).
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| format!("{what} {shown}: no answer within 5 s"))?
+    .map_err(|e| format!("{what} {shown}: {}", hide(e)))?;
+    // Reconnecting backs off to a second at most, so a Redis back after a long outage is
+    // found within about a second.
+    let config = redis::aio::ConnectionManagerConfig::new().set_max_delay(Duration::from_secs(1));
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_connection_manager_with_config(config),
+    )
+    .await
+    .map_err(|_| format!("{what} {shown}: no answer within 5 s"))?
+    .map_err(|e| format!("{what} {shown}: {}", hide(e)))
+}
+
 impl SharedCache {
     /// Connects (and checks the server answers) before serving starts.
     pub async fn connect(url: &str, ttl: Duration) -> Result<SharedCache, String> {
-        let shown = redact_url(url);
-        // The client's own errors may quote the URL: they are shown with it redacted.
-        let hide = |e: redis::RedisError| e.to_string().replace(url, &shown);
-        let client =
-            redis::Client::open(url).map_err(|e| format!("cache_redis {shown}: {}", hide(e)))?;
-        let conn = tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
-            .await
-            .map_err(|_| format!("cache_redis {shown}: no answer within 5 s"))?
-            .map_err(|e| format!("cache_redis {shown}: {}", hide(e)))?;
         Ok(SharedCache {
-            conn,
+            conn: connect_redis("cache_redis", url).await?,
             ttl,
             hits: AtomicU64::new(0),
             errors: AtomicU64::new(0),

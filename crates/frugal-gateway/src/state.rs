@@ -5,13 +5,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::atomic::Ordering;
+
 use axum::http::{HeaderMap, header};
+use chrono::{DateTime, Utc};
+use frugal_cost::Money;
 
 use crate::backend::{Backend, Local};
 use crate::batch::service::{BatchConfig, Batches, describe};
 use crate::cache::{self, CachePolicy, ExactCache, Lookup};
 use crate::error::ApiError;
-use crate::keys::{Keys, Tenant};
+use crate::keys::{Changes, KeyConfig, Keys, Tenant};
 use crate::meter::Meter;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -257,6 +261,29 @@ impl AppState {
 
     pub(crate) fn policy(&self, name: &str) -> CachePolicy {
         self.inner.policies.get(name).copied().unwrap_or_default()
+    }
+
+    /// Swaps in the keys and budgets of a re-read config (`Err`: why it was refused; the
+    /// keys stay as they are), counted in `frugal_config_reloads_total`, and starts tenants
+    /// new to this gateway from their spend this day and month by `spent_since` (the
+    /// ledger's). What changed (or why not), for the caller to say.
+    pub fn reload_keys<E: std::fmt::Display>(
+        &self,
+        keys: Result<Vec<KeyConfig>, String>,
+        spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
+    ) -> Result<Changes, String> {
+        let m = &self.inner.metrics;
+        let keys = keys.inspect_err(|_| {
+            m.reloads_failed.fetch_add(1, Ordering::Relaxed);
+        })?;
+        let changes = self.inner.keys.reload(&keys);
+        m.reloads_ok.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = crate::keys::preload(&changes.new_tenants, Utc::now(), spent_since) {
+            tracing::warn!(
+                "the new tenants' spend could not be read from the ledger, they start from $0: {e}"
+            );
+        }
+        Ok(changes)
     }
 
     /// The request's tenant (when keys are configured), if its key is valid and its

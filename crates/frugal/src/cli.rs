@@ -762,6 +762,15 @@ pub struct ServeArgs {
         value_name = "URL"
     )]
     pub cache_redis: Option<String>,
+    /// Share tenants' budgets with other replicas through this Redis server: reservations
+    /// held there, so N replicas cannot spend N budgets
+    #[arg(
+        long,
+        env = "FRUGAL_BUDGET_REDIS",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub budget_redis: Option<String>,
     /// Turn the semantic cache off (on with the exact cache: a question asked in other
     /// words gets the cached answer when the guard accepts the pair)
     #[arg(long)]

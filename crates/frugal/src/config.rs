@@ -113,6 +113,8 @@ pub struct Config {
     /// The user's data folder (`$XDG_DATA_HOME`, else `~/.local/share`), which holds
     /// `frugal/` (the ledger, models).
     pub data_home: Option<PathBuf>,
+    /// The config file read, if any: `frugal serve` reads its keys again on SIGHUP.
+    pub file: Option<PathBuf>,
 }
 
 impl Config {
@@ -168,17 +170,23 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
         .config_flag
         .map(Path::to_owned)
         .or(sources.config_env);
-    let (raw, base) = match explicit {
+    let (raw, base, file) = match explicit {
         Some(path) => {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read config {}", path.display()))?;
-            (parse(&text, &path)?, path.parent().map(Path::to_owned))
+            (
+                parse(&text, &path)?,
+                path.parent().map(Path::to_owned),
+                Some(path),
+            )
         }
         None => {
             let local = PathBuf::from("frugal.toml");
             match std::fs::read_to_string(&local) {
-                Ok(text) => (parse(&text, &local)?, Some(PathBuf::from("."))),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => (RawConfig::default(), None),
+                Ok(text) => (parse(&text, &local)?, Some(PathBuf::from(".")), Some(local)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    (RawConfig::default(), None, None)
+                }
                 Err(e) => return Err(e).context("cannot read config frugal.toml"),
             }
         }
@@ -220,6 +228,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
         watch: raw.watch,
         spool: raw.ledger.spool.map(relative),
         data_home: sources.data_home,
+        file,
     })
 }
 

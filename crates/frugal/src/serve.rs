@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use frugal_cost::ledger::Location;
 use frugal_cost::money::HourlyRate;
-use frugal_cost::{Capacity, Catalog, Money};
+use frugal_cost::{Capacity, Catalog, Location, Money};
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::assemble::{Inputs, PriceError, assemble, hourly_price};
 use frugal_gateway::batch::service::BatchConfig;
+use frugal_gateway::budget::SharedBudgets;
 use frugal_gateway::config::RawServe;
 use frugal_gateway::meter::{Machine, Meter, MeterConfig};
 use frugal_gateway::shared::SharedCache;
@@ -210,14 +211,23 @@ impl Gateway {
             ),
             _ => None,
         };
-        if meter.is_some() {
+        let budgets = match &assembly.budget_redis {
+            Some(url) => Some(
+                runtime
+                    .block_on(SharedBudgets::connect(url))
+                    .map_err(|e| anyhow::anyhow!("cannot reach the shared budgets: {e}"))?,
+            ),
+            None => None,
+        };
+        let has_meter = meter.is_some();
+        let mut parts = assembly.into_parts(local, meter, shared, budgets);
+        if has_meter {
             // Budgets count what the ledger already has for this day and month.
             let ledger = frugal_cost::Ledger::open(&config.ledger)?;
-            assembly.keys.preload(chrono::Utc::now(), |start| {
+            parts.keys.preload(chrono::Utc::now(), |start| {
                 ledger.tenant_spend(start.timestamp_millis())
             })?;
         }
-        let mut parts = assembly.into_parts(local, meter, shared);
         // The Batch API's files and batches live beside the ledger, as the pools' logs do
         // (opened by `frugal serve` only, at start_batches); a pool's replica serves its
         // gateway's lines and takes no batches of its own.
@@ -265,6 +275,9 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
                 .with_context(|| format!("cannot listen on {addr} (--metrics-addr)"))?;
             frugal_gateway::serve_metrics(metrics, state.clone());
         }
+        // Registered before the address is said: SIGHUP's default would end the process.
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("cannot listen for SIGHUP")?;
         writeln!(
             std::io::stderr(),
             "frugal serve: {} on http://{local}/v1; Ctrl-C to stop",
@@ -272,6 +285,13 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         )?;
         state.start_pools(&gateway.workload);
         state.start_batches();
+        let ledger = (!args.no_meter).then(|| config.ledger.clone());
+        tokio::spawn(reload_on_hangup(
+            hangup,
+            state.clone(),
+            config.file.clone(),
+            ledger,
+        ));
         let app = frugal_gateway::router(state.clone());
         let served = frugal_gateway::serve(listener, app, shutdown_signal(), drain).await;
         // Running batches stop resumable before the pools they may use.
@@ -282,6 +302,48 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Replicas stop (and their last spans are written) whether or not serving failed.
     gateway.close();
     served
+}
+
+/// Reads the config file again on each SIGHUP and swaps in its keys and budgets (the rest
+/// of `[serve]` takes a restart); new tenants start from the ledger's spend when metered.
+async fn reload_on_hangup(
+    mut hangup: tokio::signal::unix::Signal,
+    state: AppState,
+    file: Option<PathBuf>,
+    ledger: Option<Location>,
+) {
+    while hangup.recv().await.is_some() {
+        let (state, file, ledger) = (state.clone(), file.clone(), ledger.clone());
+        let reloaded = tokio::task::spawn_blocking(move || {
+            let keys = match &file {
+                Some(path) => read_keys(path).map_err(|e| format!("{e:#}")),
+                None => Err("no config file was read at start (pass --config FILE)".into()),
+            };
+            let reloaded = state.reload_keys(keys, |start| match &ledger {
+                Some(l) => frugal_cost::Ledger::open(l)
+                    .and_then(|l| l.tenant_spend(start.timestamp_millis())),
+                None => Ok(Vec::new()),
+            });
+            let said = match reloaded {
+                Ok(changes) => format!("frugal serve: keys reloaded: {changes}"),
+                Err(why) => format!(
+                    "frugal serve: config reload refused, the keys stay as they were: {why}"
+                ),
+            };
+            let _ = writeln!(std::io::stderr(), "{said}");
+        });
+        if let Err(e) = reloaded.await {
+            tracing::error!("config reload stopped: {e}");
+        }
+    }
+}
+
+/// The checked `[[serve.key]]` entries of the config file at `path`.
+fn read_keys(path: &Path) -> Result<Vec<frugal_gateway::keys::KeyConfig>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config {}", path.display()))?;
+    let raw = crate::config::parse(&text, path)?;
+    Ok(frugal_gateway::assemble::keys(&raw.serve)?)
 }
 
 /// `[serve]` with the command line's flags laid over it: a flag given wins over the file.
@@ -302,6 +364,7 @@ fn with_flags(file: &RawServe, args: &ServeArgs) -> RawServe {
     s.cache_mb = args.cache_mb.or(s.cache_mb);
     s.cache_ttl = args.cache_ttl.or(s.cache_ttl);
     s.cache_redis = args.cache_redis.clone().or(s.cache_redis);
+    s.budget_redis = args.budget_redis.clone().or(s.budget_redis);
     if args.no_semantic_cache {
         s.semantic_cache = Some(false);
     }

@@ -4,61 +4,14 @@
 
 mod common;
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Server, header};
-
-/// A throwaway redis-server on a free loopback port, killed on drop.
-struct Redis {
-    child: Child,
-    url: String,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server is needed for this test (Debian: apt-get install redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis {
-            child,
-            url: format!("redis://127.0.0.1:{port}/"),
-        }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use frugal_gateway::redis_test::Redis;
 
 #[test]
 fn replicas_share_answers_through_redis_and_survive_losing_it() {
-    let mut redis = Redis::start();
+    let mut redis = Redis::start().unwrap();
     let flags = ["--cache-redis", redis.url.as_str(), "--no-semantic-cache"];
     let a = Server::start(&flags);
     let b = Server::start(&flags);
@@ -96,8 +49,7 @@ fn replicas_share_answers_through_redis_and_survive_losing_it() {
     assert_eq!(b.metric("frugal_shared_cache_total{result=\"hit\"}"), 1.0);
 
     // Redis goes away: requests are still answered, and the failures are counted.
-    let _ = redis.child.kill();
-    let _ = redis.child.wait();
+    redis.kill();
     let (head, _) = a.ask("Name a fruit.", 12);
     assert_eq!(header(&head, "x-frugal-cache"), Some("miss"));
     std::thread::sleep(Duration::from_millis(400));

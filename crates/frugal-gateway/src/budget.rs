@@ -1,0 +1,727 @@
+//! Budgets shared by gateway replicas, in Redis (`[serve] budget_redis`).
+//!
+//! Each tenant has its spend this UTC day and this UTC month (integer nanodollars, expiring a
+//! day after their period ends), a sorted set of holds, one per request in flight on any
+//! replica (`id:nanos`, scored by when it expires, [`HOLD_TTL`]), and an epoch, new whenever
+//! Redis starts empty (a retried settle whose hold is gone added its cost already only if the
+//! hold was placed in the same epoch). Admission is one
+//! Lua script, atomic in Redis: drop expired holds, start the totals from this gateway's
+//! view if Redis has none (`SET NX`: this gateway's view starts from the ledger, so a fresh
+//! Redis does not hand out a budget again), refuse once spend plus holds reach a limit, else
+//! add the hold. Settling is another: remove the hold, add the real cost to both totals. The
+//! rule is the single gateway's ([`crate::keys`]), so N replicas overshoot a budget by at most
+//! the one hold that found room last, not N budgets.
+//!
+//! Redis is not needed to serve. A call that fails or takes longer than
+//! [`CALL_TIMEOUT`](crate::shared::CALL_TIMEOUT) leaves admission on the local view (this
+//! gateway's spend and the shared totals it last saw), counted in `/metrics`, and Redis is
+//! tried again a second later. What is spent meanwhile is kept and settled into Redis once it
+//! answers again, so the shared totals do not miss it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Datelike, Utc};
+use frugal_cost::Money;
+use redis::aio::ConnectionManager;
+
+use crate::keys::{Tenant, next_day, next_month};
+use crate::shared::{CALL_TIMEOUT, connect_redis, redact_url};
+
+/// How long a hold lives when its request never settles (the gateway that held it crashed):
+/// a little over the longest a request runs. An upstream call is cut at its `timeout_s`
+/// (120 s by default) times its tries; a long generation on the local model's CPU engine
+/// (thousands of tokens at a few tokens per second) takes minutes. A request that outlives
+/// its hold is still charged in full when it settles.
+pub const HOLD_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// After a failed call, admission stays on the local view this long before Redis is tried
+/// again: an outage costs one timeout a second, not one per request.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Totals outlive their period by a day, so a late settle (a replica's clock behind, spend
+/// replayed after an outage) still finds them.
+const GRACE_S: i64 = 86_400;
+
+/// How often spend that Redis missed is offered to it again while nothing else calls.
+const REPLAY_EVERY: Duration = Duration::from_secs(2);
+
+/// KEYS: holds, day, month, epoch. ARGV: day base, day expiry (unix s), month base, month
+/// expiry, daily limit, monthly limit (-1: none), the hold (`id:nanos`), its TTL in ms, an
+/// epoch should the tenant have none. Returns {admitted, day total, month total, held by
+/// others, epoch}.
+const RESERVE: &str = r"
+redis.call('SET', KEYS[4], ARGV[9], 'NX')
+local epoch = redis.call('GET', KEYS[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EXAT', ARGV[2])
+redis.call('SET', KEYS[3], ARGV[3], 'NX', 'EXAT', ARGV[4])
+local held = 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  held = held + tonumber(string.match(m, ':(%d+)$'))
+end
+local day = tonumber(redis.call('GET', KEYS[2]))
+local month = tonumber(redis.call('GET', KEYS[3]))
+local dl, ml = tonumber(ARGV[5]), tonumber(ARGV[6])
+if (dl >= 0 and day + held >= dl) or (ml >= 0 and month + held >= ml) then
+  return {0, day, month, held, epoch}
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[8]), ARGV[7])
+redis.call('PEXPIRE', KEYS[1], ARGV[8])
+return {1, day, month, held, epoch}
+";
+
+/// KEYS: holds, day, month, epoch. ARGV: day base, day expiry, month base, month expiry,
+/// the hold ('' for none), the cost, '1' to add the cost only if the hold is still there (a
+/// retry of a settle that may have run), the epoch the hold was placed in, an epoch should
+/// the tenant have none. A hold of another epoch (Redis lost its data since) proves nothing:
+/// the cost is added. A period already over is left alone.
+/// Returns {day total, month total}, -1 for a period over.
+const SETTLE: &str = r"
+redis.call('SET', KEYS[4], ARGV[9], 'NX')
+local same = redis.call('GET', KEYS[4]) == ARGV[8]
+local now = tonumber(redis.call('TIME')[1])
+local removed = 1
+if ARGV[5] ~= '' then removed = redis.call('ZREM', KEYS[1], ARGV[5]) end
+local add = removed == 1 or ARGV[7] ~= '1' or not same
+local out = {-1, -1}
+for i = 1, 2 do
+  local exat = tonumber(ARGV[2 * i])
+  if exat > now then
+    redis.call('SET', KEYS[i + 1], ARGV[2 * i - 1], 'NX', 'EXAT', exat)
+    if add then redis.call('INCRBY', KEYS[i + 1], ARGV[6]) end
+    out[i] = tonumber(redis.call('GET', KEYS[i + 1]))
+  end
+end
+return out
+";
+
+/// What Redis said to a reservation.
+pub(crate) struct Verdict {
+    pub admitted: bool,
+    pub day: Money,
+    pub month: Money,
+    /// Held by requests in flight on every replica (before this one).
+    pub held: Money,
+    /// This one's hold, when admitted.
+    pub hold: Hold,
+}
+
+/// A request's hold in Redis: its member of the holds set, and the epoch of the tenant's
+/// keys it was placed in (a new one each time Redis starts empty).
+#[derive(Debug, Clone)]
+pub(crate) struct Hold {
+    member: String,
+    epoch: String,
+}
+
+/// A cost not yet added to the shared totals: being settled, or waiting for Redis.
+struct Pending {
+    id: u64,
+    tenant: Arc<Tenant>,
+    at: DateTime<Utc>,
+    cost: Money,
+    hold: Option<Hold>,
+    /// A settle of it failed after it may have run: add it only if its hold is still there.
+    only_if_held: bool,
+    in_flight: bool,
+}
+
+pub struct SharedBudgets {
+    conn: ConnectionManager,
+    /// The URL without its password, for the log.
+    shown: String,
+    /// Whether the last call reached Redis.
+    reached: AtomicBool,
+    /// Until when admission skips Redis after a failed call.
+    retry_at: Mutex<Option<Instant>>,
+    /// Admissions decided on the local view.
+    pub fallbacks: AtomicU64,
+    pending: Mutex<Vec<Pending>>,
+    /// Makes hold and pending ids unique: a random prefix per process, then a count.
+    prefix: String,
+    next: AtomicU64,
+    /// Wakes the task that replays pending spend.
+    wake: Arc<tokio::sync::Notify>,
+    hold_ttl: Duration,
+}
+
+impl std::fmt::Debug for SharedBudgets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBudgets")
+            .field("redis", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tenant's keys at `at` (holds, day, month, epoch), and when each total expires.
+fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 4], [i64; 2]) {
+    // The hash tag keeps a tenant's keys in one slot of a Redis Cluster.
+    let base = format!("frugal:budget:v1:{{{tenant}}}");
+    (
+        [
+            format!("{base}:holds"),
+            format!("{base}:day:{}", at.format("%Y-%m-%d")),
+            format!("{base}:month:{}", at.format("%Y-%m")),
+            format!("{base}:epoch"),
+        ],
+        [
+            next_day(at).timestamp() + GRACE_S,
+            next_month(at).timestamp() + GRACE_S,
+        ],
+    )
+}
+
+fn limit(l: Option<Money>) -> i64 {
+    l.map_or(-1, Money::nanos)
+}
+
+impl SharedBudgets {
+    /// Connects (and checks Redis answers) before serving starts, and starts the task that
+    /// settles into Redis what was spent while it was unreachable.
+    pub async fn connect(url: &str) -> Result<Arc<SharedBudgets>, String> {
+        SharedBudgets::connect_holding(url, HOLD_TTL).await
+    }
+
+    async fn connect_holding(url: &str, hold_ttl: Duration) -> Result<Arc<SharedBudgets>, String> {
+        let conn = connect_redis("budget_redis", url).await?;
+        let mut random = [0u8; 6];
+        getrandom::fill(&mut random).map_err(|e| format!("budget_redis: no randomness: {e}"))?;
+        let budgets = Arc::new(SharedBudgets {
+            conn,
+            shown: redact_url(url),
+            reached: AtomicBool::new(true),
+            retry_at: Mutex::new(None),
+            fallbacks: AtomicU64::new(0),
+            pending: Mutex::new(Vec::new()),
+            prefix: random.iter().map(|b| format!("{b:02x}")).collect(),
+            next: AtomicU64::new(0),
+            wake: Arc::new(tokio::sync::Notify::new()),
+            hold_ttl,
+        });
+        tokio::spawn(replay(Arc::downgrade(&budgets), budgets.wake.clone()));
+        Ok(budgets)
+    }
+
+    /// Whether the last budget call reached Redis (else admission is on the local view).
+    pub fn is_shared(&self) -> bool {
+        self.reached.load(Ordering::Relaxed)
+    }
+
+    /// Costs waiting to be added to the shared totals.
+    pub fn unsettled(&self) -> usize {
+        self.lock_pending().len()
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether to call Redis now: it answered last time, or the pause after a failure is over.
+    fn worth_trying(&self) -> bool {
+        let retry = self.retry_at.lock().unwrap_or_else(|p| p.into_inner());
+        self.is_shared() || retry.is_none_or(|t| Instant::now() >= t)
+    }
+
+    fn reached_it(&self) {
+        *self.retry_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if !self.reached.swap(true, Ordering::Relaxed) {
+            // At the fallback's level, so that whoever saw it go sees it come back.
+            tracing::warn!(
+                redis = %self.shown,
+                "budgets: Redis answers again; admission is shared again, and what was spent meanwhile is settled into it"
+            );
+            self.wake.notify_one();
+        }
+    }
+
+    fn missed_it(&self, why: &str) {
+        *self.retry_at.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Instant::now() + RETRY_AFTER);
+        if self.reached.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                redis = %self.shown,
+                "budgets: Redis {why}; admission falls back to this gateway's view of each tenant's spend"
+            );
+        }
+    }
+
+    fn new_id(&self) -> (u64, String) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        (n, format!("{}-{n}", self.prefix))
+    }
+
+    /// A hold's member in the holds set: a unique id and the amount held.
+    fn new_hold(&self, amount: Money) -> String {
+        format!("{}:{}", self.new_id().1, amount.nanos().max(0))
+    }
+
+    /// What Redis should start `tenant`'s totals of `at`'s periods from if it has none: this
+    /// gateway's view of the current periods, less what it has not yet added to Redis
+    /// (added as it settles); 0 for a period that is over.
+    fn bases(&self, pending: &[Pending], tenant: &Arc<Tenant>, at: DateTime<Utc>) -> [Money; 2] {
+        let now = Utc::now();
+        let (day, month) = tenant.totals(now);
+        let same_day = |t: DateTime<Utc>| t.date_naive() == now.date_naive();
+        let same_month = |t: DateTime<Utc>| (t.year(), t.month()) == (now.year(), now.month());
+        let mut bases = [
+            if same_day(at) { day } else { Money::ZERO },
+            if same_month(at) { month } else { Money::ZERO },
+        ];
+        for p in pending.iter().filter(|p| Arc::ptr_eq(&p.tenant, tenant)) {
+            if same_day(at) && same_day(p.at) {
+                bases[0] -= p.cost;
+            }
+            if same_month(at) && same_month(p.at) {
+                bases[1] -= p.cost;
+            }
+        }
+        bases.map(|b| b.max(Money::ZERO))
+    }
+
+    async fn call<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, String> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(CALL_TIMEOUT, cmd.query_async::<T>(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(format!("failed: {e}")),
+            Err(_) => Err(format!(
+                "did not answer within {} ms",
+                CALL_TIMEOUT.as_millis()
+            )),
+        }
+    }
+
+    /// Holds `amount` of `tenant`'s budgets in Redis; `None` when Redis did not answer (the
+    /// caller decides on its local view, counted as a fallback).
+    pub(crate) async fn reserve(
+        &self,
+        tenant: &Arc<Tenant>,
+        amount: Money,
+        now: DateTime<Utc>,
+    ) -> Option<Verdict> {
+        if !self.worth_trying() {
+            self.fallbacks.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let (keys, expiry) = keys(&tenant.name, now);
+        let bases = self.bases(&self.lock_pending(), tenant, now);
+        let limits = tenant.limits();
+        let member = self.new_hold(amount);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RESERVE)
+            .arg(4)
+            .arg(&keys[..])
+            .arg(bases[0].nanos())
+            .arg(expiry[0])
+            .arg(bases[1].nanos())
+            .arg(expiry[1])
+            .arg(limit(limits.daily))
+            .arg(limit(limits.monthly))
+            .arg(&member)
+            .arg(self.hold_ttl.as_millis() as u64)
+            .arg(self.new_id().1);
+        match self.call::<(i64, i64, i64, i64, String)>(cmd).await {
+            Ok((admitted, day, month, held, epoch)) => {
+                self.reached_it();
+                Some(Verdict {
+                    admitted: admitted == 1,
+                    day: Money::from_nanos(day),
+                    month: Money::from_nanos(month),
+                    held: Money::from_nanos(held),
+                    hold: Hold { member, epoch },
+                })
+            }
+            Err(why) => {
+                self.missed_it(&why);
+                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Charges `cost` to `tenant` (in this gateway's view now, in Redis in the background)
+    /// and drops its `hold`, if any. Until Redis has it, the cost is pending: left out of
+    /// the totals Redis would start from, and replayed when Redis answers again.
+    pub(crate) fn charge(
+        self: &Arc<Self>,
+        tenant: Arc<Tenant>,
+        hold: Option<Hold>,
+        cost: Money,
+        now: DateTime<Utc>,
+    ) {
+        let (id, _) = self.new_id();
+        let attempt = self.worth_trying() && tokio::runtime::Handle::try_current().is_ok();
+        {
+            let mut pending = self.lock_pending();
+            tenant.add_local(cost, now);
+            // While Redis is away, a tenant's spend of a day without holds waits as one
+            // entry, so a long outage costs memory and replay per tenant, not per request.
+            let waiting = (!attempt && hold.is_none())
+                .then(|| {
+                    pending.iter_mut().find(|p| {
+                        Arc::ptr_eq(&p.tenant, &tenant)
+                            && p.at.date_naive() == now.date_naive()
+                            && p.hold.is_none()
+                            && !p.in_flight
+                    })
+                })
+                .flatten();
+            if let Some(p) = waiting {
+                p.cost += cost;
+                return;
+            }
+            pending.push(Pending {
+                id,
+                tenant,
+                at: now,
+                cost,
+                hold,
+                only_if_held: false,
+                in_flight: attempt,
+            });
+        }
+        if attempt {
+            let this = self.clone();
+            tokio::spawn(async move { this.settle(id).await });
+        }
+    }
+
+    /// Gives back a hold whose request settled nothing (refused before any work, or dropped).
+    pub(crate) fn release(self: &Arc<Self>, tenant: &str, hold: Hold) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return; // It expires.
+        }
+        let (keys, _) = keys(tenant, Utc::now());
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut cmd = redis::cmd("ZREM");
+            cmd.arg(&keys[0]).arg(hold.member);
+            if let Err(why) = this.call::<i64>(cmd).await {
+                this.missed_it(&why);
+            }
+        });
+    }
+
+    /// Adds pending cost `id` to the shared totals; false when Redis did not take it.
+    async fn settle(&self, id: u64) -> bool {
+        let (cmd, tenant, at) = {
+            let pending = self.lock_pending();
+            let Some(p) = pending.iter().find(|p| p.id == id) else {
+                return true;
+            };
+            let (keys, expiry) = keys(&p.tenant.name, p.at);
+            let bases = self.bases(&pending, &p.tenant, p.at);
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(SETTLE)
+                .arg(4)
+                .arg(&keys[..])
+                .arg(bases[0].nanos())
+                .arg(expiry[0])
+                .arg(bases[1].nanos())
+                .arg(expiry[1])
+                .arg(p.hold.as_ref().map_or("", |h| &h.member))
+                .arg(p.cost.nanos())
+                .arg(if p.only_if_held { "1" } else { "0" })
+                .arg(p.hold.as_ref().map_or("", |h| &h.epoch))
+                .arg(self.new_id().1);
+            (cmd, p.tenant.clone(), p.at)
+        };
+        let result = self.call::<(i64, i64)>(cmd).await;
+        let mut pending = self.lock_pending();
+        let Some(i) = pending.iter().position(|p| p.id == id) else {
+            return true;
+        };
+        match result {
+            Ok((day, month)) => {
+                pending.swap_remove(i);
+                drop(pending);
+                tenant.seen(at, day, month);
+                self.reached_it();
+                true
+            }
+            Err(why) => {
+                let p = &mut pending[i];
+                p.in_flight = false;
+                p.only_if_held = p.hold.is_some();
+                drop(pending);
+                self.missed_it(&why);
+                false
+            }
+        }
+    }
+
+    /// Settles, oldest first, what Redis has not taken yet; stops at the first failure.
+    async fn replay_pending(&self) {
+        let ids: Vec<u64> = {
+            let mut pending = self.lock_pending();
+            pending
+                .iter_mut()
+                .filter(|p| !p.in_flight)
+                .map(|p| {
+                    p.in_flight = true;
+                    p.id
+                })
+                .collect()
+        };
+        if ids.is_empty() {
+            return;
+        }
+        let mut settled = 0;
+        for (i, id) in ids.iter().enumerate() {
+            if !self.settle(*id).await {
+                // The rest wait for the next try.
+                let mut pending = self.lock_pending();
+                for p in pending.iter_mut().filter(|p| ids[i..].contains(&p.id)) {
+                    p.in_flight = false;
+                }
+                break;
+            }
+            settled += 1;
+        }
+        if settled > 0 {
+            tracing::info!(
+                requests = settled,
+                "budgets: settled into Redis what was spent while it was unreachable"
+            );
+        }
+    }
+}
+
+/// Replays pending spend when Redis answers again, and every few seconds while some waits
+/// (a gateway with no traffic to find Redis back).
+async fn replay(budgets: Weak<SharedBudgets>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        tokio::select! {
+            () = wake.notified() => {}
+            () = tokio::time::sleep(REPLAY_EVERY) => {}
+        }
+        let Some(budgets) = budgets.upgrade() else {
+            return;
+        };
+        if budgets.worth_trying() {
+            budgets.replay_pending().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ApiError;
+    use crate::keys::{KeyConfig, Keys, hash_key};
+    use crate::redis_test::Redis;
+
+    fn replica(budgets: &Arc<SharedBudgets>, daily: Money, monthly: Option<Money>) -> Keys {
+        Keys::with_budgets(
+            &[KeyConfig {
+                tenant: "t".into(),
+                sha256: hash_key("k"),
+                daily: Some(daily),
+                monthly,
+            }],
+            Some(budgets.clone()),
+        )
+    }
+
+    /// The tenant's day and month totals and holds in Redis.
+    async fn in_redis(url: &str) -> (Option<i64>, Option<i64>, i64) {
+        let mut conn = connect_redis("test", url).await.unwrap();
+        let (k, _) = keys("t", Utc::now());
+        let day: Option<i64> = redis::cmd("GET")
+            .arg(&k[1])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let month: Option<i64> = redis::cmd("GET")
+            .arg(&k[2])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let holds: i64 = redis::cmd("ZCARD")
+            .arg(&k[0])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        (day, month, holds)
+    }
+
+    /// Waits until every cost is in Redis.
+    async fn settled(budgets: &[&Arc<SharedBudgets>]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while budgets.iter().any(|b| b.unsettled() > 0 || !b.is_shared()) {
+            assert!(
+                Instant::now() < deadline,
+                "spend was not settled into Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn replicas_reserving_at_once_stop_within_one_hold_of_the_limit() {
+        let redis = Redis::start().unwrap();
+        let (a, b) = (
+            SharedBudgets::connect(&redis.url).await.unwrap(),
+            SharedBudgets::connect(&redis.url).await.unwrap(),
+        );
+        let limit = Money::from_cents(100);
+        let hold = Money::from_cents(7);
+        let replicas = [replica(&a, limit, None), replica(&b, limit, None)];
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let t = replicas[i % 2].tenant("t").unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0;
+                loop {
+                    match t.reserve(hold, Utc::now()).await {
+                        Ok(r) => {
+                            tokio::task::yield_now().await;
+                            r.settle(hold, Utc::now());
+                            admitted += 1;
+                        }
+                        Err(ApiError::Budget { message, .. }) => {
+                            assert!(message.contains("daily budget of `t`"), "{message}");
+                            return admitted;
+                        }
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        settled(&[&a, &b]).await;
+        assert_eq!(a.fallbacks.load(Ordering::Relaxed), 0);
+        let (day, month, holds) = in_redis(&redis.url).await;
+        // Admitted while spend + holds < $1.00, each settling at its whole hold: the total
+        // reaches the limit and passes it by less than one hold.
+        let day = day.unwrap();
+        assert!(
+            day >= limit.nanos() && day < (limit + hold).nanos(),
+            "{day} after {admitted} requests"
+        );
+        assert_eq!(day, admitted * hold.nanos());
+        assert_eq!(month, Some(day));
+        assert_eq!(holds, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crashed_gateways_holds_expire() {
+        let redis = Redis::start().unwrap();
+        let budgets = SharedBudgets::connect_holding(&redis.url, Duration::from_millis(300))
+            .await
+            .unwrap();
+        let keys = replica(&budgets, Money::from_cents(100), None);
+        let t = keys.tenant("t").unwrap();
+        // Held by a gateway that died: never settled, never released.
+        std::mem::forget(t.reserve(Money::from_cents(100), Utc::now()).await.unwrap());
+        let Err(ApiError::Budget { message, .. }) =
+            t.reserve(Money::from_cents(1), Utc::now()).await
+        else {
+            panic!("the hold fills the budget")
+        };
+        assert!(
+            message.contains("$1.000000 more held by requests in flight"),
+            "{message}"
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let r = t.reserve(Money::from_cents(1), Utc::now()).await.unwrap();
+        assert_eq!(in_redis(&redis.url).await.2, 1, "the expired hold is gone");
+        drop(r);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            in_redis(&redis.url).await,
+            (Some(0), Some(0), 0),
+            "released"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn settling_adds_the_real_cost_to_totals_that_start_from_the_ledger() {
+        let redis = Redis::start().unwrap();
+        let budgets = SharedBudgets::connect(&redis.url).await.unwrap();
+        let keys = replica(
+            &budgets,
+            Money::from_cents(45),
+            Some(Money::from_cents(500)),
+        );
+        // The ledger says $0.30 today and $0.50 this month.
+        let now = Utc::now();
+        keys.preload(now, |start| {
+            let cents = if start == crate::keys::period_starts(now).0 {
+                30
+            } else {
+                50
+            };
+            Ok::<_, ()>(vec![("t".to_owned(), Money::from_cents(cents))])
+        })
+        .unwrap();
+        let t = keys.tenant("t").unwrap();
+        let r = t.reserve(Money::from_cents(60), Utc::now()).await.unwrap();
+        assert_eq!(
+            in_redis(&redis.url).await,
+            (Some(30 * 10_000_000), Some(50 * 10_000_000), 1)
+        );
+        r.settle(Money::from_cents(10), Utc::now());
+        settled(&[&budgets]).await;
+        assert_eq!(
+            in_redis(&redis.url).await,
+            (Some(40 * 10_000_000), Some(60 * 10_000_000), 0)
+        );
+        // Another replica, which has seen none of it, is refused by the shared total.
+        let other = SharedBudgets::connect(&redis.url).await.unwrap();
+        let keys = replica(&other, Money::from_cents(40), None);
+        let Err(ApiError::Budget { message, .. }) = keys
+            .tenant("t")
+            .unwrap()
+            .reserve(Money::from_cents(1), Utc::now())
+            .await
+        else {
+            panic!("the shared total reaches the limit")
+        };
+        assert!(
+            message.contains("is spent: $0.400000 of $0.40; it resets at"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_redis_admission_is_local_and_the_spend_is_settled_when_it_returns() {
+        let mut redis = Redis::start().unwrap();
+        let budgets = SharedBudgets::connect(&redis.url).await.unwrap();
+        let keys = replica(&budgets, Money::from_cents(100), None);
+        let t = keys.tenant("t").unwrap();
+        t.add_local(Money::from_cents(20), Utc::now());
+        let first = t.reserve(Money::from_cents(5), Utc::now()).await.unwrap();
+        assert_eq!(in_redis(&redis.url).await.0, Some(20 * 10_000_000));
+        redis.kill();
+        first.settle(Money::from_cents(5), Utc::now());
+        let second = t.reserve(Money::from_cents(5), Utc::now()).await.unwrap();
+        assert!(!budgets.is_shared());
+        assert!(budgets.fallbacks.load(Ordering::Relaxed) >= 1);
+        second.settle(Money::from_cents(5), Utc::now());
+        // Spend without a hold waits as one entry with the second's.
+        t.spend(Money::from_cents(1), Utc::now());
+        t.spend(Money::from_cents(1), Utc::now());
+        assert_eq!(budgets.unsettled(), 2);
+        assert_eq!(t.totals(Utc::now()).0, Money::from_cents(32));
+        // It comes back empty (no persistence): the totals start again from this gateway's
+        // view, and what was spent meanwhile is added once.
+        // The first settle's hold is gone with the old Redis: its cost is added anyway,
+        // whether the totals start at the replay or at a reservation before it.
+        redis.restart().unwrap();
+        tokio::time::sleep(RETRY_AFTER).await;
+        let third = t.reserve(Money::from_cents(5), Utc::now()).await.unwrap();
+        third.settle(Money::from_cents(5), Utc::now());
+        settled(&[&budgets]).await;
+        assert_eq!(
+            in_redis(&redis.url).await,
+            (Some(37 * 10_000_000), Some(37 * 10_000_000), 0)
+        );
+    }
+}

@@ -1,0 +1,375 @@
+//! End-to-end: tenants' budgets shared by two `frugal serve` replicas through a real Redis
+//! over one PostgreSQL ledger, what happens when Redis goes away and comes back, and keys
+//! and budgets reloaded on SIGHUP.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod mock_upstream;
+
+use std::time::{Duration, Instant};
+
+use common::{Server, header, request_at};
+use frugal_cost::{Kind, Ledger, Location, Money, Window};
+use frugal_gateway::keys::hash_key;
+use frugal_gateway::redis_test::Redis;
+use mock_upstream::mock_upstream;
+
+/// $1,000 per million prompt tokens, $2,000 per million completion tokens: the mock's
+/// answer (10 and 5 tokens) costs $0.02.
+const PRICES: &str = "[[model]]\nname = \"mock-price\"\ninput = 1000.0\noutput = 2000.0\n";
+
+/// A request's hold: every prompt byte a token ("user", the content and 8 bytes of
+/// framing: 40) and all of `max_tokens` (5): $0.040 + $0.010.
+const QUESTION: &str = "spend a little of the budget";
+const HOLD: Money = Money::from_cents(5);
+
+fn config(upstream: &str, extra: &str, keys: &[(&str, &str, &str)]) -> String {
+    let mut text = format!(
+        "[prices]\nfiles = [\"prices.toml\"]\n\n[serve]\n{extra}\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{upstream}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 5\n"
+    );
+    for (tenant, key, daily) in keys {
+        text += &format!(
+            "\n[[serve.key]]\ntenant = \"{tenant}\"\nsha256 = \"{}\"\ndaily_usd = \"{daily}\"\n",
+            hash_key(key)
+        );
+    }
+    text
+}
+
+fn ask(addr: &str, key: &str) -> (u16, String, String) {
+    let body = format!(
+        r#"{{"model":"mock","messages":[{{"role":"user","content":"{QUESTION}"}}],"max_tokens":5}}"#
+    );
+    request_at(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &body,
+        &format!("Authorization: Bearer {key}\r\n"),
+    )
+}
+
+/// A metric's value, read with `key` (the metrics need one when keys are configured).
+fn metric(addr: &str, key: &str, name: &str) -> f64 {
+    let (_, _, body) = request_at(
+        addr,
+        "GET",
+        "/metrics",
+        "",
+        &format!("Authorization: Bearer {key}\r\n"),
+    );
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn refused_for_budget(status: u16, head: &str, body: &str) {
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("the daily budget of `acme` is spent"),
+        "{body}"
+    );
+    assert!(header(head, "retry-after").is_some(), "{head}");
+}
+
+/// The issue's must-show: two gateways on one PostgreSQL ledger and one budget, loaded at
+/// once until both refuse; the tenant's combined spend stops within one reservation of it.
+#[test]
+fn two_gateways_on_one_ledger_spend_one_budget() {
+    let redis = Redis::start().unwrap();
+    let ledger = frugal_cost::pg_test::Server::shared()
+        .unwrap()
+        .database()
+        .unwrap();
+    let (upstream, _) = mock_upstream();
+    let limit = Money::from_cents(100);
+    let text = config(
+        &upstream,
+        &format!("budget_redis = \"{}\"\n", redis.url),
+        &[("acme", "fk-acme", "1.00")],
+    );
+    let files = [("prices.toml", PRICES), ("frugal.toml", text.as_str())];
+    let flags = ["--no-model", "--no-cache"];
+    let gateways = [
+        Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &ledger, &files, &flags),
+        Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &ledger, &files, &flags),
+    ];
+    let mut answered = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let addr = gateways[i % 2].addr.clone();
+            let answered = &answered;
+            s.spawn(move || {
+                loop {
+                    let (status, head, body) = ask(&addr, "fk-acme");
+                    if status == 200 {
+                        answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                    refused_for_budget(status, &head, &body);
+                    return;
+                }
+            });
+        }
+    });
+    // A refusal counts the holds in flight, which settle at less: once they have, one
+    // gateway or the other may find room for a last request or two.
+    for g in &gateways {
+        loop {
+            let (status, head, body) = ask(&g.addr, "fk-acme");
+            if status != 200 {
+                refused_for_budget(status, &head, &body);
+                break;
+            }
+            *answered.get_mut() += 1;
+        }
+        assert_eq!(metric(&g.addr, "fk-acme", "frugal_budget_shared"), 1.0);
+        assert_eq!(
+            metric(&g.addr, "fk-acme", "frugal_budget_fallbacks_total"),
+            0.0
+        );
+    }
+    let served: Vec<f64> = gateways
+        .iter()
+        .map(|g| metric(&g.addr, "fk-acme", "frugal_requests_total{status=\"ok\"}"))
+        .collect();
+    assert!(
+        served.iter().all(|n| *n > 0.0),
+        "both gateways served: {served:?}"
+    );
+    assert_eq!(served.iter().sum::<f64>(), *answered.get_mut() as f64);
+    let [a, b] = gateways;
+    assert!(a.stop().0.success() && b.stop().0.success());
+    let ledger = Ledger::open(Location::parse(&ledger)).unwrap();
+    let spent: Money = ledger
+        .tenant_spend(0)
+        .unwrap()
+        .into_iter()
+        .filter(|(t, _)| t == "acme")
+        .map(|(_, m)| m)
+        .sum();
+    let mut rows = 0;
+    ledger
+        .scan(Window::default(), |r| {
+            rows += u64::from(r.kind == Kind::Inference) * r.requests;
+        })
+        .unwrap();
+    let answered = answered.into_inner();
+    eprintln!(
+        "two gateways: {answered} requests answered ({served:?} each), ${} spent of a ${} budget (one hold: ${})",
+        spent.to_string_places(2),
+        limit.to_string_places(2),
+        HOLD.to_string_places(2)
+    );
+    assert_eq!(rows, answered, "every answered request once in the ledger");
+    assert_eq!(
+        spent,
+        Money::from_nanos(Money::from_cents(2).nanos() * answered as i64)
+    );
+    assert!(
+        spent >= limit - HOLD && spent <= limit + HOLD,
+        "{answered} requests spent ${}",
+        spent.to_string_places(2)
+    );
+}
+
+#[test]
+fn without_redis_requests_are_served_on_the_local_view_and_settled_when_it_returns() {
+    let mut redis = Redis::start().unwrap();
+    let (upstream, _) = mock_upstream();
+    let text = config(
+        &upstream,
+        &format!("budget_redis = \"{}\"\n", redis.url),
+        &[("acme", "fk-acme", "100.00")],
+    );
+    let server = Server::start_with_files(
+        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
+        &["--no-model", "--no-cache"],
+    );
+    let shared = |s: &Server| metric(&s.addr, "fk-acme", "frugal_budget_shared");
+    assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    assert_eq!(shared(&server), 1.0);
+
+    redis.kill();
+    for _ in 0..3 {
+        let (status, _, body) = ask(&server.addr, "fk-acme");
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(shared(&server), 0.0);
+    assert!(metric(&server.addr, "fk-acme", "frugal_budget_fallbacks_total") >= 1.0);
+    wait_for("the log of the fallback", || {
+        server
+            .logs()
+            .contains("admission falls back to this gateway's view")
+    });
+
+    // A gateway cannot start against a Redis that is not there; the URL's password is not
+    // said.
+    let dir = tempfile::tempdir().unwrap();
+    let secret = redis.url.replace("redis://", "redis://:hunter2@");
+    std::fs::write(dir.path().join("prices.toml"), PRICES).unwrap();
+    std::fs::write(
+        dir.path().join("frugal.toml"),
+        config(
+            &upstream,
+            &format!("budget_redis = \"{secret}\"\n"),
+            &[("acme", "fk-acme", "1.00")],
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--config")
+        .arg(dir.path().join("frugal.toml"))
+        .arg("--ledger")
+        .arg(dir.path().join("ledger.sqlite"))
+        .args(["serve", "--no-model", "--port", "0"])
+        .output()
+        .unwrap();
+    let said = common::said(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("cannot reach the shared budgets: budget_redis redis://***@127.0.0.1:"),
+        "{said}"
+    );
+    assert!(!said.contains("hunter2"), "{said}");
+
+    // Back, empty: the totals start again from this gateway's view, and what it spent
+    // meanwhile is added once.
+    redis.restart().unwrap();
+    wait_for("shared budgets again", || {
+        ask(&server.addr, "fk-acme").0 == 200
+            && shared(&server) == 1.0
+            && metric(&server.addr, "fk-acme", "frugal_budget_unsettled") == 0.0
+    });
+    let requests = metric(
+        &server.addr,
+        "fk-acme",
+        "frugal_requests_total{status=\"ok\"}",
+    );
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-u",
+            &redis.url,
+            "--scan",
+            "--pattern",
+            "frugal:budget:v1:{acme}:day:*",
+        ])
+        .output()
+        .unwrap();
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let out = std::process::Command::new("redis-cli")
+        .args(["-u", &redis.url, "GET", &key])
+        .output()
+        .unwrap();
+    let nanos: i64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        Money::from_nanos(nanos),
+        Money::from_nanos(Money::from_cents(2).nanos() * requests as i64),
+        "{requests} requests in Redis's total"
+    );
+    wait_for("the log of the return", || {
+        server.logs().contains("Redis answers again")
+    });
+}
+
+#[test]
+fn sighup_reloads_keys_and_budgets_and_refuses_a_bad_config() {
+    let (upstream, _) = mock_upstream();
+    let server = Server::start_with_files(
+        &[
+            ("prices.toml", PRICES),
+            (
+                "frugal.toml",
+                &config(&upstream, "", &[("acme", "fk-acme", "1.00")]),
+            ),
+        ],
+        &["--no-model", "--no-cache"],
+    );
+    let file = server.dir().join("frugal.toml");
+    let hup = |s: &Server| {
+        let ok = std::process::Command::new("kill")
+            .args(["-HUP", &s.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    let reloads = |result: &str| {
+        metric(
+            &server.addr,
+            "fk-acme",
+            &format!("frugal_config_reloads_total{{result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    assert_eq!(ask(&server.addr, "fk-other").0, 401);
+
+    // A tenant added, acme's budget cut below what it spent: acme keeps its $0.02.
+    std::fs::write(
+        &file,
+        config(
+            &upstream,
+            "",
+            &[("acme", "fk-acme", "0.01"), ("other", "fk-other", "1.00")],
+        ),
+    )
+    .unwrap();
+    hup(&server);
+    wait_for("the reload", || reloads("ok") == 1.0);
+    assert_eq!(ask(&server.addr, "fk-other").0, 200);
+    let (status, _, body) = ask(&server.addr, "fk-acme");
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("$0.020000 of $0.01"), "{body}");
+    // Said once the keys are swapped (the metric counts first).
+    wait_for("the reload's log", || {
+        server
+            .logs()
+            .contains("keys reloaded: 2 keys (were 1); tenants added: other; budgets changed: acme")
+    });
+
+    // A config that does not parse, then one that does not check: refused, keys kept.
+    std::fs::write(&file, "[serve]\nbogus = 1\n").unwrap();
+    hup(&server);
+    wait_for("the refused reload", || reloads("error") == 1.0);
+    std::fs::write(&file, "[[serve.key]]\ntenant = \"x\"\nsha256 = \"abc\"\n").unwrap();
+    hup(&server);
+    wait_for("the second refused reload", || {
+        reloads("error") == 2.0 && server.logs().contains("sha256 must be 64 hex digits")
+    });
+    assert_eq!(ask(&server.addr, "fk-other").0, 200);
+    let logs = server.logs();
+    assert!(logs.contains("config reload refused"), "{logs}");
+    assert!(logs.contains("bogus"), "{logs}");
+    assert!(logs.contains("sha256 must be 64 hex digits"), "{logs}");
+    for key in ["fk-acme", "fk-other"] {
+        assert!(!logs.contains(&hash_key(key)[..16]), "{logs}");
+    }
+
+    // Removed: refused from now on.
+    std::fs::write(
+        &file,
+        config(&upstream, "", &[("other", "fk-other", "1.00")]),
+    )
+    .unwrap();
+    hup(&server);
+    wait_for("the last reload", || {
+        metric(
+            &server.addr,
+            "fk-other",
+            "frugal_config_reloads_total{result=\"ok\"}",
+        ) == 2.0
+    });
+    assert_eq!(ask(&server.addr, "fk-acme").0, 401);
+    assert!(server.stop().0.success());
+}
