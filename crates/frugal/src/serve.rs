@@ -6,7 +6,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use frugal_cost::ledger::Location;
 use frugal_cost::money::HourlyRate;
 use frugal_cost::{Capacity, Catalog, Location, Money};
 use frugal_engine::model::{KvType, LoadOptions, Model};
