@@ -216,12 +216,14 @@ impl Tenant {
         })
     }
 
-    /// Starts from what the ledger says was spent this day and this month (before a restart).
+    /// Catches up with what the ledger says was spent this day and this month: at start
+    /// (spend before a restart), and on a ledger other gateways write, now and then (their
+    /// spend). Never lowers a total: this gateway's latest spend may not be in the ledger yet.
     fn preload(&self, day: Money, month: Money, now: DateTime<Utc>) {
         let mut spend = self.lock();
         spend.roll(now);
-        spend.day_total = day;
-        spend.month_total = month;
+        spend.day_total = spend.day_total.max(day);
+        spend.month_total = spend.month_total.max(month);
     }
 
     /// Adds a finished request's cost (to the shared totals too, when budgets are shared).

@@ -267,6 +267,15 @@ impl AppState {
     /// keys stay as they are), counted in `frugal_config_reloads_total`, and starts tenants
     /// new to this gateway from their spend this day and month by `spent_since` (the
     /// ledger's). What changed (or why not), for the caller to say.
+    /// Brings each tenant's spend up to what `spent_since` (a ledger other gateways write
+    /// too) says: budgets without Redis see the other replicas' spend, late.
+    pub fn catch_up_budgets<E>(
+        &self,
+        spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
+    ) -> Result<(), E> {
+        self.inner.keys.preload(Utc::now(), spent_since)
+    }
+
     pub fn reload_keys<E: std::fmt::Display>(
         &self,
         keys: Result<Vec<KeyConfig>, String>,

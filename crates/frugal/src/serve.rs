@@ -285,6 +285,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
         state.start_pools(&gateway.workload);
         state.start_batches();
         let ledger = (!args.no_meter).then(|| config.ledger.clone());
+        if let Some(location @ Location::Postgres(_)) = &ledger
+            && serve.budget_redis.is_none()
+            && !serve.key.is_empty()
+        {
+            catch_up_budgets(state.clone(), location.clone())?;
+        }
         tokio::spawn(reload_on_hangup(
             hangup,
             state.clone(),
@@ -301,6 +307,50 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     // Replicas stop (and their last spans are written) whether or not serving failed.
     gateway.close();
     served
+}
+
+/// How often budgets on a PostgreSQL ledger without Redis catch up with the spend the
+/// other replicas wrote: between two catch-ups, N replicas can overshoot a budget by what
+/// they spend in that time, besides the holds in flight (`budget_redis` bounds it by one
+/// hold). Each catch-up sums the tenants' events of the month, on an index.
+const CATCH_UP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Keeps this gateway's budgets up with the other replicas' spend in a shared ledger, on a
+/// thread of its own (the ledger's client blocks), for as long as the process runs.
+fn catch_up_budgets(state: AppState, location: Location) -> Result<()> {
+    std::thread::Builder::new()
+        .name("frugal-budgets".into())
+        .spawn(move || {
+            let mut ledger: Option<frugal_cost::Ledger> = None;
+            let mut failing = false;
+            loop {
+                std::thread::sleep(CATCH_UP_EVERY);
+                let caught_up = ledger
+                    .take()
+                    .map_or_else(|| frugal_cost::Ledger::open(&location), Ok)
+                    .and_then(|l| {
+                        let read = state.catch_up_budgets(|start| {
+                            l.tenant_spend(start.timestamp_millis())
+                        });
+                        ledger = Some(l);
+                        read
+                    });
+                match caught_up {
+                    Err(e) if !failing => {
+                        failing = true;
+                        let e = format!("{:#}", anyhow::Error::from(e));
+                        tracing::warn!(error = %e, "budgets cannot read the other replicas' spend from the ledger; counting this gateway's own until it answers");
+                    }
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!("budgets read the other replicas' spend from the ledger again");
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .map(drop)
+        .context("cannot start the budgets' ledger reader")
 }
 
 /// Reads the config file again on each SIGHUP and swaps in its keys and budgets (the rest

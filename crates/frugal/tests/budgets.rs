@@ -181,6 +181,42 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
     );
 }
 
+/// Without Redis, gateways on one PostgreSQL ledger read each other's spend from it every
+/// few seconds: a budget one spent is spent at the other too, late.
+#[test]
+fn without_budget_redis_gateways_on_one_postgresql_ledger_catch_up_with_each_other() {
+    let ledger = frugal_cost::pg_test::Server::shared()
+        .unwrap()
+        .database()
+        .unwrap();
+    let (upstream, _) = mock_upstream();
+    let text = config(&upstream, "", &[("acme", "fk-acme", "0.20")]);
+    let files = [("prices.toml", PRICES), ("frugal.toml", text.as_str())];
+    let flags = ["--no-model", "--no-cache"];
+    let a = Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &ledger, &files, &flags);
+    let b = Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &ledger, &files, &flags);
+    let mut spent_at_a = 0;
+    loop {
+        let (status, head, body) = ask(&a.addr, "fk-acme");
+        if status != 200 {
+            refused_for_budget(status, &head, &body);
+            break;
+        }
+        spent_at_a += 1;
+    }
+    assert_eq!(spent_at_a, 10, "$0.20 at $0.02 a request");
+    // B reads the ledger every 5 s (A's meter writes within 250 ms); asking B meanwhile
+    // would spend B's own view of the budget, so it is asked once, after.
+    std::thread::sleep(Duration::from_secs(6));
+    let (status, head, body) = ask(&b.addr, "fk-acme");
+    refused_for_budget(status, &head, &body);
+    assert!(
+        body.contains("$0.200000 of $0.20"),
+        "B counts A's spend: {body}"
+    );
+    assert!(a.stop().0.success() && b.stop().0.success());
+}
+
 #[test]
 fn without_redis_requests_are_served_on_the_local_view_and_settled_when_it_returns() {
     let mut redis = Redis::start().unwrap();

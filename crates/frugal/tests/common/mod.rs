@@ -114,6 +114,11 @@ impl Server {
         ledger: Option<&str>,
     ) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_frugal"));
+        if ledger.is_some() {
+            // What a PostgreSQL ledger's gateway keeps in frugal's data folder (the spool,
+            // batches) stays in this server's folder, not the user's.
+            command.env("XDG_DATA_HOME", dir.path());
+        }
         command.envs(envs.iter().copied());
         for (name, text) in files {
             let path = dir.path().join(name);
