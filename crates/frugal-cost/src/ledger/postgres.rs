@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::types::ToSql;
+use postgres::binary_copy::BinaryCopyInWriter;
+use postgres::types::{ToSql, Type};
 use postgres::{Client, Statement};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::r2d2::{self, Pool, PooledConnection};
@@ -227,6 +228,51 @@ FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[]
         c20, c22, c23, c24, c25, c26, c27, c28, c29, c30)
 ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING
 RETURNING row_hash";
+
+/// The columns of `events` a write sets, but for `import` (the write's id, a parameter).
+const STAGED: &str = "ts_ms, duration_ms, kind, workload, model, run, instance, region,
+    capacity, instances, requests, input_tokens, output_tokens, cached_tokens, utilization,
+    cost, input_cost, list_cost, outcome, lost_ms, saved, lever, tenant, row_hash, wait_ms,
+    mfu, precision, data_stall, sync_stall";
+
+/// The types of `seq` and `STAGED`, as `COPY ... (FORMAT binary)` writes them.
+const STAGED_TYPES: [Type; 30] = [
+    Type::INT8, // seq
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::FLOAT8, // utilization
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::BYTEA, // row_hash
+    Type::INT8,
+    Type::FLOAT8, // mfu
+    Type::INT8,
+    Type::FLOAT8, // data_stall
+    Type::FLOAT8, // sync_stall
+];
+
+/// Batches from this size are copied into a staging table and moved into `events` by one
+/// `INSERT ... SELECT`: the server parses no arrays, and the client sends half the bytes.
+/// Smaller ones (the meter's) go in one statement, as it takes one round trip, not three.
+const COPY_FROM: usize = 256;
 
 const INSERT_SPAN: &str = "
 INSERT INTO replica_spans (ts_ms, duration_ms, workload, pool, replica, state, busy_ms, cost,
@@ -490,6 +536,7 @@ impl Store for PgStore {
             url: self.url.clone(),
             import_id: 0,
             statements,
+            from_stage: None,
             done: false,
         };
         tx.import_id = tx
@@ -895,6 +942,8 @@ struct PgTx {
     url: String,
     import_id: i64,
     statements: Statements,
+    /// `INSERT ... SELECT` from the staging table, once this write has made it.
+    from_stage: Option<Statement>,
     done: bool,
 }
 
@@ -908,41 +957,12 @@ impl PgTx {
     }
 }
 
-impl Drop for PgTx {
-    fn drop(&mut self) {
-        if !self.done {
-            // A broken connection is dropped by the pool (it checks `is_closed`).
-            let _ = self.conn.batch_execute("ROLLBACK");
-        }
-    }
-}
-
-impl Tx for PgTx {
-    fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError> {
-        let (get, add) = (
-            self.statements.dim_get.clone(),
-            self.statements.dim_add.clone(),
-        );
-        let axis = axis as i64;
-        let found = self
-            .conn
-            .query_opt(&get, &[&axis, &name])
-            .map_err(self.err())?;
-        match found {
-            Some(r) => Ok(r.get(0)),
-            // Looked up first: an upsert would take an identity value on every call.
-            None => Ok(self
-                .conn
-                .query_one(&add, &[&axis, &name])
-                .map_err(self.err())?
-                .get(0)),
-        }
-    }
-
-    fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError> {
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
+impl PgTx {
+    /// Stores a few events in one statement, a column an array.
+    fn unnest_events(
+        &mut self,
+        rows: &[EventRow<'_>],
+    ) -> Result<Vec<postgres::Row>, LedgerError> {
         let stmt = self.statements.events.clone();
         let col = |f: &dyn Fn(&EventRow<'_>) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
         let opt = |f: &dyn Fn(&EventRow<'_>) -> Option<i64>| {
@@ -984,8 +1004,7 @@ impl Tx for PgTx {
         let data_stall = float(&|r| r.event.data_stall);
         let sync_stall = float(&|r| r.event.sync_stall);
         let import_id = self.import_id;
-        let returned = self
-            .conn
+        self.conn
             .query(
                 &stmt,
                 &[
@@ -1021,7 +1040,140 @@ impl Tx for PgTx {
                     &sync_stall,
                 ],
             )
+            .map_err(self.err())
+    }
+
+    /// Stores many events: `COPY` (binary) into a temporary table, then one `INSERT ...
+    /// SELECT` in the order given (so of two rows with one key, the first is stored).
+    fn copy_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<postgres::Row>, LedgerError> {
+        let insert = match &self.from_stage {
+            Some(s) => s.clone(),
+            None => {
+                // Dropped at commit or rollback; temporary, so neither logged nor shared.
+                self.conn
+                    .batch_execute(&format!(
+                        "CREATE TEMP TABLE frugal_stage ON COMMIT DROP AS
+                         SELECT 0::BIGINT AS seq, {STAGED} FROM events WITH NO DATA"
+                    ))
+                    .map_err(self.err())?;
+                let s = self
+                    .conn
+                    .prepare(&format!(
+                        "INSERT INTO events (import, {STAGED})
+                         SELECT $1, {STAGED} FROM frugal_stage ORDER BY seq
+                         ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING
+                         RETURNING row_hash"
+                    ))
+                    .map_err(self.err())?;
+                self.from_stage = Some(s.clone());
+                s
+            }
+        };
+        // The writer borrows the connection: errors are made without `self`.
+        let url = self.url.clone();
+        let err = |source| LedgerError::Postgres {
+            url: url.clone(),
+            op: "write to",
+            source,
+        };
+        let sink = self
+            .conn
+            .copy_in(&format!(
+                "COPY frugal_stage (seq, {STAGED}) FROM STDIN (FORMAT binary)"
+            ))
+            .map_err(err)?;
+        let mut writer = BinaryCopyInWriter::new(sink, &STAGED_TYPES);
+        for (seq, r) in rows.iter().enumerate() {
+            let e = r.event;
+            let key = r.key.as_ref().map(|k| &k[..]);
+            writer
+                .write(&[
+                    &(seq as i64),
+                    &e.ts_ms,
+                    &e.duration_ms,
+                    &e.kind.code(),
+                    &r.ids.workload,
+                    &r.ids.model,
+                    &r.ids.run,
+                    &r.ids.instance,
+                    &r.ids.region,
+                    &e.capacity.map(Capacity::code),
+                    &i64::from(e.instances),
+                    &clamp(e.requests),
+                    &clamp(e.input_tokens),
+                    &clamp(e.output_tokens),
+                    &clamp(e.cached_input_tokens),
+                    &e.utilization,
+                    &e.cost.nanos(),
+                    &e.input_cost.map(Money::nanos),
+                    &e.list_cost.map(Money::nanos),
+                    &e.outcome.map(Outcome::code),
+                    &e.lost_ms,
+                    &e.saved.nanos(),
+                    &e.lever.map(Lever::code),
+                    &r.ids.tenant,
+                    &key,
+                    &e.wait_ms,
+                    &e.mfu,
+                    &e.precision.map(Precision::code),
+                    &e.data_stall,
+                    &e.sync_stall,
+                ])
+                .map_err(err)?;
+        }
+        writer.finish().map_err(err)?;
+        let import_id = self.import_id;
+        let returned = self
+            .conn
+            .query(&insert, &[&import_id])
             .map_err(self.err())?;
+        self.conn
+            .batch_execute("TRUNCATE frugal_stage")
+            .map_err(self.err())?;
+        Ok(returned)
+    }
+}
+
+impl Drop for PgTx {
+    fn drop(&mut self) {
+        if !self.done {
+            // A broken connection is dropped by the pool (it checks `is_closed`).
+            let _ = self.conn.batch_execute("ROLLBACK");
+        }
+    }
+}
+
+impl Tx for PgTx {
+    fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError> {
+        let (get, add) = (
+            self.statements.dim_get.clone(),
+            self.statements.dim_add.clone(),
+        );
+        let axis = axis as i64;
+        let found = self
+            .conn
+            .query_opt(&get, &[&axis, &name])
+            .map_err(self.err())?;
+        match found {
+            Some(r) => Ok(r.get(0)),
+            // Looked up first: an upsert would take an identity value on every call.
+            None => Ok(self
+                .conn
+                .query_one(&add, &[&axis, &name])
+                .map_err(self.err())?
+                .get(0)),
+        }
+    }
+
+    fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let returned = if rows.len() >= COPY_FROM {
+            self.copy_events(rows)?
+        } else {
+            self.unnest_events(rows)?
+        };
         // Keyed rows stored come back by key; a key twice in `rows` is stored once, first.
         let mut stored: std::collections::HashSet<Vec<u8>> = returned
             .iter()
@@ -1035,6 +1187,7 @@ impl Tx for PgTx {
             })
             .collect())
     }
+
 
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError> {
         let stmt = self.statements.span.clone();

@@ -155,6 +155,66 @@ fn row_hashes_and_files_are_found_again() {
     result.unwrap();
 }
 
+/// A batch big enough to be copied through the staging table keeps the rules of a small
+/// one: a key stored before is skipped, a key twice in the batch is stored once (the
+/// first), every column comes back, and a second big batch in the same write works.
+#[test]
+fn a_copied_batch_skips_known_keys_and_keeps_the_first_of_a_repeated_one() {
+    let (_, mut ledger) = fresh();
+    let key = |i: u64| {
+        let mut k = [0u8; 16];
+        k[..8].copy_from_slice(&i.to_le_bytes());
+        RowHash(k)
+    };
+    ledger
+        .import("first.csv", "csv", |sink| sink.push_row(&event(1, 1), key(3)))
+        .unwrap();
+    let mut events: Vec<Event> = (0..COPY_FROM as i64 * 2)
+        .map(|i| {
+            let mut e = event(100 + i, 2);
+            e.capacity = Some(Capacity::Spot);
+            e.utilization = Some(0.25);
+            e.tenant = Some(format!("t{}", i % 3));
+            e
+        })
+        .collect();
+    events[5].cost = Money::from_cents(50);
+    let mut rows: Vec<(&Event, RowHash)> =
+        events.iter().enumerate().map(|(i, e)| (e, key(i as u64))).collect();
+    // Row 7 repeats row 5's key: row 5 (50 cents) is the one stored.
+    rows[7].1 = key(5);
+    let (stored, found) = ledger
+        .import("second.csv", "csv", |sink| {
+            let first = sink.push_rows(&rows)?;
+            let again = sink.push_rows(&rows)?;
+            Ok::<_, LedgerError>((first, again))
+        })
+        .unwrap();
+    let (first, again) = found;
+    assert_eq!(first.len(), rows.len());
+    let skipped: Vec<usize> = (0..rows.len()).filter(|&i| !first[i]).collect();
+    assert_eq!(skipped, vec![3, 7], "the key stored before, and the repeat");
+    assert!(again.iter().all(|s| !s), "the second batch finds them all");
+    assert_eq!(stored, rows.len() as u64 - 2);
+    let info = ledger.info().unwrap();
+    let expected = Money::from_cents(1 + 2 * (rows.len() as i64 - 3) + 50);
+    assert_eq!((info.events, info.total_cost), (stored + 1, expected));
+    let mut rolled = Money::ZERO;
+    ledger
+        .rollups(Window::default(), |_, s| rolled += s.cost)
+        .unwrap();
+    assert_eq!(rolled, expected);
+    let mut spot = 0;
+    ledger
+        .scan(Window::default(), |r| {
+            if r.capacity == Some(Capacity::Spot) && r.utilization == Some(0.25) {
+                spot += 1;
+            }
+        })
+        .unwrap();
+    assert_eq!(spot, stored);
+}
+
 #[test]
 fn a_newer_schema_is_refused_and_left_alone() {
     let (url, mut ledger) = fresh();
