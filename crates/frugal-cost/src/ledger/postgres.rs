@@ -8,8 +8,9 @@
 //! The client is the blocking one (`postgres`), as the ledger's API is; it drives a small
 //! runtime of its own, so `Ledger` moves its writes off a thread that drives another.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
@@ -365,6 +366,9 @@ fn hosts(config: &postgres::Config) -> String {
 
 pub(super) struct PgStore {
     pool: Pool<Manager>,
+    /// Names' ids in `dims`, as committed there (so never taken back): a write looks up
+    /// only names it has not seen.
+    names: Arc<Mutex<HashMap<(i64, String), i64>>>,
     /// The URL as messages show it.
     url: String,
 }
@@ -407,7 +411,11 @@ impl PgStore {
             .min_idle(Some(0))
             .connection_timeout(CONNECT_TIMEOUT * 3)
             .build_unchecked(PostgresConnectionManager::new(config, tls));
-        Ok(PgStore { pool, url: shown })
+        Ok(PgStore {
+            pool,
+            names: Arc::default(),
+            url: shown,
+        })
     }
 
     fn conn(&self) -> Result<PooledConnection<Manager>, LedgerError> {
@@ -536,6 +544,11 @@ impl Store for PgStore {
             url: self.url.clone(),
             import_id: 0,
             statements,
+            dims: DimWriter {
+                pool: self.pool.clone(),
+                known: self.names.clone(),
+                conn: None,
+            },
             from_stage: None,
             done: false,
         };
@@ -917,8 +930,6 @@ impl Store for PgStore {
 struct Statements {
     events: Statement,
     span: Statement,
-    dim_get: Statement,
-    dim_add: Statement,
 }
 
 impl Statements {
@@ -926,13 +937,78 @@ impl Statements {
         Ok(Statements {
             events: client.prepare(INSERT_EVENTS)?,
             span: client.prepare(INSERT_SPAN)?,
-            dim_get: client.prepare("SELECT id FROM dims WHERE axis = $1 AND name = $2")?,
-            // A name another writer added since the look-up is read back, not doubled.
-            dim_add: client.prepare(
-                "INSERT INTO dims (axis, name) VALUES ($1, $2)
-                 ON CONFLICT (axis, name) DO UPDATE SET name = excluded.name RETURNING id",
-            )?,
         })
+    }
+}
+
+/// Adds names to `dims` outside the write's transaction, each in its own, so a write
+/// never holds a lock on a name: two writers adding the same new names in opposite orders
+/// cannot deadlock, and a long import that adds a name does not hold up a gateway that
+/// needs it until the import commits. A name whose write then fails stays, unused: names
+/// are not usage.
+struct DimWriter {
+    pool: Pool<Manager>,
+    known: Arc<Mutex<HashMap<(i64, String), i64>>>,
+    /// A second pooled connection, in autocommit, taken at the first unknown name.
+    conn: Option<(PooledConnection<Manager>, Statement, Statement)>,
+}
+
+impl DimWriter {
+    fn id(&mut self, axis: i64, name: &str, url: &str) -> Result<i64, LedgerError> {
+        let key = (axis, name.to_owned());
+        if let Some(&id) = self.known.lock().map_err(|_| poisoned(url))?.get(&key) {
+            return Ok(id);
+        }
+        let err = |source| LedgerError::Postgres {
+            url: url.to_owned(),
+            op: "write to",
+            source,
+        };
+        let (mut conn, get, add) = match self.conn.take() {
+            Some(open) => open,
+            None => {
+                let mut conn = self.pool.get().map_err(|e| LedgerError::Pool {
+                    url: url.to_owned(),
+                    reason: e.to_string(),
+                })?;
+                let get = conn
+                    .prepare("SELECT id FROM dims WHERE axis = $1 AND name = $2")
+                    .map_err(err)?;
+                // Looked up first: an insert that conflicts still takes an identity value.
+                let add = conn
+                    .prepare(
+                        "INSERT INTO dims (axis, name) VALUES ($1, $2)
+                         ON CONFLICT (axis, name) DO NOTHING RETURNING id",
+                    )
+                    .map_err(err)?;
+                (conn, get, add)
+            }
+        };
+        let mut id = None;
+        // Found, added, or (added by another writer between the two) found the second time.
+        for stmt in [&get, &add, &get] {
+            if let Some(r) = conn.query_opt(stmt, &[&axis, &name]).map_err(err)? {
+                id = Some(r.get::<_, i64>(0));
+                break;
+            }
+        }
+        self.conn = Some((conn, get, add));
+        let id = id.ok_or_else(|| LedgerError::Corrupt {
+            path: PathBuf::from(url),
+            what: format!("name {name:?} neither found nor added"),
+        })?;
+        self.known
+            .lock()
+            .map_err(|_| poisoned(url))?
+            .insert(key, id);
+        Ok(id)
+    }
+}
+
+fn poisoned(url: &str) -> LedgerError {
+    LedgerError::Pool {
+        url: url.to_owned(),
+        reason: "a writer panicked while it held the names".into(),
     }
 }
 
@@ -942,6 +1018,7 @@ struct PgTx {
     url: String,
     import_id: i64,
     statements: Statements,
+    dims: DimWriter,
     /// `INSERT ... SELECT` from the staging table, once this write has made it.
     from_stage: Option<Statement>,
     done: bool,
@@ -1145,24 +1222,7 @@ impl Drop for PgTx {
 
 impl Tx for PgTx {
     fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError> {
-        let (get, add) = (
-            self.statements.dim_get.clone(),
-            self.statements.dim_add.clone(),
-        );
-        let axis = axis as i64;
-        let found = self
-            .conn
-            .query_opt(&get, &[&axis, &name])
-            .map_err(self.err())?;
-        match found {
-            Some(r) => Ok(r.get(0)),
-            // Looked up first: an upsert would take an identity value on every call.
-            None => Ok(self
-                .conn
-                .query_one(&add, &[&axis, &name])
-                .map_err(self.err())?
-                .get(0)),
-        }
+        self.dims.id(axis as i64, name, &self.url)
     }
 
     fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError> {

@@ -396,6 +396,60 @@ fn two_writers_at_once_store_every_event_exactly_once() {
     assert_eq!(spend, info.total_cost);
 }
 
+/// Two writers, each in one long transaction, add the same new names in opposite orders
+/// and wait for each other in between: with names added inside the write's transaction,
+/// each would wait for the other's uncommitted name (a deadlock PostgreSQL breaks by
+/// failing one of them). Names go in outside it, so both writes succeed, first time.
+#[test]
+fn writers_adding_the_same_new_names_in_opposite_orders_do_not_deadlock() {
+    let url = Server::shared().unwrap().database().unwrap();
+    Ledger::open(Location::parse(&url)).unwrap();
+    let names: Vec<String> = (0..6).map(|i| format!("new-{i}")).collect();
+    let halfway = std::sync::Barrier::new(2);
+    let write = |reversed: bool| {
+        let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+        let mut order: Vec<&String> = names.iter().collect();
+        if reversed {
+            order.reverse();
+        }
+        ledger.import("meter", "api", |sink| {
+            for (i, name) in order.iter().enumerate() {
+                if i == order.len() / 2 {
+                    halfway.wait();
+                }
+                let mut e = event(i as i64, 1);
+                e.workload = (*name).clone();
+                e.model = Some((*name).clone());
+                e.tenant = Some((*name).clone());
+                sink.push(&e)?;
+            }
+            Ok::<_, LedgerError>(())
+        })
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| write(false));
+        let b = s.spawn(|| write(true));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(a.unwrap().0, 6);
+    assert_eq!(b.unwrap().0, 6);
+    let ledger = Ledger::open(Location::parse(&url)).unwrap();
+    let info = ledger.info().unwrap();
+    assert_eq!(info.events, 12);
+    let mut spend = ledger.tenant_spend(0).unwrap();
+    spend.sort();
+    let expected: Vec<(String, Money)> = names
+        .iter()
+        .map(|n| (n.clone(), Money::from_cents(2)))
+        .collect();
+    assert_eq!(spend, expected, "each name once in dims, both writers' events on it");
+    let dims: i64 = raw(&url)
+        .query_one("SELECT count(*) FROM dims", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(dims, 18, "six names on three axes");
+}
+
 /// `frugal train` and `frugal tune` record segments from inside their async runtime; the
 /// blocking client's own runtime may not start on that thread, so the write moves off it.
 #[test]
