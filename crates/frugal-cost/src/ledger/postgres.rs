@@ -179,10 +179,16 @@ CREATE TRIGGER replica_spans_no_truncate BEFORE TRUNCATE ON replica_spans
 /// PostgreSQL ledgers were made at 7, by `SCHEMA_V7`).
 const MIGRATIONS: &[&str] = &[];
 
-/// Adds one folded row to the rollup table.
+/// Adds a write's folded rows to the rollup table, a column an array, in the arrays'
+/// order (key order: see `commit`).
 const UPSERT: &str = "
-INSERT INTO rollup VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-    $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)
+INSERT INTO rollup SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[],
+    $4::BIGINT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[],
+    $10::BIGINT[], $11::BIGINT[], $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::BIGINT[],
+    $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $21::BIGINT[],
+    $22::BIGINT[], $23::BIGINT[], $24::BIGINT[], $25::BIGINT[], $26::BIGINT[], $27::BIGINT[],
+    $28::BIGINT[], $29::BIGINT[], $30::BIGINT[], $31::BIGINT[], $32::BIGINT[], $33::BIGINT[],
+    $34::BIGINT[])
 ON CONFLICT (hour_ms, kind, workload, model, run, instance, region, capacity, outcome)
 DO UPDATE SET
     events = rollup.events + excluded.events,
@@ -369,6 +375,7 @@ pub(super) struct PgStore {
     /// Names' ids in `dims`, as committed there (so never taken back): a write looks up
     /// only names it has not seen.
     names: Arc<Mutex<HashMap<(i64, String), i64>>>,
+    writer: Option<Writer>,
     /// The URL as messages show it.
     url: String,
 }
@@ -414,6 +421,7 @@ impl PgStore {
         Ok(PgStore {
             pool,
             names: Arc::default(),
+            writer: None,
             url: shown,
         })
     }
@@ -535,32 +543,50 @@ fn opt_code<T>(
 
 impl Store for PgStore {
     fn begin(&mut self, source: &str, format: &str) -> Result<Box<dyn Tx + '_>, LedgerError> {
-        let mut conn = self.conn()?;
-        let err = self.err("write to");
-        conn.batch_execute("BEGIN").map_err(&err)?;
-        let statements = Statements::prepare(&mut conn).map_err(&err)?;
-        let mut tx = PgTx {
-            conn,
-            url: self.url.clone(),
-            import_id: 0,
-            statements,
-            dims: DimWriter {
-                pool: self.pool.clone(),
-                known: self.names.clone(),
-                conn: None,
-            },
-            from_stage: None,
-            done: false,
+        let url = self.url.clone();
+        let err = |source| LedgerError::Postgres {
+            url: url.clone(),
+            op: "write to",
+            source,
         };
-        tx.import_id = tx
+        let kept = self.writer.take().filter(|w| !w.broken && !w.conn.is_closed());
+        let reused = kept.is_some();
+        let mut writer = match kept {
+            Some(w) => w,
+            None => Writer::prepare(self.conn()?).map_err(err)?,
+        };
+        if let Err(e) = writer.conn.batch_execute("BEGIN") {
+            if !reused {
+                return Err(err(e));
+            }
+            // The server may have restarted since the last write: once more, connected anew.
+            writer = Writer::prepare(self.conn()?).map_err(err)?;
+            writer.conn.batch_execute("BEGIN").map_err(err)?;
+        }
+        let dims = DimWriter {
+            pool: self.pool.clone(),
+            known: self.names.clone(),
+            conn: None,
+        };
+        let w = self.writer.insert(writer);
+        // Broken until it commits or rolls back: a write left midway is not reused.
+        w.broken = true;
+        let import_id = w
             .conn
             .query_one(
-                "INSERT INTO imports (at_ms, source, format) VALUES ($1, $2, $3) RETURNING id",
+                &w.begin,
                 &[&chrono::Utc::now().timestamp_millis(), &source, &format],
             )
-            .map_err(&err)?
+            .map_err(err)?
             .get(0);
-        Ok(Box::new(tx))
+        Ok(Box::new(PgTx {
+            w,
+            url: url.clone(),
+            import_id,
+            dims,
+            from_stage: None,
+            done: false,
+        }))
     }
 
     fn names(&self) -> Result<Names, LedgerError> {
@@ -926,17 +952,31 @@ impl Store for PgStore {
     }
 }
 
-/// Statements one write prepares once.
-struct Statements {
+/// The connection a `PgStore` writes on, kept from one write to the next (a gateway's
+/// meter commits every few hundred milliseconds), with its statements prepared once.
+struct Writer {
+    conn: PooledConnection<Manager>,
     events: Statement,
     span: Statement,
+    begin: Statement,
+    upsert: Statement,
+    finish: Statement,
+    /// A write failed in a way that may have left the connection mid-statement.
+    broken: bool,
 }
 
-impl Statements {
-    fn prepare(client: &mut Client) -> Result<Statements, postgres::Error> {
-        Ok(Statements {
-            events: client.prepare(INSERT_EVENTS)?,
-            span: client.prepare(INSERT_SPAN)?,
+impl Writer {
+    fn prepare(mut conn: PooledConnection<Manager>) -> Result<Writer, postgres::Error> {
+        Ok(Writer {
+            events: conn.prepare(INSERT_EVENTS)?,
+            span: conn.prepare(INSERT_SPAN)?,
+            begin: conn.prepare(
+                "INSERT INTO imports (at_ms, source, format) VALUES ($1, $2, $3) RETURNING id",
+            )?,
+            upsert: conn.prepare(UPSERT)?,
+            finish: conn.prepare("UPDATE imports SET rows = $1, sha256 = $2 WHERE id = $3")?,
+            conn,
+            broken: false,
         })
     }
 }
@@ -1012,19 +1052,18 @@ fn poisoned(url: &str) -> LedgerError {
     }
 }
 
-/// One write's transaction on a pooled connection; rolled back when dropped uncommitted.
-struct PgTx {
-    conn: PooledConnection<Manager>,
+/// One write's transaction on the store's writer; rolled back when dropped uncommitted.
+struct PgTx<'a> {
+    w: &'a mut Writer,
     url: String,
     import_id: i64,
-    statements: Statements,
     dims: DimWriter,
     /// `INSERT ... SELECT` from the staging table, once this write has made it.
     from_stage: Option<Statement>,
     done: bool,
 }
 
-impl PgTx {
+impl PgTx<'_> {
     fn err(&self) -> impl Fn(postgres::Error) -> LedgerError + '_ {
         |source| LedgerError::Postgres {
             url: self.url.clone(),
@@ -1034,13 +1073,13 @@ impl PgTx {
     }
 }
 
-impl PgTx {
+impl PgTx<'_> {
     /// Stores a few events in one statement, a column an array.
     fn unnest_events(
         &mut self,
         rows: &[EventRow<'_>],
     ) -> Result<Vec<postgres::Row>, LedgerError> {
-        let stmt = self.statements.events.clone();
+        let stmt = self.w.events.clone();
         let col = |f: &dyn Fn(&EventRow<'_>) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
         let opt = |f: &dyn Fn(&EventRow<'_>) -> Option<i64>| {
             rows.iter().map(f).collect::<Vec<Option<i64>>>()
@@ -1081,7 +1120,7 @@ impl PgTx {
         let data_stall = float(&|r| r.event.data_stall);
         let sync_stall = float(&|r| r.event.sync_stall);
         let import_id = self.import_id;
-        self.conn
+        self.w.conn
             .query(
                 &stmt,
                 &[
@@ -1127,14 +1166,15 @@ impl PgTx {
             Some(s) => s.clone(),
             None => {
                 // Dropped at commit or rollback; temporary, so neither logged nor shared.
-                self.conn
+                self.w.conn
                     .batch_execute(&format!(
                         "CREATE TEMP TABLE frugal_stage ON COMMIT DROP AS
                          SELECT 0::BIGINT AS seq, {STAGED} FROM events WITH NO DATA"
                     ))
                     .map_err(self.err())?;
                 let s = self
-                    .conn
+                    .w
+            .conn
                     .prepare(&format!(
                         "INSERT INTO events (import, {STAGED})
                          SELECT $1, {STAGED} FROM frugal_stage ORDER BY seq
@@ -1154,6 +1194,7 @@ impl PgTx {
             source,
         };
         let sink = self
+            .w
             .conn
             .copy_in(&format!(
                 "COPY frugal_stage (seq, {STAGED}) FROM STDIN (FORMAT binary)"
@@ -1201,26 +1242,26 @@ impl PgTx {
         writer.finish().map_err(err)?;
         let import_id = self.import_id;
         let returned = self
+            .w
             .conn
             .query(&insert, &[&import_id])
             .map_err(self.err())?;
-        self.conn
+        self.w.conn
             .batch_execute("TRUNCATE frugal_stage")
             .map_err(self.err())?;
         Ok(returned)
     }
 }
 
-impl Drop for PgTx {
+impl Drop for PgTx<'_> {
     fn drop(&mut self) {
-        if !self.done {
-            // A broken connection is dropped by the pool (it checks `is_closed`).
-            let _ = self.conn.batch_execute("ROLLBACK");
+        if !self.done && self.w.conn.batch_execute("ROLLBACK").is_ok() {
+            self.w.broken = false;
         }
     }
 }
 
-impl Tx for PgTx {
+impl Tx for PgTx<'_> {
     fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError> {
         self.dims.id(axis as i64, name, &self.url)
     }
@@ -1250,8 +1291,8 @@ impl Tx for PgTx {
 
 
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError> {
-        let stmt = self.statements.span.clone();
-        self.conn
+        let stmt = self.w.span.clone();
+        self.w.conn
             .execute(
                 &stmt,
                 &[
@@ -1281,7 +1322,7 @@ impl Tx for PgTx {
 
     fn file_imported(&mut self, sha256: &str) -> Result<Option<PriorImport>, LedgerError> {
         let found = prior_imports(
-            &mut self.conn,
+            &mut self.w.conn,
             "WHERE sha256 = $1 ORDER BY at_ms, id LIMIT 1",
             &[&sha256],
         );
@@ -1291,7 +1332,7 @@ impl Tx for PgTx {
     fn row_imported(&mut self, key: &[u8; 16]) -> Result<Option<PriorImport>, LedgerError> {
         let key: &[u8] = &key[..];
         let found = prior_imports(
-            &mut self.conn,
+            &mut self.w.conn,
             "WHERE id = (SELECT import FROM events WHERE row_hash = $1)",
             &[&key],
         );
@@ -1304,25 +1345,28 @@ impl Tx for PgTx {
         rows: u64,
         sha256: Option<&str>,
     ) -> Result<(), LedgerError> {
-        let upsert = self.conn.prepare(UPSERT).map_err(self.err())?;
         let mut values = rollups.into_values();
-        // In key order: two writers adding to the same hours lock their rows in one order,
-        // so neither waits on the other in a cycle.
-        values.sort_unstable();
-        for row in &values {
+        if !values.is_empty() {
+            // In key order: two writers adding to the same hours lock their rows in one
+            // order, so neither waits on the other in a cycle.
+            values.sort_unstable();
+            let columns: Vec<Vec<i64>> = (0..rollup::COLUMNS)
+                .map(|c| values.iter().map(|row| row[c]).collect())
+                .collect();
             let params: Vec<&(dyn ToSql + Sync)> =
-                row.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-            self.conn.execute(&upsert, &params).map_err(self.err())?;
+                columns.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+            let upsert = self.w.upsert.clone();
+            self.w.conn.execute(&upsert, &params).map_err(self.err())?;
         }
-        let import_id = self.import_id;
-        self.conn
-            .execute(
-                "UPDATE imports SET rows = $1, sha256 = $2 WHERE id = $3",
-                &[&clamp(rows), &sha256, &import_id],
-            )
+        let (finish, import_id) = (self.w.finish.clone(), self.import_id);
+        self.w
+            .conn
+            .execute(&finish, &[&clamp(rows), &sha256, &import_id])
             .map_err(self.err())?;
         self.done = true;
-        self.conn.batch_execute("COMMIT").map_err(self.err())
+        self.w.conn.batch_execute("COMMIT").map_err(self.err())?;
+        self.w.broken = false;
+        Ok(())
     }
 }
 

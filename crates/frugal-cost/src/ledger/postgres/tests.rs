@@ -509,6 +509,24 @@ fn a_server_killed_mid_import_keeps_nothing_of_it_and_a_rerun_works() {
     assert_eq!(ledger.info().unwrap().events, 200_001);
 }
 
+/// The writer's connection is kept between writes: after the server restarts, the next
+/// write connects anew rather than failing on the dead one.
+#[test]
+fn a_write_after_the_server_restarted_goes_through() {
+    let mut server = Server::start().unwrap();
+    let url = server.database().unwrap();
+    let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+    ledger.append("before", &[event(1, 1)]).unwrap();
+    server.kill().unwrap();
+    server.restart().unwrap();
+    ledger.append("after", &[event(3, 1)]).unwrap();
+    server.kill().unwrap();
+    server.restart().unwrap();
+    ledger.append("after again", &[event(4, 1)]).unwrap();
+    let info = ledger.info().unwrap();
+    assert_eq!((info.events, info.imports), (3, 3));
+}
+
 /// `sslmode=require` goes through TLS or not at all: a server without it is refused, by
 /// name, rather than spoken to in the clear.
 #[test]
