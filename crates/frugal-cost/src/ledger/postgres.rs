@@ -1339,6 +1339,25 @@ impl Tx for PgTx<'_> {
         found.map(|v| v.into_iter().next()).map_err(self.err())
     }
 
+    fn copy_import(&mut self, file: &PriorImport) -> Result<bool, LedgerError> {
+        self.w
+            .conn
+            .execute(
+                "INSERT INTO imports (at_ms, source, format, rows, sha256)
+                 SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS (SELECT 1 FROM imports
+                     WHERE at_ms = $1 AND source = $2 AND sha256 IS NOT DISTINCT FROM $5)",
+                &[
+                    &file.at_ms,
+                    &file.source,
+                    &file.format,
+                    &clamp(file.rows),
+                    &file.sha256,
+                ],
+            )
+            .map(|n| n > 0)
+            .map_err(self.err())
+    }
+
     fn commit(
         mut self: Box<Self>,
         rollups: Pending,
