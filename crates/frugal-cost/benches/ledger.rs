@@ -10,7 +10,9 @@
 //! `cargo bench -p frugal-cost --bench ledger [-- EVENTS]`; the files go to a temp folder
 //! (or `$FRUGAL_BENCH_DIR`) and are removed afterwards. PostgreSQL is `$FRUGAL_BENCH_PG` (a
 //! URL of an empty database), else a throwaway server started here (durable: fsync on),
-//! else skipped when none is installed. Figures go to BENCHMARKS.md.
+//! else skipped when none is installed; `$FRUGAL_BENCH_PG_SETTINGS` (`name=value,...`, e.g.
+//! `shared_buffers=2GB,max_wal_size=8GB`) sets that server up otherwise than by default,
+//! and `FRUGAL_BENCH_SQLITE=0` leaves SQLite out. Figures go to BENCHMARKS.md.
 
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
@@ -61,21 +63,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => 3.0,
     };
     let mut meters = Vec::new();
-    let path = dir.path().join("ledger.sqlite");
-    let sqlite = run(Location::Sqlite(path.clone()), &csv, csv_bytes, &catalog)?;
-    if meter_secs > 0.0 {
-        meters.push(("sqlite", meter(&Location::Sqlite(path.clone()), meter_secs)?));
+    let mut sqlite = None;
+    if std::env::var("FRUGAL_BENCH_SQLITE").as_deref() != Ok("0") {
+        let path = dir.path().join("ledger.sqlite");
+        sqlite = Some(run(
+            Location::Sqlite(path.clone()),
+            &csv,
+            csv_bytes,
+            &catalog,
+        )?);
+        if meter_secs > 0.0 {
+            meters.push((
+                "sqlite",
+                meter(&Location::Sqlite(path.clone()), meter_secs)?,
+            ));
+        }
+        println!(
+            "ledger file {:.0} MB",
+            std::fs::metadata(&path)?.len() as f64 / 1e6
+        );
     }
-    println!(
-        "ledger file {:.0} MB",
-        std::fs::metadata(&path)?.len() as f64 / 1e6
-    );
     // Kept until the end of the run: the server stops when dropped.
     let mut server = None;
     let url = match std::env::var("FRUGAL_BENCH_PG") {
         Ok(url) => Some(url),
         Err(_) => match frugal_cost::pg_test::Server::start_durable() {
-            Ok(s) => {
+            Ok(mut s) => {
+                if let Ok(settings) = std::env::var("FRUGAL_BENCH_PG_SETTINGS") {
+                    configure(&mut s, &settings)?;
+                }
                 let url = s.database()?;
                 server = Some(s);
                 Some(url)
@@ -88,11 +104,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if let Some(url) = url {
         let pg = run(Location::Postgres(url.clone()), &csv, csv_bytes, &catalog)?;
-        println!(
-            "postgres / sqlite: import rate {:.2}x, report time {:.2}x",
-            pg.0 / sqlite.0,
-            pg.1 / sqlite.1
-        );
+        if let Some(sqlite) = sqlite {
+            println!(
+                "postgres / sqlite: import rate {:.2}x, report time {:.2}x",
+                pg.0 / sqlite.0,
+                pg.1 / sqlite.1
+            );
+        }
         if meter_secs > 0.0 {
             meters.push(("postgres", meter(&Location::Postgres(url), meter_secs)?));
         }
@@ -102,6 +120,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         print_meters(&meters, meter_secs);
     }
     peer_sqlite3(dir.path(), &csv);
+    Ok(())
+}
+
+/// Sets the throwaway server's `name=value,...` settings and restarts it.
+fn configure(
+    server: &mut frugal_cost::pg_test::Server,
+    settings: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut admin = postgres::Client::connect(&server.url_of("postgres"), postgres::NoTls)?;
+    for setting in settings.split(',').filter(|s| !s.trim().is_empty()) {
+        let (name, value) = setting
+            .split_once('=')
+            .ok_or_else(|| format!("{setting:?} is not name=value"))?;
+        let (name, value) = (name.trim(), value.trim().replace('\'', "''"));
+        if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("{name:?} is not a setting's name").into());
+        }
+        admin.batch_execute(&format!("ALTER SYSTEM SET {name} = '{value}'"))?;
+    }
+    drop(admin);
+    server.restart()?;
+    println!("postgres settings: {settings}");
     Ok(())
 }
 
@@ -161,6 +201,7 @@ struct MeterPoint {
     events_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
+    max_ms: f64,
     /// Commits that failed (and were retried, as the meter does).
     failed: u64,
 }
@@ -206,11 +247,12 @@ fn meter(location: &Location, secs: f64) -> Result<Vec<MeterPoint>, Box<dyn std:
                 events_per_s: events as f64 / secs,
                 p50_ms: at(0.50),
                 p99_ms: at(0.99),
+                max_ms: at(1.0),
                 failed,
             };
             println!(
-                "{location} meter: {gateways} gateways x {batch} events a commit: {:.0} events/s, p50 {:.2} ms, p99 {:.2} ms, {failed} failed",
-                point.events_per_s, point.p50_ms, point.p99_ms
+                "{location} meter: {gateways} gateways x {batch} events a commit: {:.0} events/s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {failed} failed",
+                point.events_per_s, point.p50_ms, point.p99_ms, point.max_ms
             );
             points.push(point);
         }
@@ -276,16 +318,18 @@ fn gateway(
 
 fn print_meters(meters: &[(&str, Vec<MeterPoint>)], secs: f64) {
     println!();
-    println!("meter: group commits with ids, K gateways (one ledger handle each), {secs} s a point");
     println!(
-        "{:<9} {:>2} {:>6} {:>11} {:>9} {:>9} {:>7}",
-        "backend", "K", "batch", "events/s", "p50 ms", "p99 ms", "failed"
+        "meter: group commits with ids, K gateways (one ledger handle each), {secs} s a point"
+    );
+    println!(
+        "{:<9} {:>2} {:>6} {:>11} {:>9} {:>9} {:>9} {:>7}",
+        "backend", "K", "batch", "events/s", "p50 ms", "p99 ms", "max ms", "failed"
     );
     for (label, points) in meters {
         for p in points {
             println!(
-                "{label:<9} {:>2} {:>6} {:>11.0} {:>9.2} {:>9.2} {:>7}",
-                p.gateways, p.batch, p.events_per_s, p.p50_ms, p.p99_ms, p.failed
+                "{label:<9} {:>2} {:>6} {:>11.0} {:>9.2} {:>9.2} {:>9.1} {:>7}",
+                p.gateways, p.batch, p.events_per_s, p.p50_ms, p.p99_ms, p.max_ms, p.failed
             );
         }
     }

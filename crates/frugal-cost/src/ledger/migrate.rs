@@ -260,7 +260,11 @@ mod tests {
             migrate(&from, &mut to, 10, &StopAfter(std::cell::Cell::new(20)))
         }));
         assert!(stopped.is_err());
-        assert_eq!(to.info().unwrap().events, 20, "two batches of ten committed");
+        assert_eq!(
+            to.info().unwrap().events,
+            20,
+            "two batches of ten committed"
+        );
         let rest = migrate(&from, &mut to, 10, &NoProgress).unwrap();
         assert_eq!(
             (rest.events, rest.copied, rest.skipped, rest.files),
@@ -268,7 +272,11 @@ mod tests {
         );
         assert_eq!(totals(&from), totals(&to));
         let again = migrate(&from, &mut to, 10, &NoProgress).unwrap();
-        assert_eq!((again.copied, again.files), (0, 0), "each file recorded once");
+        assert_eq!(
+            (again.copied, again.files),
+            (0, 0),
+            "each file recorded once"
+        );
         assert_eq!(from.info().unwrap().files, to.info().unwrap().files);
         match import(&mut to) {
             Err(crate::import::ImportError::AlreadyImported { prior, .. }) => {

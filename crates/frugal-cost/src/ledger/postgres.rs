@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use postgres::fallible_iterator::FallibleIterator;
 use postgres::binary_copy::BinaryCopyInWriter;
+use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Statement};
 use r2d2_postgres::PostgresConnectionManager;
@@ -549,7 +549,10 @@ impl Store for PgStore {
             op: "write to",
             source,
         };
-        let kept = self.writer.take().filter(|w| !w.broken && !w.conn.is_closed());
+        let kept = self
+            .writer
+            .take()
+            .filter(|w| !w.broken && !w.conn.is_closed());
         let reused = kept.is_some();
         let mut writer = match kept {
             Some(w) => w,
@@ -1071,14 +1074,9 @@ impl PgTx<'_> {
             source,
         }
     }
-}
 
-impl PgTx<'_> {
     /// Stores a few events in one statement, a column an array.
-    fn unnest_events(
-        &mut self,
-        rows: &[EventRow<'_>],
-    ) -> Result<Vec<postgres::Row>, LedgerError> {
+    fn unnest_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<postgres::Row>, LedgerError> {
         let stmt = self.w.events.clone();
         let col = |f: &dyn Fn(&EventRow<'_>) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
         let opt = |f: &dyn Fn(&EventRow<'_>) -> Option<i64>| {
@@ -1120,7 +1118,8 @@ impl PgTx<'_> {
         let data_stall = float(&|r| r.event.data_stall);
         let sync_stall = float(&|r| r.event.sync_stall);
         let import_id = self.import_id;
-        self.w.conn
+        self.w
+            .conn
             .query(
                 &stmt,
                 &[
@@ -1166,7 +1165,8 @@ impl PgTx<'_> {
             Some(s) => s.clone(),
             None => {
                 // Dropped at commit or rollback; temporary, so neither logged nor shared.
-                self.w.conn
+                self.w
+                    .conn
                     .batch_execute(&format!(
                         "CREATE TEMP TABLE frugal_stage ON COMMIT DROP AS
                          SELECT 0::BIGINT AS seq, {STAGED} FROM events WITH NO DATA"
@@ -1174,7 +1174,7 @@ impl PgTx<'_> {
                     .map_err(self.err())?;
                 let s = self
                     .w
-            .conn
+                    .conn
                     .prepare(&format!(
                         "INSERT INTO events (import, {STAGED})
                          SELECT $1, {STAGED} FROM frugal_stage ORDER BY seq
@@ -1246,7 +1246,8 @@ impl PgTx<'_> {
             .conn
             .query(&insert, &[&import_id])
             .map_err(self.err())?;
-        self.w.conn
+        self.w
+            .conn
             .batch_execute("TRUNCATE frugal_stage")
             .map_err(self.err())?;
         Ok(returned)
@@ -1289,10 +1290,10 @@ impl Tx for PgTx<'_> {
             .collect())
     }
 
-
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<(), LedgerError> {
         let stmt = self.w.span.clone();
-        self.w.conn
+        self.w
+            .conn
             .execute(
                 &stmt,
                 &[

@@ -167,7 +167,9 @@ fn a_copied_batch_skips_known_keys_and_keeps_the_first_of_a_repeated_one() {
         RowHash(k)
     };
     ledger
-        .import("first.csv", "csv", |sink| sink.push_row(&event(1, 1), key(3)))
+        .import("first.csv", "csv", |sink| {
+            sink.push_row(&event(1, 1), key(3))
+        })
         .unwrap();
     let mut events: Vec<Event> = (0..COPY_FROM as i64 * 2)
         .map(|i| {
@@ -179,8 +181,11 @@ fn a_copied_batch_skips_known_keys_and_keeps_the_first_of_a_repeated_one() {
         })
         .collect();
     events[5].cost = Money::from_cents(50);
-    let mut rows: Vec<(&Event, RowHash)> =
-        events.iter().enumerate().map(|(i, e)| (e, key(i as u64))).collect();
+    let mut rows: Vec<(&Event, RowHash)> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e, key(i as u64)))
+        .collect();
     // Row 7 repeats row 5's key: row 5 (50 cents) is the one stored.
     rows[7].1 = key(5);
     let (stored, found) = ledger
@@ -442,7 +447,10 @@ fn writers_adding_the_same_new_names_in_opposite_orders_do_not_deadlock() {
         .iter()
         .map(|n| (n.clone(), Money::from_cents(2)))
         .collect();
-    assert_eq!(spend, expected, "each name once in dims, both writers' events on it");
+    assert_eq!(
+        spend, expected,
+        "each name once in dims, both writers' events on it"
+    );
     let dims: i64 = raw(&url)
         .query_one("SELECT count(*) FROM dims", &[])
         .unwrap()
