@@ -2,24 +2,35 @@
 //! the catalog, insert) and the time of a full report over it, on SQLite and then on
 //! PostgreSQL in the same run.
 //!
+//! Then the gateway's meter on each: K concurrent writers (each its own `Ledger`, as
+//! separate gateways have), each group-committing batches of B events with ids as fast as
+//! it can, for `$FRUGAL_BENCH_METER_SECS` (default 3; 0 skips) per (K, B): events/s and the
+//! commit latency's p50 and p99.
+//!
 //! `cargo bench -p frugal-cost --bench ledger [-- EVENTS]`; the files go to a temp folder
 //! (or `$FRUGAL_BENCH_DIR`) and are removed afterwards. PostgreSQL is `$FRUGAL_BENCH_PG` (a
 //! URL of an empty database), else a throwaway server started here (durable: fsync on),
-//! else skipped when none is installed. Figures go to BENCHMARKS.md.
+//! else skipped when none is installed; `$FRUGAL_BENCH_PG_SETTINGS` (`name=value,...`, e.g.
+//! `shared_buffers=2GB,max_wal_size=8GB`) sets that server up otherwise than by default,
+//! and `FRUGAL_BENCH_SQLITE=0` leaves SQLite out. Figures go to BENCHMARKS.md.
 
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
 
 use std::io::{BufWriter, Write};
-use std::time::Instant;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
 
 use frugal_cost::catalog::PriceSource;
 use frugal_cost::import::{ImportOptions, import_file};
 use frugal_cost::report::Report;
-use frugal_cost::{Catalog, Ledger, Location, NoProgress, Window};
+use frugal_cost::{Catalog, Event, Kind, Ledger, Location, Money, NoProgress, Window};
 
 const WORKLOADS: &[&str] = &["chat", "code-assist", "search", "summarize", "agents"];
 const MODELS: &[&str] = &["small", "medium", "large"];
+/// Concurrent gateways and events per group commit the meter is measured at.
+const GATEWAYS: &[usize] = &[1, 4, 8];
+const BATCHES: &[usize] = &[1, 64, 512];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let events: usize = std::env::args()
@@ -47,18 +58,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          [[model]]\nname='large'\ninput=2.5\noutput=10\ncached_input=1.25\n",
         PriceSource::Builtin,
     )?;
-    let path = dir.path().join("ledger.sqlite");
-    let sqlite = run(Location::Sqlite(path.clone()), &csv, csv_bytes, &catalog)?;
-    println!(
-        "ledger file {:.0} MB",
-        std::fs::metadata(&path)?.len() as f64 / 1e6
-    );
+    let meter_secs: f64 = match std::env::var("FRUGAL_BENCH_METER_SECS") {
+        Ok(s) => s.parse()?,
+        Err(_) => 3.0,
+    };
+    let mut meters = Vec::new();
+    let mut sqlite = None;
+    if std::env::var("FRUGAL_BENCH_SQLITE").as_deref() != Ok("0") {
+        let path = dir.path().join("ledger.sqlite");
+        sqlite = Some(run(
+            Location::Sqlite(path.clone()),
+            &csv,
+            csv_bytes,
+            &catalog,
+        )?);
+        if meter_secs > 0.0 {
+            meters.push((
+                "sqlite",
+                meter(&Location::Sqlite(path.clone()), meter_secs)?,
+            ));
+        }
+        println!(
+            "ledger file {:.0} MB",
+            std::fs::metadata(&path)?.len() as f64 / 1e6
+        );
+    }
     // Kept until the end of the run: the server stops when dropped.
     let mut server = None;
     let url = match std::env::var("FRUGAL_BENCH_PG") {
         Ok(url) => Some(url),
         Err(_) => match frugal_cost::pg_test::Server::start_durable() {
-            Ok(s) => {
+            Ok(mut s) => {
+                if let Ok(settings) = std::env::var("FRUGAL_BENCH_PG_SETTINGS") {
+                    configure(&mut s, &settings)?;
+                }
                 let url = s.database()?;
                 server = Some(s);
                 Some(url)
@@ -70,15 +103,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     };
     if let Some(url) = url {
-        let pg = run(Location::Postgres(url), &csv, csv_bytes, &catalog)?;
-        println!(
-            "postgres / sqlite: import rate {:.2}x, report time {:.2}x",
-            pg.0 / sqlite.0,
-            pg.1 / sqlite.1
-        );
+        let pg = run(Location::Postgres(url.clone()), &csv, csv_bytes, &catalog)?;
+        if let Some(sqlite) = sqlite {
+            println!(
+                "postgres / sqlite: import rate {:.2}x, report time {:.2}x",
+                pg.0 / sqlite.0,
+                pg.1 / sqlite.1
+            );
+        }
+        if meter_secs > 0.0 {
+            meters.push(("postgres", meter(&Location::Postgres(url), meter_secs)?));
+        }
     }
     drop(server);
+    if !meters.is_empty() {
+        print_meters(&meters, meter_secs);
+    }
     peer_sqlite3(dir.path(), &csv);
+    Ok(())
+}
+
+/// Sets the throwaway server's `name=value,...` settings and restarts it.
+fn configure(
+    server: &mut frugal_cost::pg_test::Server,
+    settings: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut admin = postgres::Client::connect(&server.url_of("postgres"), postgres::NoTls)?;
+    for setting in settings.split(',').filter(|s| !s.trim().is_empty()) {
+        let (name, value) = setting
+            .split_once('=')
+            .ok_or_else(|| format!("{setting:?} is not name=value"))?;
+        let (name, value) = (name.trim(), value.trim().replace('\'', "''"));
+        if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("{name:?} is not a setting's name").into());
+        }
+        admin.batch_execute(&format!("ALTER SYSTEM SET {name} = '{value}'"))?;
+    }
+    drop(admin);
+    server.restart()?;
+    println!("postgres settings: {settings}");
     Ok(())
 }
 
@@ -129,6 +192,147 @@ fn run(
         started.elapsed().as_secs_f64()
     );
     Ok((rate, best))
+}
+
+/// One (gateways, batch) point of the meter's benchmark.
+struct MeterPoint {
+    gateways: usize,
+    batch: usize,
+    events_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    /// Commits that failed (and were retried, as the meter does).
+    failed: u64,
+}
+
+/// The meter's group commits from 1, 4 and 8 concurrent gateways into the ledger at
+/// `location`, `secs` per point.
+fn meter(location: &Location, secs: f64) -> Result<Vec<MeterPoint>, Box<dyn std::error::Error>> {
+    let mut points = Vec::new();
+    for &gateways in GATEWAYS {
+        for &batch in BATCHES {
+            let ledgers = (0..gateways)
+                .map(|_| Ledger::open(location))
+                .collect::<Result<Vec<_>, _>>()?;
+            let start = Barrier::new(gateways);
+            let results: Vec<(Vec<Duration>, u64, u64)> = std::thread::scope(|s| {
+                let writers: Vec<_> = ledgers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(g, ledger)| {
+                        let start = &start;
+                        s.spawn(move || gateway(ledger, g, batch, secs, start))
+                    })
+                    .collect();
+                writers
+                    .into_iter()
+                    .map(|w| w.join().unwrap_or_default())
+                    .collect()
+            });
+            let mut latencies: Vec<Duration> =
+                results.iter().flat_map(|r| r.0.iter().copied()).collect();
+            latencies.sort_unstable();
+            let events: u64 = results.iter().map(|r| r.1).sum();
+            let failed: u64 = results.iter().map(|r| r.2).sum();
+            let at = |p: f64| {
+                let rank = ((latencies.len() as f64 * p).ceil() as usize).max(1);
+                latencies
+                    .get(rank - 1)
+                    .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+            };
+            let point = MeterPoint {
+                gateways,
+                batch,
+                events_per_s: events as f64 / secs,
+                p50_ms: at(0.50),
+                p99_ms: at(0.99),
+                max_ms: at(1.0),
+                failed,
+            };
+            println!(
+                "{location} meter: {gateways} gateways x {batch} events a commit: {:.0} events/s, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {failed} failed",
+                point.events_per_s, point.p50_ms, point.p99_ms, point.max_ms
+            );
+            points.push(point);
+        }
+    }
+    Ok(points)
+}
+
+/// One gateway's meter: group commits of `batch` events, each with a random id as the
+/// gateway's meter gives them, as fast as the ledger takes them, for `secs`; a failed
+/// commit is retried. Returns each commit's latency, the events stored and the failures.
+fn gateway(
+    mut ledger: Ledger,
+    g: usize,
+    batch: usize,
+    secs: f64,
+    start: &Barrier,
+) -> (Vec<Duration>, u64, u64) {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ ((g as u64 + 1) << 32) ^ batch as u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut latencies, mut stored, mut failed) = (Vec::new(), 0, 0);
+    start.wait();
+    let started = Instant::now();
+    let end = started + Duration::from_secs_f64(secs);
+    while Instant::now() < end {
+        let now_ms = 1_796_000_000_000 + started.elapsed().as_millis() as i64;
+        let events: Vec<Event> = (0..batch)
+            .map(|_| {
+                let r = next();
+                let mut e = Event::new(
+                    now_ms,
+                    Kind::Inference,
+                    WORKLOADS[(r % 5) as usize],
+                    Money::from_nanos((r >> 8) as i64 % 1_000_000),
+                );
+                e.model = Some(MODELS[((r >> 20) % 3) as usize].into());
+                e.tenant = Some(format!("tenant-{}", (r >> 30) % 20));
+                e.requests = 1;
+                e.input_tokens = 50 + (r >> 8) % 4000;
+                e.output_tokens = 5 + (r >> 24) % 500;
+                let mut id = [0u8; 16];
+                id[..8].copy_from_slice(&next().to_le_bytes());
+                id[8..].copy_from_slice(&next().to_le_bytes());
+                e.id = Some(id);
+                e
+            })
+            .collect();
+        let t = Instant::now();
+        match ledger.append_with_spans("frugal serve", &events, &[]) {
+            Ok(n) => {
+                latencies.push(t.elapsed());
+                stored += n;
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    (latencies, stored, failed)
+}
+
+fn print_meters(meters: &[(&str, Vec<MeterPoint>)], secs: f64) {
+    println!();
+    println!(
+        "meter: group commits with ids, K gateways (one ledger handle each), {secs} s a point"
+    );
+    println!(
+        "{:<9} {:>2} {:>6} {:>11} {:>9} {:>9} {:>9} {:>7}",
+        "backend", "K", "batch", "events/s", "p50 ms", "p99 ms", "max ms", "failed"
+    );
+    for (label, points) in meters {
+        for p in points {
+            println!(
+                "{label:<9} {:>2} {:>6} {:>11.0} {:>9.2} {:>9.2} {:>9.1} {:>7}",
+                p.gateways, p.batch, p.events_per_s, p.p50_ms, p.p99_ms, p.max_ms, p.failed
+            );
+        }
+    }
 }
 
 /// The same CSV through the sqlite3 shell, when it is installed: `.import` into a plain

@@ -23,6 +23,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime};
 use serde::Serialize;
@@ -182,7 +183,9 @@ pub struct ImportOptions {
     pub allow_duplicates: bool,
 }
 
-/// Reads `path` into the ledger in one transaction.
+/// Reads `path` into the ledger in one transaction. One thread reads, parses, prices and
+/// hashes the rows while this one stores the batch before (the database works while the
+/// next batch is parsed); both stop at the first error of either.
 pub fn import_file(
     ledger: &mut Ledger,
     catalog: &Catalog,
@@ -198,11 +201,12 @@ pub fn import_file(
     if let Ok(meta) = file.metadata() {
         progress.start(meta.len());
     }
+    let read = AtomicU64::new(0);
     let mut reader = BufReader::with_capacity(
         1 << 20,
         Counting {
             inner: file,
-            progress,
+            read: &read,
             sha256: Sha256::new(),
         },
     );
@@ -222,108 +226,86 @@ pub fn import_file(
         cost: Money::ZERO,
     };
     let source = path.display().to_string();
-    let result = ledger.import(&source, format.as_str(), |sink| {
-        let mut bad: Vec<RowError> = Vec::new();
-        let mut bad_total = 0u64;
-        let mut occurrences = Occurrences::default();
-        let mut rows = Rows::default();
-        let mut accept = |row: Parsed| -> Result<(), ImportError> {
-            match row.event {
-                Ok(Some(event)) if bad_total == 0 || options.skip_invalid => {
-                    let hash = occurrences.row_hash(&row.content);
-                    rows.waiting.push((event, hash, row.line));
-                    if rows.waiting.len() >= ROWS_AT_ONCE {
-                        rows.settle(sink, options.allow_duplicates)?;
+    let result = std::thread::scope(|scope| {
+        let (send, batches) = std::sync::mpsc::sync_channel::<Vec<Hashed>>(BATCHES_AHEAD);
+        let parser = scope.spawn(move || parse_file(reader, path, format, catalog, send));
+        ledger.import(&source, format.as_str(), |sink| {
+            let mut bad: Vec<RowError> = Vec::new();
+            let mut bad_total = 0u64;
+            let mut rows = Rows::default();
+            let mut shown = 0;
+            for batch in batches {
+                let now = read.load(Ordering::Relaxed);
+                progress.advance(now - shown);
+                shown = now;
+                for row in batch {
+                    match row.event {
+                        Ok(Some((event, hash))) if bad_total == 0 || options.skip_invalid => {
+                            rows.waiting.push((event, hash, row.line));
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) => summary.skipped += 1,
+                        Err(message) => {
+                            bad_total += 1;
+                            if bad.len() < MAX_REPORTED {
+                                bad.push(RowError {
+                                    line: row.line,
+                                    message,
+                                });
+                            }
+                        }
                     }
                 }
-                Ok(Some(_)) => {}
-                Ok(None) => summary.skipped += 1,
-                Err(message) => {
-                    bad_total += 1;
-                    if bad.len() < MAX_REPORTED {
-                        bad.push(RowError {
-                            line: row.line,
-                            message,
-                        });
-                    }
-                }
+                rows.settle(sink, options.allow_duplicates)?;
             }
-            Ok(())
-        };
-        match format {
-            Format::Jsonl => read_jsonl(&mut reader, path, catalog, &mut accept)?,
-            Format::Csv | Format::Focus => {
-                let mut csv = csv::ReaderBuilder::new()
-                    .flexible(false)
-                    .from_reader(&mut reader);
-                let headers = csv
-                    .headers()
-                    .map_err(|e| ImportError::Header {
-                        path: path.to_owned(),
-                        message: format!("cannot read the header: {e}"),
-                    })?
-                    .clone();
-                let header_err = |message| ImportError::Header {
+            summary.sha256 = match parser.join() {
+                Ok(parsed) => parsed?,
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            progress.advance(read.load(Ordering::Relaxed) - shown);
+            summary.cost = rows.cost;
+            summary.duplicates = rows.duplicates;
+            let Rows {
+                duplicate_lines,
+                duplicates_total,
+                first_duplicate,
+                ..
+            } = rows;
+            if !options.allow_duplicates
+                && let Some(prior) = sink.file_imported(&summary.sha256)?
+            {
+                return Err(ImportError::AlreadyImported {
                     path: path.to_owned(),
-                    message,
-                };
-                let names = ContentNames::new(&headers);
-                if format == Format::Csv {
-                    let columns = NativeColumns::new(&headers).map_err(header_err)?;
-                    let parse = |rec: &_| columns.event(rec, catalog);
-                    read_csv(&mut csv, &names, parse, &mut accept)?;
-                } else {
-                    let columns = FocusColumns::new(&headers).map_err(header_err)?;
-                    read_csv(&mut csv, &names, |rec| columns.event(rec), &mut accept)?;
-                }
+                    prior: Box::new(prior),
+                });
             }
-        }
-        rows.settle(sink, options.allow_duplicates)?;
-        summary.cost = rows.cost;
-        summary.duplicates = rows.duplicates;
-        let Rows {
-            duplicate_lines,
-            duplicates_total,
-            first_duplicate,
-            ..
-        } = rows;
-        // The file's hash covers all of it, read or not (a broken CSV stops the parse).
-        std::io::copy(&mut reader, &mut std::io::sink()).map_err(read_err)?;
-        summary.sha256 = hex(&reader.get_mut().sha256.finalize_reset());
-        if !options.allow_duplicates
-            && let Some(prior) = sink.file_imported(&summary.sha256)?
-        {
-            return Err(ImportError::AlreadyImported {
-                path: path.to_owned(),
-                prior: Box::new(prior),
-            });
-        }
-        if bad_total > 0 && !options.skip_invalid {
-            return Err(ImportError::BadRows {
-                path: path.to_owned(),
-                rows: bad,
-                total: bad_total,
-            });
-        }
-        if let Some(hash) = first_duplicate {
-            let first = sink.row_imported(hash)?.unwrap_or_else(|| PriorImport {
-                at_ms: 0,
-                source: "an earlier import".to_owned(),
-                format: String::new(),
-                rows: 0,
-                sha256: None,
-            });
-            return Err(ImportError::DuplicateRows {
-                path: path.to_owned(),
-                lines: duplicate_lines,
-                total: duplicates_total,
-                first: Box::new(first),
-            });
-        }
-        sink.set_file_sha256(summary.sha256.clone());
-        summary.invalid = bad;
-        summary.invalid_total = bad_total;
-        Ok(())
+            if bad_total > 0 && !options.skip_invalid {
+                return Err(ImportError::BadRows {
+                    path: path.to_owned(),
+                    rows: bad,
+                    total: bad_total,
+                });
+            }
+            if let Some(hash) = first_duplicate {
+                let first = sink.row_imported(hash)?.unwrap_or_else(|| PriorImport {
+                    at_ms: 0,
+                    source: "an earlier import".to_owned(),
+                    format: String::new(),
+                    rows: 0,
+                    sha256: None,
+                });
+                return Err(ImportError::DuplicateRows {
+                    path: path.to_owned(),
+                    lines: duplicate_lines,
+                    total: duplicates_total,
+                    first: Box::new(first),
+                });
+            }
+            sink.set_file_sha256(summary.sha256.clone());
+            summary.invalid = bad;
+            summary.invalid_total = bad_total;
+            Ok(())
+        })
     });
     progress.finish();
     let (rows, ()) = result?;
@@ -331,8 +313,90 @@ pub fn import_file(
     Ok(summary)
 }
 
-/// Rows stored at once: a backend stores them in one statement.
-const ROWS_AT_ONCE: usize = 2_000;
+/// Batches parsed ahead of the one being stored.
+const BATCHES_AHEAD: usize = 2;
+
+/// A row as the parsing thread hands it over: an event with its row hash, a row left out
+/// on purpose, or why the row is bad.
+struct Hashed {
+    line: u64,
+    event: Result<Option<(Event, RowHash)>, String>,
+}
+
+/// Reads and parses the whole file, sending rows `ROWS_AT_ONCE` at a time; returns the
+/// file's SHA-256 (hex). Stops, with an error nobody reads, when the receiver has gone.
+fn parse_file(
+    mut reader: BufReader<Counting<'_, File>>,
+    path: &Path,
+    format: Format,
+    catalog: &Catalog,
+    send: std::sync::mpsc::SyncSender<Vec<Hashed>>,
+) -> Result<String, ImportError> {
+    let read_err = |source| ImportError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let mut occurrences = Occurrences::default();
+    let mut batch = Vec::with_capacity(ROWS_AT_ONCE);
+    let stopped = || read_err(std::io::Error::other("the ledger stopped the import"));
+    let mut accept = |row: Parsed| -> Result<(), ImportError> {
+        let event = match row.event {
+            Ok(Some(event)) => {
+                let hash = occurrences.row_hash(&row.content);
+                Ok(Some((event, hash)))
+            }
+            Ok(None) => Ok(None),
+            Err(message) => Err(message),
+        };
+        batch.push(Hashed {
+            line: row.line,
+            event,
+        });
+        if batch.len() >= ROWS_AT_ONCE {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(ROWS_AT_ONCE));
+            send.send(full).map_err(|_| stopped())?;
+        }
+        Ok(())
+    };
+    match format {
+        Format::Jsonl => read_jsonl(&mut reader, path, catalog, &mut accept)?,
+        Format::Csv | Format::Focus => {
+            let mut csv = csv::ReaderBuilder::new()
+                .flexible(false)
+                .from_reader(&mut reader);
+            let headers = csv
+                .headers()
+                .map_err(|e| ImportError::Header {
+                    path: path.to_owned(),
+                    message: format!("cannot read the header: {e}"),
+                })?
+                .clone();
+            let header_err = |message| ImportError::Header {
+                path: path.to_owned(),
+                message,
+            };
+            let names = ContentNames::new(&headers);
+            if format == Format::Csv {
+                let columns = NativeColumns::new(&headers).map_err(header_err)?;
+                let parse = |rec: &_| columns.event(rec, catalog);
+                read_csv(&mut csv, &names, parse, &mut accept)?;
+            } else {
+                let columns = FocusColumns::new(&headers).map_err(header_err)?;
+                read_csv(&mut csv, &names, |rec| columns.event(rec), &mut accept)?;
+            }
+        }
+    }
+    if !batch.is_empty() {
+        send.send(batch).map_err(|_| stopped())?;
+    }
+    // The file's hash covers all of it, read or not (a broken CSV stops the parse).
+    std::io::copy(&mut reader, &mut std::io::sink()).map_err(read_err)?;
+    Ok(hex(&reader.get_mut().sha256.finalize_reset()))
+}
+
+/// Rows stored at once: a backend stores them in one statement (PostgreSQL: one `COPY`
+/// and one `INSERT`, so fewer round trips and statements per row as it grows).
+const ROWS_AT_ONCE: usize = 10_000;
 
 /// Rows read and not yet stored, and what storing the others found.
 #[derive(Default)]
@@ -371,10 +435,11 @@ impl Rows {
     }
 }
 
-/// Counts bytes read, for the progress bar, and hashes them, to know the file again.
+/// Counts bytes read, for the progress bar (drawn by the storing thread), and hashes them,
+/// to know the file again.
 struct Counting<'a, R> {
     inner: R,
-    progress: &'a dyn Progress,
+    read: &'a AtomicU64,
     sha256: Sha256,
 }
 
@@ -382,7 +447,7 @@ impl<R: Read> Read for Counting<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.sha256.update(&buf[..n]);
-        self.progress.advance(n as u64);
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 }

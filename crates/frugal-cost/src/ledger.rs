@@ -362,6 +362,10 @@ trait Tx {
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<bool, LedgerError>;
     fn file_imported(&mut self, sha256: &str) -> Result<Option<PriorImport>, LedgerError>;
     fn row_imported(&mut self, key: &[u8; 16]) -> Result<Option<PriorImport>, LedgerError>;
+    /// Records a file another ledger imported (its rows come over as events), unless a
+    /// record of the same file at the same time is here already; returns whether it was
+    /// recorded.
+    fn copy_import(&mut self, file: &PriorImport) -> Result<bool, LedgerError>;
     /// Adds the rollups, records the import's rows and file hash, and commits.
     fn commit(
         self: Box<Self>,
@@ -821,6 +825,11 @@ impl Sink<'_> {
     pub fn row_imported(&mut self, hash: RowHash) -> Result<Option<PriorImport>, LedgerError> {
         self.flush()?;
         self.tx.row_imported(&hash.0)
+    }
+
+    /// Records a file another ledger imported: see `Tx::copy_import`.
+    fn copy_import(&mut self, file: &PriorImport) -> Result<bool, LedgerError> {
+        self.tx.copy_import(file)
     }
 
     /// Stores a pool replica's span, unless it carries an id (`ReplicaSpan::id`) that is

@@ -107,13 +107,14 @@ fn migrate(args: &crate::cli::MigrateArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{} events read from {} ({}): {} copied, {} already in {}; {} spans copied",
+        "{} events read from {} ({}): {} copied, {} already in {}; {} imported files and {} spans recorded",
         thousands(done.events),
         args.from.display(),
         usd(done.cost),
         thousands(done.copied),
         thousands(done.skipped),
         to.location(),
+        thousands(done.files),
         thousands(done.spans),
     )?;
     Ok(())

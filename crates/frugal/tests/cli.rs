@@ -826,4 +826,12 @@ fn a_sqlite_ledger_migrates_to_postgresql_with_the_same_report() {
     let here = json(&ok(env.frugal(&["report", "--json"])));
     assert_eq!(there, here, "the same report from both");
     assert_eq!(here["total"].as_i64(), Some(3_750_000_000));
+    // The record of the import came over: the same file is refused there as a whole.
+    let again = env.frugal_with_ledger(&url, &["ledger", "import", usage.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("week.csv was already imported on "),
+        "{}",
+        stderr(&again)
+    );
 }

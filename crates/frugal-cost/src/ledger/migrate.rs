@@ -2,9 +2,11 @@
 //! resumably. Events go over in batches, each one transaction on the destination, keyed so
 //! a rerun after a kill stores only what is missing: an imported row keeps its content
 //! hash, any other event gets a key derived from its row id and content in the source.
-//! Spans go over with their ids (the gateway's meter gives each one since schema 8), in one
-//! transaction recorded under a hash of them all, so older spans, which have none, are
-//! copied once too.
+//! The record of imported files follows (so a file imported into the source is refused by
+//! the destination too), each file once; then spans, with their ids (the gateway's meter
+//! gives each one since schema 8), in one transaction recorded under a hash of them all, so
+//! older spans, which have none, are copied once too. A copy stopped anywhere (killed, the
+//! network gone) is finished by running it again.
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -21,6 +23,8 @@ pub struct Migrated {
     /// Of them, stored now; the rest were in the destination already.
     pub copied: u64,
     pub skipped: u64,
+    /// Records of imported files stored now (0 when an earlier copy stored them).
+    pub files: u64,
     /// Spans stored now (0 when an earlier copy stored them).
     pub spans: u64,
     /// The cost of the events read.
@@ -75,6 +79,17 @@ pub fn migrate(
         done.skipped += rows.len() as u64 - copied;
         done.cost += rows.iter().map(|s| s.event.cost).sum::<Money>();
         progress.advance(rows.len() as u64);
+    }
+    let files = from.info()?.files;
+    if !files.is_empty() {
+        let (_, copied) = to.import(SOURCE, "api", |sink| {
+            let mut copied = 0;
+            for file in &files {
+                copied += u64::from(sink.copy_import(file)?);
+            }
+            Ok::<_, LedgerError>(copied)
+        })?;
+        done.files = copied;
     }
     let mut spans = Vec::new();
     from.spans(Window::default(), |s| spans.push(s.clone()))?;
@@ -203,5 +218,77 @@ mod tests {
             })
             .unwrap();
         assert!(!found);
+    }
+
+    /// Stops after its first batches, as a kill would.
+    struct StopAfter(std::cell::Cell<u64>);
+
+    impl Progress for StopAfter {
+        fn advance(&self, delta: u64) {
+            let left = self.0.get().saturating_sub(delta);
+            self.0.set(left);
+            if left == 0 {
+                std::panic::panic_any("stopped midway");
+            }
+        }
+    }
+
+    /// A copy stopped midway keeps the batches it committed, and running it again copies
+    /// the rest, the record of the imported file with them: importing that file into the
+    /// destination is then refused, as it is in the source.
+    #[test]
+    fn a_copy_stopped_midway_finishes_on_rerun_and_refuses_the_file_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("usage.csv");
+        let mut text = String::from("ts,kind,workload,model,cost_usd\n");
+        for i in 0..50 {
+            text.push_str(&format!("{},inference,chat,m,0.0{}\n", 1_000 + i, i % 10));
+        }
+        std::fs::write(&csv, text).unwrap();
+        let catalog = crate::Catalog::builtin().unwrap();
+        let import = |ledger: &mut Ledger| {
+            crate::import::import_file(
+                ledger,
+                &catalog,
+                &csv,
+                crate::import::ImportOptions::default(),
+                &NoProgress,
+            )
+        };
+        let mut from = Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        import(&mut from).unwrap();
+        from.append("serve", &[event(9, 3)]).unwrap();
+        let url = Server::shared().unwrap().database().unwrap();
+        let mut to = Ledger::open(Location::Postgres(url)).unwrap();
+
+        let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            migrate(&from, &mut to, 10, &StopAfter(std::cell::Cell::new(20)))
+        }));
+        assert!(stopped.is_err());
+        assert_eq!(
+            to.info().unwrap().events,
+            20,
+            "two batches of ten committed"
+        );
+        let rest = migrate(&from, &mut to, 10, &NoProgress).unwrap();
+        assert_eq!(
+            (rest.events, rest.copied, rest.skipped, rest.files),
+            (51, 31, 20, 1)
+        );
+        assert_eq!(totals(&from), totals(&to));
+        let again = migrate(&from, &mut to, 10, &NoProgress).unwrap();
+        assert_eq!(
+            (again.copied, again.files),
+            (0, 0),
+            "each file recorded once"
+        );
+        assert_eq!(from.info().unwrap().files, to.info().unwrap().files);
+        match import(&mut to) {
+            Err(crate::import::ImportError::AlreadyImported { prior, .. }) => {
+                assert_eq!(prior.source, csv.display().to_string());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(to.info().unwrap().events, 51);
     }
 }

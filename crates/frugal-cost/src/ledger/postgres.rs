@@ -8,11 +8,14 @@
 //! The client is the blocking one (`postgres`), as the ledger's API is; it drives a small
 //! runtime of its own, so `Ledger` moves its writes off a thread that drives another.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use postgres::binary_copy::BinaryCopyInWriter;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::types::ToSql;
+use postgres::types::{ToSql, Type};
 use postgres::{Client, Statement};
 use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::r2d2::{self, Pool, PooledConnection};
@@ -182,10 +185,16 @@ ALTER TABLE replica_spans ADD COLUMN row_hash BYTEA;
 CREATE UNIQUE INDEX replica_spans_row_hash ON replica_spans (row_hash) WHERE row_hash IS NOT NULL;
 "];
 
-/// Adds one folded row to the rollup table.
+/// Adds a write's folded rows to the rollup table, a column an array, in the arrays'
+/// order (key order: see `commit`).
 const UPSERT: &str = "
-INSERT INTO rollup VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-    $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)
+INSERT INTO rollup SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[],
+    $4::BIGINT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[],
+    $10::BIGINT[], $11::BIGINT[], $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::BIGINT[],
+    $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $21::BIGINT[],
+    $22::BIGINT[], $23::BIGINT[], $24::BIGINT[], $25::BIGINT[], $26::BIGINT[], $27::BIGINT[],
+    $28::BIGINT[], $29::BIGINT[], $30::BIGINT[], $31::BIGINT[], $32::BIGINT[], $33::BIGINT[],
+    $34::BIGINT[])
 ON CONFLICT (hour_ms, kind, workload, model, run, instance, region, capacity, outcome)
 DO UPDATE SET
     events = rollup.events + excluded.events,
@@ -232,6 +241,51 @@ FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[]
         c20, c22, c23, c24, c25, c26, c27, c28, c29, c30)
 ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING
 RETURNING row_hash";
+
+/// The columns of `events` a write sets, but for `import` (the write's id, a parameter).
+const STAGED: &str = "ts_ms, duration_ms, kind, workload, model, run, instance, region,
+    capacity, instances, requests, input_tokens, output_tokens, cached_tokens, utilization,
+    cost, input_cost, list_cost, outcome, lost_ms, saved, lever, tenant, row_hash, wait_ms,
+    mfu, precision, data_stall, sync_stall";
+
+/// The types of `seq` and `STAGED`, as `COPY ... (FORMAT binary)` writes them.
+const STAGED_TYPES: [Type; 30] = [
+    Type::INT8, // seq
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::FLOAT8, // utilization
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::BYTEA, // row_hash
+    Type::INT8,
+    Type::FLOAT8, // mfu
+    Type::INT8,
+    Type::FLOAT8, // data_stall
+    Type::FLOAT8, // sync_stall
+];
+
+/// Batches from this size are copied into a staging table and moved into `events` by one
+/// `INSERT ... SELECT`: the server parses no arrays, and the client sends half the bytes.
+/// Smaller ones (the meter's) go in one statement, as it takes one round trip, not three.
+const COPY_FROM: usize = 256;
 
 const INSERT_SPAN: &str = "
 INSERT INTO replica_spans (ts_ms, duration_ms, workload, pool, replica, state, busy_ms, cost,
@@ -314,6 +368,10 @@ pub(super) struct PgStore {
     pool: Pool<Manager>,
     /// How long `conn` waits for a connection.
     wait: Duration,
+    /// Names' ids in `dims`, as committed there (so never taken back): a write looks up
+    /// only names it has not seen.
+    names: Arc<Mutex<HashMap<(i64, String), i64>>>,
+    writer: Option<Writer>,
     /// The URL as messages show it.
     url: String,
 }
@@ -360,6 +418,8 @@ impl PgStore {
         Ok(PgStore {
             pool,
             wait: CONNECT_TIMEOUT * 3,
+            names: Arc::default(),
+            writer: None,
             url: shown,
         })
     }
@@ -483,26 +543,53 @@ fn opt_code<T>(
 
 impl Store for PgStore {
     fn begin(&mut self, source: &str, format: &str) -> Result<Box<dyn Tx + '_>, LedgerError> {
-        let mut conn = self.conn()?;
-        let err = self.err("write to");
-        conn.batch_execute("BEGIN").map_err(&err)?;
-        let statements = Statements::prepare(&mut conn).map_err(&err)?;
-        let mut tx = PgTx {
-            conn,
-            url: self.url.clone(),
-            import_id: 0,
-            statements,
-            done: false,
+        let url = self.url.clone();
+        let err = |source| LedgerError::Postgres {
+            url: url.clone(),
+            op: "write to",
+            source,
         };
-        tx.import_id = tx
+        let kept = self
+            .writer
+            .take()
+            .filter(|w| !w.broken && !w.conn.is_closed());
+        let reused = kept.is_some();
+        let mut writer = match kept {
+            Some(w) => w,
+            None => Writer::prepare(self.conn()?).map_err(err)?,
+        };
+        if let Err(e) = writer.conn.batch_execute("BEGIN") {
+            if !reused {
+                return Err(err(e));
+            }
+            // The server may have restarted since the last write: once more, connected anew.
+            writer = Writer::prepare(self.conn()?).map_err(err)?;
+            writer.conn.batch_execute("BEGIN").map_err(err)?;
+        }
+        let dims = DimWriter {
+            pool: self.pool.clone(),
+            known: self.names.clone(),
+            conn: None,
+        };
+        let w = self.writer.insert(writer);
+        // Broken until it commits or rolls back: a write left midway is not reused.
+        w.broken = true;
+        let import_id = w
             .conn
             .query_one(
-                "INSERT INTO imports (at_ms, source, format) VALUES ($1, $2, $3) RETURNING id",
+                &w.begin,
                 &[&chrono::Utc::now().timestamp_millis(), &source, &format],
             )
-            .map_err(&err)?
+            .map_err(err)?
             .get(0);
-        Ok(Box::new(tx))
+        Ok(Box::new(PgTx {
+            w,
+            url: url.clone(),
+            import_id,
+            dims,
+            from_stage: None,
+            done: false,
+        }))
     }
 
     fn names(&self) -> Result<Names, LedgerError> {
@@ -874,39 +961,119 @@ impl Store for PgStore {
     }
 }
 
-/// Statements one write prepares once.
-struct Statements {
+/// The connection a `PgStore` writes on, kept from one write to the next (a gateway's
+/// meter commits every few hundred milliseconds), with its statements prepared once.
+struct Writer {
+    conn: PooledConnection<Manager>,
     events: Statement,
     span: Statement,
-    dim_get: Statement,
-    dim_add: Statement,
+    begin: Statement,
+    upsert: Statement,
+    finish: Statement,
+    /// A write failed in a way that may have left the connection mid-statement.
+    broken: bool,
 }
 
-impl Statements {
-    fn prepare(client: &mut Client) -> Result<Statements, postgres::Error> {
-        Ok(Statements {
-            events: client.prepare(INSERT_EVENTS)?,
-            span: client.prepare(INSERT_SPAN)?,
-            dim_get: client.prepare("SELECT id FROM dims WHERE axis = $1 AND name = $2")?,
-            // A name another writer added since the look-up is read back, not doubled.
-            dim_add: client.prepare(
-                "INSERT INTO dims (axis, name) VALUES ($1, $2)
-                 ON CONFLICT (axis, name) DO UPDATE SET name = excluded.name RETURNING id",
+impl Writer {
+    fn prepare(mut conn: PooledConnection<Manager>) -> Result<Writer, postgres::Error> {
+        Ok(Writer {
+            events: conn.prepare(INSERT_EVENTS)?,
+            span: conn.prepare(INSERT_SPAN)?,
+            begin: conn.prepare(
+                "INSERT INTO imports (at_ms, source, format) VALUES ($1, $2, $3) RETURNING id",
             )?,
+            upsert: conn.prepare(UPSERT)?,
+            finish: conn.prepare("UPDATE imports SET rows = $1, sha256 = $2 WHERE id = $3")?,
+            conn,
+            broken: false,
         })
     }
 }
 
-/// One write's transaction on a pooled connection; rolled back when dropped uncommitted.
-struct PgTx {
-    conn: PooledConnection<Manager>,
+/// Adds names to `dims` outside the write's transaction, each in its own, so a write
+/// never holds a lock on a name: two writers adding the same new names in opposite orders
+/// cannot deadlock, and a long import that adds a name does not hold up a gateway that
+/// needs it until the import commits. A name whose write then fails stays, unused: names
+/// are not usage.
+struct DimWriter {
+    pool: Pool<Manager>,
+    known: Arc<Mutex<HashMap<(i64, String), i64>>>,
+    /// A second pooled connection, in autocommit, taken at the first unknown name.
+    conn: Option<(PooledConnection<Manager>, Statement, Statement)>,
+}
+
+impl DimWriter {
+    fn id(&mut self, axis: i64, name: &str, url: &str) -> Result<i64, LedgerError> {
+        let key = (axis, name.to_owned());
+        if let Some(&id) = self.known.lock().map_err(|_| poisoned(url))?.get(&key) {
+            return Ok(id);
+        }
+        let err = |source| LedgerError::Postgres {
+            url: url.to_owned(),
+            op: "write to",
+            source,
+        };
+        let (mut conn, get, add) = match self.conn.take() {
+            Some(open) => open,
+            None => {
+                let mut conn = self.pool.get().map_err(|e| LedgerError::Pool {
+                    url: url.to_owned(),
+                    reason: e.to_string(),
+                })?;
+                let get = conn
+                    .prepare("SELECT id FROM dims WHERE axis = $1 AND name = $2")
+                    .map_err(err)?;
+                // Looked up first: an insert that conflicts still takes an identity value.
+                let add = conn
+                    .prepare(
+                        "INSERT INTO dims (axis, name) VALUES ($1, $2)
+                         ON CONFLICT (axis, name) DO NOTHING RETURNING id",
+                    )
+                    .map_err(err)?;
+                (conn, get, add)
+            }
+        };
+        let mut id = None;
+        // Found, added, or (added by another writer between the two) found the second time.
+        for stmt in [&get, &add, &get] {
+            if let Some(r) = conn.query_opt(stmt, &[&axis, &name]).map_err(err)? {
+                id = Some(r.get::<_, i64>(0));
+                break;
+            }
+        }
+        self.conn = Some((conn, get, add));
+        let id = id.ok_or_else(|| LedgerError::Corrupt {
+            path: PathBuf::from(url),
+            what: format!("name {name:?} neither found nor added"),
+        })?;
+        self.known
+            .lock()
+            .map_err(|_| poisoned(url))?
+            .insert(key, id);
+        Ok(id)
+    }
+}
+
+fn poisoned(url: &str) -> LedgerError {
+    LedgerError::Pool {
+        url: url.to_owned(),
+        reason: "a writer panicked while it held the names".into(),
+    }
+}
+
+/// One write's transaction on the store's writer; rolled back when dropped uncommitted.
+struct PgTx<'a> {
+    w: &'a mut Writer,
     url: String,
     import_id: i64,
-    statements: Statements,
+    dims: DimWriter,
+    /// `INSERT ... SELECT` from the staging table, plain and with `ON CONFLICT`, once
+    /// this write has made it.
+    from_stage: Option<(Statement, Statement)>,
     done: bool,
 }
 
-impl PgTx {
+impl PgTx<'_> {
     fn err(&self) -> impl Fn(postgres::Error) -> LedgerError + '_ {
         |source| LedgerError::Postgres {
             url: self.url.clone(),
@@ -914,44 +1081,10 @@ impl PgTx {
             source,
         }
     }
-}
 
-impl Drop for PgTx {
-    fn drop(&mut self) {
-        if !self.done {
-            // A broken connection is dropped by the pool (it checks `is_closed`).
-            let _ = self.conn.batch_execute("ROLLBACK");
-        }
-    }
-}
-
-impl Tx for PgTx {
-    fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError> {
-        let (get, add) = (
-            self.statements.dim_get.clone(),
-            self.statements.dim_add.clone(),
-        );
-        let axis = axis as i64;
-        let found = self
-            .conn
-            .query_opt(&get, &[&axis, &name])
-            .map_err(self.err())?;
-        match found {
-            Some(r) => Ok(r.get(0)),
-            // Looked up first: an upsert would take an identity value on every call.
-            None => Ok(self
-                .conn
-                .query_one(&add, &[&axis, &name])
-                .map_err(self.err())?
-                .get(0)),
-        }
-    }
-
-    fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError> {
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let stmt = self.statements.events.clone();
+    /// Stores a few events in one statement, a column an array.
+    fn unnest_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<postgres::Row>, LedgerError> {
+        let stmt = self.w.events.clone();
         let col = |f: &dyn Fn(&EventRow<'_>) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
         let opt = |f: &dyn Fn(&EventRow<'_>) -> Option<i64>| {
             rows.iter().map(f).collect::<Vec<Option<i64>>>()
@@ -992,7 +1125,7 @@ impl Tx for PgTx {
         let data_stall = float(&|r| r.event.data_stall);
         let sync_stall = float(&|r| r.event.sync_stall);
         let import_id = self.import_id;
-        let returned = self
+        self.w
             .conn
             .query(
                 &stmt,
@@ -1029,7 +1162,147 @@ impl Tx for PgTx {
                     &sync_stall,
                 ],
             )
-            .map_err(self.err())?;
+            .map_err(self.err())
+    }
+
+    /// Stores many events: `COPY` (binary) into a temporary table, then `INSERT ... SELECT`
+    /// in the order given (so of two rows with one key, the first is stored). Returns the
+    /// keys stored, or `None` when every row was.
+    ///
+    /// Most batches of an import conflict with nothing, and a plain insert checks the
+    /// unique index of keys as it inserts, where `ON CONFLICT` first probes it as well (a
+    /// quarter of the server's time): so a batch is tried plainly under a savepoint, and
+    /// one that does conflict (a key stored before, or twice in it) is rolled back to the
+    /// savepoint and stored with `ON CONFLICT DO NOTHING`.
+    fn copy_events(
+        &mut self,
+        rows: &[EventRow<'_>],
+    ) -> Result<Option<Vec<postgres::Row>>, LedgerError> {
+        let (plain, careful) = match &self.from_stage {
+            Some(s) => s.clone(),
+            None => {
+                // Dropped at commit or rollback; temporary, so neither logged nor shared.
+                self.w
+                    .conn
+                    .batch_execute(&format!(
+                        "CREATE TEMP TABLE frugal_stage ON COMMIT DROP AS
+                         SELECT 0::BIGINT AS seq, {STAGED} FROM events WITH NO DATA"
+                    ))
+                    .map_err(self.err())?;
+                let insert = format!(
+                    "INSERT INTO events (import, {STAGED})
+                     SELECT $1, {STAGED} FROM frugal_stage ORDER BY seq"
+                );
+                let plain = self.w.conn.prepare(&insert).map_err(self.err())?;
+                let careful = self
+                    .w
+                    .conn
+                    .prepare(&format!(
+                        "{insert} ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING
+                         RETURNING row_hash"
+                    ))
+                    .map_err(self.err())?;
+                self.from_stage = Some((plain.clone(), careful.clone()));
+                (plain, careful)
+            }
+        };
+        // The writer borrows the connection: errors are made without `self`.
+        let url = self.url.clone();
+        let err = |source| LedgerError::Postgres {
+            url: url.clone(),
+            op: "write to",
+            source,
+        };
+        let sink = self
+            .w
+            .conn
+            .copy_in(&format!(
+                "COPY frugal_stage (seq, {STAGED}) FROM STDIN (FORMAT binary)"
+            ))
+            .map_err(err)?;
+        let mut writer = BinaryCopyInWriter::new(sink, &STAGED_TYPES);
+        for (seq, r) in rows.iter().enumerate() {
+            let e = r.event;
+            let key = r.key.as_ref().map(|k| &k[..]);
+            writer
+                .write(&[
+                    &(seq as i64),
+                    &e.ts_ms,
+                    &e.duration_ms,
+                    &e.kind.code(),
+                    &r.ids.workload,
+                    &r.ids.model,
+                    &r.ids.run,
+                    &r.ids.instance,
+                    &r.ids.region,
+                    &e.capacity.map(Capacity::code),
+                    &i64::from(e.instances),
+                    &clamp(e.requests),
+                    &clamp(e.input_tokens),
+                    &clamp(e.output_tokens),
+                    &clamp(e.cached_input_tokens),
+                    &e.utilization,
+                    &e.cost.nanos(),
+                    &e.input_cost.map(Money::nanos),
+                    &e.list_cost.map(Money::nanos),
+                    &e.outcome.map(Outcome::code),
+                    &e.lost_ms,
+                    &e.saved.nanos(),
+                    &e.lever.map(Lever::code),
+                    &r.ids.tenant,
+                    &key,
+                    &e.wait_ms,
+                    &e.mfu,
+                    &e.precision.map(Precision::code),
+                    &e.data_stall,
+                    &e.sync_stall,
+                ])
+                .map_err(err)?;
+        }
+        writer.finish().map_err(err)?;
+        let import_id = self.import_id;
+        let conn = &mut self.w.conn;
+        conn.batch_execute("SAVEPOINT frugal_batch").map_err(err)?;
+        let returned = match conn.execute(&plain, &[&import_id]) {
+            Ok(_) => None,
+            Err(e) if e.code() == Some(&postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                conn.batch_execute("ROLLBACK TO SAVEPOINT frugal_batch")
+                    .map_err(err)?;
+                Some(conn.query(&careful, &[&import_id]).map_err(err)?)
+            }
+            Err(e) => return Err(err(e)),
+        };
+        conn.batch_execute("RELEASE SAVEPOINT frugal_batch; TRUNCATE frugal_stage")
+            .map_err(err)?;
+        Ok(returned)
+    }
+}
+
+impl Drop for PgTx<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.w.conn.batch_execute("ROLLBACK").is_ok() {
+            self.w.broken = false;
+        }
+    }
+}
+
+impl Tx for PgTx<'_> {
+    fn dim(&mut self, axis: Axis, name: &str) -> Result<i64, LedgerError> {
+        self.dims.id(axis as i64, name, &self.url)
+    }
+
+    fn insert_events(&mut self, rows: &[EventRow<'_>]) -> Result<Vec<bool>, LedgerError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let returned = if rows.len() >= COPY_FROM {
+            match self.copy_events(rows)? {
+                Some(returned) => returned,
+                None => return Ok(vec![true; rows.len()]),
+            }
+        } else {
+            self.unnest_events(rows)?
+        };
         // Keyed rows stored come back by key; a key twice in `rows` is stored once, first.
         let mut stored: std::collections::HashSet<Vec<u8>> = returned
             .iter()
@@ -1045,9 +1318,10 @@ impl Tx for PgTx {
     }
 
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<bool, LedgerError> {
-        let stmt = self.statements.span.clone();
+        let stmt = self.w.span.clone();
         let key = span.id.as_ref().map(|k| &k[..]);
         let stored = self
+            .w
             .conn
             .execute(
                 &stmt,
@@ -1079,7 +1353,7 @@ impl Tx for PgTx {
 
     fn file_imported(&mut self, sha256: &str) -> Result<Option<PriorImport>, LedgerError> {
         let found = prior_imports(
-            &mut self.conn,
+            &mut self.w.conn,
             "WHERE sha256 = $1 ORDER BY at_ms, id LIMIT 1",
             &[&sha256],
         );
@@ -1089,11 +1363,30 @@ impl Tx for PgTx {
     fn row_imported(&mut self, key: &[u8; 16]) -> Result<Option<PriorImport>, LedgerError> {
         let key: &[u8] = &key[..];
         let found = prior_imports(
-            &mut self.conn,
+            &mut self.w.conn,
             "WHERE id = (SELECT import FROM events WHERE row_hash = $1)",
             &[&key],
         );
         found.map(|v| v.into_iter().next()).map_err(self.err())
+    }
+
+    fn copy_import(&mut self, file: &PriorImport) -> Result<bool, LedgerError> {
+        self.w
+            .conn
+            .execute(
+                "INSERT INTO imports (at_ms, source, format, rows, sha256)
+                 SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS (SELECT 1 FROM imports
+                     WHERE at_ms = $1 AND source = $2 AND sha256 IS NOT DISTINCT FROM $5)",
+                &[
+                    &file.at_ms,
+                    &file.source,
+                    &file.format,
+                    &clamp(file.rows),
+                    &file.sha256,
+                ],
+            )
+            .map(|n| n > 0)
+            .map_err(self.err())
     }
 
     fn commit(
@@ -1102,25 +1395,28 @@ impl Tx for PgTx {
         rows: u64,
         sha256: Option<&str>,
     ) -> Result<(), LedgerError> {
-        let upsert = self.conn.prepare(UPSERT).map_err(self.err())?;
         let mut values = rollups.into_values();
-        // In key order: two writers adding to the same hours lock their rows in one order,
-        // so neither waits on the other in a cycle.
-        values.sort_unstable();
-        for row in &values {
+        if !values.is_empty() {
+            // In key order: two writers adding to the same hours lock their rows in one
+            // order, so neither waits on the other in a cycle.
+            values.sort_unstable();
+            let columns: Vec<Vec<i64>> = (0..rollup::COLUMNS)
+                .map(|c| values.iter().map(|row| row[c]).collect())
+                .collect();
             let params: Vec<&(dyn ToSql + Sync)> =
-                row.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-            self.conn.execute(&upsert, &params).map_err(self.err())?;
+                columns.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+            let upsert = self.w.upsert.clone();
+            self.w.conn.execute(&upsert, &params).map_err(self.err())?;
         }
-        let import_id = self.import_id;
-        self.conn
-            .execute(
-                "UPDATE imports SET rows = $1, sha256 = $2 WHERE id = $3",
-                &[&clamp(rows), &sha256, &import_id],
-            )
+        let (finish, import_id) = (self.w.finish.clone(), self.import_id);
+        self.w
+            .conn
+            .execute(&finish, &[&clamp(rows), &sha256, &import_id])
             .map_err(self.err())?;
         self.done = true;
-        self.conn.batch_execute("COMMIT").map_err(self.err())
+        self.w.conn.batch_execute("COMMIT").map_err(self.err())?;
+        self.w.broken = false;
+        Ok(())
     }
 }
 

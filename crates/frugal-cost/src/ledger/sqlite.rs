@@ -828,6 +828,24 @@ impl Tx for SqliteTx<'_> {
             .map_err(|e| self.write_err(e))
     }
 
+    fn copy_import(&mut self, file: &PriorImport) -> Result<bool, LedgerError> {
+        self.tx
+            .execute(
+                "INSERT INTO imports (at_ms, source, format, rows, sha256)
+                 SELECT ?1, ?2, ?3, ?4, ?5 WHERE NOT EXISTS (SELECT 1 FROM imports
+                     WHERE at_ms = ?1 AND source = ?2 AND sha256 IS ?5)",
+                params![
+                    file.at_ms,
+                    file.source,
+                    file.format,
+                    clamp(file.rows),
+                    file.sha256
+                ],
+            )
+            .map(|n| n > 0)
+            .map_err(|e| self.write_err(e))
+    }
+
     fn insert_span(&mut self, span: &ReplicaSpan, ids: &SpanIds) -> Result<bool, LedgerError> {
         let stored = self
             .tx

@@ -212,6 +212,71 @@ fn row_hashes_and_files_are_found_again() {
     result.unwrap();
 }
 
+/// A batch big enough to be copied through the staging table keeps the rules of a small
+/// one: a key stored before is skipped, a key twice in the batch is stored once (the
+/// first), every column comes back, and a second big batch in the same write works.
+#[test]
+fn a_copied_batch_skips_known_keys_and_keeps_the_first_of_a_repeated_one() {
+    let (_, mut ledger) = fresh();
+    let key = |i: u64| {
+        let mut k = [0u8; 16];
+        k[..8].copy_from_slice(&i.to_le_bytes());
+        RowHash(k)
+    };
+    ledger
+        .import("first.csv", "csv", |sink| {
+            sink.push_row(&event(1, 1), key(3))
+        })
+        .unwrap();
+    let mut events: Vec<Event> = (0..COPY_FROM as i64 * 2)
+        .map(|i| {
+            let mut e = event(100 + i, 2);
+            e.capacity = Some(Capacity::Spot);
+            e.utilization = Some(0.25);
+            e.tenant = Some(format!("t{}", i % 3));
+            e
+        })
+        .collect();
+    events[5].cost = Money::from_cents(50);
+    let mut rows: Vec<(&Event, RowHash)> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e, key(i as u64)))
+        .collect();
+    // Row 7 repeats row 5's key: row 5 (50 cents) is the one stored.
+    rows[7].1 = key(5);
+    let (stored, found) = ledger
+        .import("second.csv", "csv", |sink| {
+            let first = sink.push_rows(&rows)?;
+            let again = sink.push_rows(&rows)?;
+            Ok::<_, LedgerError>((first, again))
+        })
+        .unwrap();
+    let (first, again) = found;
+    assert_eq!(first.len(), rows.len());
+    let skipped: Vec<usize> = (0..rows.len()).filter(|&i| !first[i]).collect();
+    assert_eq!(skipped, vec![3, 7], "the key stored before, and the repeat");
+    assert!(again.iter().all(|s| !s), "the second batch finds them all");
+    assert_eq!(stored, rows.len() as u64 - 2);
+    let info = ledger.info().unwrap();
+    let expected = Money::from_cents(1 + 2 * (rows.len() as i64 - 3) + 50);
+    assert_eq!((info.events, info.total_cost), (stored + 1, expected));
+    let mut rolled = Money::ZERO;
+    ledger
+        .rollups(Window::default(), |_, s| rolled += s.cost)
+        .unwrap();
+    assert_eq!(rolled, expected);
+    let mut spot = 0;
+    ledger
+        .scan(Window::default(), |r| {
+            if r.capacity == Some(Capacity::Spot) && r.utilization == Some(0.25) {
+                spot += 1;
+            }
+        })
+        .unwrap();
+    assert_eq!(spot, stored);
+}
+
 #[test]
 fn a_newer_schema_is_refused_and_left_alone() {
     let (url, mut ledger) = fresh();
@@ -393,6 +458,63 @@ fn two_writers_at_once_store_every_event_exactly_once() {
     assert_eq!(spend, info.total_cost);
 }
 
+/// Two writers, each in one long transaction, add the same new names in opposite orders
+/// and wait for each other in between: with names added inside the write's transaction,
+/// each would wait for the other's uncommitted name (a deadlock PostgreSQL breaks by
+/// failing one of them). Names go in outside it, so both writes succeed, first time.
+#[test]
+fn writers_adding_the_same_new_names_in_opposite_orders_do_not_deadlock() {
+    let url = Server::shared().unwrap().database().unwrap();
+    Ledger::open(Location::parse(&url)).unwrap();
+    let names: Vec<String> = (0..6).map(|i| format!("new-{i}")).collect();
+    let halfway = std::sync::Barrier::new(2);
+    let write = |reversed: bool| {
+        let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+        let mut order: Vec<&String> = names.iter().collect();
+        if reversed {
+            order.reverse();
+        }
+        ledger.import("meter", "api", |sink| {
+            for (i, name) in order.iter().enumerate() {
+                if i == order.len() / 2 {
+                    halfway.wait();
+                }
+                let mut e = event(i as i64, 1);
+                e.workload = (*name).clone();
+                e.model = Some((*name).clone());
+                e.tenant = Some((*name).clone());
+                sink.push(&e)?;
+            }
+            Ok::<_, LedgerError>(())
+        })
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| write(false));
+        let b = s.spawn(|| write(true));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(a.unwrap().0, 6);
+    assert_eq!(b.unwrap().0, 6);
+    let ledger = Ledger::open(Location::parse(&url)).unwrap();
+    let info = ledger.info().unwrap();
+    assert_eq!(info.events, 12);
+    let mut spend = ledger.tenant_spend(0).unwrap();
+    spend.sort();
+    let expected: Vec<(String, Money)> = names
+        .iter()
+        .map(|n| (n.clone(), Money::from_cents(2)))
+        .collect();
+    assert_eq!(
+        spend, expected,
+        "each name once in dims, both writers' events on it"
+    );
+    let dims: i64 = raw(&url)
+        .query_one("SELECT count(*) FROM dims", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(dims, 18, "six names on three axes");
+}
+
 /// `frugal train` and `frugal tune` record segments from inside their async runtime; the
 /// blocking client's own runtime may not start on that thread, so the write moves off it.
 #[test]
@@ -450,6 +572,24 @@ fn a_server_killed_mid_import_keeps_nothing_of_it_and_a_rerun_works() {
     let (stored, ()) = import(&mut ledger, None).unwrap();
     assert_eq!(stored, 200_000);
     assert_eq!(ledger.info().unwrap().events, 200_001);
+}
+
+/// The writer's connection is kept between writes: after the server restarts, the next
+/// write connects anew rather than failing on the dead one.
+#[test]
+fn a_write_after_the_server_restarted_goes_through() {
+    let mut server = Server::start().unwrap();
+    let url = server.database().unwrap();
+    let mut ledger = Ledger::open(Location::parse(&url)).unwrap();
+    ledger.append("before", &[event(1, 1)]).unwrap();
+    server.kill().unwrap();
+    server.restart().unwrap();
+    ledger.append("after", &[event(3, 1)]).unwrap();
+    server.kill().unwrap();
+    server.restart().unwrap();
+    ledger.append("after again", &[event(4, 1)]).unwrap();
+    let info = ledger.info().unwrap();
+    assert_eq!((info.events, info.imports), (3, 3));
 }
 
 /// `sslmode=require` goes through TLS or not at all: a server without it is refused, by
