@@ -158,6 +158,21 @@ impl std::fmt::Debug for SharedBudgets {
 }
 
 /// A tenant's keys at `at` (holds, day, month, epoch), and when each total expires.
+/// `EVAL` of `source` on the tenant's four keys, with what both scripts take first: each
+/// period's base total (where Redis has none) and when its key expires.
+fn script(source: &str, tenant: &str, at: DateTime<Utc>, bases: [Money; 2]) -> redis::Cmd {
+    let (keys, expiry) = keys(tenant, at);
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(source)
+        .arg(4)
+        .arg(&keys[..])
+        .arg(bases[0].nanos())
+        .arg(expiry[0])
+        .arg(bases[1].nanos())
+        .arg(expiry[1]);
+    cmd
+}
+
 fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 4], [i64; 2]) {
     // The hash tag keeps a tenant's keys in one slot of a Redis Cluster.
     let base = format!("frugal:budget:v1:{{{tenant}}}");
@@ -306,19 +321,11 @@ impl SharedBudgets {
             self.fallbacks.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        let (keys, expiry) = keys(&tenant.name, now);
         let bases = self.bases(&self.lock_pending(), tenant, now);
         let limits = tenant.limits();
         let member = self.new_hold(amount);
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(RESERVE)
-            .arg(4)
-            .arg(&keys[..])
-            .arg(bases[0].nanos())
-            .arg(expiry[0])
-            .arg(bases[1].nanos())
-            .arg(expiry[1])
-            .arg(limit(limits.daily))
+        let mut cmd = script(RESERVE, &tenant.name, now, bases);
+        cmd.arg(limit(limits.daily))
             .arg(limit(limits.monthly))
             .arg(&member)
             .arg(self.hold_ttl.as_millis() as u64)
@@ -412,17 +419,9 @@ impl SharedBudgets {
             let Some(p) = pending.iter().find(|p| p.id == id) else {
                 return true;
             };
-            let (keys, expiry) = keys(&p.tenant.name, p.at);
             let bases = self.bases(&pending, &p.tenant, p.at);
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(SETTLE)
-                .arg(4)
-                .arg(&keys[..])
-                .arg(bases[0].nanos())
-                .arg(expiry[0])
-                .arg(bases[1].nanos())
-                .arg(expiry[1])
-                .arg(p.hold.as_ref().map_or("", |h| &h.member))
+            let mut cmd = script(SETTLE, &p.tenant.name, p.at, bases);
+            cmd.arg(p.hold.as_ref().map_or("", |h| &h.member))
                 .arg(p.cost.nanos())
                 .arg(if p.only_if_held { "1" } else { "0" })
                 .arg(p.hold.as_ref().map_or("", |h| &h.epoch))

@@ -155,12 +155,8 @@ impl Tenant {
         self.lock().limits
     }
 
-    /// Refuses a request once a budget is spent (or reserved by requests in flight here),
-    /// as this gateway sees it: a check before the request is read; [`Tenant::reserve`]
-    /// decides.
-    pub fn admit(&self, now: DateTime<Utc>) -> Result<(), ApiError> {
-        let mut spend = self.lock();
-        spend.roll(now);
+    /// [`check`] on this gateway's view of the tenant's spend.
+    fn check_local(&self, spend: &Spend, now: DateTime<Utc>) -> Result<(), ApiError> {
         check(
             &self.name,
             spend.limits,
@@ -168,6 +164,15 @@ impl Tenant {
             spend.reserved,
             now,
         )
+    }
+
+    /// Refuses a request once a budget is spent (or reserved by requests in flight here),
+    /// as this gateway sees it: a check before the request is read; [`Tenant::reserve`]
+    /// decides.
+    pub fn admit(&self, now: DateTime<Utc>) -> Result<(), ApiError> {
+        let mut spend = self.lock();
+        spend.roll(now);
+        self.check_local(&spend, now)
     }
 
     /// Admits a request whose cost can reach `worst`, holding that much of the budgets until
@@ -201,13 +206,7 @@ impl Tenant {
         }
         let mut spend = self.lock();
         spend.roll(now);
-        check(
-            &self.name,
-            spend.limits,
-            (spend.day_total, spend.month_total),
-            spend.reserved,
-            now,
-        )?;
+        self.check_local(&spend, now)?;
         spend.reserved += worst;
         Ok(Reservation {
             tenant: self.clone(),

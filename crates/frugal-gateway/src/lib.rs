@@ -249,13 +249,17 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
     if let Some(meter) = &s.inner.meter {
         meter.health().render(&mut text);
     }
-    if let Some(b) = s.inner.keys.shared() {
-        metrics::Metrics::render_budgets(
+    match s.inner.keys.shared() {
+        Some(b) => metrics::Metrics::render_budgets(
             &mut text,
             b.is_shared(),
             b.fallbacks.load(Ordering::Relaxed),
             b.unsettled(),
-        );
+        ),
+        None => s
+            .inner
+            .metrics
+            .render_catch_up(&mut text, chrono::Utc::now().timestamp_millis()),
     }
     if let Some(shared) = &s.inner.shared {
         use std::fmt::Write;

@@ -221,6 +221,10 @@ pub struct Metrics {
     /// Keys reloaded (SIGHUP), and reloads refused (a config that did not parse or check).
     pub reloads_ok: AtomicU64,
     pub reloads_failed: AtomicU64,
+    /// Budgets without Redis on a shared ledger: when they last read the other replicas'
+    /// spend from it (epoch ms; 0: never), and whether the last try did.
+    pub catch_up_at_ms: AtomicI64,
+    pub catch_up_failing: AtomicBool,
 }
 
 /// Engine gauges read at scrape time.
@@ -287,6 +291,26 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP frugal_budget_shared 1 when the last budget call reached Redis, 0 when admission uses this gateway's local view.\n# TYPE frugal_budget_shared gauge\nfrugal_budget_shared {}\n# HELP frugal_budget_fallbacks_total Admissions decided on this gateway's local view because Redis was unreachable or slow.\n# TYPE frugal_budget_fallbacks_total counter\nfrugal_budget_fallbacks_total {fallbacks}\n# HELP frugal_budget_unsettled Requests' costs not yet added to the shared totals in Redis.\n# TYPE frugal_budget_unsettled gauge\nfrugal_budget_unsettled {unsettled}",
+            u8::from(shared)
+        );
+    }
+
+    /// Budgets that catch up from a shared ledger (no Redis): whether the last catch-up
+    /// read it, and how old the other replicas' spend they count is.
+    pub fn render_catch_up(&self, out: &mut String, now_ms: i64) {
+        let at = self.catch_up_at_ms.load(Ordering::Relaxed);
+        if at == 0 && !self.catch_up_failing.load(Ordering::Relaxed) {
+            return;
+        }
+        let shared = !self.catch_up_failing.load(Ordering::Relaxed);
+        let age = if at == 0 {
+            f64::INFINITY
+        } else {
+            (now_ms - at).max(0) as f64 / 1000.0
+        };
+        let _ = writeln!(
+            out,
+            "# HELP frugal_budget_shared 1 when the last budget catch-up read the other replicas' spend from the shared ledger, 0 when admission uses this gateway's local view.\n# TYPE frugal_budget_shared gauge\nfrugal_budget_shared {}\n# HELP frugal_budget_catch_up_age_seconds Since budgets last read the other replicas' spend from the shared ledger.\n# TYPE frugal_budget_catch_up_age_seconds gauge\nfrugal_budget_catch_up_age_seconds {age}",
             u8::from(shared)
         );
     }

@@ -269,11 +269,20 @@ impl AppState {
     /// ledger's). What changed (or why not), for the caller to say.
     /// Brings each tenant's spend up to what `spent_since` (a ledger other gateways write
     /// too) says: budgets without Redis see the other replicas' spend, late.
+    /// `/metrics` says whether it did (`frugal_budget_shared`) and how long ago.
     pub fn catch_up_budgets<E>(
         &self,
         spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
     ) -> Result<(), E> {
-        self.inner.keys.preload(Utc::now(), spent_since)
+        let now = Utc::now();
+        let read = self.inner.keys.preload(now, spent_since);
+        let m = &self.inner.metrics;
+        m.catch_up_failing.store(read.is_err(), Ordering::Relaxed);
+        if read.is_ok() {
+            m.catch_up_at_ms
+                .store(now.timestamp_millis(), Ordering::Relaxed);
+        }
+        read
     }
 
     pub fn reload_keys<E: std::fmt::Display>(

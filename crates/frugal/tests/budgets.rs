@@ -102,7 +102,12 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
         Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &ledger, &files, &flags),
         Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &ledger, &files, &flags),
     ];
-    let mut answered = std::sync::atomic::AtomicU64::new(0);
+    // One request through each first: on a loaded machine one gateway's clients could
+    // otherwise spend the whole budget before the other's start.
+    for g in &gateways {
+        assert_eq!(ask(&g.addr, "fk-acme").0, 200);
+    }
+    let mut answered = std::sync::atomic::AtomicU64::new(2);
     std::thread::scope(|s| {
         for i in 0..8 {
             let addr = gateways[i % 2].addr.clone();
@@ -214,6 +219,9 @@ fn without_budget_redis_gateways_on_one_postgresql_ledger_catch_up_with_each_oth
         body.contains("$0.200000 of $0.20"),
         "B counts A's spend: {body}"
     );
+    assert_eq!(metric(&b.addr, "fk-acme", "frugal_budget_shared"), 1.0);
+    let age = metric(&b.addr, "fk-acme", "frugal_budget_catch_up_age_seconds");
+    assert!(age < 6.0, "the last catch-up {age} s ago");
     assert!(a.stop().0.success() && b.stop().0.success());
 }
 

@@ -5,42 +5,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod mock_upstream;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::routing::post;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use common::Server;
-
-/// An OpenAI-compatible upstream on loopback that answers every chat at once, with usage.
-fn upstream() -> String {
-    let app = Router::new().route(
-        "/v1/chat/completions",
-        post(|body: axum::Json<Value>| async move {
-            axum::Json(json!({
-                "id": "up-1",
-                "object": "chat.completion",
-                "model": body.0["model"],
-                "choices": [{ "index": 0, "message": { "role": "assistant", "content": "ok" }, "finish_reason": "stop" }],
-                "usage": { "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15 },
-            }))
-        }),
-    );
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    format!("http://{}/v1", rx.recv().unwrap())
-}
+use mock_upstream::mock_upstream;
 
 /// A metric's value in a `/metrics` text.
 fn metric(text: &str, name: &str) -> Option<f64> {
@@ -67,6 +41,19 @@ fn wait_for(addr: &str, what: &str, patience: Duration, done: impl Fn(&str) -> b
     }
 }
 
+/// Until `/metrics` says the ledger is down and rows are in the spool.
+fn wait_for_spooling(server: &Server) {
+    wait_for(
+        &server.addr,
+        "the ledger down, rows spooled",
+        Duration::from_secs(30),
+        |m| {
+            metric(m, "frugal_ledger_up") == Some(0.0)
+                && metric(m, "frugal_ledger_spooled_events").is_some_and(|n| n > 0.0)
+        },
+    );
+}
+
 /// The gateway's config: a mock upstream, priced, and the spool in its folder.
 fn config() -> [(&'static str, String); 2] {
     [
@@ -74,7 +61,7 @@ fn config() -> [(&'static str, String); 2] {
             "frugal.toml",
             format!(
                 "[ledger]\nspool = \"outage.spool\"\n\n[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\n",
-                upstream()
+                mock_upstream().0
             ),
         ),
         (
@@ -124,15 +111,7 @@ fn a_spool_left_by_a_killed_gateway_is_replayed_at_the_next_start() {
     for i in 10..35 {
         ask(&server, i);
     }
-    wait_for(
-        &server.addr,
-        "the ledger down, rows spooled",
-        Duration::from_secs(30),
-        |m| {
-            metric(m, "frugal_ledger_up") == Some(0.0)
-                && metric(m, "frugal_ledger_spooled_events").is_some_and(|n| n > 0.0)
-        },
-    );
+    wait_for_spooling(&server);
     // The rest of the group commits go to the spool within the writer's next rounds.
     std::thread::sleep(Duration::from_secs(1));
     let (_, _, m) = server.request("GET", "/metrics", "");
@@ -206,15 +185,7 @@ fn postgres_killed_and_restarted_under_load_every_answered_request_is_in_the_led
     let killed = Instant::now();
     let at_kill = answered.load(Ordering::Relaxed);
     // While PostgreSQL is down, `/metrics` says so and rows pile up in the spool.
-    wait_for(
-        &server.addr,
-        "the ledger down, rows spooled",
-        Duration::from_secs(30),
-        |m| {
-            metric(m, "frugal_ledger_up") == Some(0.0)
-                && metric(m, "frugal_ledger_spooled_events").is_some_and(|n| n > 0.0)
-        },
-    );
+    wait_for_spooling(&server);
     std::thread::sleep(Duration::from_secs(1));
     assert!(spool.exists());
     let during = answered.load(Ordering::Relaxed) - at_kill;

@@ -364,6 +364,15 @@ fn hosts(config: &postgres::Config) -> String {
     }
 }
 
+/// A failed write to the ledger at `url` (as messages show it).
+fn write_err(url: &str) -> impl Fn(postgres::Error) -> LedgerError + Copy + '_ {
+    move |source| LedgerError::Postgres {
+        url: url.to_owned(),
+        op: "write to",
+        source,
+    }
+}
+
 pub(super) struct PgStore {
     pool: Pool<Manager>,
     /// How long `conn` waits for a connection.
@@ -544,11 +553,7 @@ fn opt_code<T>(
 impl Store for PgStore {
     fn begin(&mut self, source: &str, format: &str) -> Result<Box<dyn Tx + '_>, LedgerError> {
         let url = self.url.clone();
-        let err = |source| LedgerError::Postgres {
-            url: url.clone(),
-            op: "write to",
-            source,
-        };
+        let err = write_err(&url);
         let kept = self
             .writer
             .take()
@@ -1008,11 +1013,7 @@ impl DimWriter {
         if let Some(&id) = self.known.lock().map_err(|_| poisoned(url))?.get(&key) {
             return Ok(id);
         }
-        let err = |source| LedgerError::Postgres {
-            url: url.to_owned(),
-            op: "write to",
-            source,
-        };
+        let err = write_err(url);
         let (mut conn, get, add) = match self.conn.take() {
             Some(open) => open,
             None => {
@@ -1075,11 +1076,7 @@ struct PgTx<'a> {
 
 impl PgTx<'_> {
     fn err(&self) -> impl Fn(postgres::Error) -> LedgerError + '_ {
-        |source| LedgerError::Postgres {
-            url: self.url.clone(),
-            op: "write to",
-            source,
-        }
+        write_err(&self.url)
     }
 
     /// Stores a few events in one statement, a column an array.
@@ -1208,11 +1205,7 @@ impl PgTx<'_> {
         };
         // The writer borrows the connection: errors are made without `self`.
         let url = self.url.clone();
-        let err = |source| LedgerError::Postgres {
-            url: url.clone(),
-            op: "write to",
-            source,
-        };
+        let err = write_err(&url);
         let sink = self
             .w
             .conn
