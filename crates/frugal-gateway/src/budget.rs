@@ -157,7 +157,6 @@ impl std::fmt::Debug for SharedBudgets {
     }
 }
 
-/// A tenant's keys at `at` (holds, day, month, epoch), and when each total expires.
 /// `EVAL` of `source` on the tenant's four keys, with what both scripts take first: each
 /// period's base total (where Redis has none) and when its key expires.
 fn script(source: &str, tenant: &str, at: DateTime<Utc>, bases: [Money; 2]) -> redis::Cmd {
@@ -173,6 +172,7 @@ fn script(source: &str, tenant: &str, at: DateTime<Utc>, bases: [Money; 2]) -> r
     cmd
 }
 
+/// A tenant's keys at `at` (holds, day, month, epoch), and when each total expires.
 fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 4], [i64; 2]) {
     // The hash tag keeps a tenant's keys in one slot of a Redis Cluster.
     let base = format!("frugal:budget:v1:{{{tenant}}}");

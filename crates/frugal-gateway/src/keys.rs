@@ -454,6 +454,22 @@ impl Keys {
         preload(&tenants, now, spent_since)
     }
 
+    /// [`Keys::preload`] for the tenants with a budget only: catching up with the other
+    /// replicas' spend reads nothing while no tenant has one (a reload may add one).
+    pub fn catch_up<E>(
+        &self,
+        now: DateTime<Utc>,
+        spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
+    ) -> Result<(), E> {
+        let tenants: Vec<Arc<Tenant>> = self
+            .read()
+            .values()
+            .filter(|t| t.limits() != Limits::default())
+            .cloned()
+            .collect();
+        preload(&tenants, now, spent_since)
+    }
+
     pub fn is_open(&self) -> bool {
         self.read().is_empty()
     }

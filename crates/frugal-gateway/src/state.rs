@@ -275,7 +275,7 @@ impl AppState {
         spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
     ) -> Result<(), E> {
         let now = Utc::now();
-        let read = self.inner.keys.preload(now, spent_since);
+        let read = self.inner.keys.catch_up(now, spent_since);
         let m = &self.inner.metrics;
         m.catch_up_failing.store(read.is_err(), Ordering::Relaxed);
         if read.is_ok() {

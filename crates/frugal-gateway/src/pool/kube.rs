@@ -552,12 +552,10 @@ fn gateway_config(
         serve: &'a RawServe,
     }
     // URLs with credentials: the gateway reads them from its Secret.
-    let secret = secret_redis(serve);
     let mut serve = serve.clone();
-    for (var, _) in secret {
-        match var {
-            CACHE_REDIS_ENV => serve.cache_redis = None,
-            _ => serve.budget_redis = None,
+    for url in [&mut serve.cache_redis, &mut serve.budget_redis] {
+        if url.as_deref().is_some_and(has_credentials) {
+            *url = None;
         }
     }
     serve.model = None;
