@@ -10,6 +10,7 @@ pub const DEFAULT_EMBEDDER: &str = "models/minilm";
 
 pub mod embed;
 pub mod eval;
+mod flat;
 pub mod guard;
 pub mod hnsw;
 pub mod index;
