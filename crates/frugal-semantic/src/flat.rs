@@ -89,6 +89,13 @@ impl FlatIndex {
         best
     }
 
+    /// The `i`th entry, in the order of adding (a removal moves the last entry into its
+    /// place): its id and vector.
+    pub(crate) fn entry(&self, i: usize) -> Option<(u64, &[f32])> {
+        let id = *self.ids.get(i)?;
+        Some((id, self.data.get(i * self.dim..(i + 1) * self.dim)?))
+    }
+
     /// Bytes held per entry (vector and id).
     pub fn bytes_per_entry(&self) -> usize {
         self.dim * size_of::<f32>() + size_of::<u64>()

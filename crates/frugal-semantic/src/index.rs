@@ -104,11 +104,10 @@ impl VectorIndex {
                 flat.remove(id);
                 flat.add(id, v);
                 graph.add(id, v);
-                while cursor < flat.len() {
-                    let (old, at) = (flat.ids[cursor], cursor * dim);
+                while let Some((old, v)) = flat.entry(cursor) {
                     cursor += 1;
                     if !graph.contains(old) {
-                        graph.add(old, &flat.data[at..at + dim]);
+                        graph.add(old, v);
                         break;
                     }
                 }
@@ -119,9 +118,9 @@ impl VectorIndex {
                         cursor,
                     }
                 } else {
-                    for (i, &old) in flat.ids.iter().enumerate() {
+                    for (old, v) in (0..flat.len()).filter_map(|i| flat.entry(i)) {
                         if !graph.contains(old) {
-                            graph.add(old, &flat.data[i * dim..(i + 1) * dim]);
+                            graph.add(old, v);
                         }
                     }
                     State::Graph(graph)
