@@ -7,7 +7,12 @@
 //! vocabulary; k of them is a few MB, and the KL divergence read from them is a lower bound of
 //! the full one (the tail outside the top k is one bucket), whose gap [`PplReport`] states
 //! whenever both are at hand.
+//!
+//! A run's figures pass or fail a gate of bounds (`gate`), and `quality` records what each
+//! model file and quantization was last measured to keep.
 
+mod gate;
+pub mod quality;
 mod saved;
 
 use std::cmp::Ordering;
@@ -17,6 +22,7 @@ use sha2::{Digest, Sha256};
 use crate::model::{Chunk, KvCache, Model, ModelError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
+pub use gate::{Gate, GateFailed, Keep};
 pub use saved::{Made, SavedReference, SavedWriter};
 
 #[derive(Debug, thiserror::Error)]
@@ -286,6 +292,48 @@ fn mean(v: &[f64]) -> f64 {
         0.0
     } else {
         v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// The bounds of a perplexity run's gate, all against the reference.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PplBounds {
+    /// `--max-kld`: the mean KL divergence from the reference.
+    pub max_kld: Option<f64>,
+    /// `--min-top1`: the share of tokens whose top token is the reference's.
+    pub min_top1: Option<f64>,
+    /// `--max-ppl-ratio`: the perplexity over the reference's.
+    pub max_ppl_ratio: Option<f64>,
+}
+
+impl PplBounds {
+    /// Whether any bound is set (each needs a reference).
+    pub fn any(&self) -> bool {
+        self.max_kld
+            .or(self.min_top1)
+            .or(self.max_ppl_ratio)
+            .is_some()
+    }
+
+    /// `report` against the bounds; without a comparison with a reference, nothing crosses.
+    pub fn check(&self, report: &PplReport) -> Gate {
+        let mut gate = Gate::new(self.any());
+        if let Some(c) = &report.reference {
+            gate.check("--max-kld", Keep::AtMost, self.max_kld, c.kld.mean, || {
+                format!("mean KL divergence {:.5}", c.kld.mean)
+            });
+            gate.check("--min-top1", Keep::AtLeast, self.min_top1, c.top1, || {
+                format!("same top token {:.4}", c.top1)
+            });
+            gate.check(
+                "--max-ppl-ratio",
+                Keep::AtMost,
+                self.max_ppl_ratio,
+                c.ppl_ratio,
+                || format!("perplexity ratio {:.5}", c.ppl_ratio),
+            );
+        }
+        gate
     }
 }
 

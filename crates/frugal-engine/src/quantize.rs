@@ -186,6 +186,58 @@ impl Report {
     pub fn fallbacks(&self) -> impl Iterator<Item = &TensorReport> {
         self.tensors.iter().filter(|t| t.fallback.is_some())
     }
+
+    /// The fallbacks grouped by their reason, in the order each reason first occurs.
+    pub fn fallback_kinds(&self) -> Vec<FallbackKind<'_>> {
+        let mut kinds: Vec<FallbackKind> = Vec::new();
+        for t in &self.tensors {
+            let Some(fb) = &t.fallback else { continue };
+            let kind = FallbackKind {
+                wanted: fb.wanted,
+                to: t.to,
+                row: t.dims.first().copied().unwrap_or(0),
+                block: fb.block,
+                tensors: vec![t.name.as_str()],
+            };
+            match kinds.iter_mut().find(|k| k.same_reason(&kind)) {
+                Some(k) => k.tensors.push(&t.name),
+                None => kinds.push(kind),
+            }
+        }
+        kinds
+    }
+
+    /// How many converted tensors were read in each type, in type id order: what a
+    /// quantized source's error compounds with.
+    pub fn converted_from(&self) -> Vec<(GgmlType, usize)> {
+        let mut from: Vec<(GgmlType, usize)> = Vec::new();
+        for t in self.tensors.iter().filter(|t| t.converted) {
+            match from.iter_mut().find(|(ty, _)| *ty == t.from) {
+                Some((_, n)) => *n += 1,
+                None => from.push((t.from, 1)),
+            }
+        }
+        from.sort_by_key(|(t, _)| t.id());
+        from
+    }
+}
+
+/// Tensors that fell back for one reason: asked for `wanted`, written as `to`, their rows of
+/// `row` values not whole blocks of `block`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FallbackKind<'a> {
+    pub wanted: WeightType,
+    pub to: GgmlType,
+    pub row: u64,
+    pub block: usize,
+    pub tensors: Vec<&'a str>,
+}
+
+impl FallbackKind<'_> {
+    fn same_reason(&self, other: &FallbackKind) -> bool {
+        (self.wanted, self.to, self.row, self.block)
+            == (other.wanted, other.to, other.row, other.block)
+    }
 }
 
 /// llama.cpp's `LLAMA_FTYPE` for a file whose matrices are mostly `t` (`llama.h`). Uniform
@@ -479,6 +531,56 @@ mod tests {
             target,
             keep_output: None,
         }
+    }
+
+    /// Fallbacks grouped by reason in order of first occurrence; converted tensors counted
+    /// per source type.
+    #[test]
+    fn a_report_groups_fallbacks_and_sources() {
+        let tensor = |name: &str, row: u64, fallback: Option<usize>, from| TensorReport {
+            name: name.into(),
+            dims: vec![row, 2],
+            from,
+            to: if fallback.is_some() {
+                GgmlType::Q5_0
+            } else {
+                GgmlType::Q4_K
+            },
+            bytes_in: 0,
+            bytes_out: 0,
+            fallback: fallback.map(|block| Fallback {
+                wanted: WeightType::Q4_K,
+                block,
+            }),
+            converted: from != GgmlType::F32,
+        };
+        let r = Report {
+            input: "in.gguf".into(),
+            output: "out.gguf".into(),
+            options: opts(WeightType::Q4_K),
+            output_tensor: None,
+            file_type: 15,
+            file_bytes_in: 0,
+            file_bytes_out: 0,
+            tensors: vec![
+                tensor("a", 576, Some(256), GgmlType::Q8_0),
+                tensor("b", 1536, None, GgmlType::F16),
+                tensor("c", 576, Some(256), GgmlType::Q8_0),
+                tensor("d", 64, Some(256), GgmlType::F32),
+            ],
+            source_quantized: true,
+            seconds: 0.0,
+        };
+        let kinds: Vec<(u64, Vec<&str>)> = r
+            .fallback_kinds()
+            .into_iter()
+            .map(|k| (k.row, k.tensors))
+            .collect();
+        assert_eq!(kinds, [(576, vec!["a", "c"]), (64, vec!["d"])]);
+        assert_eq!(
+            r.converted_from(),
+            [(GgmlType::F16, 1), (GgmlType::Q8_0, 2)]
+        );
     }
 
     /// SmolLM2's rows are 576 wide (not whole super-blocks) except ffn_down's 1536: for Q4_K

@@ -15,12 +15,13 @@
 //! among them, the question goes straight to the large tier. The share to skip below is
 //! chosen on the tuning split with the threshold (leave-one-out there).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use frugal_cost::Progress;
+use frugal_engine::model::{LoadOptions, ModelError};
 use frugal_engine::sampling::SamplingParams;
-use frugal_engine::scheduler::{Engine, Event, Priority, Request};
+use frugal_engine::scheduler::{Engine, Event, Priority, Request, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_semantic::{EmbedError, Embedder};
@@ -31,6 +32,7 @@ use thiserror::Error;
 
 use crate::api::{ChatMessage, Content};
 use crate::assemble::DEFAULT_SKIP_K;
+use crate::backend::load_parts;
 use crate::jsonl::JsonLinesError;
 use crate::route::{SkipExample, SkipRule, confidence};
 use crate::validate::{Input, prompt_tokens};
@@ -52,6 +54,14 @@ pub enum EvalError {
     Embed(#[source] EmbedError),
     #[error("{path}: {message}")]
     Answers { path: String, message: String },
+    #[error("cannot load {path}")]
+    Load {
+        path: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(transparent)]
+    Start(#[from] ModelError),
 }
 
 /// One question of the task set.
@@ -148,7 +158,35 @@ pub struct Tier {
     pub template: ChatTemplate,
 }
 
+/// A tier's name: its file's, less the extension.
+pub fn tier_name(path: &Path) -> String {
+    path.file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+}
+
 impl Tier {
+    /// The model at `path`, loaded with `options`, named after its file.
+    pub fn load(path: &Path, options: LoadOptions) -> Result<Tier, EvalError> {
+        let (model, tokenizer, template) =
+            load_parts(path, options).map_err(|source| EvalError::Load {
+                path: path.display().to_string(),
+                source,
+            })?;
+        let engine = Engine::start(
+            model,
+            SchedulerConfig {
+                max_batch: 1,
+                ..SchedulerConfig::default()
+            },
+        )?;
+        Ok(Tier {
+            name: tier_name(path),
+            engine,
+            tokenizer,
+            template,
+        })
+    }
+
     /// `q` asked as a one-message chat, answered greedily in `max_tokens` at most.
     pub fn answer(&self, q: &Question, max_tokens: usize) -> Result<Answered, EvalError> {
         let chat = Input::Chat(vec![ChatMessage {
@@ -343,6 +381,24 @@ impl<'a> Replay<'a> {
         Ok(())
     }
 
+    /// Per kind of question, in name order: how many, and how many each tier got right.
+    pub fn by_kind(&self) -> BTreeMap<&'a str, Tally> {
+        let mut kinds: BTreeMap<&str, Tally> = BTreeMap::new();
+        for r in &self.rows {
+            let k = kinds.entry(r.q.kind.as_str()).or_default();
+            k.questions += 1;
+            k.small_right += usize::from(r.small.correct);
+            k.large_right += usize::from(r.large.correct);
+        }
+        kinds
+    }
+
+    /// Engine seconds of every answer: the small tier's and the large tier's.
+    pub fn seconds(&self) -> (f64, f64) {
+        let total = |f: fn(&Row) -> f64| self.rows.iter().map(f).sum::<f64>();
+        (total(|r| r.small.seconds), total(|r| r.large.seconds))
+    }
+
     pub fn tuning(&self) -> Vec<&Row<'a>> {
         self.rows.iter().filter(|r| !r.held_out).collect()
     }
@@ -392,6 +448,28 @@ impl<'a> Replay<'a> {
             unresolved: search.unresolved,
         }
     }
+}
+
+/// Questions of one kind, and how many each tier answered right.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub questions: usize,
+    pub small_right: usize,
+    pub large_right: usize,
+}
+
+/// The ids of the questions that one of two models answered right and the other did not:
+/// (right only with `theirs`, right only with `ours`), each in the questions' order.
+pub fn flips(questions: &[Question], ours: &[bool], theirs: &[bool]) -> (Vec<u64>, Vec<u64>) {
+    let (mut lost, mut gained) = (Vec::new(), Vec::new());
+    for ((q, &o), &t) in questions.iter().zip(ours).zip(theirs) {
+        if t && !o {
+            lost.push(q.id);
+        } else if o && !t {
+            gained.push(q.id);
+        }
+    }
+    (lost, gained)
 }
 
 /// [`Replay::sweep`]'s choices, and how their bounds were taken.
@@ -928,6 +1006,18 @@ mod tests {
     }
 
     #[test]
+    fn flips_are_the_questions_right_with_one_model_only() {
+        let mut questions = vec![q(&["x"], Check::Contains); 4];
+        for (id, q) in (0..).zip(&mut questions) {
+            q.id = id;
+        }
+        let ours = [true, false, true, false];
+        let theirs = [true, true, false, false];
+        assert_eq!(flips(&questions, &ours, &theirs), (vec![1], vec![2]));
+        assert_eq!(tier_name(Path::new("models/qwen-0.5b.gguf")), "qwen-0.5b");
+    }
+
+    #[test]
     fn the_sweep_chooses_on_tuning_and_reports_held_out() {
         let questions: Vec<Question> = (0..40)
             .map(|id| Question {
@@ -944,6 +1034,16 @@ mod tests {
             .collect();
         let large = (0..40).map(|_| answered(true, vec![-0.1], 4.0)).collect();
         let replay = Replay::new(&questions, small, large, 0.5);
+        let tally = Tally {
+            questions: 40,
+            small_right: 20,
+            large_right: 40,
+        };
+        assert_eq!(
+            replay.by_kind().into_iter().collect::<Vec<_>>(),
+            [("k", tally)]
+        );
+        assert_eq!(replay.seconds(), (40.0, 160.0));
         let (tune, held) = (replay.tuning(), replay.held());
         assert_eq!(tune.len() + held.len(), 40);
         assert!(!tune.is_empty() && !held.is_empty(), "both splits are used");

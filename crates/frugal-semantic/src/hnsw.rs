@@ -24,7 +24,7 @@ use std::sync::{Mutex, PoisonError};
 
 use frugal_engine::quant::{Wide, dot_f32, vectorized};
 
-use crate::index::Neighbour;
+use crate::flat::Neighbour;
 
 /// The graph's knobs.
 #[derive(Debug, Clone, Copy)]
@@ -660,7 +660,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::index::FlatIndex;
+    use crate::flat::FlatIndex;
     use crate::synthetic::{DIM, Rng, Topics};
 
     /// Recall@1 and @10 of the graph on 200 queries about the same topics.

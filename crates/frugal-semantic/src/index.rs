@@ -6,9 +6,9 @@
 //! adding one costs ~1-1.4 ms of relinking. `VectorIndex` is flat while small and a graph from
 //! `GRAPH_FROM` entries on (BENCHMARKS.md, "the vector index").
 
-use frugal_engine::quant::{Wide, dot_f32, vectorized};
-
 use crate::hnsw::Hnsw;
+
+pub use crate::flat::{FlatIndex, Neighbour};
 
 /// Entries from which `VectorIndex` searches a graph. Its search (ef 128) wins from ~10k,
 /// but a cache also evicts and adds on every miss, ~1-1.4 ms of relinking: at 20k the scan
@@ -104,11 +104,10 @@ impl VectorIndex {
                 flat.remove(id);
                 flat.add(id, v);
                 graph.add(id, v);
-                while cursor < flat.len() {
-                    let (old, at) = (flat.ids[cursor], cursor * dim);
+                while let Some((old, v)) = flat.entry(cursor) {
                     cursor += 1;
                     if !graph.contains(old) {
-                        graph.add(old, &flat.data[at..at + dim]);
+                        graph.add(old, v);
                         break;
                     }
                 }
@@ -119,9 +118,9 @@ impl VectorIndex {
                         cursor,
                     }
                 } else {
-                    for (i, &old) in flat.ids.iter().enumerate() {
+                    for (old, v) in (0..flat.len()).filter_map(|i| flat.entry(i)) {
                         if !graph.contains(old) {
-                            graph.add(old, &flat.data[i * dim..(i + 1) * dim]);
+                            graph.add(old, v);
                         }
                     }
                     State::Graph(graph)
@@ -184,189 +183,12 @@ impl VectorIndex {
     }
 }
 
-/// Vectors with caller-chosen ids; removal swaps the last entry in.
-#[derive(Debug, Default)]
-pub struct FlatIndex {
-    dim: usize,
-    ids: Vec<u64>,
-    data: Vec<f32>,
-}
-
-/// One neighbour: the id it was added with and its cosine similarity to the query.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Neighbour {
-    pub id: u64,
-    pub score: f32,
-}
-
-impl FlatIndex {
-    pub fn new(dim: usize) -> FlatIndex {
-        FlatIndex {
-            dim,
-            ids: Vec::new(),
-            data: Vec::new(),
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
-    /// Add a unit vector of this index's width (other widths are ignored: they cannot be
-    /// compared).
-    pub fn add(&mut self, id: u64, v: &[f32]) {
-        if v.len() == self.dim {
-            self.ids.push(id);
-            self.data.extend_from_slice(v);
-        }
-    }
-
-    /// Remove every vector added under `id`; true if there was one.
-    pub fn remove(&mut self, id: u64) -> bool {
-        let mut found = false;
-        let mut i = 0;
-        while i < self.ids.len() {
-            if self.ids[i] == id {
-                let last = self.ids.len() - 1;
-                self.ids.swap_remove(i);
-                if i != last {
-                    let (head, tail) = self.data.split_at_mut(last * self.dim);
-                    head[i * self.dim..(i + 1) * self.dim].copy_from_slice(&tail[..self.dim]);
-                }
-                self.data.truncate(last * self.dim);
-                found = true;
-            } else {
-                i += 1;
-            }
-        }
-        found
-    }
-
-    /// The `k` most similar entries, best first.
-    pub fn search(&self, q: &[f32], k: usize) -> Vec<Neighbour> {
-        let mut best: Vec<Neighbour> = Vec::with_capacity(k + 1);
-        if q.len() != self.dim || k == 0 {
-            return best;
-        }
-        let mut scores = vec![0f32; self.ids.len()];
-        vectorized(Scan {
-            q,
-            data: &self.data,
-            scores: &mut scores,
-        });
-        for (&id, &score) in self.ids.iter().zip(&scores) {
-            if best.len() == k && best[k - 1].score >= score {
-                continue;
-            }
-            let at = best.partition_point(|n| n.score >= score);
-            best.insert(at, Neighbour { id, score });
-            best.truncate(k);
-        }
-        best
-    }
-
-    /// Bytes held per entry (vector and id).
-    pub fn bytes_per_entry(&self) -> usize {
-        self.dim * size_of::<f32>() + size_of::<u64>()
-    }
-}
-
-/// Every entry's similarity to the query, compiled for the CPU's widest vectors (the build
-/// targets baseline x86-64: 4 lanes, where this runs at a quarter of the speed).
-struct Scan<'a> {
-    q: &'a [f32],
-    data: &'a [f32],
-    scores: &'a mut [f32],
-}
-
-impl Wide for Scan<'_> {
-    #[inline(always)]
-    fn run(self) {
-        for (s, v) in self
-            .scores
-            .iter_mut()
-            .zip(self.data.chunks_exact(self.q.len()))
-        {
-            *s = dot_f32(self.q, v);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-
-    fn unit(seed: u64, dim: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let v: Vec<f32> = (0..dim)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect();
-        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        v.into_iter().map(|x| x / n).collect()
-    }
-
-    #[test]
-    fn search_matches_brute_force_order() {
-        let dim = 37; // not a multiple of 8: exercises the tail
-        let mut idx = FlatIndex::new(dim);
-        let vs: Vec<Vec<f32>> = (0..500).map(|i| unit(i, dim)).collect();
-        for (i, v) in vs.iter().enumerate() {
-            idx.add(i as u64, v);
-        }
-        let q = unit(9999, dim);
-        let mut want: Vec<(u64, f32)> = vs
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (i as u64, v.iter().zip(&q).map(|(a, b)| a * b).sum()))
-            .collect();
-        want.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let got = idx.search(&q, 5);
-        assert_eq!(got.len(), 5);
-        for (g, w) in got.iter().zip(&want) {
-            assert_eq!(g.id, w.0);
-            assert!((g.score - w.1).abs() < 1e-5);
-        }
-        assert_eq!(idx.search(&vs[42], 1)[0].id, 42);
-    }
-
-    #[test]
-    fn remove_keeps_the_others_findable() {
-        let dim = 16;
-        let mut idx = FlatIndex::new(dim);
-        for i in 0..10 {
-            idx.add(i, &unit(i, dim));
-        }
-        assert!(idx.remove(0));
-        assert!(idx.remove(9));
-        assert!(!idx.remove(9));
-        assert_eq!(idx.len(), 8);
-        for i in 1..9 {
-            assert_eq!(idx.search(&unit(i, dim), 1)[0].id, i);
-        }
-        assert!(idx.search(&unit(0, dim), 10).iter().all(|n| n.id != 0));
-    }
-
-    #[test]
-    fn wrong_width_and_empty_index() {
-        let mut idx = FlatIndex::new(4);
-        idx.add(1, &[1.0, 0.0]);
-        assert!(idx.is_empty());
-        assert!(idx.search(&[1.0, 0.0, 0.0, 0.0], 3).is_empty());
-        idx.add(1, &[1.0, 0.0, 0.0, 0.0]);
-        assert!(idx.search(&[1.0, 0.0], 3).is_empty());
-        assert_eq!(idx.search(&[1.0, 0.0, 0.0, 0.0], 3).len(), 1);
-    }
+    use crate::synthetic::seeded_unit as unit;
 
     /// Through every state: flat, growing a graph under adds and removals, graph, flat
     /// again; every live entry findable and every removed one gone at each step.

@@ -1,15 +1,18 @@
 //! frugal-semantic: the semantic cache's parts, without HTTP.
 //!
 //! `embed` turns a prompt into an all-MiniLM-L6-v2 sentence embedding, `index` finds the
-//! nearest cached prompts, `guard` decides whether a near neighbour really asks the same thing
-//! (the known failure of semantic caches: near-identical text with another meaning), and
-//! `lexicon` tells from WordNet how two words relate (antonyms, synonyms, siblings, ...).
+//! nearest cached prompts (by a flat scan, `flat`, or a graph, `hnsw`), `guard` decides
+//! whether a near neighbour really asks the same thing (the known failure of semantic caches:
+//! near-identical text with another meaning), `lexicon` tells from WordNet how two words
+//! relate (antonyms, synonyms, siblings, ...), and `eval` measures the cache on labelled pairs
+//! and chooses the guard's thresholds.
 
 /// The embedder's folder, relative to the repository root; `scripts/fetch-models.sh` fetches it.
 pub const DEFAULT_EMBEDDER: &str = "models/minilm";
 
 pub mod embed;
 pub mod eval;
+mod flat;
 pub mod guard;
 pub mod hnsw;
 pub mod index;

@@ -34,6 +34,22 @@ impl Rng {
     }
 }
 
+/// A unit vector of width `dim` from `seed` (xorshift, uniform in each coordinate): cheap,
+/// reproducible and of any width, for the flat index's tests.
+pub fn seeded_unit(seed: u64, dim: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    normalized(
+        (0..dim)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect(),
+    )
+}
+
 pub fn normalized(v: Vec<f32>) -> Vec<f32> {
     let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     v.into_iter().map(|x| x / n).collect()

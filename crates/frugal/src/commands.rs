@@ -435,8 +435,8 @@ fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
         std::fs::write(path, html).with_context(|| format!("cannot write {}", path.display()))?;
         writeln!(std::io::stderr(), "wrote {}", path.display())?;
     }
-    let quality = crate::eval::store(None, config.data_home.as_deref())
-        .map(|path| frugal_gateway::quality::all_latest(&path))
+    let quality = frugal_engine::eval::quality::store(None, config.data_home.as_deref())
+        .map(|path| frugal_engine::eval::quality::all_latest(&path))
         .unwrap_or_default();
     print_report(&report, &ledger, &quality)
 }
@@ -500,7 +500,7 @@ fn print_savings(out: &mut impl Write, r: &Report) -> Result<()> {
 fn print_quality(
     out: &mut impl Write,
     r: &Report,
-    quality: &[frugal_gateway::quality::Record],
+    quality: &[frugal_engine::eval::quality::Record],
 ) -> Result<()> {
     let served: std::collections::BTreeSet<&str> = r
         .inference
@@ -546,7 +546,7 @@ fn print_quality(
 fn print_report(
     r: &Report,
     ledger: &Ledger,
-    quality: &[frugal_gateway::quality::Record],
+    quality: &[frugal_engine::eval::quality::Record],
 ) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let span = match (r.first_ms, r.last_ms) {

@@ -6,31 +6,20 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use frugal_engine::eval::quality::{self, FileId, Record};
 use frugal_engine::eval::{
-    self, Made, PplOptions, PplReport, Reference, SavedReference, SavedWriter, Stats,
+    self, Gate, Keep, Made, PplBounds, PplOptions, PplReport, Reference, SavedReference,
+    SavedWriter, Stats,
 };
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::quant::WeightType;
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::quality::{self, FileId, Record};
-use frugal_gateway::route_eval::read_questions;
+use frugal_gateway::route_eval::{self, Tier, read_questions};
 use serde_json::json;
 
 use crate::cli::{EvalEmbedderArgs, EvalModelArgs, EvalPplArgs, EvalTasksArgs};
 use crate::progress::Bar;
 use crate::table;
-
-/// A gate crossed: the figure, and the bound it crossed. Exit status 1.
-#[derive(Debug, thiserror::Error)]
-#[error("gate failed: {0}")]
-pub struct GateFailed(String);
-
-/// Where results are recorded: --record, else the user's data folder's `frugal/evals.jsonl`.
-pub fn store(record: Option<&Path>, data_home: Option<&Path>) -> Option<PathBuf> {
-    record
-        .map(Path::to_owned)
-        .or_else(|| data_home.map(|h| h.join("frugal").join("evals.jsonl")))
-}
 
 fn load(path: &Path, options: LoadOptions) -> Result<(Model, Tokenizer)> {
     let (model, tokenizer, _) = crate::serve::load_model(path, options)?;
@@ -111,12 +100,12 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
             "--save-reference needs --reference R.gguf (or --quant or --kv q8_0, whose reference is --model)"
         );
     }
-    let gate_needs_reference = args
-        .max_kld
-        .or(args.min_top1)
-        .or(args.max_ppl_ratio)
-        .is_some();
-    if reference_path.is_none() && gate_needs_reference {
+    let bounds = PplBounds {
+        max_kld: args.max_kld,
+        min_top1: args.min_top1,
+        max_ppl_ratio: args.max_ppl_ratio,
+    };
+    if reference_path.is_none() && bounds.any() {
         bail!(
             "--max-kld, --min-top1 and --max-ppl-ratio compare with a reference: pass --reference"
         );
@@ -178,7 +167,7 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
 
     let mut figures = ppl_json(&report, &reference_words);
     figures["weights_bytes"] = json!(model.weight_bytes());
-    let failures = ppl_gate(args, &report);
+    let gate = bounds.check(&report);
     let summary = ppl_summary(&report);
     record(
         m,
@@ -187,14 +176,13 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
         &reference_words,
         &args.text,
         &summary,
-        &failures,
+        &gate,
         &figures,
-        gate_needs_reference,
     );
     if m.json {
         let mut v = figures;
         v["model"] = json!(described(m));
-        v["gate"] = gate_json(&failures, gate_needs_reference);
+        v["gate"] = gate_json(&gate);
         crate::commands::print_json(&v)?;
     } else {
         print_ppl(m, args, &report, &reference_words, model.weight_bytes())?;
@@ -202,7 +190,7 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
             writeln!(std::io::stdout(), "reference saved to {}", path.display())?;
         }
     }
-    gate(failures)
+    Ok(gate.outcome()?)
 }
 
 fn bar_len(bar: &Bar, n: usize) {
@@ -252,42 +240,11 @@ fn ppl_summary(r: &PplReport) -> String {
     }
 }
 
-fn ppl_gate(args: &EvalPplArgs, r: &PplReport) -> Vec<String> {
-    let Some(c) = &r.reference else {
-        return Vec::new();
-    };
-    let mut failed = Vec::new();
-    if let Some(max) = args.max_kld.filter(|&m| c.kld.mean > m) {
-        failed.push(format!(
-            "mean KL divergence {:.5} > --max-kld {max}",
-            c.kld.mean
-        ));
-    }
-    if let Some(min) = args.min_top1.filter(|&m| c.top1 < m) {
-        failed.push(format!("same top token {:.4} < --min-top1 {min}", c.top1));
-    }
-    if let Some(max) = args.max_ppl_ratio.filter(|&m| c.ppl_ratio > m) {
-        failed.push(format!(
-            "perplexity ratio {:.5} > --max-ppl-ratio {max}",
-            c.ppl_ratio
-        ));
-    }
-    failed
-}
-
-fn gate_json(failures: &[String], set: bool) -> serde_json::Value {
-    if set {
-        json!({"passed": failures.is_empty(), "failures": failures})
+fn gate_json(gate: &Gate) -> serde_json::Value {
+    if gate.is_set() {
+        json!({"passed": gate.passed(), "failures": gate.failures()})
     } else {
         serde_json::Value::Null
-    }
-}
-
-fn gate(failures: Vec<String>) -> Result<()> {
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(GateFailed(failures.join("; ")).into())
     }
 }
 
@@ -300,11 +257,10 @@ fn record(
     reference: &str,
     data: &Path,
     summary: &str,
-    failures: &[String],
+    gate: &Gate,
     figures: &serde_json::Value,
-    gated: bool,
 ) {
-    let Some(path) = store(m.record.as_deref(), data_home) else {
+    let Some(path) = quality::store(m.record.as_deref(), data_home) else {
         return;
     };
     let written = FileId::of(&m.model).and_then(|model| {
@@ -319,7 +275,7 @@ fn record(
                 reference: (!reference.is_empty()).then(|| reference.to_owned()),
                 data: data.display().to_string(),
                 summary: summary.to_owned(),
-                gate: gated.then_some(failures.is_empty()),
+                gate: gate.is_set().then_some(gate.passed()),
                 figures: figures.clone(),
             },
         )
@@ -420,14 +376,14 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
     let Some(reference_path) = args.reference.clone().or_else(|| default_reference(m)) else {
         bail!("eval tasks compares with a reference: pass --reference R.gguf (or --quant)");
     };
-    let ours = crate::eval_route::load_tier(&m.model, evaluated(m))?;
+    let ours = Tier::load(&m.model, evaluated(m))?;
     let as_stored = LoadOptions {
         threads: m.threads,
         ..LoadOptions::default()
     };
-    let theirs = crate::eval_route::load_tier(&reference_path, as_stored)?;
+    let theirs = Tier::load(&reference_path, as_stored)?;
     same_vocabulary(&ours.tokenizer, &theirs.tokenizer)?;
-    let answer = |tier: &frugal_gateway::route_eval::Tier, what: &str| -> Result<Vec<bool>> {
+    let answer = |tier: &Tier, what: &str| -> Result<Vec<bool>> {
         let bar = Bar::count(what);
         let got = tier.answer_all(&questions, args.max_tokens, &bar);
         bar.finish();
@@ -437,18 +393,7 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
     let theirs_right = answer(&theirs, "reference")?;
     let n = questions.len();
     let acc = |v: &[bool]| v.iter().filter(|&&c| c).count() as f64 / n as f64;
-    let (lost, gained): (Vec<u64>, Vec<u64>) = {
-        let mut lost = Vec::new();
-        let mut gained = Vec::new();
-        for ((q, &o), &t) in questions.iter().zip(&ours_right).zip(&theirs_right) {
-            if t && !o {
-                lost.push(q.id);
-            } else if o && !t {
-                gained.push(q.id);
-            }
-        }
-        (lost, gained)
-    };
+    let (lost, gained) = route_eval::flips(&questions, &ours_right, &theirs_right);
     let flips = lost.len() + gained.len();
     let reference_words = format!("{} as stored", reference_path.display());
     let figures = json!({
@@ -465,13 +410,10 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
         acc(&ours_right) * 100.0,
         acc(&theirs_right) * 100.0
     );
-    let failures: Vec<String> = args
-        .max_flips
-        .filter(|&max| flips > max)
-        .map(|max| format!("{flips} flips > --max-flips {max}"))
-        .into_iter()
-        .collect();
-    let gated = args.max_flips.is_some();
+    let mut gate = Gate::default();
+    gate.check("--max-flips", Keep::AtMost, args.max_flips, flips, || {
+        format!("{flips} flips")
+    });
     record(
         m,
         data_home,
@@ -479,14 +421,13 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
         &reference_words,
         &args.questions,
         &summary,
-        &failures,
+        &gate,
         &figures,
-        gated,
     );
     if m.json {
         let mut v = figures;
         v["model"] = json!(described(m));
-        v["gate"] = gate_json(&failures, gated);
+        v["gate"] = gate_json(&gate);
         crate::commands::print_json(&v)?;
     } else {
         let mut out = std::io::stdout().lock();
@@ -517,7 +458,7 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
             gained.len()
         )?;
     }
-    gate(failures)
+    Ok(gate.outcome()?)
 }
 
 pub fn embedder(args: &EvalEmbedderArgs) -> Result<()> {
@@ -544,17 +485,21 @@ pub fn embedder(args: &EvalEmbedderArgs) -> Result<()> {
     })?;
     bar.finish();
     let drop = k.auc_exact - k.auc_quant;
-    let mut failures = Vec::new();
-    if let Some(min) = args.min_cosine.filter(|&m| k.cosine_mean < m) {
-        failures.push(format!(
-            "mean cosine {:.5} < --min-cosine {min}",
-            k.cosine_mean
-        ));
-    }
-    if let Some(max) = args.max_auc_drop.filter(|&m| drop > m) {
-        failures.push(format!("ROC AUC drop {drop:.5} > --max-auc-drop {max}"));
-    }
-    let gated = args.min_cosine.or(args.max_auc_drop).is_some();
+    let mut gate = Gate::default();
+    gate.check(
+        "--min-cosine",
+        Keep::AtLeast,
+        args.min_cosine,
+        k.cosine_mean,
+        || format!("mean cosine {:.5}", k.cosine_mean),
+    );
+    gate.check(
+        "--max-auc-drop",
+        Keep::AtMost,
+        args.max_auc_drop,
+        drop,
+        || format!("ROC AUC drop {drop:.5}"),
+    );
     if args.json {
         crate::commands::print_json(&json!({
             "embedder": args.embedder.display().to_string(),
@@ -564,7 +509,7 @@ pub fn embedder(args: &EvalEmbedderArgs) -> Result<()> {
             "cosine": {"mean": k.cosine_mean, "p1": k.cosine_p1, "min": k.cosine_min},
             "auc": {"f32": k.auc_exact, "quant": k.auc_quant, "drop": drop},
             "ms_per_embedding": {"f32": k.ms_exact, "quant": k.ms_quant},
-            "gate": gate_json(&failures, gated),
+            "gate": gate_json(&gate),
         }))?;
     } else {
         let mut out = std::io::stdout().lock();
@@ -596,5 +541,5 @@ pub fn embedder(args: &EvalEmbedderArgs) -> Result<()> {
             k.cosine_mean, k.cosine_p1, k.cosine_min
         )?;
     }
-    gate(failures)
+    Ok(gate.outcome()?)
 }

@@ -4,11 +4,10 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use frugal_semantic::eval::{self, KindRate, Pair, Point, Scored};
-use frugal_semantic::{Embedder, FlatIndex, Guard, Verdict};
+use frugal_semantic::eval::{self, Chosen, GUARDED, Limits, PLAIN, Point, SWEEP, Scored, Split};
+use frugal_semantic::{Embedder, Guard};
 
 use crate::cli::EvalCacheArgs;
 use crate::progress::Bar;
@@ -18,45 +17,6 @@ use frugal_cost::present::pct1;
 
 /// The near-miss set `eval-cache` reads when it exists and none is named.
 const NEAR_MISS: &str = "data/semantic-cache/nearmiss.json";
-
-/// One file's pairs, scored, split into tuning and held-out halves.
-struct Split<'a> {
-    tune: (Vec<&'a Pair>, Vec<Scored>),
-    held: (Vec<&'a Pair>, Vec<Scored>),
-}
-
-impl<'a> Split<'a> {
-    fn new(pairs: &'a [Pair], scored: Vec<Scored>, held_out: f64) -> Split<'a> {
-        let mut s = Split {
-            tune: (Vec::new(), Vec::new()),
-            held: (Vec::new(), Vec::new()),
-        };
-        for (p, sc) in pairs.iter().zip(scored) {
-            let half = if eval::is_held_out(p, held_out) {
-                &mut s.held
-            } else {
-                &mut s.tune
-            };
-            half.0.push(p);
-            half.1.push(sc);
-        }
-        s
-    }
-}
-
-fn counts(v: &[Scored]) -> (usize, usize) {
-    let dup = v.iter().filter(|s| s.label).count();
-    (dup, v.len() - dup)
-}
-
-/// Whether `g` keeps the near misses of `rates` within the limits: overall and per kind.
-fn near_misses_ok(rates: &[KindRate], max_wrong: f64, max_kind_wrong: f64) -> bool {
-    let near: Vec<&KindRate> = rates.iter().filter(|r| !r.label).collect();
-    let (pairs, hits) = near
-        .iter()
-        .fold((0, 0), |(p, h), r| (p + r.pairs, h + r.hits));
-    hits as f64 <= max_wrong * pairs as f64 && near.iter().all(|r| r.rate() <= max_kind_wrong)
-}
 
 pub fn run(args: &EvalCacheArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&args.max_wrong)
@@ -71,11 +31,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             args.embedder.display()
         )
     })?;
-    let mut pairs = eval::read_pairs(&args.pairs)?;
-    if let Some(limit) = args.limit.filter(|&l| l > 0 && l < pairs.len()) {
-        let step = pairs.len() / limit;
-        pairs = pairs.into_iter().step_by(step).take(limit).collect();
-    }
+    let pairs = eval::sample(eval::read_pairs(&args.pairs)?, args.limit);
     let near_path: Option<PathBuf> = args
         .near_miss
         .clone()
@@ -92,22 +48,12 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     frugal_cost::Progress::finish(&bar);
     let qqp = Split::new(&pairs, scored, args.held_out);
     let near = Split::new(&near_pairs, near_scored, args.held_out);
-    let (tune, held) = (&qqp.tune.1, &qqp.held.1);
-    let (td, tn) = counts(tune);
-    let (hd, hn) = counts(held);
+    let held = &qqp.held.scored;
+    let (td, tn) = eval::counts(&qqp.tune.scored);
+    let (hd, hn) = eval::counts(held);
 
-    let plain = Guard {
-        threshold: 0.0,
-        aligned_threshold: 0.0,
-        vetoes: false,
-    };
-    let guarded = Guard {
-        vetoes: true,
-        ..plain
-    };
-    let grid: Vec<f32> = [0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98].to_vec();
-    let plain_pts = eval::sweep(plain, held, &grid);
-    let guarded_pts = eval::sweep(guarded, held, &grid);
+    let plain_pts = eval::sweep(PLAIN, held, &SWEEP);
+    let guarded_pts = eval::sweep(GUARDED, held, &SWEEP);
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -145,44 +91,26 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         "held-out hit>",
         "held-out wrong>",
     ]);
-    // Within the wrong-hit limits on QQP's tuning half and, with vetoes, on the near
-    // misses' tuning half overall and per kind.
-    let within = |g: &Guard| {
-        eval::measure(g, tune).wrong_rate <= args.max_wrong
-            && (!g.vetoes
-                || near_misses_ok(
-                    &eval::by_kind(g, &near.tune.0, &near.tune.1),
-                    args.max_wrong,
-                    args.max_kind_wrong,
-                ))
+    let limits = Limits {
+        max_wrong: args.max_wrong,
+        max_kind_wrong: args.max_kind_wrong,
     };
-    let mut chosen = Vec::new();
-    for (name, g) in [("plain cosine", plain), ("guarded", guarded)] {
-        let g = if g.vetoes {
-            eval::best_thresholds(g, tune, within)
-        } else {
-            let threshold = eval::lowest_threshold(g, within);
-            Guard {
-                threshold,
-                aligned_threshold: threshold,
-                ..g
-            }
-        };
-        let (a, b) = (eval::measure(&g, tune), eval::measure(&g, held));
+    let chosen = eval::choose(&qqp, &near, limits);
+    for c in &chosen {
+        let g = c.guard;
         t.add_row(vec![
-            name.to_owned(),
+            c.rule.to_owned(),
             format!("{:.4}", g.threshold),
             if g.vetoes {
                 format!("{:.4}", g.aligned_threshold)
             } else {
                 "-".into()
             },
-            pct1(a.hit_rate),
-            pct1(a.wrong_rate),
-            pct1(b.hit_rate),
-            pct1(b.wrong_rate),
+            pct1(c.tuning.hit_rate),
+            pct1(c.tuning.wrong_rate),
+            pct1(c.held.hit_rate),
+            pct1(c.held.wrong_rate),
         ]);
-        chosen.push((name, g, b));
     }
     writeln!(
         out,
@@ -194,22 +122,13 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         pct1(args.max_kind_wrong)
     )?;
     writeln!(out, "{t}\n")?;
-    let at = chosen.last().map_or(Guard::default(), |c| c.1);
+    let at = chosen.last().map_or(Guard::default(), |c| c.guard);
 
     let mut kinds_json = Vec::new();
     if !near_pairs.is_empty() {
         let name = near_path
             .as_deref()
             .map_or_else(String::new, |p| p.display().to_string());
-        let plain_at = Guard {
-            vetoes: false,
-            ..at
-        };
-        let rates = |g: &Guard, half: &(Vec<&Pair>, Vec<Scored>)| {
-            eval::with_totals(eval::by_kind(g, &half.0, &half.1))
-        };
-        let (tune_rates, held_rates) = (rates(&at, &near.tune), rates(&at, &near.held));
-        let plain_rates = rates(&plain_at, &near.held);
         writeln!(
             out,
             "{name}: hits per kind at the guarded threshold {:.4} (a near miss that hits \
@@ -225,28 +144,25 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             "held-out hits>",
             "plain cosine, held-out>",
         ]);
-        // The same kind and label in another list (absent: no pairs).
-        let find = |v: &[KindRate], h: &KindRate| {
-            v.iter()
-                .find(|r| r.kind == h.kind && r.label == h.label)
-                .map_or((0, 0.0), |r| (r.pairs, r.rate()))
-        };
-        for h in &held_rates {
-            let ((tune_pairs, tune_hit), (_, plain_hit)) =
-                (find(&tune_rates, h), find(&plain_rates, h));
+        for k in eval::kind_rows(&at, &near) {
             t.add_row(vec![
-                h.kind.clone(),
-                if h.label { "paraphrase" } else { "near miss" }.to_string(),
-                tune_pairs.to_string(),
-                pct1(tune_hit),
-                h.pairs.to_string(),
-                pct1(h.rate()),
-                pct1(plain_hit),
+                k.kind.clone(),
+                if k.paraphrase {
+                    "paraphrase"
+                } else {
+                    "near miss"
+                }
+                .to_string(),
+                k.tuning_pairs.to_string(),
+                pct1(k.tuning_hit),
+                k.held_pairs.to_string(),
+                pct1(k.held_hit),
+                pct1(k.held_plain_hit),
             ]);
             kinds_json.push(serde_json::json!({
-                "kind": h.kind, "paraphrase": h.label,
-                "tuning_pairs": tune_pairs, "tuning_hit": tune_hit,
-                "held_pairs": h.pairs, "held_hit": h.rate(), "held_plain_hit": plain_hit,
+                "kind": k.kind, "paraphrase": k.paraphrase,
+                "tuning_pairs": k.tuning_pairs, "tuning_hit": k.tuning_hit,
+                "held_pairs": k.held_pairs, "held_hit": k.held_hit, "held_plain_hit": k.held_plain_hit,
             }));
         }
         writeln!(out, "{t}\n")?;
@@ -260,7 +176,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         "paraphrases turned away>",
     ]);
     let qqp_vetoes = eval::veto_counts(held, 0.80);
-    let near_vetoes = eval::veto_counts(&near.held.1, 0.0);
+    let near_vetoes = eval::veto_counts(&near.held.scored, 0.0);
     for ((v, dup, other), (_, para, miss)) in qqp_vetoes.iter().zip(&near_vetoes) {
         t.add_row(vec![
             v.name().to_owned(),
@@ -277,22 +193,8 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     writeln!(out, "{t}\n")?;
 
     if let Some(path) = &args.tuning_errors {
-        // The near misses and paraphrases the vetoes alone (whatever the similarity) let
-        // through or refuse, and QQP's pairs the guard serves though labelled different.
-        let near_errors = near
-            .tune
-            .0
-            .iter()
-            .zip(&near.tune.1)
-            .filter(|(_, s)| s.veto.is_none() != s.label);
-        let qqp_errors = qqp
-            .tune
-            .0
-            .iter()
-            .zip(&qqp.tune.1)
-            .filter(|(_, s)| !s.label && eval::hits(&at, s));
-        let lines: String = near_errors
-            .chain(qqp_errors)
+        let lines: String = eval::tuning_errors(&qqp, &near, &at)
+            .into_iter()
             .map(|(p, s)| {
                 let x = frugal_semantic::guard::explain(&p.text_b, &p.text_a, Some(&embedder));
                 let line = serde_json::json!({
@@ -306,8 +208,8 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             .collect();
         std::fs::write(path, lines).with_context(|| format!("cannot write {}", path.display()))?;
     }
-    let cost = own_cost(&embedder, &pairs, &at)?;
-    let reading = guard_cost(&embedder, &near_pairs);
+    let cost = eval::own_cost(&embedder, &pairs, &at)?;
+    let reading = eval::guard_cost(&embedder, &near_pairs);
     writeln!(
         out,
         "Cost of a lookup (one thread, {} questions, a flat index of {} entries, {} bytes per \
@@ -323,7 +225,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         cost.guard.0,
         cost.guard.1,
     )?;
-    if let Some((p50, p99, n)) = reading {
+    if let Some(((p50, p99), n)) = reading {
         writeln!(
             out,
             "The guard reading a pair it must judge (the {n} near-miss pairs, the embedder on \
@@ -346,13 +248,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         at.threshold, at.aligned_threshold, at.threshold
     )?;
     if let Some(path) = &args.html {
-        write_html(
-            path,
-            (plain, guarded),
-            (held, &near.held.1),
-            &chosen,
-            args.max_wrong,
-        )?;
+        write_html(path, (held, &near.held.scored), &chosen, args.max_wrong)?;
     }
     if let Some(path) = &args.json {
         let points = |pts: &[Point]| -> Vec<serde_json::Value> {
@@ -365,7 +261,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             "held_out": {"duplicates": hd, "others": hn},
             "plain": points(&plain_pts),
             "guarded": points(&guarded_pts),
-            "chosen": chosen.iter().map(|(n, g, p)| serde_json::json!({"rule": n, "threshold": g.threshold, "aligned_threshold": g.aligned_threshold, "held_hit": p.hit_rate, "held_wrong": p.wrong_rate})).collect::<Vec<_>>(),
+            "chosen": chosen.iter().map(|c| serde_json::json!({"rule": c.rule, "threshold": c.guard.threshold, "aligned_threshold": c.guard.aligned_threshold, "held_hit": c.held.hit_rate, "held_wrong": c.held.wrong_rate})).collect::<Vec<_>>(),
             "kinds": kinds_json,
             "embed_p50_ms": cost.embed.0,
             "embed_p99_ms": cost.embed.1,
@@ -390,12 +286,11 @@ struct Axes<'a> {
     x_max: f64,
 }
 
-/// Plain cosine and the guard over `held` at cosine thresholds 0.70 to 1.00: the share of
-/// wrong pairs served against the share of right ones.
-fn curves(axes: &Axes, held: &[Scored], plain: Guard, guarded: Guard, marks: Vec<Mark>) -> Chart {
-    let fine: Vec<f32> = (0..=60).map(|i| 0.70 + i as f32 * 0.005).collect();
+/// Plain cosine and the guard over `held` ([`eval::curve`]): the share of wrong pairs served
+/// against the share of right ones.
+fn curves(axes: &Axes, held: &[Scored], marks: Vec<Mark>) -> Chart {
     let curve = |g: Guard| -> Vec<(f64, f64)> {
-        eval::sweep(g, held, &fine)
+        eval::curve(g, held)
             .iter()
             .map(|p| (p.wrong_rate * 100.0, p.hit_rate * 100.0))
             .collect()
@@ -410,12 +305,12 @@ fn curves(axes: &Axes, held: &[Scored], plain: Guard, guarded: Guard, marks: Vec
             Series {
                 name: "plain cosine".into(),
                 colour: "#999999",
-                points: curve(plain),
+                points: curve(PLAIN),
             },
             Series {
                 name: "guarded".into(),
                 colour: "#1f77b4",
-                points: curve(guarded),
+                points: curve(GUARDED),
             },
         ],
         marks,
@@ -424,9 +319,8 @@ fn curves(axes: &Axes, held: &[Scored], plain: Guard, guarded: Guard, marks: Vec
 
 fn write_html(
     path: &Path,
-    (plain, guarded): (Guard, Guard),
     (held, near_held): (&[Scored], &[Scored]),
-    chosen: &[(&str, Guard, Point)],
+    chosen: &[Chosen],
     max_wrong: f64,
 ) -> Result<()> {
     let mark = |name: &str, g: &Guard, p: &Point| Mark {
@@ -442,11 +336,12 @@ fn write_html(
             x_max: 20.0,
         },
         held,
-        plain,
-        guarded,
-        chosen.iter().map(|(n, g, p)| mark(n, g, p)).collect(),
+        chosen
+            .iter()
+            .map(|c| mark(c.rule, &c.guard, &c.held))
+            .collect(),
     );
-    let (hd, hn) = counts(held);
+    let (hd, hn) = eval::counts(held);
     let mut charts = vec![(
         qqp,
         format!(
@@ -458,7 +353,7 @@ fn write_html(
     if !near_held.is_empty() {
         let marks = chosen
             .iter()
-            .map(|(n, g, _)| mark(n, g, &eval::measure(g, near_held)))
+            .map(|c| mark(c.rule, &c.guard, &eval::measure(&c.guard, near_held)))
             .collect();
         let near = curves(
             &Axes {
@@ -468,11 +363,9 @@ fn write_html(
                 x_max: 100.0,
             },
             near_held,
-            plain,
-            guarded,
             marks,
         );
-        let (para, miss) = counts(near_held);
+        let (para, miss) = eval::counts(near_held);
         charts.push((
             near,
             format!(
@@ -485,103 +378,4 @@ fn write_html(
     let refs: Vec<(&Chart, &str)> = charts.iter().map(|(c, t)| (c, t.as_str())).collect();
     std::fs::write(path, chart::page("frugal eval-cache", &refs))
         .with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// The guard's reading of each pair of `pairs` (as when it is similar enough to judge):
-/// p50 and p99 in milliseconds, and how many.
-fn guard_cost(e: &Embedder, pairs: &[Pair]) -> Option<(f64, f64, usize)> {
-    let times: Vec<f64> = pairs
-        .iter()
-        .map(|p| {
-            let start = Instant::now();
-            std::hint::black_box(frugal_semantic::guard::explain(
-                &p.text_b,
-                &p.text_a,
-                Some(e),
-            ));
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    let n = times.len();
-    (n > 0).then(|| {
-        let (p50, p99) = quantiles(times);
-        (p50, p99, n)
-    })
-}
-
-/// Quantiles (p50, p99) in milliseconds.
-type Quantiles = (f64, f64);
-
-struct OwnCost {
-    embed: Quantiles,
-    /// Embed + flat search.
-    search: Quantiles,
-    /// Embed + search + the guard on the nearest candidates (what the cache does).
-    lookup: Quantiles,
-    guard: Quantiles,
-    search_only_ms: f64,
-    samples: usize,
-    entries: usize,
-    bytes_per_entry: usize,
-}
-
-fn quantiles(mut ms: Vec<f64>) -> Quantiles {
-    ms.sort_by(f64::total_cmp);
-    let q = |q: f64| {
-        ms.get(((ms.len() as f64 - 1.0) * q) as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
-    (q(0.5), q(0.99))
-}
-
-/// A whole lookup of single questions on this thread, as the cache runs it: embed, search
-/// a flat index of 10,000 entries (the other side of each pair, repeated), and the guard on
-/// the 4 nearest; timed in parts.
-fn own_cost(e: &Embedder, pairs: &[Pair], guard: &Guard) -> Result<OwnCost> {
-    let sample: Vec<&Pair> = pairs.iter().take(300).collect();
-    let mut cached = FlatIndex::new(e.dim());
-    let texts: Vec<&str> = sample.iter().map(|p| p.text_a.as_str()).collect();
-    let vectors = texts
-        .iter()
-        .map(|t| e.embed(t))
-        .collect::<Result<Vec<_>, _>>()?;
-    let entries = 10_000;
-    for i in 0..entries {
-        if let Some(v) = vectors.get(i % vectors.len().max(1)) {
-            cached.add(i as u64, v);
-        }
-    }
-    let (mut embed, mut search, mut lookup, mut judged) = (vec![], vec![], vec![], vec![]);
-    let mut search_total = 0.0;
-    for p in &sample {
-        let start = Instant::now();
-        let v = e.embed(&p.text_b)?;
-        let embedded = start.elapsed().as_secs_f64() * 1e3;
-        let near = cached.search(&v, 4);
-        let searched = start.elapsed().as_secs_f64() * 1e3;
-        let g = Instant::now();
-        for n in &near {
-            let text = texts[n.id as usize % texts.len()];
-            if guard.judge(&p.text_b, text, n.score, Some(e)) == Verdict::Same {
-                break;
-            }
-        }
-        let guard_ms = g.elapsed().as_secs_f64() * 1e3;
-        embed.push(embedded);
-        search.push(searched);
-        search_total += searched - embedded;
-        judged.push(guard_ms);
-        lookup.push(searched + guard_ms);
-    }
-    Ok(OwnCost {
-        embed: quantiles(embed),
-        search: quantiles(search),
-        lookup: quantiles(lookup),
-        guard: quantiles(judged),
-        search_only_ms: search_total / sample.len().max(1) as f64,
-        samples: sample.len(),
-        entries: cached.len(),
-        bytes_per_entry: cached.bytes_per_entry(),
-    })
 }

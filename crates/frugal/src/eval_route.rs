@@ -2,49 +2,22 @@
 //! `frugal_gateway::route_eval` answer the questions and replay the cascade, and prints the
 //! tables, the route to configure, and the HTML and JSON files asked for.
 
-use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use frugal_cost::Progress;
 use frugal_cost::present::chart::{self, Chart, Mark, Series};
 use frugal_cost::present::pct1 as pct;
 use frugal_engine::model::LoadOptions;
-use frugal_engine::scheduler::{Engine, SchedulerConfig};
 use frugal_gateway::assemble::load_embedder;
 use frugal_gateway::route_eval::{
-    Bound, Outcome, Replay, Row, SKIP_K, Signal, Tier, best, curve, frontier, read_answers,
-    read_questions,
+    Bound, Outcome, Replay, SKIP_K, Signal, Tier, best, curve, frontier, read_answers,
+    read_questions, tier_name,
 };
 
 use crate::cli::{BoundFor, EvalRouteArgs};
 use crate::progress::Bar;
 use crate::table;
-
-/// A model loaded for evaluation: one sequence at a time.
-pub fn load_tier(path: &Path, options: LoadOptions) -> Result<Tier> {
-    let (model, tokenizer, template) = crate::serve::load_model(path, options)?;
-    let engine = Engine::start(
-        model,
-        SchedulerConfig {
-            max_batch: 1,
-            ..SchedulerConfig::default()
-        },
-    )?;
-    Ok(Tier {
-        name: tier_name(path),
-        engine,
-        tokenizer,
-        template,
-    })
-}
-
-/// A tier's name: its file's, less the extension.
-fn tier_name(path: &Path) -> String {
-    path.file_stem()
-        .map_or("model".into(), |s| s.to_string_lossy().into_owned())
-}
 
 /// The bound a choice on `tuning` questions is held to, in words.
 fn bound_words(bound: Bound, tuning: usize, percentile: Option<f64>, candidates: usize) -> String {
@@ -86,8 +59,8 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
             (small, large, saved.small, saved.large)
         }
         None => {
-            let small = load_tier(&args.small, LoadOptions::default())?;
-            let large = load_tier(&args.large, LoadOptions::default())?;
+            let small = Tier::load(&args.small, LoadOptions::default())?;
+            let large = Tier::load(&args.large, LoadOptions::default())?;
             let bar = Bar::count("answering");
             bar.start(2 * questions.len() as u64);
             // One tier at a time, so neither engine's threads compete with the other's.
@@ -119,23 +92,15 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
         &format!("{} correct>", small),
         &format!("{} correct>", large),
     ]);
-    let mut kinds: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
-    for r in rows {
-        let k = kinds.entry(r.q.kind.as_str()).or_default();
-        k.0 += 1;
-        k.1 += usize::from(r.small.correct);
-        k.2 += usize::from(r.large.correct);
-    }
-    for (kind, (n, s, l)) in &kinds {
+    for (kind, k) in replay.by_kind() {
         t.add_row(vec![
             kind.to_string(),
-            n.to_string(),
-            s.to_string(),
-            l.to_string(),
+            k.questions.to_string(),
+            k.small_right.to_string(),
+            k.large_right.to_string(),
         ]);
     }
-    let total = |f: fn(&Row) -> f64| rows.iter().map(f).sum::<f64>();
-    let (small_secs, large_secs) = (total(|r| r.small.seconds), total(|r| r.large.seconds));
+    let (small_secs, large_secs) = replay.seconds();
     writeln!(
         out,
         "{} questions ({} tuning, {} held out)",

@@ -111,46 +111,31 @@ fn print(r: &Report) -> Result<()> {
         "{} -> {} bytes in {:.1} s",
         r.file_bytes_in, r.file_bytes_out, r.seconds
     )?;
-    let fallbacks: Vec<_> = r.fallbacks().collect();
-    if !fallbacks.is_empty() {
+    let fallbacks = r.fallbacks().count();
+    if fallbacks > 0 {
         writeln!(
             out,
-            "{} tensors fell back to a type that holds their rows, as llama.cpp does:",
-            fallbacks.len()
+            "{fallbacks} tensors fell back to a type that holds their rows, as llama.cpp does:"
         )?;
         // One line per (asked, written, row length, block), naming its tensors.
-        type Kind<'a> = ((String, String, u64, usize), Vec<&'a str>);
-        let mut kinds: Vec<Kind> = Vec::new();
-        for t in &fallbacks {
-            let Some(fb) = &t.fallback else { continue };
-            let key = (
-                target_name(fb.wanted).to_owned(),
-                ty(t.to),
-                t.dims.first().copied().unwrap_or(0),
-                fb.block,
-            );
-            match kinds.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, names)) => names.push(&t.name),
-                None => kinds.push((key, vec![&t.name])),
-            }
-        }
-        for ((wanted, to, row, block), names) in kinds {
+        for k in r.fallback_kinds() {
             writeln!(
                 out,
-                "  {wanted} -> {to}, rows of {row} not whole blocks of {block}: {}",
-                grouped(names.into_iter()).join(", ")
+                "  {} -> {}, rows of {} not whole blocks of {}: {}",
+                target_name(k.wanted),
+                ty(k.to),
+                k.row,
+                k.block,
+                grouped(k.tensors.into_iter()).join(", ")
             )?;
         }
     }
     if r.source_quantized {
-        let from: BTreeMap<String, usize> =
-            r.tensors
-                .iter()
-                .filter(|t| t.converted)
-                .fold(BTreeMap::new(), |mut m, t| {
-                    *m.entry(ty(t.from)).or_default() += 1;
-                    m
-                });
+        let from: BTreeMap<String, usize> = r
+            .converted_from()
+            .into_iter()
+            .map(|(t, n)| (ty(t), n))
+            .collect();
         let from: Vec<String> = from.iter().map(|(k, n)| format!("{n} {k}")).collect();
         writeln!(
             out,

@@ -437,16 +437,16 @@ pub fn embedder_search(data_home: Option<&Path>) -> Vec<PathBuf> {
 /// re-quantizes, that nothing measured it: a saving is never served without its cost in
 /// quality in sight.
 fn say_quality(path: &Path, args: &ServeArgs, data_home: Option<&Path>) -> Result<()> {
-    let Some(store) = crate::eval::store(None, data_home) else {
+    let Some(store) = frugal_engine::eval::quality::store(None, data_home) else {
         return Ok(());
     };
-    let Ok(file) = frugal_gateway::quality::FileId::of(path) else {
+    let Ok(file) = frugal_engine::eval::quality::FileId::of(path) else {
         return Ok(());
     };
     let quant = args.quant.map(|q| q.weight_type().name());
     let kv = args.kv.kv_type();
     let kv_name = (kv != KvType::F32).then(|| kv.name());
-    let found = frugal_gateway::quality::latest(&store, &file, quant, kv_name);
+    let found = frugal_engine::eval::quality::latest(&store, &file, quant, kv_name);
     let mut what = path.display().to_string();
     let mut flags = String::new();
     if let Some(q) = quant {

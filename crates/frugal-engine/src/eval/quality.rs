@@ -12,6 +12,14 @@ use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
 
+/// Where results are recorded: `record` when given, else the user's data folder's
+/// `frugal/evals.jsonl`; nowhere without either.
+pub fn store(record: Option<&Path>, data_home: Option<&Path>) -> Option<PathBuf> {
+    record
+        .map(Path::to_owned)
+        .or_else(|| data_home.map(|h| h.join("frugal").join("evals.jsonl")))
+}
+
 /// A model file as it is now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileId {
