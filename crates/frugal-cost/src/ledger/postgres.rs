@@ -458,18 +458,36 @@ impl PgStore {
         }
     }
 
+    /// Visits the rows of `sql` (a `decode` query) for `window`'s bounds.
+    fn in_window<T>(
+        &self,
+        sql: &str,
+        window: Window,
+        row: impl Fn(&postgres::Row) -> Result<T, Unread<postgres::Error>>,
+        visit: &mut dyn FnMut(&T),
+    ) -> Result<u64, LedgerError> {
+        let (since, until) = window.bounds();
+        let sql = decode::placeholders(sql, "$");
+        let mut conn = self.conn()?;
+        let rows = conn.query_raw(&sql, [&since, &until]);
+        self.each(rows, row, |value| {
+            visit(&value);
+            Ok(())
+        })
+    }
+
     /// Decodes each of `rows` and hands it to `visit`, which may find it corrupt; how many.
     fn each<T>(
         &self,
         rows: Result<postgres::RowIter<'_>, postgres::Error>,
-        decode: fn(&postgres::Row) -> Result<T, Unread<postgres::Error>>,
+        row: impl Fn(&postgres::Row) -> Result<T, Unread<postgres::Error>>,
         mut visit: impl FnMut(T) -> Result<(), String>,
     ) -> Result<u64, LedgerError> {
         let read = self.err("read");
         let mut rows = rows.map_err(&read)?;
         let mut n = 0;
         while let Some(r) = rows.next().map_err(&read)? {
-            let value = decode(&r).map_err(|e| match e {
+            let value = row(&r).map_err(|e| match e {
                 Unread::Read(source) => read(source),
                 Unread::Corrupt(what) => self.corrupt(what),
             })?;
@@ -638,14 +656,7 @@ impl Store for PgStore {
     }
 
     fn scan(&self, window: Window, visit: &mut dyn FnMut(&Row)) -> Result<u64, LedgerError> {
-        let (since, until) = window.bounds();
-        let sql = decode::placeholders(decode::SCAN, "$");
-        let mut conn = self.conn()?;
-        let rows = conn.query_raw(&sql, [&since, &until]);
-        self.each(rows, decode::row, |row| {
-            visit(&row);
-            Ok(())
-        })
+        self.in_window(decode::SCAN, window, decode::row, visit)
     }
 
     fn spans(
@@ -653,14 +664,7 @@ impl Store for PgStore {
         window: Window,
         visit: &mut dyn FnMut(&ReplicaSpan),
     ) -> Result<u64, LedgerError> {
-        let (since, until) = window.bounds();
-        let sql = decode::placeholders(decode::SPANS, "$");
-        let mut conn = self.conn()?;
-        let rows = conn.query_raw(&sql, [&since, &until]);
-        self.each(rows, decode::span, |span| {
-            visit(&span);
-            Ok(())
-        })
+        self.in_window(decode::SPANS, window, decode::span, visit)
     }
 
     fn wait_percentiles(

@@ -190,14 +190,14 @@ impl SqliteStore {
     fn each<T>(
         &self,
         rows: rusqlite::Result<rusqlite::Rows<'_>>,
-        decode: fn(&rusqlite::Row<'_>) -> Result<T, Unread<rusqlite::Error>>,
+        row: impl Fn(&rusqlite::Row<'_>) -> Result<T, Unread<rusqlite::Error>>,
         mut visit: impl FnMut(T) -> Result<(), String>,
     ) -> Result<u64, LedgerError> {
         let read_err = self.read_err();
         let mut rows = rows.map_err(read_err)?;
         let mut n = 0;
         while let Some(r) = rows.next().map_err(read_err)? {
-            let value = decode(r).map_err(|e| match e {
+            let value = row(r).map_err(|e| match e {
                 Unread::Read(source) => read_err(source),
                 Unread::Corrupt(what) => self.corrupt(what),
             })?;
@@ -205,6 +205,25 @@ impl SqliteStore {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Visits the rows of `sql` (a `decode` query) for `window`'s bounds.
+    fn in_window<T>(
+        &self,
+        sql: &str,
+        window: Window,
+        row: impl Fn(&rusqlite::Row<'_>) -> Result<T, Unread<rusqlite::Error>>,
+        visit: &mut dyn FnMut(&T),
+    ) -> Result<u64, LedgerError> {
+        let mut stmt = self
+            .conn
+            .prepare(&decode::placeholders(sql, "?"))
+            .map_err(self.read_err())?;
+        let (since, until) = window.bounds();
+        self.each(stmt.query(params![since, until]), row, |value| {
+            visit(&value);
+            Ok(())
+        })
     }
 
     /// Opens the ledger at `path`, creating and migrating it as needed.
@@ -367,15 +386,7 @@ impl Store for SqliteStore {
 
     /// Calls `visit` for every raw event that starts in the window.
     fn scan(&self, window: Window, visit: &mut dyn FnMut(&Row)) -> Result<u64, LedgerError> {
-        let mut stmt = self
-            .conn
-            .prepare(&decode::placeholders(decode::SCAN, "?"))
-            .map_err(self.read_err())?;
-        let (since, until) = window.bounds();
-        self.each(stmt.query(params![since, until]), decode::row, |row| {
-            visit(&row);
-            Ok(())
-        })
+        self.in_window(decode::SCAN, window, decode::row, visit)
     }
 
     /// Calls `visit` for every pool replica span that starts in the window, in time order.
@@ -384,15 +395,7 @@ impl Store for SqliteStore {
         window: Window,
         visit: &mut dyn FnMut(&ReplicaSpan),
     ) -> Result<u64, LedgerError> {
-        let mut stmt = self
-            .conn
-            .prepare(&decode::placeholders(decode::SPANS, "?"))
-            .map_err(self.read_err())?;
-        let (since, until) = window.bounds();
-        self.each(stmt.query(params![since, until]), decode::span, |span| {
-            visit(&span);
-            Ok(())
-        })
+        self.in_window(decode::SPANS, window, decode::span, visit)
     }
 
     /// Nearest-rank percentiles (`percents` in 1..=100) of the activator waits of a pool's
