@@ -42,7 +42,9 @@ impl Catalog {
                 .is_none_or(|n| hay.to_lowercase().contains(&n.to_lowercase()))
         };
         let same = |value: &str, wanted: &Option<String>| {
-            wanted.as_ref().is_none_or(|w| value.eq_ignore_ascii_case(w))
+            wanted
+                .as_ref()
+                .is_none_or(|w| value.eq_ignore_ascii_case(w))
         };
         let mut offers: Vec<&InstanceOffer> = self
             .instances()

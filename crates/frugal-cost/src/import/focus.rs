@@ -1,5 +1,11 @@
 //! FOCUS billing exports: columns found by name in the header, costs in US dollars only.
 
+use std::collections::HashMap;
+
+use super::{parse_ts, usd_only};
+use crate::event::{Capacity, Event, Kind};
+use crate::money::Money;
+
 /// Column positions of a FOCUS header. Only EffectiveCost and ChargePeriodStart are required.
 pub(super) struct FocusColumns {
     index: HashMap<String, usize>,

@@ -17,12 +17,10 @@
 //! `requests`, `input_tokens`, `output_tokens`, `cached_input_tokens`, `utilization`,
 //! `cost_usd`, `currency` (USD only), `outcome`, `lost_s`.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime};
@@ -31,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use crate::Progress;
 use crate::catalog::Catalog;
-use crate::event::{Capacity, Event, Kind, Outcome};
+use crate::event::Event;
 use crate::ledger::{Ledger, LedgerError, PriorImport, RowHash, Sink};
 use crate::money::{Millis, Money};
 
@@ -588,7 +586,6 @@ fn read_csv<R: Read>(
         }
     }
 }
-
 
 /// Parses a timestamp: RFC 3339, a UTC date-time without offset, a date, or epoch ms.
 pub fn parse_ts(text: &str) -> Result<Millis, String> {

@@ -1,6 +1,17 @@
 //! frugal's own columns, from CSV and JSONL: timestamps, counts and seconds by name, and
 //! a cost from the catalog where a row has none.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::Path;
+use std::str::FromStr;
+
+use super::{Accept, ImportError, Parsed, content_hash, parse_ts, usd_only};
+use crate::catalog::Catalog;
+use crate::event::{Capacity, Event, Kind, Outcome};
+use crate::money::{Millis, Money};
+
 pub(super) fn read_jsonl(
     reader: impl BufRead,
     path: &Path,
@@ -276,4 +287,3 @@ fn price(e: &mut Event, explicit: Option<Money>, catalog: &Catalog) -> Result<()
         None => Err("nothing to price it by: give cost_usd, instance_type with a duration, or a model with per-token prices".to_owned()),
     }
 }
-

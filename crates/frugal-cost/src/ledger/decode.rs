@@ -185,8 +185,7 @@ pub(super) fn export<C: Columns>(r: &C) -> Result<ExportRow, Unread<C::Error>> {
         key: r.opt_blob(ExportRow::KEY)?,
     };
     for i in 0..30 {
-        if ExportRow::NAMES.contains(&i) || ExportRow::FLOATS.contains(&i) || i == ExportRow::KEY
-        {
+        if ExportRow::NAMES.contains(&i) || ExportRow::FLOATS.contains(&i) || i == ExportRow::KEY {
             continue;
         }
         row.ints[i] = r.opt_int(i)?;

@@ -24,10 +24,10 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::decode::{self, Unread};
 use super::segments;
 use super::{
-    Axis, EXPORT, EventRow, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
-    SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
+    Axis, EXPORT, EventRow, LedgerError, LedgerInfo, Names, PriorImport, Row, SCHEMA_VERSION,
+    SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
 };
-use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
+use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Pending};
 
@@ -800,7 +800,9 @@ impl Store for PgStore {
         let sql = EXPORT.replace("{AFTER}", "$1").replace("{LIMIT}", "$2");
         let mut conn = self.conn()?;
         let rows = conn.query_raw(&sql, [&after_id, &limit]);
-        self.each(rows, decode::export, |row| row.into_stored().map(&mut *visit))
+        self.each(rows, decode::export, |row| {
+            row.into_stored().map(&mut *visit)
+        })
     }
 
     /// PostgreSQL checks its pages itself; this says the ledger's tables answer.

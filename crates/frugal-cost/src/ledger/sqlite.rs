@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, params};
 
 use super::{
-    Axis, EXPORT, EventIds, EventRow, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
+    Axis, EXPORT, EventIds, EventRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
     SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
 };
-use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan, ReplicaState};
+use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Pending};
 
@@ -386,7 +386,7 @@ impl Store for SqliteStore {
 
     /// Calls `visit` for every raw event that starts in the window.
     fn scan(&self, window: Window, visit: &mut dyn FnMut(&Row)) -> Result<u64, LedgerError> {
-        self.in_window(decode::SCAN, window, decode::row, visit)
+        self.in_window(decode::SCAN, window, |r| decode::row(r), visit)
     }
 
     /// Calls `visit` for every pool replica span that starts in the window, in time order.
@@ -395,7 +395,7 @@ impl Store for SqliteStore {
         window: Window,
         visit: &mut dyn FnMut(&ReplicaSpan),
     ) -> Result<u64, LedgerError> {
-        self.in_window(decode::SPANS, window, decode::span, visit)
+        self.in_window(decode::SPANS, window, |r| decode::span(r), visit)
     }
 
     /// Nearest-rank percentiles (`percents` in 1..=100) of the activator waits of a pool's
@@ -487,10 +487,14 @@ impl Store for SqliteStore {
             .map_err(self.read_err())?;
         let training = Kind::Training.code();
         let rows = stmt.query(params![since_ms, until_ms, training]);
-        self.each(rows, decode::segment, |segment| {
-            visit(&segment);
-            Ok(())
-        })
+        self.each(
+            rows,
+            |r| decode::segment(r),
+            |segment| {
+                visit(&segment);
+                Ok(())
+            },
+        )
     }
 
     fn info(&self) -> Result<LedgerInfo, LedgerError> {
@@ -536,7 +540,11 @@ impl Store for SqliteStore {
         let sql = EXPORT.replace("{AFTER}", "?1").replace("{LIMIT}", "?2");
         let mut stmt = self.conn.prepare_cached(&sql).map_err(self.read_err())?;
         let rows = stmt.query(params![after_id, limit]);
-        self.each(rows, decode::export, |row| row.into_stored().map(&mut *visit))
+        self.each(
+            rows,
+            |r| decode::export(r),
+            |row| row.into_stored().map(&mut *visit),
+        )
     }
 
     #[cfg(test)]
@@ -780,6 +788,7 @@ mod tests {
 
     use super::super::{Ledger, RowHash};
     use super::*;
+    use crate::event::ReplicaState;
 
     fn event(ts: i64, cents: i64) -> Event {
         let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));

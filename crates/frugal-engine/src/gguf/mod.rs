@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use read::parse_layout;
-pub use types::{GgmlType, Tensor, TensorInfo, Value};
 use types::vtype;
+pub use types::{GgmlType, Tensor, TensorInfo, Value};
 
 mod read;
 mod types;

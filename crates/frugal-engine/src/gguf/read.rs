@@ -353,4 +353,3 @@ fn read_value(
         }
     })
 }
-

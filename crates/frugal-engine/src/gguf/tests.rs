@@ -327,10 +327,9 @@ fn malformed_tensors_are_errors() {
         msg.contains("unknown ggml type id 77") && msg.contains("\"w\""),
         "{msg}"
     );
-    let msg =
-        err(GgufBuilder::new()
-            .tensor("w", &[2], 0, f32s(2))
-            .tensor("w", &[2], 0, f32s(2)));
+    let msg = err(GgufBuilder::new()
+        .tensor("w", &[2], 0, f32s(2))
+        .tensor("w", &[2], 0, f32s(2)));
     assert!(msg.contains("duplicate tensor name \"w\""), "{msg}");
     let msg = err(GgufBuilder::new().tensor("q", &[48, 2], 3, vec![0; 20 * 3]));
     assert!(

@@ -70,13 +70,7 @@ impl GgufBuilder {
         self
     }
 
-    pub(crate) fn tensor(
-        mut self,
-        name: &str,
-        dims: &[u64],
-        type_id: u32,
-        data: Vec<u8>,
-    ) -> Self {
+    pub(crate) fn tensor(mut self, name: &str, dims: &[u64], type_id: u32, data: Vec<u8>) -> Self {
         self.tensors
             .push((name.to_owned(), dims.to_vec(), type_id, data));
         self

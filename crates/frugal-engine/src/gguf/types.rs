@@ -286,4 +286,3 @@ impl Tensor<'_> {
         self.dims.iter().product()
     }
 }
-
