@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use super::GgufError;
-
 /// A metadata value. GGUF arrays are homogeneous; `Array` does not enforce that, but the
 /// parser only ever produces homogeneous ones.
 #[derive(Debug, Clone, PartialEq)]
