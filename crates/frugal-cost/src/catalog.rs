@@ -16,8 +16,10 @@ use crate::event::Capacity;
 use crate::money::{HourlyRate, Money, TokenRate};
 
 mod peak;
+mod search;
 
 pub use peak::{AcceleratorPeaks, Faster};
+pub use search::{OfferQuery, OfferSort};
 
 const AWS_CSV: &str = include_str!("../../../data/gpu-prices/aws_v9_us-east-1_gpu_rows.csv");
 const AZURE_CSV: &str = include_str!("../../../data/gpu-prices/azure_v6_vms_gpu_rows.csv");

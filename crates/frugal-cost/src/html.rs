@@ -7,7 +7,7 @@
 
 use crate::event::Kind;
 use crate::money::{Millis, Money};
-use crate::present::page::{document, esc};
+use crate::present::page::{esc, styled};
 use crate::present::svg::{
     AXIS, BarRow, END, GRID, INSIDE, MIDDLE, WIDTH, axis_label, bar, hbars, line, nice_axis, open,
     pos, rect, text,
@@ -27,32 +27,9 @@ const MUTED: &str = "#bab0ac";
 const DAY_MS: Millis = 86_400_000;
 const NONE: &str = "–";
 
-const STYLE: &str = "
-:root{--ink:#1f2933;--soft:#5f6b7a;--line:#e4e7eb} *{box-sizing:border-box}
-body{margin:0;background:#f5f7fa;color:var(--ink);font:14px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,'Helvetica Neue',Arial,sans-serif}
-main{max-width:1080px;margin:0 auto;padding:32px 24px 48px} h1{margin:0;font-size:26px;letter-spacing:-.01em}
-h2{font-size:17px;margin:0 0 4px} .meta,.note,footer{color:var(--soft)} .meta{margin:4px 0 0} .note{margin:0 0 10px;font-size:13px}
-code{font:.92em ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#eef1f4;padding:1px 5px;border-radius:4px}
-.tiles{display:grid;grid-template-columns:repeat(auto-fit,minmax(220px,1fr));gap:14px;margin:24px 0 0}
-.tile,.dominant,section,.empty{background:#fff;border:1px solid var(--line);border-radius:10px} .tile{padding:14px 18px}
-.tile .s{color:var(--soft);font-size:13px} .tile .k{color:var(--soft);font-size:12px;text-transform:uppercase;letter-spacing:.06em}
-.tile .v{font-size:28px;font-weight:650;margin:2px 0;font-variant-numeric:tabular-nums}
-.dominant{border-left:4px solid #4e79a7;padding:12px 18px;margin:14px 0 0} section{padding:18px 22px;margin:18px 0}
-.empty{padding:28px;margin:24px 0;font-size:16px} svg{display:block;width:100%;height:auto} svg text{font-size:12px;fill:#3e4c59}
-svg .lbl{font-size:13px;fill:var(--ink)} svg .sub{font-size:11px;fill:var(--soft)} svg .in{fill:#fff;font-weight:600}
-svg .grid{stroke:var(--line)} svg .axis{stroke:#9aa5b1} .legend{display:flex;flex-wrap:wrap;gap:6px 18px;margin:8px 0 0;font-size:13px}
-.legend i{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:6px;vertical-align:-1px} .scroll{overflow-x:auto}
-table{border-collapse:collapse;width:100%;margin-top:14px;font-size:13px}
-th,td{padding:6px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
-th{color:var(--soft);font-weight:600;font-size:12px;white-space:nowrap;border-bottom-color:#cbd2d9}
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap} tr:last-child td{border-bottom:0} td:first-child{white-space:nowrap}
-footer{font-size:12px;margin-top:24px}
-";
-
 /// Renders the whole report; `source` names the ledger it was read from.
 pub fn render(report: &Report, source: &str) -> String {
     let mut out = String::with_capacity(64 * 1024);
-    out.push_str("<main>\n");
     out.push_str(&header(report, source));
     if report.events == 0 {
         out.push_str("<p class=\"empty\">No events in this window: nothing to chart.</p>\n");
@@ -74,8 +51,8 @@ pub fn render(report: &Report, source: &str) -> String {
         sections.iter().flatten().for_each(|s| out.push_str(s));
     }
     out.push_str("<footer>Written by frugal. Money is summed exactly; charts are drawn from ");
-    out.push_str("rounded dollars.</footer>\n</main>\n");
-    document("frugal report", STYLE, &out)
+    out.push_str("rounded dollars.</footer>\n");
+    styled("frugal report", &out)
 }
 
 fn header(r: &Report, source: &str) -> String {

@@ -29,6 +29,7 @@ use crate::money::{Millis, Money};
 use crate::rollup::{self, Ids, Key, Pending, Sums};
 use crate::{Capacity, Kind, Outcome};
 
+mod decode;
 mod migrate;
 mod postgres;
 mod segments;
@@ -68,6 +69,14 @@ impl Location {
             Location::Sqlite(path) => Some(path),
             Location::Postgres(_) => None,
         }
+    }
+
+    /// The folder a SQLite ledger's file goes in, where it names one: what to create
+    /// before a first write.
+    pub fn folder(&self) -> Option<&Path> {
+        self.path()
+            .and_then(Path::parent)
+            .filter(|d| !d.as_os_str().is_empty())
     }
 
     /// The location as messages show it: a URL's password replaced by `***`.

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use frugal_cost::catalog::InstanceOffer;
+use frugal_cost::catalog::{OfferQuery, OfferSort};
 use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
 use frugal_cost::ledger::PriorImport;
 use frugal_cost::present::{pct, pct1, thousands, usd, usd_unit, utc};
@@ -172,12 +172,7 @@ fn new_key(args: &NewKeyArgs) -> Result<()> {
 
 /// The ledger, its folder made first.
 pub fn open_for_write(config: &Config) -> Result<Ledger> {
-    if let Some(dir) = config
-        .ledger
-        .path()
-        .and_then(|p| p.parent())
-        .filter(|d| !d.as_os_str().is_empty())
-    {
+    if let Some(dir) = config.ledger.folder() {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
     }
@@ -285,53 +280,23 @@ fn prices(catalog: &Catalog, args: &PricesArgs) -> Result<()> {
         writeln!(std::io::stdout(), "{t}")?;
         return Ok(());
     }
-    let contains = |hay: &str, needle: &Option<String>| {
-        needle
-            .as_ref()
-            .is_none_or(|n| hay.to_lowercase().contains(&n.to_lowercase()))
+    let query = OfferQuery {
+        provider: args.provider.clone(),
+        gpu: args.gpu.clone(),
+        instance: args.instance.clone(),
+        region: args.region.clone(),
+        max_price: args.max_price,
+        sort: match args.sort {
+            PriceSort::PerGpu => OfferSort::PerGpu,
+            PriceSort::OnDemand => OfferSort::OnDemand,
+            PriceSort::Spot => OfferSort::Spot,
+            PriceSort::Saving => OfferSort::Saving,
+        },
     };
-    let mut offers: Vec<&InstanceOffer> = catalog
-        .instances()
-        .iter()
-        .filter(|o| {
-            args.provider
-                .as_ref()
-                .is_none_or(|p| o.provider.eq_ignore_ascii_case(p))
-        })
-        .filter(|o| contains(o.accelerator.as_deref().unwrap_or(""), &args.gpu))
-        .filter(|o| contains(&o.instance_type, &args.instance))
-        .filter(|o| {
-            args.region
-                .as_ref()
-                .is_none_or(|r| o.region.eq_ignore_ascii_case(r))
-        })
-        .filter(|o| {
-            args.max_price.is_none_or(|max| {
-                let price = if args.sort == PriceSort::Spot {
-                    o.spot
-                } else {
-                    Some(o.on_demand)
-                };
-                price.is_some_and(|p| p.0.as_f64() <= max)
-            })
-        })
-        .collect();
+    let mut offers = catalog.search(&query);
     if offers.is_empty() {
         bail!("no instance in the catalog matches these filters");
     }
-    let key = |o: &InstanceOffer| -> f64 {
-        match args.sort {
-            PriceSort::PerGpu => o.per_accelerator_hour().unwrap_or(f64::MAX),
-            PriceSort::OnDemand => o.on_demand.0.as_f64(),
-            PriceSort::Spot => o.spot.map_or(f64::MAX, |s| s.0.as_f64()),
-            PriceSort::Saving => -o.spot_saving().unwrap_or(0.0),
-        }
-    };
-    offers.sort_by(|a, b| {
-        key(a)
-            .total_cmp(&key(b))
-            .then_with(|| a.instance_type.cmp(&b.instance_type))
-    });
     let total = offers.len();
     if args.limit > 0 {
         offers.truncate(args.limit);

@@ -1,5 +1,6 @@
 use super::*;
 use crate::NoProgress;
+use crate::event::{Capacity, Kind, Outcome};
 use crate::ledger::Window;
 
 struct Fixture {

@@ -21,12 +21,13 @@ use r2d2_postgres::PostgresConnectionManager;
 use r2d2_postgres::r2d2::{self, Pool, PooledConnection};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::segments::{self, ADVISED};
+use super::decode::{self, Unread};
+use super::segments;
 use super::{
-    Axis, EXPORT, EventRow, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
-    SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
+    Axis, EXPORT, EventRow, LedgerError, LedgerInfo, Names, PriorImport, Row, SCHEMA_VERSION,
+    SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
 };
-use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
+use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Pending};
 
@@ -456,6 +457,45 @@ impl PgStore {
             what,
         }
     }
+
+    /// Visits the rows of `sql` (a `decode` query) for `window`'s bounds.
+    fn in_window<T>(
+        &self,
+        sql: &str,
+        window: Window,
+        row: impl Fn(&postgres::Row) -> Result<T, Unread<postgres::Error>>,
+        visit: &mut dyn FnMut(&T),
+    ) -> Result<u64, LedgerError> {
+        let (since, until) = window.bounds();
+        let sql = decode::placeholders(sql, "$");
+        let mut conn = self.conn()?;
+        let rows = conn.query_raw(&sql, [&since, &until]);
+        self.each(rows, row, |value| {
+            visit(&value);
+            Ok(())
+        })
+    }
+
+    /// Decodes each of `rows` and hands it to `visit`, which may find it corrupt; how many.
+    fn each<T>(
+        &self,
+        rows: Result<postgres::RowIter<'_>, postgres::Error>,
+        row: impl Fn(&postgres::Row) -> Result<T, Unread<postgres::Error>>,
+        mut visit: impl FnMut(T) -> Result<(), String>,
+    ) -> Result<u64, LedgerError> {
+        let read = self.err("read");
+        let mut rows = rows.map_err(&read)?;
+        let mut n = 0;
+        while let Some(r) = rows.next().map_err(&read)? {
+            let value = row(&r).map_err(|e| match e {
+                Unread::Read(source) => read(source),
+                Unread::Corrupt(what) => self.corrupt(what),
+            })?;
+            visit(value).map_err(|what| self.corrupt(what))?;
+            n += 1;
+        }
+        Ok(n)
+    }
 }
 
 /// Creates the schema in an empty database or brings an older one to this version, in one
@@ -540,16 +580,6 @@ fn prior_imports(
         .collect()
 }
 
-fn opt_code<T>(
-    value: Option<i64>,
-    what: &str,
-    decode: impl Fn(i64) -> Option<T>,
-) -> Result<Option<T>, String> {
-    value
-        .map(|c| decode(c).ok_or_else(|| format!("{what} {c}")))
-        .transpose()
-}
-
 impl Store for PgStore {
     fn begin(&mut self, source: &str, format: &str) -> Result<Box<dyn Tx + '_>, LedgerError> {
         let url = self.url.clone();
@@ -626,56 +656,7 @@ impl Store for PgStore {
     }
 
     fn scan(&self, window: Window, visit: &mut dyn FnMut(&Row)) -> Result<u64, LedgerError> {
-        let read = self.err("read");
-        let (since, until) = window.bounds();
-        let mut conn = self.conn()?;
-        let mut rows = conn
-            .query_raw(
-                "SELECT ts_ms, duration_ms, kind, workload, model, run, instance, region, capacity,
-                        instances, requests, input_tokens, output_tokens, cached_tokens,
-                        utilization, cost, input_cost, list_cost, outcome, lost_ms, wait_ms
-                 FROM events WHERE ts_ms >= $1 AND ts_ms < $2",
-                [&since, &until],
-            )
-            .map_err(&read)?;
-        let mut n = 0;
-        while let Some(r) = rows.next().map_err(&read)? {
-            let int = |i: usize| r.try_get::<_, i64>(i).map_err(&read);
-            let opt = |i: usize| r.try_get::<_, Option<i64>>(i).map_err(&read);
-            let kind_code = int(2)?;
-            let kind = Kind::from_code(kind_code)
-                .ok_or_else(|| self.corrupt(format!("kind {kind_code}")))?;
-            let capacity =
-                opt_code(opt(8)?, "capacity", Capacity::from_code).map_err(|w| self.corrupt(w))?;
-            let outcome =
-                opt_code(opt(18)?, "outcome", Outcome::from_code).map_err(|w| self.corrupt(w))?;
-            let row = Row {
-                ts_ms: int(0)?,
-                duration_ms: int(1)?,
-                kind,
-                workload: int(3)? as u32,
-                model: opt(4)?.map(|v| v as u32),
-                run: opt(5)?.map(|v| v as u32),
-                instance: opt(6)?.map(|v| v as u32),
-                region: opt(7)?.map(|v| v as u32),
-                capacity,
-                instances: int(9)? as u32,
-                requests: int(10)? as u64,
-                input_tokens: int(11)? as u64,
-                output_tokens: int(12)? as u64,
-                cached_tokens: int(13)? as u64,
-                utilization: r.try_get::<_, Option<f64>>(14).map_err(&read)?,
-                cost: Money::from_nanos(int(15)?),
-                input_cost: opt(16)?.map(Money::from_nanos),
-                list_cost: opt(17)?.map(Money::from_nanos),
-                outcome,
-                lost_ms: int(19)?,
-                wait_ms: int(20)?,
-            };
-            visit(&row);
-            n += 1;
-        }
-        Ok(n)
+        self.in_window(decode::SCAN, window, decode::row, visit)
     }
 
     fn spans(
@@ -683,58 +664,7 @@ impl Store for PgStore {
         window: Window,
         visit: &mut dyn FnMut(&ReplicaSpan),
     ) -> Result<u64, LedgerError> {
-        let read = self.err("read");
-        let (since, until) = window.bounds();
-        let mut conn = self.conn()?;
-        let mut rows = conn
-            .query_raw(
-                "SELECT s.ts_ms, s.duration_ms, w.name, p.name, s.replica, s.state, s.busy_ms,
-                        s.cost, i.name, s.min_replicas, s.max_replicas, s.need_bytes, s.failed,
-                        v.name, s.requests, s.input_tokens, s.output_tokens, s.row_hash
-                 FROM replica_spans s
-                 JOIN dims w ON w.id = s.workload
-                 JOIN dims p ON p.id = s.pool
-                 LEFT JOIN dims i ON i.id = s.instance
-                 LEFT JOIN dims v ON v.id = s.server
-                 WHERE s.ts_ms >= $1 AND s.ts_ms < $2
-                 ORDER BY s.ts_ms, s.id",
-                [&since, &until],
-            )
-            .map_err(&read)?;
-        let mut n = 0;
-        while let Some(r) = rows.next().map_err(&read)? {
-            let int = |i: usize| r.try_get::<_, i64>(i).map_err(&read);
-            let code = int(5)?;
-            let state = ReplicaState::from_code(code)
-                .ok_or_else(|| self.corrupt(format!("replica state {code}")))?;
-            let key: Option<Vec<u8>> = r.try_get(17).map_err(&read)?;
-            let span = ReplicaSpan {
-                id: super::span_key(key).map_err(|what| self.corrupt(what))?,
-                ts_ms: int(0)?,
-                duration_ms: int(1)?,
-                workload: r.try_get(2).map_err(&read)?,
-                pool: r.try_get(3).map_err(&read)?,
-                replica: int(4)? as u32,
-                state,
-                busy_ms: int(6)?,
-                cost: Money::from_nanos(int(7)?),
-                instance_type: r.try_get(8).map_err(&read)?,
-                min_replicas: int(9)? as u32,
-                max_replicas: int(10)? as u32,
-                need_bytes: r
-                    .try_get::<_, Option<i64>>(11)
-                    .map_err(&read)?
-                    .map(|b| b.max(0) as u64),
-                failed: int(12)? != 0,
-                server: r.try_get(13).map_err(&read)?,
-                requests: int(14)?.max(0) as u64,
-                input_tokens: int(15)?.max(0) as u64,
-                output_tokens: int(16)?.max(0) as u64,
-            };
-            visit(&span);
-            n += 1;
-        }
-        Ok(n)
+        self.in_window(decode::SPANS, window, decode::span, visit)
     }
 
     fn wait_percentiles(
@@ -776,23 +706,11 @@ impl Store for PgStore {
                 "SELECT wait_ms {REQUESTS} AND wait_ms > 0 ORDER BY wait_ms LIMIT 1 OFFSET $9"
             ))
             .map_err(&read)?;
-        let not_waited = all - waited;
-        let mut out = Vec::with_capacity(percents.len());
-        for &p in percents {
-            let rank = (u64::from(p.clamp(1, 100)) * all.max(0) as u64).div_ceil(100) as i64;
-            let wait = if all == 0 {
-                None
-            } else if rank <= not_waited {
-                Some(0)
-            } else {
-                let offset = rank - not_waited - 1;
-                let mut with_offset = args.to_vec();
-                with_offset.push(&offset);
-                Some(conn.query_one(&stmt, &with_offset).map_err(&read)?.get(0))
-            };
-            out.push(wait);
-        }
-        Ok(out)
+        decode::wait_ranks(all, waited, percents, |offset| {
+            let mut with_offset = args.to_vec();
+            with_offset.push(&offset);
+            Ok(conn.query_one(&stmt, &with_offset).map_err(&read)?.get(0))
+        })
     }
 
     fn rollups(
@@ -827,48 +745,14 @@ impl Store for PgStore {
         until_ms: Millis,
         visit: &mut dyn FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError> {
-        let read = self.err("read");
         let training = Kind::Training.code();
-        let rows = self
-            .conn()?
-            .query(
-                &format!(
-                    "SELECT ts_ms, duration_ms,
-                            (SELECT name FROM dims WHERE id = workload),
-                            (SELECT name FROM dims WHERE id = run),
-                            (SELECT name FROM dims WHERE id = instance),
-                            (SELECT name FROM dims WHERE id = region),
-                            cost, mfu, precision, data_stall, sync_stall
-                     FROM events
-                     WHERE {ADVISED} AND kind = $3 AND ts_ms < $2 AND ts_ms + duration_ms > $1
-                     ORDER BY ts_ms, id"
-                ),
-                &[&since_ms, &until_ms, &training],
-            )
-            .map_err(&read)?;
-        for r in &rows {
-            let precision = opt_code(
-                r.try_get::<_, Option<i64>>(8).map_err(&read)?,
-                "precision",
-                Precision::from_code,
-            )
-            .map_err(|w| self.corrupt(w))?;
-            let segment = TrainingSegment {
-                ts_ms: r.try_get(0).map_err(&read)?,
-                duration_ms: r.try_get(1).map_err(&read)?,
-                workload: r.try_get(2).map_err(&read)?,
-                run: r.try_get(3).map_err(&read)?,
-                instance_type: r.try_get(4).map_err(&read)?,
-                region: r.try_get(5).map_err(&read)?,
-                cost: Money::from_nanos(r.try_get(6).map_err(&read)?),
-                mfu: r.try_get(7).map_err(&read)?,
-                precision,
-                data_stall: r.try_get(9).map_err(&read)?,
-                sync_stall: r.try_get(10).map_err(&read)?,
-            };
+        let sql = decode::placeholders(&decode::segments_query(), "$");
+        let mut conn = self.conn()?;
+        let rows = conn.query_raw(&sql, [&since_ms, &until_ms, &training]);
+        self.each(rows, decode::segment, |segment| {
             visit(&segment);
-        }
-        Ok(rows.len() as u64)
+            Ok(())
+        })
     }
 
     fn info(&self) -> Result<LedgerInfo, LedgerError> {
@@ -913,37 +797,12 @@ impl Store for PgStore {
         limit: i64,
         visit: &mut dyn FnMut(Stored),
     ) -> Result<u64, LedgerError> {
-        let read = self.err("read");
         let sql = EXPORT.replace("{AFTER}", "$1").replace("{LIMIT}", "$2");
-        let rows = self
-            .conn()?
-            .query(&sql, &[&after_id, &limit])
-            .map_err(&read)?;
-        for r in &rows {
-            let mut row = ExportRow {
-                ints: [None; 30],
-                names: Default::default(),
-                floats: [None; 4],
-                key: r.try_get(ExportRow::KEY).map_err(&read)?,
-            };
-            for i in 0..30 {
-                if ExportRow::NAMES.contains(&i)
-                    || ExportRow::FLOATS.contains(&i)
-                    || i == ExportRow::KEY
-                {
-                    continue;
-                }
-                row.ints[i] = r.try_get(i).map_err(&read)?;
-            }
-            for (slot, &i) in ExportRow::NAMES.iter().enumerate() {
-                row.names[slot] = r.try_get(i).map_err(&read)?;
-            }
-            for (slot, &i) in ExportRow::FLOATS.iter().enumerate() {
-                row.floats[slot] = r.try_get(i).map_err(&read)?;
-            }
-            visit(row.into_stored().map_err(|w| self.corrupt(w))?);
-        }
-        Ok(rows.len() as u64)
+        let mut conn = self.conn()?;
+        let rows = conn.query_raw(&sql, [&after_id, &limit]);
+        self.each(rows, decode::export, |row| {
+            row.into_stored().map(&mut *visit)
+        })
     }
 
     /// PostgreSQL checks its pages itself; this says the ledger's tables answer.

@@ -8,14 +8,15 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, params};
 
 use super::{
-    Axis, EXPORT, EventIds, EventRow, ExportRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
+    Axis, EXPORT, EventIds, EventRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
     SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
 };
-use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan, ReplicaState};
+use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Pending};
 
-use super::segments::{self, ADVISED};
+use super::decode::{self, Unread};
+use super::segments;
 
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
 pub(super) const APPLICATION_ID: i64 = 0x4652_5547;
@@ -185,6 +186,46 @@ impl SqliteStore {
         }
     }
 
+    /// Decodes each of `rows` and hands it to `visit`, which may find it corrupt; how many.
+    fn each<T>(
+        &self,
+        rows: rusqlite::Result<rusqlite::Rows<'_>>,
+        row: impl Fn(&rusqlite::Row<'_>) -> Result<T, Unread<rusqlite::Error>>,
+        mut visit: impl FnMut(T) -> Result<(), String>,
+    ) -> Result<u64, LedgerError> {
+        let read_err = self.read_err();
+        let mut rows = rows.map_err(read_err)?;
+        let mut n = 0;
+        while let Some(r) = rows.next().map_err(read_err)? {
+            let value = row(r).map_err(|e| match e {
+                Unread::Read(source) => read_err(source),
+                Unread::Corrupt(what) => self.corrupt(what),
+            })?;
+            visit(value).map_err(|what| self.corrupt(what))?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Visits the rows of `sql` (a `decode` query) for `window`'s bounds.
+    fn in_window<T>(
+        &self,
+        sql: &str,
+        window: Window,
+        row: impl Fn(&rusqlite::Row<'_>) -> Result<T, Unread<rusqlite::Error>>,
+        visit: &mut dyn FnMut(&T),
+    ) -> Result<u64, LedgerError> {
+        let mut stmt = self
+            .conn
+            .prepare(&decode::placeholders(sql, "?"))
+            .map_err(self.read_err())?;
+        let (since, until) = window.bounds();
+        self.each(stmt.query(params![since, until]), row, |value| {
+            visit(&value);
+            Ok(())
+        })
+    }
+
     /// Opens the ledger at `path`, creating and migrating it as needed.
     pub(super) fn open(path: &Path) -> Result<SqliteStore, LedgerError> {
         let open_err = |source| LedgerError::Open {
@@ -345,68 +386,7 @@ impl Store for SqliteStore {
 
     /// Calls `visit` for every raw event that starts in the window.
     fn scan(&self, window: Window, visit: &mut dyn FnMut(&Row)) -> Result<u64, LedgerError> {
-        let read_err = self.read_err();
-        let corrupt = |what: String| LedgerError::Corrupt {
-            path: self.path.clone(),
-            what,
-        };
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT ts_ms, duration_ms, kind, workload, model, run, instance, region, capacity,
-                        instances, requests, input_tokens, output_tokens, cached_tokens,
-                        utilization, cost, input_cost, list_cost, outcome, lost_ms, wait_ms
-                 FROM events WHERE ts_ms >= ?1 AND ts_ms < ?2",
-            )
-            .map_err(read_err)?;
-        let (since, until) = window.bounds();
-        let mut rows = stmt.query(params![since, until]).map_err(read_err)?;
-        let mut n = 0;
-        while let Some(r) = rows.next().map_err(read_err)? {
-            let int = |i: usize| r.get::<_, i64>(i).map_err(read_err);
-            let opt = |i: usize| r.get::<_, Option<i64>>(i).map_err(read_err);
-            let kind_code = int(2)?;
-            let kind =
-                Kind::from_code(kind_code).ok_or_else(|| corrupt(format!("kind {kind_code}")))?;
-            let capacity = match opt(8)? {
-                None => None,
-                Some(c) => {
-                    Some(Capacity::from_code(c).ok_or_else(|| corrupt(format!("capacity {c}")))?)
-                }
-            };
-            let outcome = match opt(18)? {
-                None => None,
-                Some(c) => {
-                    Some(Outcome::from_code(c).ok_or_else(|| corrupt(format!("outcome {c}")))?)
-                }
-            };
-            let row = Row {
-                ts_ms: int(0)?,
-                duration_ms: int(1)?,
-                kind,
-                workload: int(3)? as u32,
-                model: opt(4)?.map(|v| v as u32),
-                run: opt(5)?.map(|v| v as u32),
-                instance: opt(6)?.map(|v| v as u32),
-                region: opt(7)?.map(|v| v as u32),
-                capacity,
-                instances: int(9)? as u32,
-                requests: int(10)? as u64,
-                input_tokens: int(11)? as u64,
-                output_tokens: int(12)? as u64,
-                cached_tokens: int(13)? as u64,
-                utilization: r.get::<_, Option<f64>>(14).map_err(read_err)?,
-                cost: Money::from_nanos(int(15)?),
-                input_cost: opt(16)?.map(Money::from_nanos),
-                list_cost: opt(17)?.map(Money::from_nanos),
-                outcome,
-                lost_ms: int(19)?,
-                wait_ms: int(20)?,
-            };
-            visit(&row);
-            n += 1;
-        }
-        Ok(n)
+        self.in_window(decode::SCAN, window, |r| decode::row(r), visit)
     }
 
     /// Calls `visit` for every pool replica span that starts in the window, in time order.
@@ -415,59 +395,7 @@ impl Store for SqliteStore {
         window: Window,
         visit: &mut dyn FnMut(&ReplicaSpan),
     ) -> Result<u64, LedgerError> {
-        let read_err = self.read_err();
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT s.ts_ms, s.duration_ms, w.name, p.name, s.replica, s.state, s.busy_ms,
-                        s.cost, i.name, s.min_replicas, s.max_replicas, s.need_bytes, s.failed,
-                        v.name, s.requests, s.input_tokens, s.output_tokens, s.row_hash
-                 FROM replica_spans s
-                 JOIN dims w ON w.id = s.workload
-                 JOIN dims p ON p.id = s.pool
-                 LEFT JOIN dims i ON i.id = s.instance
-                 LEFT JOIN dims v ON v.id = s.server
-                 WHERE s.ts_ms >= ?1 AND s.ts_ms < ?2
-                 ORDER BY s.ts_ms, s.id",
-            )
-            .map_err(read_err)?;
-        let (since, until) = window.bounds();
-        let mut rows = stmt.query(params![since, until]).map_err(read_err)?;
-        let mut n = 0;
-        while let Some(r) = rows.next().map_err(read_err)? {
-            let code: i64 = r.get(5).map_err(read_err)?;
-            let state = ReplicaState::from_code(code).ok_or_else(|| LedgerError::Corrupt {
-                path: self.path.clone(),
-                what: format!("replica state {code}"),
-            })?;
-            let key: Option<Vec<u8>> = r.get(17).map_err(read_err)?;
-            let span = ReplicaSpan {
-                id: super::span_key(key).map_err(|what| self.corrupt(what))?,
-                ts_ms: r.get(0).map_err(read_err)?,
-                duration_ms: r.get(1).map_err(read_err)?,
-                workload: r.get(2).map_err(read_err)?,
-                pool: r.get(3).map_err(read_err)?,
-                replica: r.get(4).map_err(read_err)?,
-                state,
-                busy_ms: r.get(6).map_err(read_err)?,
-                cost: Money::from_nanos(r.get(7).map_err(read_err)?),
-                instance_type: r.get(8).map_err(read_err)?,
-                min_replicas: r.get(9).map_err(read_err)?,
-                max_replicas: r.get(10).map_err(read_err)?,
-                need_bytes: r
-                    .get::<_, Option<i64>>(11)
-                    .map_err(read_err)?
-                    .map(|b| b.max(0) as u64),
-                failed: r.get::<_, i64>(12).map_err(read_err)? != 0,
-                server: r.get(13).map_err(read_err)?,
-                requests: r.get::<_, i64>(14).map_err(read_err)?.max(0) as u64,
-                input_tokens: r.get::<_, i64>(15).map_err(read_err)?.max(0) as u64,
-                output_tokens: r.get::<_, i64>(16).map_err(read_err)?.max(0) as u64,
-            };
-            visit(&span);
-            n += 1;
-        }
-        Ok(n)
+        self.in_window(decode::SPANS, window, |r| decode::span(r), visit)
     }
 
     /// Nearest-rank percentiles (`percents` in 1..=100) of the activator waits of a pool's
@@ -515,26 +443,12 @@ impl Store for SqliteStore {
                 "SELECT wait_ms {REQUESTS} AND wait_ms > 0 ORDER BY wait_ms LIMIT 1 OFFSET ?9"
             ))
             .map_err(read_err)?;
-        let not_waited = all - waited;
-        let mut out = Vec::with_capacity(percents.len());
-        for &p in percents {
-            let rank = (u64::from(p.clamp(1, 100)) * all.max(0) as u64).div_ceil(100) as i64;
-            let wait = if all == 0 {
-                None
-            } else if rank <= not_waited {
-                Some(0)
-            } else {
-                let offset = rank - not_waited - 1;
-                let mut with_offset = args.to_vec();
-                with_offset.push(&offset);
-                Some(
-                    stmt.query_row(&with_offset[..], |r| r.get(0))
-                        .map_err(read_err)?,
-                )
-            };
-            out.push(wait);
-        }
-        Ok(out)
+        decode::wait_ranks(all, waited, percents, |offset| {
+            let mut with_offset = args.to_vec();
+            with_offset.push(&offset);
+            stmt.query_row(&with_offset[..], |r| r.get(0))
+                .map_err(read_err)
+        })
     }
 
     fn rollups(
@@ -567,51 +481,20 @@ impl Store for SqliteStore {
         until_ms: Millis,
         visit: &mut dyn FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError> {
-        let read_err = self.read_err();
         let mut stmt = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT ts_ms, duration_ms,
-                        (SELECT name FROM dims WHERE id = workload),
-                        (SELECT name FROM dims WHERE id = run),
-                        (SELECT name FROM dims WHERE id = instance),
-                        (SELECT name FROM dims WHERE id = region),
-                        cost, mfu, precision, data_stall, sync_stall
-                 FROM events
-                 WHERE {ADVISED} AND kind = ?3 AND ts_ms < ?2 AND ts_ms + duration_ms > ?1
-                 ORDER BY ts_ms, id"
-            ))
-            .map_err(read_err)?;
+            .prepare_cached(&decode::placeholders(&decode::segments_query(), "?"))
+            .map_err(self.read_err())?;
         let training = Kind::Training.code();
-        let mut rows = stmt
-            .query(params![since_ms, until_ms, training])
-            .map_err(read_err)?;
-        let mut n = 0;
-        while let Some(r) = rows.next().map_err(read_err)? {
-            let precision = match r.get::<_, Option<i64>>(8).map_err(read_err)? {
-                None => None,
-                Some(c) => Some(
-                    Precision::from_code(c)
-                        .ok_or_else(|| self.corrupt(format!("precision {c}")))?,
-                ),
-            };
-            let segment = TrainingSegment {
-                ts_ms: r.get(0).map_err(read_err)?,
-                duration_ms: r.get(1).map_err(read_err)?,
-                workload: r.get(2).map_err(read_err)?,
-                run: r.get(3).map_err(read_err)?,
-                instance_type: r.get(4).map_err(read_err)?,
-                region: r.get(5).map_err(read_err)?,
-                cost: Money::from_nanos(r.get(6).map_err(read_err)?),
-                mfu: r.get(7).map_err(read_err)?,
-                precision,
-                data_stall: r.get(9).map_err(read_err)?,
-                sync_stall: r.get(10).map_err(read_err)?,
-            };
-            visit(&segment);
-            n += 1;
-        }
-        Ok(n)
+        let rows = stmt.query(params![since_ms, until_ms, training]);
+        self.each(
+            rows,
+            |r| decode::segment(r),
+            |segment| {
+                visit(&segment);
+                Ok(())
+            },
+        )
     }
 
     fn info(&self) -> Result<LedgerInfo, LedgerError> {
@@ -648,44 +531,20 @@ impl Store for SqliteStore {
         })
     }
 
-    /// SQLite's own check of the file, for tests and `frugal ledger info --check`.
     fn export_events(
         &self,
         after_id: i64,
         limit: i64,
         visit: &mut dyn FnMut(Stored),
     ) -> Result<u64, LedgerError> {
-        let read_err = self.read_err();
         let sql = EXPORT.replace("{AFTER}", "?1").replace("{LIMIT}", "?2");
-        let mut stmt = self.conn.prepare_cached(&sql).map_err(read_err)?;
-        let mut rows = stmt.query(params![after_id, limit]).map_err(read_err)?;
-        let mut n = 0;
-        while let Some(r) = rows.next().map_err(read_err)? {
-            let mut row = ExportRow {
-                ints: [None; 30],
-                names: Default::default(),
-                floats: [None; 4],
-                key: r.get(ExportRow::KEY).map_err(read_err)?,
-            };
-            for i in 0..30 {
-                if ExportRow::NAMES.contains(&i)
-                    || ExportRow::FLOATS.contains(&i)
-                    || i == ExportRow::KEY
-                {
-                    continue;
-                }
-                row.ints[i] = r.get(i).map_err(read_err)?;
-            }
-            for (slot, &i) in ExportRow::NAMES.iter().enumerate() {
-                row.names[slot] = r.get(i).map_err(read_err)?;
-            }
-            for (slot, &i) in ExportRow::FLOATS.iter().enumerate() {
-                row.floats[slot] = r.get(i).map_err(read_err)?;
-            }
-            visit(row.into_stored().map_err(|what| self.corrupt(what))?);
-            n += 1;
-        }
-        Ok(n)
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(self.read_err())?;
+        let rows = stmt.query(params![after_id, limit]);
+        self.each(
+            rows,
+            |r| decode::export(r),
+            |row| row.into_stored().map(&mut *visit),
+        )
     }
 
     #[cfg(test)]
@@ -693,6 +552,7 @@ impl Store for SqliteStore {
         Some(self)
     }
 
+    /// SQLite's own check of the file, for tests and `frugal ledger info --check`.
     fn integrity_check(&self) -> Result<String, LedgerError> {
         self.conn
             .query_row("PRAGMA integrity_check", [], |r| r.get(0))
@@ -928,6 +788,7 @@ mod tests {
 
     use super::super::{Ledger, RowHash};
     use super::*;
+    use crate::event::ReplicaState;
 
     fn event(ts: i64, cents: i64) -> Event {
         let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
@@ -1001,21 +862,16 @@ mod tests {
     fn a_v1_ledger_is_upgraded_in_place_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
-        {
-            // A ledger as frugal wrote it before savings were kept.
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(&MIGRATIONS[0].replace("{ROLLUP}", crate::rollup::SCHEMA))
-                .unwrap();
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;
-                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
+        // A ledger as frugal wrote it before savings were kept.
+        old_ledger(
+            &path,
+            1,
+            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
                  INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
                  INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
                      input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
-                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);"
-            ))
-            .unwrap();
-        }
+                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);",
+        );
         let mut ledger = Ledger::open(&path).unwrap();
         let mut hit = event(10, 0);
         hit.saved = Money::from_cents(3);
@@ -1060,25 +916,18 @@ mod tests {
     fn a_v3_ledger_gains_row_hashes_and_keeps_its_rows_and_imports() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
-        {
-            // A ledger as frugal wrote it before imports were known again.
-            let conn = Connection::open(&path).unwrap();
-            for m in &MIGRATIONS[..3] {
-                conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
-                    .unwrap();
-            }
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 3;
-                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
+        // A ledger as frugal wrote it before imports were known again.
+        old_ledger(
+            &path,
+            3,
+            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
                  INSERT INTO imports (id, at_ms, source, format, rows)
                      VALUES (1, 1000, 'old.csv', 'csv', 1), (2, 2000, 'frugal serve', 'api', 1);
                  INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
                      input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
                      VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1),
-                            (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);"
-            ))
-            .unwrap();
-        }
+                            (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);",
+        );
         let mut ledger = Ledger::open(&path).unwrap();
         let hash = RowHash([7; 16]);
         let (rows, stored) = ledger
@@ -1133,6 +982,19 @@ mod tests {
         result.unwrap();
     }
 
+    /// A ledger at schema `version` as frugal wrote it then, holding what `rows` inserts.
+    fn old_ledger(path: &Path, version: usize, rows: &str) {
+        let conn = Connection::open(path).unwrap();
+        for m in &MIGRATIONS[..version] {
+            conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
+                .unwrap();
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version}; {rows}"
+        ))
+        .unwrap();
+    }
+
     fn span(ts: i64, replica: u32, state: ReplicaState) -> ReplicaSpan {
         ReplicaSpan {
             id: None,
@@ -1160,25 +1022,18 @@ mod tests {
     fn a_v4_ledger_gains_waits_and_replica_spans_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
-        {
-            // A ledger as frugal wrote it before pools.
-            let conn = Connection::open(&path).unwrap();
-            for m in &MIGRATIONS[..4] {
-                conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
-                    .unwrap();
-            }
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 4;
-                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat'), (2, 1, 'qwen');
+        // A ledger as frugal wrote it before pools.
+        old_ledger(
+            &path,
+            4,
+            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat'), (2, 1, 'qwen');
                  INSERT INTO imports (id, at_ms, source, format, rows, sha256)
                      VALUES (1, 1000, 'old.csv', 'csv', 1, 'ab');
                  INSERT INTO events (ts_ms, duration_ms, kind, workload, model, instances,
                      requests, input_tokens, output_tokens, cached_tokens, cost, lost_ms, import,
                      row_hash)
-                     VALUES (5, 0, 0, 1, 2, 1, 1, 0, 0, 0, 7, 0, 1, x'01');"
-            ))
-            .unwrap();
-        }
+                     VALUES (5, 0, 0, 1, 2, 1, 1, 0, 0, 0, 7, 0, 1, x'01');",
+        );
         let mut ledger = Ledger::open(&path).unwrap();
         let mut waited = event(10, 1);
         waited.model = Some("qwen".into());

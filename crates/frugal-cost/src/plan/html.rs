@@ -11,13 +11,9 @@ use super::spot::Replay;
 use super::whole::{Plan, SpotPlan};
 use crate::money::Money;
 use crate::present::chart::{Chart, Series};
-use crate::present::page::{document, esc};
+use crate::present::page::{esc, styled};
 use crate::present::{pct, pct1, usd, usd_per_1m, usd_unit, utc};
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;\
-color:#222;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1.5em}\
-td,th{padding:.25em .7em;border-bottom:1px solid #ddd;text-align:left}td.n,th.n{text-align:right}\
-figure{margin:0 0 2em}figcaption,p.note{color:#555;font-size:14px}";
 const COLOURS: [&str; 5] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
 
 pub fn render(plan: &Plan) -> String {
@@ -66,7 +62,7 @@ pub fn render(plan: &Plan) -> String {
     if let Some(z) = &plan.scale_to_zero {
         body.push_str(&zero_section(z));
     }
-    document("frugal plan", STYLE, &body)
+    styled("frugal plan", &body)
 }
 
 fn table(head: &[&str], rows: &[Vec<String>]) -> String {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::present::page::{document, esc};
+use crate::present::page::{esc, styled};
 use crate::present::svg::{line, open, rect, text};
 
 /// One line of a chart.
@@ -40,7 +40,6 @@ const TOP: f64 = 20.0;
 const RIGHT: f64 = 20.0;
 const GRID: &str = " stroke=\"#eee\"";
 const SMALL: &str = " font-size=\"12\"";
-const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:720px;margin:2em auto;color:#222}figure{margin:0 0 2em}figcaption{color:#555;font-size:14px}";
 
 impl Chart {
     fn px(&self, x: f64, y: f64) -> (f64, f64) {
@@ -148,7 +147,7 @@ pub fn page(title: &str, charts: &[(&Chart, &str)]) -> String {
             esc(caption)
         );
     }
-    document(title, STYLE, &body)
+    styled(title, &body)
 }
 
 #[cfg(test)]

@@ -133,6 +133,17 @@ fn reference(w: &QMatrix, gguf: &[u8], x: &[f32], batch: usize) -> (Vec<f64>, Ve
 }
 
 /// The types the integer kernels read.
+/// Each of the first `rows` rows of `w` (512 wide) reads back exactly what its GGUF bytes do.
+fn assert_rows_read_as_gguf(t: WeightType, w: &QMatrix, gguf: &[u8], rows: usize) {
+    let rb = t.row_bytes(512).unwrap();
+    let (mut got, mut want) = (vec![0f32; 512], vec![0f32; 512]);
+    for r in 0..rows {
+        w.dequantize_row(r, &mut got).unwrap();
+        dequantize_row(t, &gguf[r * rb..(r + 1) * rb], &mut want).unwrap();
+        assert_eq!(got, want, "{t} row {r}");
+    }
+}
+
 fn packed_types() -> Vec<WeightType> {
     WeightType::ALL
         .into_iter()
@@ -405,16 +416,10 @@ fn packed_rows_dequantize_like_gguf() {
     for t in packed_types() {
         // 37 rows: the last tile is partly padding.
         let (w, gguf) = random_matrix(t, 37, 512, 11);
-        let rb = t.row_bytes(512).unwrap();
-        let (mut a, mut b) = (vec![0f32; 512], vec![0f32; 512]);
-        for r in 0..37 {
-            w.dequantize_row(r, &mut a).unwrap();
-            dequantize_row(t, &gguf[r * rb..(r + 1) * rb], &mut b).unwrap();
-            assert_eq!(a, b, "{t} row {r}");
-        }
+        assert_rows_read_as_gguf(t, &w, &gguf, 37);
         // Resident at the file's size: tile padding (3 of 48 rows) plus, for Q4_K / Q5_K,
         // the unpacked 6-bit scales.
-        let per_row = w.bytes() as f64 / 48.0 / rb as f64;
+        let per_row = w.bytes() as f64 / 48.0 / t.row_bytes(512).unwrap() as f64;
         assert!((1.0..1.04).contains(&per_row), "{t} {per_row}");
     }
 }
@@ -802,12 +807,6 @@ fn kernel_names_and_selection() {
 fn packed_rows_read_back_their_gguf_values() {
     for t in packed_types() {
         let (w, gguf) = random_matrix(t, 8, 512, 7);
-        let rb = t.row_bytes(512).unwrap();
-        let (mut got, mut want) = (vec![0f32; 512], vec![0f32; 512]);
-        for r in 0..8 {
-            w.dequantize_row(r, &mut got).unwrap();
-            dequantize_row(t, &gguf[r * rb..(r + 1) * rb], &mut want).unwrap();
-            assert_eq!(got, want, "{t} row {r}");
-        }
+        assert_rows_read_as_gguf(t, &w, &gguf, 8);
     }
 }

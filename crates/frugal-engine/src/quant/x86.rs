@@ -90,6 +90,47 @@ fn check(kind: PackKind, a: &Args<'_>, nbat: usize) -> bool {
         && a.b0 + nbat <= a.act.batch
 }
 
+/// The blocks of `x` (whole rows of activations, a multiple of 32 long) when `q` holds as
+/// many values and `d`, `sum`, `lo`, `sd` one per block: what `quantize` may write.
+#[inline(always)]
+fn act_blocks(
+    x: &[f32],
+    q: &[i8],
+    d: &[f32],
+    sum: &[i32],
+    lo: &[i32],
+    sd: &[f32],
+) -> Option<usize> {
+    let n = x.len() / QK;
+    let fits = x.len().is_multiple_of(QK)
+        && q.len() == x.len()
+        && [d.len(), sum.len(), lo.len(), sd.len()] == [n; 4];
+    fits.then_some(n)
+}
+
+/// Calls `$kernel::<NB, KIND>($a, $out)`, one monomorphized kernel for each packing and
+/// batch of 1 to 8 rows; returns false from the caller for any other pair.
+macro_rules! dispatch {
+    ($kernel:ident, $kind:expr, $nbat:expr, $a:expr, $out:expr) => {
+        dispatch!(@ $kernel, $kind, $nbat, $a, $out; 1 2 3 4 5 6 7 8)
+    };
+    (@ $kernel:ident, $kind:expr, $nbat:expr, $a:expr, $out:expr; $($n:literal)*) => {
+        match (kind_id($kind), $nbat) {
+            $(
+                (K_Q8_0, $n) => $kernel::<$n, K_Q8_0>($a, $out),
+                (K_Q4_0, $n) => $kernel::<$n, K_Q4_0>($a, $out),
+                (K_Q4_1, $n) => $kernel::<$n, K_Q4_1>($a, $out),
+                (K_Q5_0, $n) => $kernel::<$n, K_Q5_0>($a, $out),
+                (K_Q5_1, $n) => $kernel::<$n, K_Q5_1>($a, $out),
+                (K_Q4_K, $n) => $kernel::<$n, K_Q4_K>($a, $out),
+                (K_Q5_K, $n) => $kernel::<$n, K_Q5_K>($a, $out),
+                (K_Q6_K, $n) => $kernel::<$n, K_Q6_K>($a, $out),
+            )*
+            _ => return false,
+        }
+    };
+}
+
 /// Activation rows per AVX2 kernel call.
 const AVX2_NB: usize = 8;
 
@@ -140,27 +181,10 @@ impl Avx512Vnni {
         if !check(kind, &a, nbat) {
             return false;
         }
-        macro_rules! go {
-            ($($n:literal)*) => {
-                match (kind_id(kind), nbat) {
-                    $(
-                        (K_Q8_0, $n) => vnni_tile::<$n, K_Q8_0>(&a, out),
-                        (K_Q4_0, $n) => vnni_tile::<$n, K_Q4_0>(&a, out),
-                        (K_Q4_1, $n) => vnni_tile::<$n, K_Q4_1>(&a, out),
-                        (K_Q5_0, $n) => vnni_tile::<$n, K_Q5_0>(&a, out),
-                        (K_Q5_1, $n) => vnni_tile::<$n, K_Q5_1>(&a, out),
-                        (K_Q4_K, $n) => vnni_tile::<$n, K_Q4_K>(&a, out),
-                        (K_Q5_K, $n) => vnni_tile::<$n, K_Q5_K>(&a, out),
-                        (K_Q6_K, $n) => vnni_tile::<$n, K_Q6_K>(&a, out),
-                    )*
-                    _ => return false,
-                }
-            };
-        }
         // SAFETY: `self` proves the CPU has the features `vnni_tile` is compiled for, and
         // `check` established the lengths its pointer arithmetic relies on.
         unsafe {
-            go!(1 2 3 4 5 6 7 8);
+            dispatch!(vnni_tile, kind, nbat, &a, out);
         }
         true
     }
@@ -177,16 +201,9 @@ impl Avx512Vnni {
         lo: &mut [i32],
         sd: &mut [f32],
     ) -> bool {
-        let n = x.len() / QK;
-        if !x.len().is_multiple_of(QK)
-            || q.len() != x.len()
-            || d.len() != n
-            || sum.len() != n
-            || lo.len() != n
-            || sd.len() != n
-        {
+        let Some(n) = act_blocks(x, q, d, sum, lo, sd) else {
             return false;
-        }
+        };
         // SAFETY: features proven by `self`; all six slices hold exactly `n` blocks.
         unsafe { quantize_avx512(x.as_ptr(), n, q.as_mut_ptr(), d, sum, lo, sd) };
         true
@@ -243,28 +260,11 @@ impl Avx2 {
                 b0: b0 + done,
             };
             let o = &mut out[done * TILE..];
-            macro_rules! go {
-                ($($n:literal)*) => {
-                    match (kind_id(kind), n) {
-                        $(
-                            (K_Q8_0, $n) => avx2_tile::<$n, K_Q8_0>(&a, o),
-                            (K_Q4_0, $n) => avx2_tile::<$n, K_Q4_0>(&a, o),
-                            (K_Q4_1, $n) => avx2_tile::<$n, K_Q4_1>(&a, o),
-                            (K_Q5_0, $n) => avx2_tile::<$n, K_Q5_0>(&a, o),
-                            (K_Q5_1, $n) => avx2_tile::<$n, K_Q5_1>(&a, o),
-                            (K_Q4_K, $n) => avx2_tile::<$n, K_Q4_K>(&a, o),
-                            (K_Q5_K, $n) => avx2_tile::<$n, K_Q5_K>(&a, o),
-                            (K_Q6_K, $n) => avx2_tile::<$n, K_Q6_K>(&a, o),
-                        )*
-                        _ => return false,
-                    }
-                };
-            }
             // SAFETY: `self` proves AVX2/FMA/F16C; `check` established the tile and activation
             // lengths for rows b0 .. b0 + nbat, and `o` holds (nbat - done) * TILE >= n * TILE
             // floats.
             unsafe {
-                go!(1 2 3 4 5 6 7 8);
+                dispatch!(avx2_tile, kind, n, &a, o);
             }
             done += n;
         }
@@ -280,16 +280,9 @@ impl Avx2 {
         lo: &mut [i32],
         sd: &mut [f32],
     ) -> bool {
-        let n = x.len() / QK;
-        if !x.len().is_multiple_of(QK)
-            || q.len() != x.len()
-            || d.len() != n
-            || sum.len() != n
-            || lo.len() != n
-            || sd.len() != n
-        {
+        let Some(n) = act_blocks(x, q, d, sum, lo, sd) else {
             return false;
-        }
+        };
         // SAFETY: features proven by `self`; all six slices hold exactly `n` blocks.
         unsafe { quantize_avx2(x.as_ptr(), n, q.as_mut_ptr(), d, sum, lo, sd) };
         true

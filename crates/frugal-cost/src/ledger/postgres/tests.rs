@@ -1,6 +1,6 @@
 use super::super::{Ledger, LedgerError, Location, RowHash, Window};
 use super::*;
-use crate::event::Event;
+use crate::event::{Event, ReplicaState};
 use crate::pg_test::{PASSWORD, Server};
 
 fn event(ts: i64, cents: i64) -> Event {

@@ -184,43 +184,32 @@ mod server_tests {
                 String::from_utf8_lossy(&out.stderr)
             );
         };
+        // A new P-256 key in `key`, and a request (or with `-x509`, a certificate) for it.
+        let new_key = |key: &str, out: &str, subject: &str, extra: &[&str]| {
+            let mut args = vec!["req"];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]);
+            args.extend_from_slice(&["-nodes", "-keyout", key, "-out", out, "-subj", subject]);
+            run(&args);
+        };
         let ca = format!("{name}-ca");
-        run(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
+        new_key(
             &format!("{ca}.key"),
-            "-out",
             &format!("{ca}.pem"),
-            "-days",
-            "2",
-            "-subj",
             &format!("/CN={ca}"),
-        ]);
+            &["-x509", "-days", "2"],
+        );
         std::fs::write(
             dir.join("san.ext"),
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
         )
         .unwrap();
-        run(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
+        new_key(
             &format!("{name}.key"),
-            "-out",
             &format!("{name}.csr"),
-            "-subj",
             "/CN=localhost",
-        ]);
+            &[],
+        );
         run(&[
             "x509",
             "-req",

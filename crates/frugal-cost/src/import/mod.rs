@@ -17,12 +17,10 @@
 //! `requests`, `input_tokens`, `output_tokens`, `cached_input_tokens`, `utilization`,
 //! `cost_usd`, `currency` (USD only), `outcome`, `lost_s`.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime};
@@ -31,9 +29,15 @@ use sha2::{Digest, Sha256};
 
 use crate::Progress;
 use crate::catalog::Catalog;
-use crate::event::{Capacity, Event, Kind, Outcome};
+use crate::event::Event;
 use crate::ledger::{Ledger, LedgerError, PriorImport, RowHash, Sink};
 use crate::money::{Millis, Money};
+
+use focus::FocusColumns;
+use native::{NativeColumns, read_jsonl};
+
+mod focus;
+mod native;
 
 /// Bad rows named in one error; the rest are counted.
 const MAX_REPORTED: usize = 20;
@@ -583,171 +587,6 @@ fn read_csv<R: Read>(
     }
 }
 
-fn read_jsonl(
-    reader: impl BufRead,
-    path: &Path,
-    catalog: &Catalog,
-    accept: &mut Accept<'_>,
-) -> Result<(), ImportError> {
-    for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|source| ImportError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut content = [0; 32];
-        let event = serde_json::from_str::<HashMap<String, serde_json::Value>>(&line)
-            .map_err(|e| format!("not a JSON object: {e}"))
-            .and_then(|map| {
-                let map: HashMap<String, serde_json::Value> = map
-                    .into_iter()
-                    .map(|(k, v)| (k.to_ascii_lowercase(), v))
-                    .collect();
-                let fields = JsonFields(&map);
-                let values: Vec<(&str, Cow<'_, str>)> = map
-                    .keys()
-                    .filter_map(|k| Some((k.as_str(), fields.get(k)?)))
-                    .collect();
-                content = content_hash(values.iter().map(|(k, v)| (*k, v.as_ref())));
-                native_event(&fields, catalog)
-            });
-        accept(Parsed {
-            line: i as u64 + 1,
-            content,
-            event: event.map(Some),
-        })?;
-    }
-    Ok(())
-}
-
-/// A source of named fields for one native row.
-trait Fields {
-    fn get(&self, name: &str) -> Option<Cow<'_, str>>;
-}
-
-struct JsonFields<'a>(&'a HashMap<String, serde_json::Value>);
-
-impl Fields for JsonFields<'_> {
-    fn get(&self, name: &str) -> Option<Cow<'_, str>> {
-        match self.0.get(name)? {
-            serde_json::Value::Null => None,
-            serde_json::Value::String(s) => Some(Cow::Borrowed(s.as_str())),
-            other => Some(Cow::Owned(other.to_string())),
-        }
-    }
-}
-
-const NATIVE: &[&str] = &[
-    "ts",
-    "end",
-    "duration_s",
-    "kind",
-    "workload",
-    "model",
-    "run_id",
-    "instance_type",
-    "region",
-    "capacity",
-    "instances",
-    "requests",
-    "input_tokens",
-    "output_tokens",
-    "cached_input_tokens",
-    "utilization",
-    "cost_usd",
-    "currency",
-    "outcome",
-    "lost_s",
-];
-
-/// Column positions of a native CSV header.
-struct NativeColumns {
-    index: HashMap<&'static str, usize>,
-}
-
-struct CsvFields<'a> {
-    columns: &'a NativeColumns,
-    record: &'a csv::StringRecord,
-}
-
-impl Fields for CsvFields<'_> {
-    fn get(&self, name: &str) -> Option<Cow<'_, str>> {
-        let v = self.record.get(*self.columns.index.get(name)?)?.trim();
-        (!v.is_empty()).then_some(Cow::Borrowed(v))
-    }
-}
-
-impl NativeColumns {
-    fn new(headers: &csv::StringRecord) -> Result<NativeColumns, String> {
-        let mut index = HashMap::new();
-        for (i, h) in headers.iter().enumerate() {
-            let h = h.trim().to_ascii_lowercase();
-            match NATIVE.iter().find(|n| **n == h) {
-                Some(name) => {
-                    index.insert(*name, i);
-                }
-                None => {
-                    return Err(format!(
-                        "unknown column `{h}` (known: {}; for a FOCUS export pass --format focus)",
-                        NATIVE.join(", ")
-                    ));
-                }
-            }
-        }
-        for required in ["ts", "kind", "workload"] {
-            if !index.contains_key(required) {
-                return Err(format!("the header has no `{required}` column"));
-            }
-        }
-        Ok(NativeColumns { index })
-    }
-
-    fn event(
-        &self,
-        record: &csv::StringRecord,
-        catalog: &Catalog,
-    ) -> Result<Option<Event>, String> {
-        native_event(
-            &CsvFields {
-                columns: self,
-                record,
-            },
-            catalog,
-        )
-        .map(Some)
-    }
-}
-
-fn parse_field<T: FromStr>(f: &dyn Fields, name: &str) -> Result<Option<T>, String>
-where
-    T::Err: std::fmt::Display,
-{
-    f.get(name)
-        .map(|v| v.parse::<T>().map_err(|e| format!("{name}: `{v}`: {e}")))
-        .transpose()
-}
-
-fn count(f: &dyn Fields, name: &str) -> Result<Option<u64>, String> {
-    f.get(name)
-        .map(|v| {
-            // JSON writers emit 12.0 for integers now and then.
-            let t = v.strip_suffix(".0").unwrap_or(&v);
-            t.parse::<u64>()
-                .map_err(|_| format!("{name}: `{v}` is not a whole number >= 0"))
-        })
-        .transpose()
-}
-
-fn seconds(f: &dyn Fields, name: &str) -> Result<Option<Millis>, String> {
-    match parse_field::<f64>(f, name)? {
-        Some(s) if !(s.is_finite() && s >= 0.0) => Err(format!("{name}: must be >= 0, got {s}")),
-        Some(s) => Ok(Some((s * 1000.0).round() as Millis)),
-        None => Ok(None),
-    }
-}
-
 /// Parses a timestamp: RFC 3339, a UTC date-time without offset, a date, or epoch ms.
 pub fn parse_ts(text: &str) -> Result<Millis, String> {
     let t = text.trim();
@@ -776,259 +615,6 @@ pub fn parse_ts(text: &str) -> Result<Millis, String> {
     ))
 }
 
-fn native_event(f: &dyn Fields, catalog: &Catalog) -> Result<Event, String> {
-    let required = |name: &str| f.get(name).ok_or_else(|| format!("{name}: missing"));
-    let ts_ms = parse_ts(&required("ts")?).map_err(|e| format!("ts: {e}"))?;
-    let kind: Kind = required("kind")?
-        .parse()
-        .map_err(|e| format!("kind: {e}"))?;
-    let workload = required("workload")?.into_owned();
-    if let Some(currency) = f.get("currency") {
-        usd_only("currency", &currency)?;
-    }
-    let duration_ms = match (f.get("end"), seconds(f, "duration_s")?) {
-        (Some(end), None) => {
-            let end = parse_ts(&end).map_err(|e| format!("end: {e}"))?;
-            if end < ts_ms {
-                return Err(format!("end: before ts by {} ms", ts_ms - end));
-            }
-            end - ts_ms
-        }
-        (None, d) => d.unwrap_or(0),
-        (Some(_), Some(_)) => return Err("give `end` or `duration_s`, not both".to_owned()),
-    };
-    let mut e = Event::new(ts_ms, kind, workload, Money::ZERO);
-    e.duration_ms = duration_ms;
-    e.model = f.get("model").map(Cow::into_owned);
-    e.run_id = f.get("run_id").map(Cow::into_owned);
-    e.instance_type = f.get("instance_type").map(Cow::into_owned);
-    e.capacity = parse_field(f, "capacity")?;
-    e.outcome = parse_field::<Outcome>(f, "outcome")?;
-    e.instances = match count(f, "instances")? {
-        Some(0) => return Err("instances: must be at least 1".to_owned()),
-        Some(n) => u32::try_from(n).map_err(|_| format!("instances: {n} is too many"))?,
-        None => 1,
-    };
-    e.requests = count(f, "requests")?.unwrap_or(u64::from(kind == Kind::Inference));
-    e.input_tokens = count(f, "input_tokens")?.unwrap_or(0);
-    e.output_tokens = count(f, "output_tokens")?.unwrap_or(0);
-    e.cached_input_tokens = count(f, "cached_input_tokens")?.unwrap_or(0);
-    if e.cached_input_tokens > e.input_tokens {
-        return Err(format!(
-            "cached_input_tokens: {} is more than input_tokens {}",
-            e.cached_input_tokens, e.input_tokens
-        ));
-    }
-    e.utilization = match parse_field::<f64>(f, "utilization")? {
-        Some(u) if !(0.0..=1.0).contains(&u) => {
-            return Err(format!("utilization: a share in [0, 1], got {u}"));
-        }
-        u => u,
-    };
-    e.lost_ms = seconds(f, "lost_s")?.unwrap_or(0);
-    let explicit = f
-        .get("cost_usd")
-        .map(|v| v.parse::<Money>().map_err(|err| format!("cost_usd: {err}")))
-        .transpose()?;
-    if explicit.is_some_and(Money::is_negative) {
-        return Err("cost_usd: a usage cost cannot be negative".to_owned());
-    }
-    e.region = f.get("region").map(Cow::into_owned);
-    price(&mut e, explicit, catalog)?;
-    Ok(e)
-}
-
-/// Sets the cost (explicit, or from the catalog) and the on-demand list cost.
-fn price(e: &mut Event, explicit: Option<Money>, catalog: &Catalog) -> Result<(), String> {
-    if let Some(instance) = e.instance_type.as_deref() {
-        let offer = catalog.instance(instance, e.region.as_deref());
-        if explicit.is_none() || offer.is_ok() {
-            let offer = offer.map_err(|err| format!("instance_type: {err}"))?;
-            if e.duration_ms == 0 && explicit.is_none() {
-                return Err(
-                    "no duration (`end` or `duration_s`) to price the instance time by".to_owned(),
-                );
-            }
-            let capacity = *e.capacity.get_or_insert(Capacity::OnDemand);
-            let overflow = || "cost overflows".to_owned();
-            e.list_cost = Some(
-                offer
-                    .on_demand
-                    .cost(e.duration_ms, e.instances)
-                    .ok_or_else(overflow)?,
-            );
-            e.cost = match explicit {
-                Some(c) => c,
-                None => offer
-                    .price(capacity)
-                    .ok_or_else(|| {
-                        format!("capacity: {instance} has no {capacity} price in the catalog")
-                    })?
-                    .cost(e.duration_ms, e.instances)
-                    .ok_or_else(overflow)?,
-            };
-            return Ok(());
-        }
-    }
-    if let Some(cost) = explicit {
-        e.cost = cost;
-        return Ok(());
-    }
-    match e.model.as_deref().map(|m| catalog.model(m)) {
-        Some(Ok(price)) => {
-            let (input, output) = price
-                .cost(e.input_tokens, e.cached_input_tokens, e.output_tokens)
-                .ok_or_else(|| "cost overflows".to_owned())?;
-            e.cost = input + output;
-            e.input_cost = Some(input);
-            Ok(())
-        }
-        Some(Err(err)) => Err(format!("no cost_usd or instance_type, and {err}")),
-        None => Err("nothing to price it by: give cost_usd, instance_type with a duration, or a model with per-token prices".to_owned()),
-    }
-}
-
-/// Column positions of a FOCUS header. Only EffectiveCost and ChargePeriodStart are required.
-struct FocusColumns {
-    index: HashMap<String, usize>,
-}
-
-impl FocusColumns {
-    fn new(headers: &csv::StringRecord) -> Result<FocusColumns, String> {
-        let index: HashMap<String, usize> = headers
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.trim().to_owned(), i))
-            .collect();
-        for required in ["EffectiveCost", "ChargePeriodStart"] {
-            if !index.contains_key(required) {
-                return Err(format!(
-                    "not a FOCUS export: the header has no `{required}` column"
-                ));
-            }
-        }
-        Ok(FocusColumns { index })
-    }
-
-    fn get<'r>(&self, rec: &'r csv::StringRecord, name: &str) -> Option<&'r str> {
-        let v = rec.get(*self.index.get(name)?)?.trim();
-        (!v.is_empty()).then_some(v)
-    }
-
-    /// One FOCUS row as an event; `None` for rows that carry no cost of their own.
-    ///
-    /// EffectiveCost is the cost basis: it amortizes prepaid commitments over the usage they
-    /// cover, and FOCUS sets it to 0 on the purchase rows themselves, which are skipped. The
-    /// unused part of a commitment (CommitmentDiscountStatus = Unused) is capacity paid and
-    /// not used: idle. Tags (a JSON object) name frugal's kind, workload, model and run.
-    fn event(&self, rec: &csv::StringRecord) -> Result<Option<Event>, String> {
-        let get = |name: &str| self.get(rec, name);
-        let start = get("ChargePeriodStart").ok_or("ChargePeriodStart: missing")?;
-        let ts_ms = parse_ts(start).map_err(|e| format!("ChargePeriodStart: {e}"))?;
-        let end_ms = get("ChargePeriodEnd")
-            .map(|t| parse_ts(t).map_err(|e| format!("ChargePeriodEnd: {e}")))
-            .transpose()?
-            .unwrap_or(ts_ms);
-        if end_ms < ts_ms {
-            return Err("ChargePeriodEnd: before ChargePeriodStart".to_owned());
-        }
-        let money = |name: &str| {
-            get(name)
-                .map(|v| parse_decimal(v).map_err(|e| format!("{name}: {e}")))
-                .transpose()
-        };
-        if let Some(currency) = get("BillingCurrency") {
-            usd_only("BillingCurrency", currency)?;
-        }
-        let cost = money("EffectiveCost")?.ok_or("EffectiveCost: missing (FOCUS requires it)")?;
-        let category = get("ChargeCategory").unwrap_or("Usage");
-        if category.eq_ignore_ascii_case("Purchase") && cost == Money::ZERO {
-            return Ok(None);
-        }
-        let tags: HashMap<String, serde_json::Value> = match get("Tags") {
-            Some(t) => {
-                serde_json::from_str(t).map_err(|e| format!("Tags: not a JSON object: {e}"))?
-            }
-            None => HashMap::new(),
-        };
-        let tag = |keys: &[&str]| {
-            keys.iter().find_map(|k| match tags.get(*k) {
-                Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
-                _ => None,
-            })
-        };
-        let unused =
-            get("CommitmentDiscountStatus").is_some_and(|s| s.eq_ignore_ascii_case("Unused"));
-        let kind = if unused {
-            Kind::Idle
-        } else if !category.eq_ignore_ascii_case("Usage") {
-            Kind::Other
-        } else {
-            match tag(&["frugal-kind", "frugal:kind", "kind"]) {
-                Some(k) => k.parse::<Kind>().map_err(|e| format!("Tags: {e}"))?,
-                None => Kind::Other,
-            }
-        };
-        let workload = tag(&[
-            "frugal-workload",
-            "frugal:workload",
-            "workload",
-            "app",
-            "service",
-        ])
-        .or_else(|| {
-            unused
-                .then(|| get("CommitmentDiscountName").or(get("CommitmentDiscountId")))
-                .flatten()
-                .map(str::to_owned)
-        })
-        .or_else(|| {
-            get("ResourceName")
-                .or(get("ResourceId"))
-                .or(get("ServiceName"))
-                .map(str::to_owned)
-        })
-        .unwrap_or_else(|| "unattributed".to_owned());
-        let mut e = Event::new(ts_ms, kind, workload, cost);
-        e.duration_ms = end_ms - ts_ms;
-        e.model = tag(&["frugal-model", "frugal:model", "model"]);
-        e.run_id = tag(&["frugal-run", "frugal:run", "run_id"]);
-        e.instance_type = tag(&["frugal-instance", "instance_type"])
-            .or_else(|| get("x_InstanceType").map(str::to_owned));
-        e.region = get("RegionId").map(str::to_owned);
-        e.capacity = get("PricingCategory").and_then(|p| match p.to_ascii_lowercase().as_str() {
-            "standard" | "on-demand" => Some(Capacity::OnDemand),
-            "dynamic" => Some(Capacity::Spot),
-            "committed" | "commitment-based" => Some(Capacity::Reserved1y),
-            _ => None,
-        });
-        e.list_cost = money("ListCost")?;
-        if let (Some(q), Some(unit)) = (get("ConsumedQuantity"), get("ConsumedUnit")) {
-            let q = q
-                .parse::<f64>()
-                .map_err(|_| format!("ConsumedQuantity: `{q}` is not a number"))?;
-            let n = q.max(0.0).round() as u64;
-            let unit = unit.to_ascii_lowercase();
-            let what = get("ChargeDescription").unwrap_or("").to_ascii_lowercase();
-            if unit.contains("token") {
-                let scale = if unit.contains("1k") || unit.contains("1000") {
-                    1000
-                } else {
-                    1
-                };
-                if what.contains("output") {
-                    e.output_tokens = n * scale;
-                } else {
-                    e.input_tokens = n * scale;
-                }
-            } else if unit.contains("request") {
-                e.requests = n;
-            }
-        }
-        Ok(Some(e))
-    }
-}
-
 /// The ledger sums dollars; a cost in another currency would be added to them as if it were.
 fn usd_only(column: &str, currency: &str) -> Result<(), String> {
     if currency.trim().eq_ignore_ascii_case(CURRENCY) {
@@ -1037,16 +623,6 @@ fn usd_only(column: &str, currency: &str) -> Result<(), String> {
     Err(format!(
         "{column}: `{currency}`, but the ledger is in {CURRENCY} only; convert the costs to {CURRENCY} (or export them in {CURRENCY}) and import again"
     ))
-}
-
-/// FOCUS decimals may carry more places than a nano-dollar or an exponent; round them.
-fn parse_decimal(v: &str) -> Result<Money, String> {
-    v.parse::<Money>().or_else(|_| {
-        v.parse::<f64>()
-            .ok()
-            .and_then(Money::from_f64_dollars)
-            .ok_or_else(|| format!("`{v}` is not a number"))
-    })
 }
 
 #[cfg(test)]
