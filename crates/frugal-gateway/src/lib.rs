@@ -29,7 +29,6 @@ pub mod metrics;
 pub mod pipeline;
 pub mod pool;
 pub mod quality;
-pub mod redis_test;
 mod render;
 pub mod route;
 pub mod route_eval;

@@ -12,5 +12,3 @@ pub mod supervisor;
 pub mod tune;
 pub mod watchdog;
 
-#[cfg(test)]
-mod testing;

@@ -12,9 +12,7 @@ use common::{Server, model, said};
 use serde_json::Value;
 
 fn repo(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
+    frugal_testkit::repo(path)
 }
 
 fn text() -> PathBuf {

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use common::said;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    frugal_testkit::repo(".")
 }
 
 fn plan(dir: &Path, args: &[&str]) -> Output {

@@ -697,7 +697,7 @@ fn bench(server: &Server, args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn requests_are_metered_into_a_postgresql_ledger() {
-    let url = frugal_cost::pg_test::Server::shared()
+    let url = frugal_testkit::postgres::Server::shared()
         .unwrap()
         .database()
         .unwrap();

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Server, header};
-use frugal_gateway::redis_test::Redis;
+use frugal_testkit::redis::Redis;
 
 #[test]
 fn replicas_share_answers_through_redis_and_survive_losing_it() {

@@ -928,13 +928,8 @@ mod tests {
 
     use super::super::{Ledger, RowHash};
     use super::*;
+    use crate::test_events::event;
 
-    fn event(ts: i64, cents: i64) -> Event {
-        let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
-        e.model = Some("m".into());
-        e.requests = 1;
-        e
-    }
 
     #[test]
     fn append_then_scan_round_trips() {
@@ -1133,26 +1128,14 @@ mod tests {
         result.unwrap();
     }
 
+    /// A minute of `replica` of pool `qwen` (of at most 4) in `state`, for 2 cents.
     fn span(ts: i64, replica: u32, state: ReplicaState) -> ReplicaSpan {
         ReplicaSpan {
-            id: None,
-            ts_ms: ts,
-            duration_ms: 60_000,
-            workload: "chat".into(),
             pool: "qwen".into(),
             replica,
             state,
-            busy_ms: 0,
-            cost: Money::from_cents(2),
-            instance_type: None,
-            min_replicas: 0,
             max_replicas: 4,
-            need_bytes: None,
-            failed: false,
-            server: None,
-            requests: 0,
-            input_tokens: 0,
-            output_tokens: 0,
+            ..crate::test_events::span(ts, Money::from_cents(2))
         }
     }
 

@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::path::Path;
 
 use super::{Ledger, Location};
-use crate::pg_test::Server;
+use frugal_testkit::postgres::Server;
 
 thread_local! {
     static POSTGRES: Cell<bool> = const { Cell::new(false) };

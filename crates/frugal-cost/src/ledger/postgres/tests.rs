@@ -1,14 +1,8 @@
 use super::super::{Ledger, LedgerError, Location, RowHash, Window};
 use super::*;
 use crate::event::Event;
-use crate::pg_test::{PASSWORD, Server};
-
-fn event(ts: i64, cents: i64) -> Event {
-    let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
-    e.model = Some("m".into());
-    e.requests = 1;
-    e
-}
+use crate::test_events::{event, span};
+use frugal_testkit::postgres::{PASSWORD, Server};
 
 fn fresh() -> (String, Ledger) {
     let url = Server::shared().unwrap().database().unwrap();
@@ -54,24 +48,8 @@ fn append_then_scan_round_trips_and_reopens() {
 fn events_and_spans_cannot_be_changed_or_removed() {
     let (url, mut ledger) = fresh();
     let span = ReplicaSpan {
-        id: None,
-        ts_ms: 1,
-        duration_ms: 60_000,
-        workload: "chat".into(),
-        pool: "m".into(),
-        replica: 1,
-        state: ReplicaState::Ready,
-        busy_ms: 0,
-        cost: Money::from_cents(2),
-        instance_type: None,
-        min_replicas: 0,
         max_replicas: 2,
-        need_bytes: None,
-        failed: false,
-        server: None,
-        requests: 0,
-        input_tokens: 0,
-        output_tokens: 0,
+        ..span(1, Money::from_cents(2))
     };
     ledger
         .append_with_spans("ok", &[event(1, 1)], &[span])
@@ -146,23 +124,7 @@ fn a_v7_database_gains_span_ids_and_a_span_written_twice_with_its_id_is_stored_o
     assert_eq!(ledger.info().unwrap().schema_version, SCHEMA_VERSION);
     let span = ReplicaSpan {
         id: Some([3; 16]),
-        ts_ms: 1,
-        duration_ms: 60_000,
-        workload: "chat".into(),
-        pool: "m".into(),
-        replica: 1,
-        state: ReplicaState::Ready,
-        busy_ms: 0,
-        cost: Money::from_cents(1),
-        instance_type: None,
-        min_replicas: 0,
-        max_replicas: 1,
-        need_bytes: None,
-        failed: false,
-        server: None,
-        requests: 0,
-        input_tokens: 0,
-        output_tokens: 0,
+        ..span(1, Money::from_cents(1))
     };
     let e = {
         let mut e = event(1, 2);
