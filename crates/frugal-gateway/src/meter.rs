@@ -820,10 +820,7 @@ mod tests {
 
     #[test]
     fn a_spool_left_by_a_killed_gateway_is_replayed_at_the_next_start() {
-        let url = frugal_testkit::postgres::Server::shared()
-            .unwrap()
-            .database()
-            .unwrap();
+        let url = frugal_testkit::postgres::database();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.sqlite");
         let events: Vec<Event> = (0..7u8)
@@ -850,10 +847,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_spool_stops_the_start_with_its_name() {
-        let url = frugal_testkit::postgres::Server::shared()
-            .unwrap()
-            .database()
-            .unwrap();
+        let url = frugal_testkit::postgres::database();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.sqlite");
         std::fs::write(&path, vec![b'x'; 4096]).unwrap();

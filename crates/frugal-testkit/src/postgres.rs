@@ -19,6 +19,13 @@ use crate::free_port;
 /// The superuser's password (loopback only, a temporary cluster).
 pub const PASSWORD: &str = "frugal-test";
 
+/// A new, empty database on the test process's shared server: its URL.
+pub fn database() -> String {
+    Server::shared()
+        .and_then(Server::database)
+        .unwrap_or_else(|e| panic!("PostgreSQL for this test: {e}"))
+}
+
 /// A running server; stopped and its folder removed when dropped.
 pub struct Server {
     child: Child,

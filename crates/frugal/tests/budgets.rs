@@ -81,10 +81,7 @@ fn refused_for_budget(status: u16, head: &str, body: &str) {
 #[test]
 fn two_gateways_on_one_ledger_spend_one_budget() {
     let redis = Redis::start().unwrap();
-    let ledger = frugal_testkit::postgres::Server::shared()
-        .unwrap()
-        .database()
-        .unwrap();
+    let ledger = frugal_testkit::postgres::database();
     let (upstream, _) = mock_upstream();
     let limit = Money::from_cents(100);
     let text = config(
@@ -186,10 +183,7 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
 /// few seconds: a budget one spent is spent at the other too, late.
 #[test]
 fn without_budget_redis_gateways_on_one_postgresql_ledger_catch_up_with_each_other() {
-    let ledger = frugal_testkit::postgres::Server::shared()
-        .unwrap()
-        .database()
-        .unwrap();
+    let ledger = frugal_testkit::postgres::database();
     let (upstream, _) = mock_upstream();
     let text = config(&upstream, "", &[("acme", "fk-acme", "0.20")]);
     let files = [("prices.toml", PRICES), ("frugal.toml", text.as_str())];

@@ -86,10 +86,7 @@ fn json(o: &Output) -> serde_json::Value {
 
 /// A new database on the shared test server.
 fn postgres_ledger() -> String {
-    frugal_testkit::postgres::Server::shared()
-        .unwrap()
-        .database()
-        .unwrap()
+    frugal_testkit::postgres::database()
 }
 
 fn events(env: &Env) -> u64 {

@@ -122,7 +122,6 @@ mod tests {
     use crate::NoProgress;
     use crate::event::{Event, Kind, ReplicaSpan, ReplicaState};
     use crate::ledger::{Location, RowHash};
-    use frugal_testkit::postgres::Server;
     use crate::report::Report;
 
     fn event(ts: i64, cents: i64) -> Event {
@@ -170,7 +169,7 @@ mod tests {
             })
         })
         .unwrap();
-        let url = Server::shared().unwrap().database().unwrap();
+        let url = frugal_testkit::postgres::database();
         let mut to = Ledger::open(Location::Postgres(url)).unwrap();
         let first = migrate(&from, &mut to, 2, &NoProgress).unwrap();
         assert_eq!(
@@ -245,7 +244,7 @@ mod tests {
         let mut from = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         import(&mut from).unwrap();
         from.append("serve", &[event(9, 3)]).unwrap();
-        let url = Server::shared().unwrap().database().unwrap();
+        let url = frugal_testkit::postgres::database();
         let mut to = Ledger::open(Location::Postgres(url)).unwrap();
 
         let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

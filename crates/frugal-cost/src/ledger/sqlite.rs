@@ -963,10 +963,11 @@ mod tests {
         assert_eq!(ledger.info().unwrap().total_cost, Money::from_cents(6));
     }
 
+    /// On both backends (`on_postgres!` below).
     #[test]
-    fn a_failed_import_stores_nothing() {
+    fn a_failed_import_stores_nothing_and_the_ledger_goes_on() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = crate::ledger::testing::fresh(dir.path());
         ledger.append("ok", &[event(1, 1)]).unwrap();
         let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "csv", |sink| {
             sink.push(&event(2, 1))?;
@@ -975,7 +976,16 @@ mod tests {
         assert!(result.is_err());
         let info = ledger.info().unwrap();
         assert_eq!((info.events, info.imports), (1, 1));
+        let mut hours = 0;
+        ledger
+            .rollups(Window::default(), |_, _| hours += 1)
+            .unwrap();
+        assert_eq!(hours, 1, "the failed import's rollups went with it");
+        ledger.append("again", &[event(3, 1)]).unwrap();
+        assert_eq!(ledger.info().unwrap().events, 2);
     }
+
+    crate::ledger::testing::on_postgres!(a_failed_import_stores_nothing_and_the_ledger_goes_on);
 
     #[test]
     fn events_cannot_be_changed_or_removed() {

@@ -336,6 +336,11 @@ pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// What a response says it saved (`x-frugal-saved-usd`).
+pub fn saved_usd(head: &str) -> f64 {
+    header(head, "x-frugal-saved-usd").unwrap().parse().unwrap()
+}
+
 /// The text of an SSE chat stream, and whether it ended with [DONE].
 pub fn streamed_text(sse: &str) -> (String, bool) {
     let mut text = String::new();

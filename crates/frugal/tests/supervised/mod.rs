@@ -356,9 +356,8 @@ impl Shared2 {
 
     /// The same, with the ledger a database of the test process's PostgreSQL server.
     pub fn on_postgres() -> Shared2 {
-        let server = frugal_testkit::postgres::Server::shared().expect("PostgreSQL for this test");
         Shared2 {
-            ledger: server.database().unwrap(),
+            ledger: frugal_testkit::postgres::database(),
             ..Shared2::new()
         }
     }

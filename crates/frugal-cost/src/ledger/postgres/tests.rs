@@ -2,10 +2,10 @@ use super::super::{Ledger, LedgerError, Location, RowHash, Window};
 use super::*;
 use crate::event::Event;
 use crate::test_events::{event, span};
-use frugal_testkit::postgres::{PASSWORD, Server};
+use frugal_testkit::postgres::{PASSWORD, Server, database};
 
 fn fresh() -> (String, Ledger) {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     let ledger = Ledger::open(Location::Postgres(url.clone())).unwrap();
     (url, ledger)
 }
@@ -71,26 +71,6 @@ fn events_and_spans_cannot_be_changed_or_removed() {
 }
 
 #[test]
-fn a_failed_import_stores_nothing_and_the_ledger_goes_on() {
-    let (_, mut ledger) = fresh();
-    ledger.append("ok", &[event(1, 1)]).unwrap();
-    let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "csv", |sink| {
-        sink.push(&event(2, 1))?;
-        Err(LedgerError::Missing("stand-in for a bad row".into()))
-    });
-    assert!(result.is_err());
-    let info = ledger.info().unwrap();
-    assert_eq!((info.events, info.imports), (1, 1));
-    let mut hours = 0;
-    ledger
-        .rollups(Window::default(), |_, _| hours += 1)
-        .unwrap();
-    assert_eq!(hours, 1, "the failed import's rollups went with it");
-    ledger.append("again", &[event(3, 1)]).unwrap();
-    assert_eq!(ledger.info().unwrap().events, 2);
-}
-
-#[test]
 fn an_event_written_twice_with_its_id_is_stored_and_rolled_up_once() {
     let (_, mut ledger) = fresh();
     let mut e = event(1, 7);
@@ -113,7 +93,7 @@ fn an_event_written_twice_with_its_id_is_stored_and_rolled_up_once() {
 
 #[test]
 fn a_v7_database_gains_span_ids_and_a_span_written_twice_with_its_id_is_stored_once() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     raw(&url)
         .batch_execute(&format!(
             "{}\nINSERT INTO schema_version (version) VALUES (7);",
@@ -263,7 +243,7 @@ fn a_newer_schema_is_refused_and_left_alone() {
 
 #[test]
 fn a_database_with_other_events_is_not_a_ledger() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     raw(&url)
         .batch_execute("CREATE TABLE events (x int)")
         .unwrap();
@@ -276,7 +256,7 @@ fn a_database_with_other_events_is_not_a_ledger() {
 
 #[test]
 fn two_ledgers_opening_one_new_database_at_once_both_work() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     let opened: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
             .map(|_| s.spawn(|| Ledger::open(Location::parse(&url)).map(|_| ())))
@@ -357,7 +337,7 @@ fn passwords_are_redacted() {
 /// every event is stored exactly once and the rollups add up to the events.
 #[test]
 fn two_writers_at_once_store_every_event_exactly_once() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     Ledger::open(Location::parse(&url)).unwrap();
     const BATCHES: u64 = 40;
     const PER_BATCH: u64 = 50;
@@ -426,7 +406,7 @@ fn two_writers_at_once_store_every_event_exactly_once() {
 /// failing one of them). Names go in outside it, so both writes succeed, first time.
 #[test]
 fn writers_adding_the_same_new_names_in_opposite_orders_do_not_deadlock() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     Ledger::open(Location::parse(&url)).unwrap();
     let names: Vec<String> = (0..6).map(|i| format!("new-{i}")).collect();
     let halfway = std::sync::Barrier::new(2);
@@ -560,7 +540,7 @@ fn a_write_after_the_server_restarted_goes_through() {
 fn sslmode_require_refuses_a_server_without_tls() {
     let url = format!(
         "{}?sslmode=require",
-        Server::shared().unwrap().database().unwrap()
+        database()
     );
     let err = Ledger::open(Location::parse(&url)).err().unwrap();
     let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
