@@ -1002,25 +1002,33 @@ mod tests {
         }
     }
 
+    /// A ledger at schema `version`, as frugal wrote it then, holding `rows` (SQL).
+    fn old_ledger(path: &std::path::Path, version: usize, rows: &str) {
+        let conn = Connection::open(path).unwrap();
+        for m in &MIGRATIONS[..version] {
+            conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
+                .unwrap();
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version};\n{rows}"
+        ))
+        .unwrap();
+    }
+
     #[test]
     fn a_v1_ledger_is_upgraded_in_place_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
-        {
-            // A ledger as frugal wrote it before savings were kept.
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(&MIGRATIONS[0].replace("{ROLLUP}", crate::rollup::SCHEMA))
-                .unwrap();
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;
-                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
-                 INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
-                 INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
-                     input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
-                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);"
-            ))
-            .unwrap();
-        }
+        // A ledger as frugal wrote it before savings were kept.
+        old_ledger(
+            &path,
+            1,
+            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
+             INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
+             INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
+                 input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
+                 VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);",
+        );
         let mut ledger = Ledger::open(&path).unwrap();
         let mut hit = event(10, 0);
         hit.saved = Money::from_cents(3);
@@ -1065,25 +1073,18 @@ mod tests {
     fn a_v3_ledger_gains_row_hashes_and_keeps_its_rows_and_imports() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
-        {
-            // A ledger as frugal wrote it before imports were known again.
-            let conn = Connection::open(&path).unwrap();
-            for m in &MIGRATIONS[..3] {
-                conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
-                    .unwrap();
-            }
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 3;
-                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
-                 INSERT INTO imports (id, at_ms, source, format, rows)
-                     VALUES (1, 1000, 'old.csv', 'csv', 1), (2, 2000, 'frugal serve', 'api', 1);
-                 INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
-                     input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
-                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1),
-                            (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);"
-            ))
-            .unwrap();
-        }
+        // A ledger as frugal wrote it before imports were known again.
+        old_ledger(
+            &path,
+            3,
+            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
+             INSERT INTO imports (id, at_ms, source, format, rows)
+                 VALUES (1, 1000, 'old.csv', 'csv', 1), (2, 2000, 'frugal serve', 'api', 1);
+             INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
+                 input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
+                 VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1),
+                        (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);",
+        );
         let mut ledger = Ledger::open(&path).unwrap();
         let hash = RowHash([7; 16]);
         let (rows, stored) = ledger
@@ -1153,25 +1154,18 @@ mod tests {
     fn a_v4_ledger_gains_waits_and_replica_spans_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.sqlite");
-        {
-            // A ledger as frugal wrote it before pools.
-            let conn = Connection::open(&path).unwrap();
-            for m in &MIGRATIONS[..4] {
-                conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
-                    .unwrap();
-            }
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 4;
-                 INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat'), (2, 1, 'qwen');
-                 INSERT INTO imports (id, at_ms, source, format, rows, sha256)
-                     VALUES (1, 1000, 'old.csv', 'csv', 1, 'ab');
-                 INSERT INTO events (ts_ms, duration_ms, kind, workload, model, instances,
-                     requests, input_tokens, output_tokens, cached_tokens, cost, lost_ms, import,
-                     row_hash)
-                     VALUES (5, 0, 0, 1, 2, 1, 1, 0, 0, 0, 7, 0, 1, x'01');"
-            ))
-            .unwrap();
-        }
+        // A ledger as frugal wrote it before pools.
+        old_ledger(
+            &path,
+            4,
+            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat'), (2, 1, 'qwen');
+             INSERT INTO imports (id, at_ms, source, format, rows, sha256)
+                 VALUES (1, 1000, 'old.csv', 'csv', 1, 'ab');
+             INSERT INTO events (ts_ms, duration_ms, kind, workload, model, instances,
+                 requests, input_tokens, output_tokens, cached_tokens, cost, lost_ms, import,
+                 row_hash)
+                 VALUES (5, 0, 0, 1, 2, 1, 1, 0, 0, 0, 7, 0, 1, x'01');",
+        );
         let mut ledger = Ledger::open(&path).unwrap();
         let mut waited = event(10, 1);
         waited.model = Some("qwen".into());
