@@ -555,7 +555,7 @@ fn colour(i: usize) -> &'static str {
 mod tests {
     use super::*;
     use crate::catalog::Catalog;
-    use crate::event::{Capacity, Event, Outcome, ReplicaSpan, ReplicaState};
+    use crate::event::{Capacity, Event, Outcome, ReplicaSpan};
     use crate::ledger::{Ledger, Window};
 
     const T0: Millis = 1_793_000_000_000;

@@ -62,6 +62,9 @@ pub fn pool_span(
         instance_type: Some("p4d.24xlarge".into()),
         max_replicas: 4,
         need_bytes: Some(3 << 30),
-        ..span(t0 + at_min * MINUTE_MS, Money::from_cents(100 * minutes / 60))
+        ..span(
+            t0 + at_min * MINUTE_MS,
+            Money::from_cents(100 * minutes / 60),
+        )
     }
 }

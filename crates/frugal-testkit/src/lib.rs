@@ -30,7 +30,6 @@ pub mod prometheus;
 pub mod redis;
 pub mod upstream;
 
-use std::fmt::Display;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -41,11 +40,7 @@ pub fn free_port() -> std::io::Result<u16> {
 }
 
 /// Polls `done` every 20 ms until it holds; fails the test with `why()` after `limit`.
-pub fn wait_until<W: Display>(
-    limit: Duration,
-    mut done: impl FnMut() -> bool,
-    why: impl Fn() -> W,
-) {
+pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool, why: impl Fn() -> String) {
     let start = Instant::now();
     while !done() {
         assert!(start.elapsed() < limit, "{}", why());
@@ -69,9 +64,7 @@ pub fn model(relative: &str) -> PathBuf {
 /// The test model: `FRUGAL_TEST_MODEL`, else `default` in the checkout (the engine's
 /// `DEFAULT_MODEL`, which this crate does not depend on).
 pub fn test_model(default: &str) -> PathBuf {
-    present(
-        std::env::var_os("FRUGAL_TEST_MODEL").map_or_else(|| repo(default), PathBuf::from),
-    )
+    present(std::env::var_os("FRUGAL_TEST_MODEL").map_or_else(|| repo(default), PathBuf::from))
 }
 
 fn present(path: PathBuf) -> PathBuf {

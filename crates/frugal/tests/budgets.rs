@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Server, header, request_at};
 use frugal_cost::{Kind, Ledger, Location, Money, Window};

@@ -1,7 +1,7 @@
 //! End-to-end: the real `frugal` binary on real files, as a user runs it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 struct Env {

@@ -315,7 +315,8 @@ fn replicated_gateways_share_the_ledger_and_budgets_and_keep_credentials_secret(
         )
     );
     std::fs::write(tmp.path().join("frugal.toml"), &shared).unwrap();
-    let deploy = |extra: &[&str]| deploy(tmp.path(), &[&["--gateway-replicas", "3"], extra].concat());
+    let deploy =
+        |extra: &[&str]| deploy(tmp.path(), &[&["--gateway-replicas", "3"], extra].concat());
 
     let out = deploy(&[]);
     assert!(!out.status.success());

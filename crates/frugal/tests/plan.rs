@@ -26,7 +26,12 @@ fn plan(dir: &Path, args: &[&str]) -> Output {
 
 /// `frugal plan` of the demand in `csv` on p3.2xlarge, with `extra` flags.
 fn plan_csv(dir: &Path, csv: &Path, extra: &[&str]) -> Output {
-    let demand = ["--demand", csv.to_str().unwrap(), "--instance", "p3.2xlarge"];
+    let demand = [
+        "--demand",
+        csv.to_str().unwrap(),
+        "--instance",
+        "p3.2xlarge",
+    ];
     plan(dir, &[&demand, extra].concat())
 }
 

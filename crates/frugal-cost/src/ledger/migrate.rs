@@ -120,7 +120,7 @@ pub fn migrate(
 mod tests {
     use super::*;
     use crate::NoProgress;
-    use crate::event::{Event, Kind, ReplicaSpan, ReplicaState};
+    use crate::event::{Event, Kind, ReplicaSpan};
     use crate::ledger::{Location, RowHash};
     use crate::report::Report;
 

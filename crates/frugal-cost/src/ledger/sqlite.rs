@@ -930,7 +930,6 @@ mod tests {
     use super::*;
     use crate::test_events::event;
 
-
     #[test]
     fn append_then_scan_round_trips() {
         let dir = tempfile::tempdir().unwrap();

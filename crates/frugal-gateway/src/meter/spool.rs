@@ -277,7 +277,7 @@ fn prepare(path: &Path) -> Result<(Connection, u64), SpoolError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use frugal_cost::{Kind, Money, ReplicaState};
+    use frugal_cost::Money;
 
     use super::*;
 

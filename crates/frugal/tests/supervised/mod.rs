@@ -15,7 +15,7 @@ pub mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -400,7 +400,6 @@ impl Shared2 {
         rows
     }
 }
-
 
 pub fn finish(child: Child) -> Output {
     let out = child.wait_with_output().unwrap();

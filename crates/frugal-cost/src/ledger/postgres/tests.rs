@@ -538,10 +538,7 @@ fn a_write_after_the_server_restarted_goes_through() {
 /// name, rather than spoken to in the clear.
 #[test]
 fn sslmode_require_refuses_a_server_without_tls() {
-    let url = format!(
-        "{}?sslmode=require",
-        database()
-    );
+    let url = format!("{}?sslmode=require", database());
     let err = Ledger::open(Location::parse(&url)).err().unwrap();
     let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
     assert!(
