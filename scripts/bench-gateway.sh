@@ -55,21 +55,8 @@ http {
 NGINX
 nginx -c "$work/nginx.conf" & pids+=($!)
 
-cat > "$work/prices.toml" <<TOML
-[[model]]
-name = "mock-price"
-input = 0.15
-output = 0.60
-TOML
-cat > "$work/frugal.toml" <<TOML
-[prices]
-files = ["prices.toml"]
-
-[[serve.upstream]]
-name = "mock"
-url = "http://127.0.0.1:18081/v1"
-price = "mock-price"
-TOML
+source scripts/mock-upstream-config.sh
+mock_upstream_config "$work" "http://127.0.0.1:18081/v1"
 $FRUGAL --config "$work/frugal.toml" --ledger "$work/ledger.sqlite" serve --port 18082 --no-model --no-semantic-cache ${FRUGAL_ARGS:-} & pids+=($!)
 frugal_pid=$!
 

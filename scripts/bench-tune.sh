@@ -4,7 +4,7 @@
 # scripts/tune-ranking.sh): each rung result against the ranking's, the chosen
 # configuration's rank and loss, the compute used and the slots' busy share.
 #
-#   scripts/bench-tune.sh [PARALLEL] [EXTRA FLAGS...]   (after cargo build --release)
+#   scripts/bench-tune.sh [PARALLEL] [EXTRA FLAGS...]   (after `cargo build --release --workspace`: frugal and frugal-example-trainer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parallel=${1:-2}

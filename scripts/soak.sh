@@ -68,20 +68,9 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 PY
 python3 "$work/mock.py" "$MOCK_PORT" & pids+=($!)
 
-cat > "$work/prices.toml" <<TOML
-[[model]]
-name = "mock-price"
-input = 0.15
-output = 0.60
-TOML
-cat > "$work/frugal.toml" <<TOML
-[prices]
-files = ["prices.toml"]
-
-[[serve.upstream]]
-name = "mock"
-url = "http://127.0.0.1:$MOCK_PORT/ok/v1"
-price = "mock-price"
+source scripts/mock-upstream-config.sh
+mock_upstream_config "$work" "http://127.0.0.1:$MOCK_PORT/ok/v1"
+cat >> "$work/frugal.toml" <<TOML
 
 [[serve.upstream]]
 name = "broken"

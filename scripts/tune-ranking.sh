@@ -5,7 +5,7 @@
 # metrics. Writes data/tune/example-trainer-ranking.csv, which the tune_replay benchmark
 # replays ASHA and random search on.
 #
-#   scripts/tune-ranking.sh [PARALLEL]      (from the repository root, after cargo build --release)
+#   scripts/tune-ranking.sh [PARALLEL]      (from the repository root, after `cargo build --release --workspace`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parallel=${1:-2}

@@ -87,7 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut server = None;
     let url = match std::env::var("FRUGAL_BENCH_PG") {
         Ok(url) => Some(url),
-        Err(_) => match frugal_cost::pg_test::Server::start_durable() {
+        Err(_) => match frugal_testkit::postgres::Server::start_durable() {
             Ok(mut s) => {
                 if let Ok(settings) = std::env::var("FRUGAL_BENCH_PG_SETTINGS") {
                     configure(&mut s, &settings)?;
@@ -125,7 +125,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Sets the throwaway server's `name=value,...` settings and restarts it.
 fn configure(
-    server: &mut frugal_cost::pg_test::Server,
+    server: &mut frugal_testkit::postgres::Server,
     settings: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut admin = postgres::Client::connect(&server.url_of("postgres"), postgres::NoTls)?;

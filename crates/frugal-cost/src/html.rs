@@ -532,7 +532,7 @@ fn colour(i: usize) -> &'static str {
 mod tests {
     use super::*;
     use crate::catalog::Catalog;
-    use crate::event::{Capacity, Event, Outcome, ReplicaSpan, ReplicaState};
+    use crate::event::{Capacity, Event, Outcome, ReplicaSpan};
     use crate::ledger::{Ledger, Window};
 
     const T0: Millis = 1_793_000_000_000;
@@ -633,24 +633,12 @@ mod tests {
     fn pools_get_a_table() {
         assert!(!render_events(&events()).contains("<h2>Pools</h2>"));
         let span = ReplicaSpan {
-            id: None,
-            ts_ms: T0,
             duration_ms: HOUR_MS,
             workload: "<b>&co".into(),
             pool: "llama".into(),
-            replica: 1,
-            state: ReplicaState::Ready,
             busy_ms: HOUR_MS / 2,
-            cost: m("2"),
-            instance_type: None,
-            min_replicas: 0,
             max_replicas: 3,
-            need_bytes: None,
-            failed: false,
-            server: None,
-            requests: 0,
-            input_tokens: 0,
-            output_tokens: 0,
+            ..crate::test_events::span(T0, m("2"))
         };
         let html = render_with_spans(&events(), &[span]);
         assert!(html.contains("<h2>Pools</h2>"));

@@ -13,11 +13,19 @@ pub mod html;
 pub mod import;
 pub mod ledger;
 pub mod money;
-pub mod pg_test;
 pub mod plan;
 pub mod present;
 pub mod report;
 pub mod rollup;
+
+// The testkit's ledger row builders, compiled into this crate's unit tests so that they
+// build its own types (a testkit depending on this crate would bring a second copy).
+#[cfg(test)]
+extern crate self as frugal_cost;
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../frugal-testkit/src/events.rs"]
+mod test_events;
 
 pub use catalog::Catalog;
 pub use event::{Capacity, Event, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};

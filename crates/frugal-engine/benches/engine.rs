@@ -24,11 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .filter(|a| a != "--bench")
         .collect();
     let path = args.iter().find(|a| a.ends_with(".gguf")).map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../..")
-                .join(frugal_engine::DEFAULT_MODEL)
-        },
+        || frugal_testkit::repo(frugal_engine::DEFAULT_MODEL),
         PathBuf::from,
     );
     if let Ok(name) = std::env::var("FRUGAL_ISA") {

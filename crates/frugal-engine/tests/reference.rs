@@ -16,20 +16,7 @@ use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("FRUGAL_TEST_MODEL").map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../..")
-                .join(frugal_engine::DEFAULT_MODEL)
-        },
-        PathBuf::from,
-    );
-    assert!(
-        path.exists(),
-        "no test model at {}: run `make models`",
-        path.display()
-    );
-    path
+    frugal_testkit::test_model(frugal_engine::DEFAULT_MODEL)
 }
 
 fn prompts(g: &Gguf) -> Vec<Vec<u32>> {
@@ -49,15 +36,7 @@ fn prompts(g: &Gguf) -> Vec<Vec<u32>> {
 }
 
 fn large_model_path() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(frugal_engine::LARGE_MODEL);
-    assert!(
-        path.exists(),
-        "no test model at {}: run `make models`",
-        path.display()
-    );
-    path
+    frugal_testkit::model(frugal_engine::LARGE_MODEL)
 }
 
 fn candle_input(tokens: &[u32]) -> candle_core::Tensor {

@@ -511,7 +511,7 @@ mod tests {
     use super::*;
     use crate::error::ApiError;
     use crate::keys::{KeyConfig, Keys, hash_key};
-    use crate::redis_test::Redis;
+    use frugal_testkit::redis::Redis;
 
     fn replica(budgets: &Arc<SharedBudgets>, daily: Money, monthly: Option<Money>) -> Keys {
         Keys::with_budgets(

@@ -28,7 +28,6 @@ pub mod meter;
 pub mod metrics;
 pub mod pipeline;
 pub mod pool;
-pub mod redis_test;
 mod render;
 pub mod route;
 pub mod route_eval;

@@ -761,11 +761,8 @@ mod tests {
 
     /// Waits (up to a minute) until `done` holds.
     fn wait_until(what: &str, done: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !done() {
-            assert!(Instant::now() < deadline, "timed out waiting: {what}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let why = || format!("timed out waiting: {what}");
+        frugal_testkit::wait_until(Duration::from_secs(60), done, why);
     }
 
     /// Events in the ledger and their cost.
@@ -779,7 +776,7 @@ mod tests {
 
     #[test]
     fn postgres_killed_while_rows_flow_loses_nothing_and_stores_each_row_once() {
-        let mut server = frugal_cost::pg_test::Server::start().unwrap();
+        let mut server = frugal_testkit::postgres::Server::start().unwrap();
         let url = server.database().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let spool = dir.path().join("spool.sqlite");
@@ -823,10 +820,7 @@ mod tests {
 
     #[test]
     fn a_spool_left_by_a_killed_gateway_is_replayed_at_the_next_start() {
-        let url = frugal_cost::pg_test::Server::shared()
-            .unwrap()
-            .database()
-            .unwrap();
+        let url = frugal_testkit::postgres::database();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.sqlite");
         let events: Vec<Event> = (0..7u8)
@@ -853,10 +847,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_spool_stops_the_start_with_its_name() {
-        let url = frugal_cost::pg_test::Server::shared()
-            .unwrap()
-            .database()
-            .unwrap();
+        let url = frugal_testkit::postgres::database();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("spool.sqlite");
         std::fs::write(&path, vec![b'x'; 4096]).unwrap();
@@ -877,7 +868,7 @@ mod tests {
 
     #[test]
     fn with_no_ledger_and_no_spool_rows_past_the_cap_are_dropped_and_counted() {
-        let mut server = frugal_cost::pg_test::Server::start().unwrap();
+        let mut server = frugal_testkit::postgres::Server::start().unwrap();
         let url = server.database().unwrap();
         let dir = tempfile::tempdir().unwrap();
         // Its folder is a file: no spool can be made there, by root either.

@@ -12,7 +12,6 @@
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use frugal_semantic::hnsw::{Hnsw, HnswParams};
@@ -153,7 +152,7 @@ fn us(d: Duration) -> f64 {
 
 /// Distinct QQP questions embedded by MiniLM: all but the last 1,000 stored, those asked.
 fn qqp() -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = frugal_testkit::repo(".");
     let embedder =
         Embedder::load(&root.join(DEFAULT_EMBEDDER)).expect("run scripts/fetch-models.sh minilm");
     let pairs = frugal_semantic::eval::read_pairs(

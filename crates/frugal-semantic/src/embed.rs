@@ -462,9 +462,7 @@ pub(crate) mod tests {
     pub(crate) fn embedder() -> &'static Embedder {
         static E: OnceLock<Embedder> = OnceLock::new();
         E.get_or_init(|| {
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../..")
-                .join(crate::DEFAULT_EMBEDDER);
+            let dir = frugal_testkit::repo(crate::DEFAULT_EMBEDDER);
             Embedder::load(&dir).expect("run scripts/fetch-models.sh minilm")
         })
     }
@@ -472,9 +470,7 @@ pub(crate) mod tests {
     fn candle_embedding(text: &str) -> Vec<f32> {
         use candle_core::{DType, Device, Tensor};
         use candle_transformers::models::bert::{BertModel, Config};
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../..")
-            .join(crate::DEFAULT_EMBEDDER);
+        let dir = frugal_testkit::repo(crate::DEFAULT_EMBEDDER);
         let cfg: Config =
             serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
                 .unwrap();

@@ -11,6 +11,3 @@ pub mod store;
 pub mod supervisor;
 pub mod tune;
 pub mod watchdog;
-
-#[cfg(test)]
-mod testing;

@@ -207,7 +207,7 @@ mod tests {
     use axum::response::IntoResponse;
     use axum::routing::{get, put};
 
-    use crate::testing::{closed_port, serve, silent_port};
+    use frugal_testkit::loopback::{closed_port, serve, silent_port};
 
     type Params = Query<std::collections::HashMap<String, String>>;
 

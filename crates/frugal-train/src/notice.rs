@@ -1133,7 +1133,7 @@ mod tests {
     use serde_json::{Value, json};
     use tokio::sync::watch;
 
-    use crate::testing::{closed_port, serve, silent_port};
+    use frugal_testkit::loopback::{closed_port, serve, silent_port};
 
     type Params = Query<HashMap<String, String>>;
 

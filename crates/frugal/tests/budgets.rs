@@ -4,15 +4,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-mod mock_upstream;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Server, header, request_at};
 use frugal_cost::{Kind, Ledger, Location, Money, Window};
 use frugal_gateway::keys::hash_key;
-use frugal_gateway::redis_test::Redis;
-use mock_upstream::mock_upstream;
+use frugal_testkit::redis::Redis;
+use frugal_testkit::upstream::mock_upstream;
 
 /// $1,000 per million prompt tokens, $2,000 per million completion tokens: the mock's
 /// answer (10 and 5 tokens) costs $0.02.
@@ -63,12 +62,9 @@ fn metric(addr: &str, key: &str, name: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_for(what: &str, done: impl FnMut() -> bool) {
+    let why = || format!("timed out waiting for {what}");
+    frugal_testkit::wait_until(Duration::from_secs(20), done, why);
 }
 
 fn refused_for_budget(status: u16, head: &str, body: &str) {
@@ -85,10 +81,7 @@ fn refused_for_budget(status: u16, head: &str, body: &str) {
 #[test]
 fn two_gateways_on_one_ledger_spend_one_budget() {
     let redis = Redis::start().unwrap();
-    let ledger = frugal_cost::pg_test::Server::shared()
-        .unwrap()
-        .database()
-        .unwrap();
+    let ledger = frugal_testkit::postgres::database();
     let (upstream, _) = mock_upstream();
     let limit = Money::from_cents(100);
     let text = config(
@@ -190,10 +183,7 @@ fn two_gateways_on_one_ledger_spend_one_budget() {
 /// few seconds: a budget one spent is spent at the other too, late.
 #[test]
 fn without_budget_redis_gateways_on_one_postgresql_ledger_catch_up_with_each_other() {
-    let ledger = frugal_cost::pg_test::Server::shared()
-        .unwrap()
-        .database()
-        .unwrap();
+    let ledger = frugal_testkit::postgres::database();
     let (upstream, _) = mock_upstream();
     let text = config(&upstream, "", &[("acme", "fk-acme", "0.20")]);
     let files = [("prices.toml", PRICES), ("frugal.toml", text.as_str())];

@@ -1,7 +1,7 @@
 //! End-to-end: the real `frugal` binary on real files, as a user runs it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 struct Env {
@@ -86,10 +86,7 @@ fn json(o: &Output) -> serde_json::Value {
 
 /// A new database on the shared test server.
 fn postgres_ledger() -> String {
-    frugal_cost::pg_test::Server::shared()
-        .unwrap()
-        .database()
-        .unwrap()
+    frugal_testkit::postgres::database()
 }
 
 fn events(env: &Env) -> u64 {
@@ -485,11 +482,7 @@ fn full_and_read_only_disks_are_clear_errors() {
 }
 
 fn repo(rel: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(rel)
-        .display()
-        .to_string()
+    frugal_testkit::repo(rel).display().to_string()
 }
 
 #[test]
@@ -695,25 +688,9 @@ fn pool_ledger(env: &Env) {
     use frugal_cost::{Event, Kind, Money, ReplicaSpan, ReplicaState};
     let t0 = 1_793_000_000_000 - 1_793_000_000_000 % 3_600_000;
     let minute = 60_000;
-    let span = |at: i64, replica, state, minutes: i64, busy: i64| ReplicaSpan {
-        id: None,
-        ts_ms: t0 + at * minute,
-        duration_ms: minutes * minute,
-        workload: "chat".into(),
-        pool: "qwen".into(),
-        replica,
-        state,
-        busy_ms: busy * minute,
-        cost: Money::from_cents(100 * minutes / 60),
-        instance_type: Some("p4d.24xlarge".into()),
+    let span = |at, replica, state, minutes, busy| ReplicaSpan {
         min_replicas: 1,
-        max_replicas: 4,
-        need_bytes: Some(3 << 30),
-        failed: false,
-        server: None,
-        requests: 0,
-        input_tokens: 0,
-        output_tokens: 0,
+        ..frugal_testkit::events::pool_span(t0, at, replica, state, minutes, busy)
     };
     let spans = [
         span(0, 1, ReplicaState::Starting, 6, 0),
@@ -816,7 +793,7 @@ fn a_sqlite_ledger_migrates_to_postgresql_with_the_same_report() {
         said.contains("3 events read from") && said.contains("($3.75): 3 copied, 0 already in"),
         "{said}"
     );
-    assert!(!said.contains(frugal_cost::pg_test::PASSWORD), "{said}");
+    assert!(!said.contains(frugal_testkit::postgres::PASSWORD), "{said}");
     let again = json(&migrate(true));
     assert_eq!(
         (again["copied"].as_u64(), again["skipped"].as_u64()),

@@ -60,6 +60,20 @@ fn frugal(dir: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `frugal deploy kubernetes` of `dir`'s frugal.toml into `dir/k8s`, with `extra` flags.
+fn deploy(dir: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "deploy",
+        "kubernetes",
+        "--config",
+        "frugal.toml",
+        "--out",
+        "k8s",
+    ];
+    args.extend(extra);
+    frugal(dir, &args)
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -119,19 +133,7 @@ fn manifests_are_written_and_valid() {
     python();
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("frugal.toml"), CONFIG).unwrap();
-    let out = frugal(
-        tmp.path(),
-        &[
-            "deploy",
-            "kubernetes",
-            "--config",
-            "frugal.toml",
-            "--out",
-            "k8s",
-            "--namespace",
-            "ml",
-        ],
-    );
+    let out = deploy(tmp.path(), &["--namespace", "ml"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let listed = text(&out.stdout);
     assert!(
@@ -271,17 +273,7 @@ fn bad_pools_are_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let deploy = |config: &str| {
         std::fs::write(tmp.path().join("frugal.toml"), config).unwrap();
-        let out = frugal(
-            tmp.path(),
-            &[
-                "deploy",
-                "kubernetes",
-                "--config",
-                "frugal.toml",
-                "--out",
-                "k8s",
-            ],
-        );
+        let out = deploy(tmp.path(), &[]);
         assert!(!out.status.success());
         text(&out.stderr)
     };
@@ -323,20 +315,8 @@ fn replicated_gateways_share_the_ledger_and_budgets_and_keep_credentials_secret(
         )
     );
     std::fs::write(tmp.path().join("frugal.toml"), &shared).unwrap();
-    let deploy = |extra: &[&str]| {
-        let mut args = vec![
-            "deploy",
-            "kubernetes",
-            "--config",
-            "frugal.toml",
-            "--out",
-            "k8s",
-            "--gateway-replicas",
-            "3",
-        ];
-        args.extend(extra);
-        frugal(tmp.path(), &args)
-    };
+    let deploy =
+        |extra: &[&str]| deploy(tmp.path(), &[&["--gateway-replicas", "3"], extra].concat());
 
     let out = deploy(&[]);
     assert!(!out.status.success());

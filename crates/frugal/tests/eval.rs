@@ -12,9 +12,7 @@ use common::{Server, model, said};
 use serde_json::Value;
 
 fn repo(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
+    frugal_testkit::repo(path)
 }
 
 fn text() -> PathBuf {
@@ -36,22 +34,15 @@ fn frugal(home: &Path, args: &[&str]) -> Output {
 
 /// `eval ppl` of the default model as `quant`, on one chunk of 256 tokens.
 fn ppl(home: &Path, quant: &str, extra: &[&str]) -> Output {
+    let args = ["--quant", quant, "--ctx", "256", "--chunks", "2", "--json"];
+    ppl_on(home, &text(), &[&args, extra].concat())
+}
+
+/// `frugal ppl` of the test model on `text`, with `extra` flags.
+fn ppl_on(home: &Path, text: &Path, extra: &[&str]) -> Output {
     let m = model();
-    let t = text();
-    let mut args = vec![
-        "ppl",
-        "--model",
-        m.to_str().unwrap(),
-        "--quant",
-        quant,
-        "--text",
-        t.to_str().unwrap(),
-        "--ctx",
-        "256",
-        "--chunks",
-        "2",
-        "--json",
-    ];
+    let mut args = vec!["ppl", "--model", m.to_str().unwrap(), "--text"];
+    args.push(text.to_str().unwrap());
     args.extend_from_slice(extra);
     frugal(home, &args)
 }
@@ -177,19 +168,9 @@ fn the_gate_passes_q8_0_fails_q4_0_and_reads_a_saved_reference() {
 #[test]
 fn bad_input_is_refused_clearly() {
     let home = tempfile::tempdir().unwrap();
-    let m = model();
     let short = home.path().join("short.txt");
     std::fs::write(&short, "To be, or not to be.").unwrap();
-    let out = frugal(
-        home.path(),
-        &[
-            "ppl",
-            "--model",
-            m.to_str().unwrap(),
-            "--text",
-            short.to_str().unwrap(),
-        ],
-    );
+    let out = ppl_on(home.path(), &short, &[]);
     refused(&out, "shorter than one context of 512");
 
     // A damaged saved reference.
@@ -203,24 +184,11 @@ fn bad_input_is_refused_clearly() {
     refused(&out, "truncated or damaged");
 
     // A gate with nothing to compare with.
-    let t = text();
-    let out = frugal(
-        home.path(),
-        &[
-            "ppl",
-            "--model",
-            m.to_str().unwrap(),
-            "--text",
-            t.to_str().unwrap(),
-            "--max-kld",
-            "0.1",
-        ],
-    );
+    let out = ppl_on(home.path(), &text(), &["--max-kld", "0.1"]);
     refused(&out, "pass --reference");
 
     // A reference with another vocabulary (the larger tier's).
-    let large = repo(frugal_engine::LARGE_MODEL);
-    assert!(large.exists(), "no {}: run `make models`", large.display());
+    let large = frugal_testkit::model(frugal_engine::LARGE_MODEL);
     let out = ppl(
         home.path(),
         "q8_0",

@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-mod mock_upstream;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use common::Server;
-use mock_upstream::mock_upstream;
+use frugal_testkit::upstream::mock_upstream;
 
 /// A metric's value in a `/metrics` text.
 fn metric(text: &str, name: &str) -> Option<f64> {
@@ -27,18 +26,17 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 
 /// Polls `/metrics` until `done` holds of it (at most `patience`).
 fn wait_for(addr: &str, what: &str, patience: Duration, done: impl Fn(&str) -> bool) {
-    let deadline = Instant::now() + patience;
-    loop {
-        let (_, _, text) = Server::attach(addr).request("GET", "/metrics", "");
-        if done(&text) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting: {what}\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let text = std::cell::RefCell::new(String::new());
+    frugal_testkit::wait_until(
+        patience,
+        || {
+            let (_, _, now) = Server::attach(addr).request("GET", "/metrics", "");
+            let ok = done(&now);
+            text.replace(now);
+            ok
+        },
+        || format!("timed out waiting: {what}\n{}", text.borrow()),
+    );
 }
 
 /// Until `/metrics` says the ledger is down and rows are in the spool.
@@ -93,7 +91,7 @@ fn ask(server: &Server, i: usize) {
 
 #[test]
 fn a_spool_left_by_a_killed_gateway_is_replayed_at_the_next_start() {
-    let mut pg = frugal_cost::pg_test::Server::start().unwrap();
+    let mut pg = frugal_testkit::postgres::Server::start().unwrap();
     let url = pg.database().unwrap();
     let files = config();
     let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
@@ -141,7 +139,7 @@ fn a_spool_left_by_a_killed_gateway_is_replayed_at_the_next_start() {
 
 #[test]
 fn postgres_killed_and_restarted_under_load_every_answered_request_is_in_the_ledger_once() {
-    let mut pg = frugal_cost::pg_test::Server::start().unwrap();
+    let mut pg = frugal_testkit::postgres::Server::start().unwrap();
     let url = pg.database().unwrap();
     let files = config();
     let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
@@ -234,7 +232,7 @@ fn postgres_killed_and_restarted_under_load_every_answered_request_is_in_the_led
         .query_row("SELECT count(*) FROM rows", [], |r| r.get(0))
         .unwrap();
     assert_eq!(left, 0, "the spool is empty");
-    assert!(!logs.contains(frugal_cost::pg_test::PASSWORD), "{logs}");
+    assert!(!logs.contains(frugal_testkit::postgres::PASSWORD), "{logs}");
     eprintln!(
         "answered {answered} requests, each once in the ledger; {before:.0} requests/s before the kill, {:.0}/s in the {down_for:.1} s after it; {replayed} rows replayed from the spool",
         during as f64 / down_for

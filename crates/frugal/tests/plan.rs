@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use common::said;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    frugal_testkit::repo(".")
 }
 
 fn plan(dir: &Path, args: &[&str]) -> Output {
@@ -22,6 +22,17 @@ fn plan(dir: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+/// `frugal plan` of the demand in `csv` on p3.2xlarge, with `extra` flags.
+fn plan_csv(dir: &Path, csv: &Path, extra: &[&str]) -> Output {
+    let demand = [
+        "--demand",
+        csv.to_str().unwrap(),
+        "--instance",
+        "p3.2xlarge",
+    ];
+    plan(dir, &[&demand, extra].concat())
 }
 
 #[test]
@@ -111,15 +122,7 @@ fn bad_demand_and_impossible_windows_are_clear_errors() {
     ];
     for (text, says) in bad {
         std::fs::write(&csv, text).unwrap();
-        let out = plan(
-            dir.path(),
-            &[
-                "--demand",
-                csv.to_str().unwrap(),
-                "--instance",
-                "p3.2xlarge",
-            ],
-        );
+        let out = plan_csv(dir.path(), &csv, &[]);
         let text_out = said(&out);
         assert_eq!(out.status.code(), Some(1), "{text}: {text_out}");
         assert!(text_out.contains(says), "{text}: {text_out}");
@@ -136,32 +139,14 @@ fn bad_demand_and_impossible_windows_are_clear_errors() {
         })
         .collect();
     std::fs::write(&csv, two_days).unwrap();
-    let out = plan(
-        dir.path(),
-        &[
-            "--demand",
-            csv.to_str().unwrap(),
-            "--instance",
-            "p3.2xlarge",
-            "--fit",
-            "30d",
-        ],
-    );
+    let out = plan_csv(dir.path(), &csv, &["--fit", "30d"]);
     assert_eq!(out.status.code(), Some(1), "{}", said(&out));
     assert!(
         said(&out).contains("longer than the demand"),
         "{}",
         said(&out)
     );
-    let out = plan(
-        dir.path(),
-        &[
-            "--demand",
-            csv.to_str().unwrap(),
-            "--instance",
-            "p3.2xlarge",
-        ],
-    );
+    let out = plan_csv(dir.path(), &csv, &[]);
     assert!(out.status.success(), "{}", said(&out));
     assert!(said(&out).contains("no reserved_1y"), "{}", said(&out));
     // No demand at all, and a workload the ledger does not have.

@@ -45,15 +45,18 @@ fn wait_for(
     within: Duration,
     ok: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let until = Instant::now() + within;
-    loop {
-        let s = status(server, pool);
-        if ok(&s) {
-            return s;
-        }
-        assert!(Instant::now() < until, "pool never got there: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let last = std::cell::RefCell::new(serde_json::Value::Null);
+    frugal_testkit::wait_until(
+        within,
+        || {
+            let s = status(server, pool);
+            let done = ok(&s);
+            last.replace(s);
+            done
+        },
+        || format!("pool never got there: {}", last.borrow()),
+    );
+    last.into_inner()
 }
 
 fn chat(pool: &str, question: &str, max_tokens: u32) -> String {

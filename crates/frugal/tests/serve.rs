@@ -196,13 +196,7 @@ fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
     assert_eq!(result, "hit-semantic", "{head}");
     assert_eq!(again, first);
     assert_eq!(header(&head, "x-frugal-cost-usd"), Some("0.000000000"));
-    assert!(
-        header(&head, "x-frugal-saved-usd")
-            .unwrap()
-            .parse::<f64>()
-            .unwrap()
-            > 0.0
-    );
+    assert!(common::saved_usd(&head) > 0.0, "{head}");
     // Other parameters are another space; another meaning is vetoed or too far.
     assert_eq!(
         ask("How do I improve my English speaking skills?", 17).0,
@@ -697,10 +691,7 @@ fn bench(server: &Server, args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn requests_are_metered_into_a_postgresql_ledger() {
-    let url = frugal_cost::pg_test::Server::shared()
-        .unwrap()
-        .database()
-        .unwrap();
+    let url = frugal_testkit::postgres::database();
     let server = Server::start_on_ledger(&url, &["--no-cache"]);
     let body = r#"{"messages":[{"role":"user","content":"Say hi."}],"max_tokens":4}"#;
     for _ in 0..3 {

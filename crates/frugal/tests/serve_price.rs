@@ -39,11 +39,7 @@ fn fake_aws() -> (String, tokio::runtime::Runtime) {
                 }
             }),
         );
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    runtime.spawn(async move { axum::serve(listener, app).await });
+    let url = runtime.block_on(frugal_testkit::loopback::serve(app));
     (url, runtime)
 }
 
@@ -86,10 +82,7 @@ fn serve_without_a_price_prices_its_machine_and_says_how() {
     );
 
     // Off the clouds: nothing listens there. The answer comes within the detection timeout.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", l.local_addr().unwrap())
-    };
+    let closed = format!("http://127.0.0.1:{}", frugal_testkit::free_port().unwrap());
     let started = Instant::now();
     let line = pricing_line(&closed);
     assert!(

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Server, header};
-use frugal_gateway::redis_test::Redis;
+use frugal_testkit::redis::Redis;
 
 #[test]
 fn replicas_share_answers_through_redis_and_survive_losing_it() {
@@ -34,13 +34,7 @@ fn replicas_share_answers_through_redis_and_survive_losing_it() {
     };
     assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
     assert_eq!(again, first, "the other replica's answer");
-    assert!(
-        header(&head, "x-frugal-saved-usd")
-            .unwrap()
-            .parse::<f64>()
-            .unwrap()
-            > 0.0
-    );
+    assert!(common::saved_usd(&head) > 0.0, "{head}");
     assert_eq!(b.metric("frugal_shared_cache_total{result=\"hit\"}"), 1.0);
     assert_eq!(b.metric("frugal_requests_total{status=\"ok\"}"), 1.0);
     // Now held locally too: Redis is not asked again.

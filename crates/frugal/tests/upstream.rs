@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-mod mock_upstream;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -12,7 +11,7 @@ use std::sync::atomic::Ordering;
 use serde_json::{Value, json};
 
 use common::{Server, header, streamed_text};
-use mock_upstream::mock_upstream;
+use frugal_testkit::upstream::mock_upstream;
 
 fn chat(content: &str, extra: &str) -> String {
     format!(

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use common::{Server, said};
+use frugal_testkit::prometheus::Prometheus;
 
 fn watch(dir: &Path, config: &str) -> Output {
     std::fs::write(dir.join("frugal.toml"), config).unwrap();
@@ -136,88 +137,6 @@ fn bad_targets_are_refused_by_name() {
     );
     let out = watch(dir.path(), "");
     assert!(said(&out).contains("no [[watch.target]]"), "{}", said(&out));
-}
-
-/// A throwaway Prometheus scraping `target` every second, on a free loopback port; killed
-/// on drop.
-struct Prometheus {
-    child: std::process::Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    fn start(target: &str) -> Prometheus {
-        let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let config = format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: chat\n    static_configs:\n      - targets: ['{target}']\n        labels:\n          node_type: g5.xlarge\n"
-        );
-        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
-        let child = Command::new("prometheus")
-            .current_dir(dir.path())
-            .arg("--config.file=prometheus.yml")
-            .arg("--storage.tsdb.path=data")
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("prometheus is needed for this test (Debian: apt-get install prometheus)");
-        Prometheus {
-            child,
-            addr: format!("127.0.0.1:{port}"),
-            _dir: dir,
-        }
-    }
-
-    /// The value of an instant query's first series, once Prometheus answers with one. HTTP/1.0
-    /// on a connection that may not be up yet: the common `request_at` speaks HTTP/1.1, whose
-    /// answers Prometheus may chunk, and panics on a refused connection.
-    fn value(&self, promql: &str) -> Option<f64> {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(&self.addr).ok()?;
-        let query: String = promql
-            .bytes()
-            .map(|b| match b {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        write!(
-            stream,
-            "GET /api/v1/query?query={query} HTTP/1.0\r\nHost: {}\r\n\r\n",
-            self.addr
-        )
-        .ok()?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).ok()?;
-        let json: serde_json::Value =
-            serde_json::from_str(answer.split("\r\n\r\n").nth(1)?).ok()?;
-        json["data"]["result"][0]["value"][1].as_str()?.parse().ok()
-    }
-
-    /// Waits until `promql` reads at least `at_least`.
-    fn wait_for(&self, promql: &str, at_least: f64) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while self.value(promql).is_none_or(|v| v < at_least) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "Prometheus never read {promql} >= {at_least}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A fleet read through a real Prometheus server's API: one config entry, the servers

@@ -120,17 +120,16 @@ pub fn migrate(
 mod tests {
     use super::*;
     use crate::NoProgress;
-    use crate::event::{Event, Kind, ReplicaSpan, ReplicaState};
+    use crate::event::{Event, Kind, ReplicaSpan};
     use crate::ledger::{Location, RowHash};
-    use crate::pg_test::Server;
     use crate::report::Report;
 
     fn event(ts: i64, cents: i64) -> Event {
-        let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
-        e.model = Some("m".into());
-        e.tenant = Some("acme".into());
-        e.requests = 2;
-        e
+        Event {
+            tenant: Some("acme".into()),
+            requests: 2,
+            ..crate::test_events::event(ts, cents)
+        }
     }
 
     fn totals(ledger: &Ledger) -> (u64, Money, Vec<(String, Money)>, u64) {
@@ -163,27 +162,14 @@ mod tests {
             sink.push_row(&event(5, 1), RowHash([1; 16]))?;
             sink.push_span(&ReplicaSpan {
                 id: Some([5; 16]),
-                ts_ms: 1,
-                duration_ms: 60_000,
-                workload: "chat".into(),
-                pool: "m".into(),
-                replica: 1,
-                state: ReplicaState::Ready,
                 busy_ms: 10,
-                cost: Money::from_cents(1),
                 instance_type: Some("g5.xlarge".into()),
-                min_replicas: 0,
                 max_replicas: 2,
-                need_bytes: None,
-                failed: false,
-                server: None,
-                requests: 0,
-                input_tokens: 0,
-                output_tokens: 0,
+                ..crate::test_events::span(1, Money::from_cents(1))
             })
         })
         .unwrap();
-        let url = Server::shared().unwrap().database().unwrap();
+        let url = frugal_testkit::postgres::database();
         let mut to = Ledger::open(Location::Postgres(url)).unwrap();
         let first = migrate(&from, &mut to, 2, &NoProgress).unwrap();
         assert_eq!(
@@ -258,7 +244,7 @@ mod tests {
         let mut from = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         import(&mut from).unwrap();
         from.append("serve", &[event(9, 3)]).unwrap();
-        let url = Server::shared().unwrap().database().unwrap();
+        let url = frugal_testkit::postgres::database();
         let mut to = Ledger::open(Location::Postgres(url)).unwrap();
 
         let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

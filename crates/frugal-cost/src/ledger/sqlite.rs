@@ -789,13 +789,7 @@ mod tests {
     use super::super::{Ledger, RowHash};
     use super::*;
     use crate::event::ReplicaState;
-
-    fn event(ts: i64, cents: i64) -> Event {
-        let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
-        e.model = Some("m".into());
-        e.requests = 1;
-        e
-    }
+    use crate::test_events::event;
 
     #[test]
     fn append_then_scan_round_trips() {
@@ -829,10 +823,11 @@ mod tests {
         assert_eq!(ledger.info().unwrap().total_cost, Money::from_cents(6));
     }
 
+    /// On both backends (`on_postgres!` below).
     #[test]
-    fn a_failed_import_stores_nothing() {
+    fn a_failed_import_stores_nothing_and_the_ledger_goes_on() {
         let dir = tempfile::tempdir().unwrap();
-        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        let mut ledger = crate::ledger::testing::fresh(dir.path());
         ledger.append("ok", &[event(1, 1)]).unwrap();
         let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "csv", |sink| {
             sink.push(&event(2, 1))?;
@@ -841,7 +836,16 @@ mod tests {
         assert!(result.is_err());
         let info = ledger.info().unwrap();
         assert_eq!((info.events, info.imports), (1, 1));
+        let mut hours = 0;
+        ledger
+            .rollups(Window::default(), |_, _| hours += 1)
+            .unwrap();
+        assert_eq!(hours, 1, "the failed import's rollups went with it");
+        ledger.append("again", &[event(3, 1)]).unwrap();
+        assert_eq!(ledger.info().unwrap().events, 2);
     }
+
+    crate::ledger::testing::on_postgres!(a_failed_import_stores_nothing_and_the_ledger_goes_on);
 
     #[test]
     fn events_cannot_be_changed_or_removed() {
@@ -858,6 +862,19 @@ mod tests {
         }
     }
 
+    /// A ledger at schema `version`, as frugal wrote it then, holding `rows` (SQL).
+    fn old_ledger(path: &std::path::Path, version: usize, rows: &str) {
+        let conn = Connection::open(path).unwrap();
+        for m in &MIGRATIONS[..version] {
+            conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
+                .unwrap();
+        }
+        conn.execute_batch(&format!(
+            "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version};\n{rows}"
+        ))
+        .unwrap();
+    }
+
     #[test]
     fn a_v1_ledger_is_upgraded_in_place_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
@@ -867,10 +884,10 @@ mod tests {
             &path,
             1,
             "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
-                 INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
-                 INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
-                     input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
-                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);",
+             INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
+             INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
+                 input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
+                 VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);",
         );
         let mut ledger = Ledger::open(&path).unwrap();
         let mut hit = event(10, 0);
@@ -921,12 +938,12 @@ mod tests {
             &path,
             3,
             "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
-                 INSERT INTO imports (id, at_ms, source, format, rows)
-                     VALUES (1, 1000, 'old.csv', 'csv', 1), (2, 2000, 'frugal serve', 'api', 1);
-                 INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
-                     input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
-                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1),
-                            (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);",
+             INSERT INTO imports (id, at_ms, source, format, rows)
+                 VALUES (1, 1000, 'old.csv', 'csv', 1), (2, 2000, 'frugal serve', 'api', 1);
+             INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
+                 input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
+                 VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1),
+                        (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);",
         );
         let mut ledger = Ledger::open(&path).unwrap();
         let hash = RowHash([7; 16]);
@@ -982,39 +999,14 @@ mod tests {
         result.unwrap();
     }
 
-    /// A ledger at schema `version` as frugal wrote it then, holding what `rows` inserts.
-    fn old_ledger(path: &Path, version: usize, rows: &str) {
-        let conn = Connection::open(path).unwrap();
-        for m in &MIGRATIONS[..version] {
-            conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
-                .unwrap();
-        }
-        conn.execute_batch(&format!(
-            "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version}; {rows}"
-        ))
-        .unwrap();
-    }
-
+    /// A minute of `replica` of pool `qwen` (of at most 4) in `state`, for 2 cents.
     fn span(ts: i64, replica: u32, state: ReplicaState) -> ReplicaSpan {
         ReplicaSpan {
-            id: None,
-            ts_ms: ts,
-            duration_ms: 60_000,
-            workload: "chat".into(),
             pool: "qwen".into(),
             replica,
             state,
-            busy_ms: 0,
-            cost: Money::from_cents(2),
-            instance_type: None,
-            min_replicas: 0,
             max_replicas: 4,
-            need_bytes: None,
-            failed: false,
-            server: None,
-            requests: 0,
-            input_tokens: 0,
-            output_tokens: 0,
+            ..crate::test_events::span(ts, Money::from_cents(2))
         }
     }
 
@@ -1027,12 +1019,12 @@ mod tests {
             &path,
             4,
             "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat'), (2, 1, 'qwen');
-                 INSERT INTO imports (id, at_ms, source, format, rows, sha256)
-                     VALUES (1, 1000, 'old.csv', 'csv', 1, 'ab');
-                 INSERT INTO events (ts_ms, duration_ms, kind, workload, model, instances,
-                     requests, input_tokens, output_tokens, cached_tokens, cost, lost_ms, import,
-                     row_hash)
-                     VALUES (5, 0, 0, 1, 2, 1, 1, 0, 0, 0, 7, 0, 1, x'01');",
+             INSERT INTO imports (id, at_ms, source, format, rows, sha256)
+                 VALUES (1, 1000, 'old.csv', 'csv', 1, 'ab');
+             INSERT INTO events (ts_ms, duration_ms, kind, workload, model, instances,
+                 requests, input_tokens, output_tokens, cached_tokens, cost, lost_ms, import,
+                 row_hash)
+                 VALUES (5, 0, 0, 1, 2, 1, 1, 0, 0, 0, 7, 0, 1, x'01');",
         );
         let mut ledger = Ledger::open(&path).unwrap();
         let mut waited = event(10, 1);

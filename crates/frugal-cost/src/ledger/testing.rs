@@ -5,7 +5,6 @@ use std::cell::Cell;
 use std::path::Path;
 
 use super::{Ledger, Location};
-use crate::pg_test::Server;
 
 thread_local! {
     static POSTGRES: Cell<bool> = const { Cell::new(false) };
@@ -14,8 +13,7 @@ thread_local! {
 /// A new, empty ledger: `dir/l.sqlite`, or a new database under `on_postgres`.
 pub(crate) fn fresh(dir: &Path) -> Ledger {
     let location = if POSTGRES.get() {
-        let server = Server::shared().unwrap();
-        Location::Postgres(server.database().unwrap())
+        Location::Postgres(frugal_testkit::postgres::database())
     } else {
         Location::Sqlite(dir.join("l.sqlite"))
     };

@@ -307,26 +307,7 @@ const MINUTE_MS: Millis = 60_000;
 
 /// A span of pool `qwen` at $1 an hour, its cost exact for whole tenths of an hour.
 fn span(at_min: i64, replica: u32, state: ReplicaState, min: i64, busy_min: i64) -> ReplicaSpan {
-    ReplicaSpan {
-        id: None,
-        ts_ms: T0 + at_min * MINUTE_MS,
-        duration_ms: min * MINUTE_MS,
-        workload: "chat".into(),
-        pool: "qwen".into(),
-        replica,
-        state,
-        busy_ms: busy_min * MINUTE_MS,
-        cost: Money::from_cents(100 * min / 60),
-        instance_type: Some("p4d.24xlarge".into()),
-        min_replicas: 0,
-        max_replicas: 4,
-        need_bytes: Some(3 << 30),
-        failed: false,
-        server: None,
-        requests: 0,
-        input_tokens: 0,
-        output_tokens: 0,
-    }
+    crate::test_events::pool_span(T0, at_min, replica, state, min, busy_min)
 }
 
 /// Pool `qwen`, worked by hand: three cold starts (one failed), two replicas ready for

@@ -6,12 +6,7 @@ use std::sync::OnceLock;
 
 /// Where the SmolLM2 test model lives: `FRUGAL_TEST_MODEL` or the repository's models/.
 pub(crate) fn test_model_path() -> PathBuf {
-    match std::env::var_os("FRUGAL_TEST_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../..")
-            .join(crate::DEFAULT_MODEL),
-    }
+    frugal_testkit::test_model(crate::DEFAULT_MODEL)
 }
 
 /// The test model, opened once per test binary. Fails (never skips) when it is missing:
@@ -24,21 +19,10 @@ pub(crate) fn test_model() -> &'static Gguf {
 /// The qwen2 model of the larger tier, opened once, as [`test_model`].
 pub(crate) fn large_test_model() -> &'static Gguf {
     static MODEL: OnceLock<Gguf> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        open_test_model(
-            &Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../..")
-                .join(crate::LARGE_MODEL),
-        )
-    })
+    MODEL.get_or_init(|| open_test_model(&frugal_testkit::model(crate::LARGE_MODEL)))
 }
 
 fn open_test_model(path: &Path) -> Gguf {
-    assert!(
-        path.exists(),
-        "test model {} is missing: run `make models`",
-        path.display()
-    );
     Gguf::open(path).unwrap_or_else(|e| panic!("opening test model: {e}"))
 }
 

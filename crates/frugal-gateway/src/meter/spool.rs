@@ -277,39 +277,31 @@ fn prepare(path: &Path) -> Result<(Connection, u64), SpoolError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use frugal_cost::{Kind, Money, ReplicaState};
+    use frugal_cost::Money;
 
     use super::*;
 
     fn event(ts: i64, nanos: i64, id: u8) -> Event {
-        let mut e = Event::new(ts, Kind::Inference, "w", Money::from_nanos(nanos));
-        e.model = Some("m".into());
-        e.utilization = Some(0.1 + 0.2);
-        e.tenant = Some("acme".into());
-        e.id = Some([id; 16]);
-        e
+        Event {
+            workload: "w".into(),
+            cost: Money::from_nanos(nanos),
+            utilization: Some(0.1 + 0.2),
+            tenant: Some("acme".into()),
+            id: Some([id; 16]),
+            requests: 0,
+            ..frugal_testkit::events::event(ts, 0)
+        }
     }
 
     fn span(id: u8) -> ReplicaSpan {
         ReplicaSpan {
             id: Some([id; 16]),
-            ts_ms: 5,
-            duration_ms: 60_000,
             workload: "w".into(),
-            pool: "m".into(),
-            replica: 1,
-            state: ReplicaState::Ready,
             busy_ms: 10,
-            cost: Money::from_nanos(123),
             instance_type: Some("g5.xlarge".into()),
-            min_replicas: 0,
             max_replicas: 2,
             need_bytes: Some(1 << 33),
-            failed: false,
-            server: None,
-            requests: 0,
-            input_tokens: 0,
-            output_tokens: 0,
+            ..frugal_testkit::events::span(5, Money::from_nanos(123))
         }
     }
 

@@ -19,27 +19,12 @@ pub fn said(out: &Output) -> String {
 }
 
 pub fn model() -> PathBuf {
-    let path = std::env::var_os("FRUGAL_TEST_MODEL").map_or_else(
-        || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../..")
-                .join(frugal_engine::DEFAULT_MODEL)
-        },
-        PathBuf::from,
-    );
-    assert!(
-        path.exists(),
-        "no test model at {}: run `make models`",
-        path.display()
-    );
-    path
+    frugal_testkit::test_model(frugal_engine::DEFAULT_MODEL)
 }
 
 /// The semantic cache's embedder, which `frugal serve` loads by default.
 pub fn embedder() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(frugal_semantic::DEFAULT_EMBEDDER)
+    frugal_testkit::repo(frugal_semantic::DEFAULT_EMBEDDER)
 }
 
 /// `frugal ARGS serve --model <test model>` that must not start: its stderr.
@@ -349,6 +334,11 @@ pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
         let (k, v) = l.split_once(':')?;
         k.eq_ignore_ascii_case(name).then(|| v.trim())
     })
+}
+
+/// What a response says it saved (`x-frugal-saved-usd`).
+pub fn saved_usd(head: &str) -> f64 {
+    header(head, "x-frugal-saved-usd").unwrap().parse().unwrap()
 }
 
 /// The text of an SSE chat stream, and whether it ended with [DONE].

@@ -12,11 +12,10 @@
 #[path = "../common/mod.rs"]
 pub mod common;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -24,7 +23,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 
-pub const TRAINER: &str = env!("CARGO_BIN_EXE_frugal-example-trainer");
+pub use frugal_testkit::wait_until;
 
 /// A small model, paced so that a run lasts a few seconds and a notice lands mid-run.
 pub const MODEL: &[&str] = &[
@@ -89,15 +88,11 @@ impl Metadata {
             )
             .route("/metadata/instance/compute/name", get(azure_name))
             .with_state(shared);
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr: SocketAddr = listener.local_addr().unwrap();
-        runtime.spawn(async move { axum::serve(listener, app).await });
+        let url = runtime.block_on(frugal_testkit::loopback::serve(app));
         Metadata {
             state,
             changed,
-            url: format!("http://{addr}"),
+            url,
             _runtime: Arc::new(runtime),
         }
     }
@@ -281,7 +276,7 @@ impl Machine {
             ])
             .args(flags)
             .arg("--")
-            .arg(TRAINER)
+            .arg(frugal_testkit::example_trainer())
             .args(MODEL)
             .args(trainer)
             .spawn()
@@ -361,9 +356,8 @@ impl Shared2 {
 
     /// The same, with the ledger a database of the test process's PostgreSQL server.
     pub fn on_postgres() -> Shared2 {
-        let server = frugal_cost::pg_test::Server::shared().expect("PostgreSQL for this test");
         Shared2 {
-            ledger: server.database().unwrap(),
+            ledger: frugal_testkit::postgres::database(),
             ..Shared2::new()
         }
     }
@@ -407,14 +401,6 @@ impl Shared2 {
     }
 }
 
-pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool, why: impl Fn() -> String) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "{}", why());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 pub fn finish(child: Child) -> Output {
     let out = child.wait_with_output().unwrap();
     eprintln!(
@@ -434,7 +420,7 @@ pub fn reference() -> Vec<u8> {
     static REF: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     REF.get_or_init(|| {
         let m = Machine::new();
-        let out = Command::new(TRAINER)
+        let out = Command::new(frugal_testkit::example_trainer())
             .current_dir(m.path())
             .args(MODEL)
             .args(["--step-delay-ms", "0"])

@@ -1,17 +1,11 @@
 use super::super::{Ledger, LedgerError, Location, RowHash, Window};
 use super::*;
-use crate::event::{Event, ReplicaState};
-use crate::pg_test::{PASSWORD, Server};
-
-fn event(ts: i64, cents: i64) -> Event {
-    let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_cents(cents));
-    e.model = Some("m".into());
-    e.requests = 1;
-    e
-}
+use crate::event::Event;
+use crate::test_events::{event, span};
+use frugal_testkit::postgres::{PASSWORD, Server, database};
 
 fn fresh() -> (String, Ledger) {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     let ledger = Ledger::open(Location::Postgres(url.clone())).unwrap();
     (url, ledger)
 }
@@ -54,24 +48,8 @@ fn append_then_scan_round_trips_and_reopens() {
 fn events_and_spans_cannot_be_changed_or_removed() {
     let (url, mut ledger) = fresh();
     let span = ReplicaSpan {
-        id: None,
-        ts_ms: 1,
-        duration_ms: 60_000,
-        workload: "chat".into(),
-        pool: "m".into(),
-        replica: 1,
-        state: ReplicaState::Ready,
-        busy_ms: 0,
-        cost: Money::from_cents(2),
-        instance_type: None,
-        min_replicas: 0,
         max_replicas: 2,
-        need_bytes: None,
-        failed: false,
-        server: None,
-        requests: 0,
-        input_tokens: 0,
-        output_tokens: 0,
+        ..span(1, Money::from_cents(2))
     };
     ledger
         .append_with_spans("ok", &[event(1, 1)], &[span])
@@ -90,26 +68,6 @@ fn events_and_spans_cannot_be_changed_or_removed() {
         assert_eq!(text.as_deref(), Some("the ledger is append-only"), "{sql}");
     }
     assert_eq!(ledger.info().unwrap().events, 1);
-}
-
-#[test]
-fn a_failed_import_stores_nothing_and_the_ledger_goes_on() {
-    let (_, mut ledger) = fresh();
-    ledger.append("ok", &[event(1, 1)]).unwrap();
-    let result: Result<(u64, ()), LedgerError> = ledger.import("bad", "csv", |sink| {
-        sink.push(&event(2, 1))?;
-        Err(LedgerError::Missing("stand-in for a bad row".into()))
-    });
-    assert!(result.is_err());
-    let info = ledger.info().unwrap();
-    assert_eq!((info.events, info.imports), (1, 1));
-    let mut hours = 0;
-    ledger
-        .rollups(Window::default(), |_, _| hours += 1)
-        .unwrap();
-    assert_eq!(hours, 1, "the failed import's rollups went with it");
-    ledger.append("again", &[event(3, 1)]).unwrap();
-    assert_eq!(ledger.info().unwrap().events, 2);
 }
 
 #[test]
@@ -135,7 +93,7 @@ fn an_event_written_twice_with_its_id_is_stored_and_rolled_up_once() {
 
 #[test]
 fn a_v7_database_gains_span_ids_and_a_span_written_twice_with_its_id_is_stored_once() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     raw(&url)
         .batch_execute(&format!(
             "{}\nINSERT INTO schema_version (version) VALUES (7);",
@@ -146,23 +104,7 @@ fn a_v7_database_gains_span_ids_and_a_span_written_twice_with_its_id_is_stored_o
     assert_eq!(ledger.info().unwrap().schema_version, SCHEMA_VERSION);
     let span = ReplicaSpan {
         id: Some([3; 16]),
-        ts_ms: 1,
-        duration_ms: 60_000,
-        workload: "chat".into(),
-        pool: "m".into(),
-        replica: 1,
-        state: ReplicaState::Ready,
-        busy_ms: 0,
-        cost: Money::from_cents(1),
-        instance_type: None,
-        min_replicas: 0,
-        max_replicas: 1,
-        need_bytes: None,
-        failed: false,
-        server: None,
-        requests: 0,
-        input_tokens: 0,
-        output_tokens: 0,
+        ..span(1, Money::from_cents(1))
     };
     let e = {
         let mut e = event(1, 2);
@@ -301,7 +243,7 @@ fn a_newer_schema_is_refused_and_left_alone() {
 
 #[test]
 fn a_database_with_other_events_is_not_a_ledger() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     raw(&url)
         .batch_execute("CREATE TABLE events (x int)")
         .unwrap();
@@ -314,7 +256,7 @@ fn a_database_with_other_events_is_not_a_ledger() {
 
 #[test]
 fn two_ledgers_opening_one_new_database_at_once_both_work() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     let opened: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
             .map(|_| s.spawn(|| Ledger::open(Location::parse(&url)).map(|_| ())))
@@ -395,7 +337,7 @@ fn passwords_are_redacted() {
 /// every event is stored exactly once and the rollups add up to the events.
 #[test]
 fn two_writers_at_once_store_every_event_exactly_once() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     Ledger::open(Location::parse(&url)).unwrap();
     const BATCHES: u64 = 40;
     const PER_BATCH: u64 = 50;
@@ -464,7 +406,7 @@ fn two_writers_at_once_store_every_event_exactly_once() {
 /// failing one of them). Names go in outside it, so both writes succeed, first time.
 #[test]
 fn writers_adding_the_same_new_names_in_opposite_orders_do_not_deadlock() {
-    let url = Server::shared().unwrap().database().unwrap();
+    let url = database();
     Ledger::open(Location::parse(&url)).unwrap();
     let names: Vec<String> = (0..6).map(|i| format!("new-{i}")).collect();
     let halfway = std::sync::Barrier::new(2);
@@ -596,10 +538,7 @@ fn a_write_after_the_server_restarted_goes_through() {
 /// name, rather than spoken to in the clear.
 #[test]
 fn sslmode_require_refuses_a_server_without_tls() {
-    let url = format!(
-        "{}?sslmode=require",
-        Server::shared().unwrap().database().unwrap()
-    );
+    let url = format!("{}?sslmode=require", database());
     let err = Ledger::open(Location::parse(&url)).err().unwrap();
     let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
     assert!(

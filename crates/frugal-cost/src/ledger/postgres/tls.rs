@@ -168,7 +168,7 @@ mod server_tests {
 
     use crate::Ledger;
     use crate::ledger::Location;
-    use crate::pg_test::Server;
+    use frugal_testkit::postgres::Server;
 
     /// A CA, and a certificate it signed for 127.0.0.1 and localhost, made by `openssl`.
     fn certificates(dir: &Path, name: &str) {
@@ -262,7 +262,7 @@ mod server_tests {
         ] {
             let err = Ledger::open(Location::parse(&refused)).err().unwrap();
             let text = format!("{err:#}");
-            assert!(!text.contains(crate::pg_test::PASSWORD), "{text}");
+            assert!(!text.contains(frugal_testkit::postgres::PASSWORD), "{text}");
         }
     }
 }

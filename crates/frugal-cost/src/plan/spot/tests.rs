@@ -18,6 +18,20 @@ fn quarter_hours(pattern: &[u8]) -> SpotTrace {
     SpotTrace::from_ticks(0.25, pattern.iter().map(|&p| p == 1).collect()).unwrap()
 }
 
+/// Spot for `up` quarter hours, gone for `down`, then back for `back`.
+fn gap(up: usize, down: usize, back: usize) -> SpotTrace {
+    let pattern: Vec<u8> = [(1, up), (0, down), (1, back)]
+        .iter()
+        .flat_map(|&(p, n)| std::iter::repeat_n(p, n))
+        .collect();
+    quarter_hours(&pattern)
+}
+
+/// `job` replayed on spot alone from hour 0.
+fn spot_only(trace: &SpotTrace, job: &Job) -> Result<Replay, SpotError> {
+    replay(trace, job, Policy::SpotOnly, &prices(), 0.0)
+}
+
 fn job(work: f64, checkpoint: f64, restart: f64, interval: f64) -> Job {
     Job {
         work_hours: work,
@@ -109,14 +123,7 @@ fn young_daly_by_hand() {
 fn a_replay_without_preemptions_by_hand() {
     // Restart 0.5 h, work 1 h, checkpoint 0.25 h, work 1 h: done at 2.75 h, all billed.
     let trace = quarter_hours(&[1; 40]);
-    let r = replay(
-        &trace,
-        &job(2.0, 0.25, 0.5, 1.0),
-        Policy::SpotOnly,
-        &prices(),
-        0.0,
-    )
-    .unwrap();
+    let r = spot_only(&trace, &job(2.0, 0.25, 0.5, 1.0)).unwrap();
     assert!(r.finished);
     assert!(close(r.finish_hours, 2.75));
     assert!(close(r.spot_hours, 2.75));
@@ -130,17 +137,8 @@ fn a_preemption_loses_the_work_since_the_checkpoint_by_hand() {
     // Spot for 2 h, gone for 1 h, then back. Restart 0.5, work 1 (checkpointed by 1.75),
     // 0.25 h more work lost at 2.0; wait to 3.0, restart to 3.5, the last hour of work
     // ends at 4.5. Billed: 2 h + 1.5 h.
-    let mut pattern = vec![1; 8];
-    pattern.extend([0; 4]);
-    pattern.extend([1; 40]);
-    let r = replay(
-        &quarter_hours(&pattern),
-        &job(2.0, 0.25, 0.5, 1.0),
-        Policy::SpotOnly,
-        &prices(),
-        0.0,
-    )
-    .unwrap();
+    let trace = gap(8, 4, 40);
+    let r = spot_only(&trace, &job(2.0, 0.25, 0.5, 1.0)).unwrap();
     assert!(close(r.finish_hours, 4.5), "{r:?}");
     assert!(close(r.spot_hours, 3.5));
     assert!(close(r.lost_work_hours, 0.25));
@@ -154,17 +152,8 @@ fn a_preemption_loses_the_work_since_the_checkpoint_by_hand() {
 #[test]
 fn a_preemption_during_a_checkpoint_loses_the_interval() {
     // Spot for 1.75 h: the checkpoint due at 1.5 h needs until 2.0 h and never finishes.
-    let mut pattern = vec![1; 7];
-    pattern.extend([0; 1]);
-    pattern.extend([1; 40]);
-    let r = replay(
-        &quarter_hours(&pattern),
-        &job(2.0, 0.5, 0.5, 1.0),
-        Policy::SpotOnly,
-        &prices(),
-        0.0,
-    )
-    .unwrap();
+    let trace = gap(7, 1, 40);
+    let r = spot_only(&trace, &job(2.0, 0.5, 0.5, 1.0)).unwrap();
     assert!(close(r.lost_work_hours, 1.0));
     assert_eq!(r.checkpoints, 1);
     // Restarts at 2.0: 0.5 h, 1 h of work, a 0.5 h checkpoint, 1 h of work.
@@ -173,25 +162,11 @@ fn a_preemption_during_a_checkpoint_loses_the_interval() {
 
 #[test]
 fn a_trace_shorter_than_the_run_repeats_and_a_hopeless_one_gives_up() {
-    let r = replay(
-        &quarter_hours(&[1; 4]),
-        &job(3.0, 0.0, 0.0, 10.0),
-        Policy::SpotOnly,
-        &prices(),
-        0.0,
-    )
-    .unwrap();
+    let r = spot_only(&quarter_hours(&[1; 4]), &job(3.0, 0.0, 0.0, 10.0)).unwrap();
     assert!(r.finished);
     assert!(close(r.finish_hours, 3.0));
     // Spot never lasts past the restart: no work is ever done.
-    let never = replay(
-        &quarter_hours(&[1, 0]),
-        &job(1.0, 0.0, 0.5, 1.0),
-        Policy::SpotOnly,
-        &prices(),
-        0.0,
-    )
-    .unwrap();
+    let never = spot_only(&quarter_hours(&[1, 0]), &job(1.0, 0.0, 0.5, 1.0)).unwrap();
     assert!(!never.finished);
     assert!(never.finish_hours >= GIVE_UP_FACTOR);
 }
@@ -215,26 +190,12 @@ fn on_demand_only_by_hand() {
 #[test]
 fn bad_jobs_and_deadlines_are_refused() {
     let trace = quarter_hours(&[1; 4]);
-    let err = replay(
-        &trace,
-        &job(0.0, 0.1, 0.1, 1.0),
-        Policy::SpotOnly,
-        &prices(),
-        0.0,
-    )
-    .unwrap_err();
+    let err = spot_only(&trace, &job(0.0, 0.1, 0.1, 1.0)).unwrap_err();
     assert_eq!(
         err.to_string(),
         "the work must be a positive number of hours, got 0"
     );
-    let err = replay(
-        &trace,
-        &job(1.0, -0.1, 0.1, 1.0),
-        Policy::SpotOnly,
-        &prices(),
-        0.0,
-    )
-    .unwrap_err();
+    let err = spot_only(&trace, &job(1.0, -0.1, 0.1, 1.0)).unwrap_err();
     assert_eq!(
         err.to_string(),
         "the checkpoint cost must be a number of hours >= 0, got -0.1"
@@ -249,9 +210,7 @@ fn bad_jobs_and_deadlines_are_refused() {
 #[test]
 fn uniform_progress_uses_spot_while_it_lasts_then_meets_the_deadline_on_demand() {
     // Spot for the first 4 h, then never again; 8 h of work due in 12 h.
-    let mut pattern = vec![1; 16];
-    pattern.extend([0; 200]);
-    let trace = quarter_hours(&pattern);
+    let trace = gap(16, 200, 0);
     let plan = plan_deadline(&trace, &job(8.0, 0.1, 0.25, 1.0), &prices(), 12.0, 0.0).unwrap();
     // Spot alone waits for the trace to come round again.
     assert!(!plan.spot_only_meets);
@@ -271,17 +230,8 @@ fn uniform_progress_uses_spot_while_it_lasts_then_meets_the_deadline_on_demand()
 #[test]
 fn uniform_progress_waits_for_spot_while_ahead() {
     // Spot for 2 h, gone for 1 h, back: with a loose deadline the gap is waited out.
-    let mut pattern = vec![1; 8];
-    pattern.extend([0; 4]);
-    pattern.extend([1; 100]);
-    let plan = plan_deadline(
-        &quarter_hours(&pattern),
-        &job(4.0, 0.0, 0.25, 0.5),
-        &prices(),
-        20.0,
-        0.0,
-    )
-    .unwrap();
+    let trace = gap(8, 4, 100);
+    let plan = plan_deadline(&trace, &job(4.0, 0.0, 0.25, 0.5), &prices(), 20.0, 0.0).unwrap();
     let up = &plan.uniform_progress;
     assert_eq!(up.on_demand_hours, 0.0, "{up:?}");
     assert!(close(up.waiting_hours, 1.0));

@@ -1,11 +1,9 @@
-//! A throwaway `redis-server` for tests (this crate's and the binary's): a free loopback
-//! port, nothing saved to disk, killed when dropped; it can be killed and started again on
-//! the same port (empty, as a Redis without persistence comes back).
-//!
-//! Compiled always, as `frugal_cost::pg_test` is: it adds no dependency.
+//! A throwaway `redis-server` for tests: a free loopback port, nothing saved to disk,
+//! killed when dropped; it can be killed and started again on the same port (empty, as a
+//! Redis without persistence comes back).
 
 use std::io;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,7 +16,7 @@ pub struct Redis {
 impl Redis {
     /// Starts one; fails with a clear error when `redis-server` is not installed.
     pub fn start() -> io::Result<Redis> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = crate::free_port()?;
         let mut redis = Redis {
             child: None,
             port,

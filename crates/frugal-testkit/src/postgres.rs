@@ -1,25 +1,30 @@
-//! A throwaway PostgreSQL server for tests and benchmarks (this crate's and the binary's):
-//! `initdb` into a temporary folder, `postgres` on a free loopback port, a fresh database per test, stopped when
+//! A throwaway PostgreSQL server for tests and benchmarks: `initdb` into a temporary
+//! folder, `postgres` on a free loopback port, a fresh database per test, stopped when
 //! dropped, or when the test process exits (a watcher stops a server a process leaves
 //! behind, as the shared one is).
 //!
 //! `initdb` is found in `PATH` or under `/usr/lib/postgresql/*/bin` (Debian's
 //! `postgresql` package). PostgreSQL refuses to run as root: as root, the server runs as
 //! `nobody`, in a folder given to it.
-//!
-//! Compiled always (it adds no dependency): behind a feature that only tests enable, `cargo
-//! test` and `cargo build` would build this crate, and all that depends on it, twice.
 
 use std::io;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::free_port;
+
 /// The superuser's password (loopback only, a temporary cluster).
 pub const PASSWORD: &str = "frugal-test";
+
+/// A new, empty database on the test process's shared server: its URL.
+pub fn database() -> String {
+    Server::shared()
+        .and_then(Server::database)
+        .unwrap_or_else(|e| panic!("PostgreSQL for this test: {e}"))
+}
 
 /// A running server; stopped and its folder removed when dropped.
 pub struct Server {
@@ -101,10 +106,6 @@ fn command(program: &Path, user: Option<(u32, u32)>, dir: &Path) -> Command {
     }
     cmd.env("LC_ALL", "C").env_remove("PGDATA");
     cmd
-}
-
-fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Server {
@@ -199,7 +200,7 @@ impl Server {
     fn wait_ready_for(&self, patience: Duration) -> io::Result<()> {
         let deadline = Instant::now() + patience;
         loop {
-            match postgres::Client::connect(&self.url_of("postgres"), postgres::NoTls) {
+            match ::postgres::Client::connect(&self.url_of("postgres"), ::postgres::NoTls) {
                 Ok(_) => return Ok(()),
                 Err(e) if Instant::now() > deadline => {
                     let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
@@ -226,7 +227,7 @@ impl Server {
     pub fn database(&self) -> io::Result<String> {
         let n = self.databases.fetch_add(1, Ordering::Relaxed);
         let name = format!("ledger_{}_{n}", std::process::id());
-        let mut admin = postgres::Client::connect(&self.url_of("postgres"), postgres::NoTls)
+        let mut admin = ::postgres::Client::connect(&self.url_of("postgres"), ::postgres::NoTls)
             .map_err(|e| other(e.to_string()))?;
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
@@ -257,7 +258,7 @@ impl Server {
             })
             .collect();
         std::fs::write(&hba, rules)?;
-        let mut admin = postgres::Client::connect(&self.url_of("postgres"), postgres::NoTls)
+        let mut admin = ::postgres::Client::connect(&self.url_of("postgres"), ::postgres::NoTls)
             .map_err(|e| other(e.to_string()))?;
         // One statement each: ALTER SYSTEM refuses to run in a transaction, which several
         // statements in one query are.
@@ -268,7 +269,7 @@ impl Server {
         }
         // The reload is asynchronous: wait until a plain connection is refused.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while postgres::Client::connect(&self.url_of("postgres"), postgres::NoTls).is_ok() {
+        while ::postgres::Client::connect(&self.url_of("postgres"), ::postgres::NoTls).is_ok() {
             if Instant::now() > deadline {
                 let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
                 return Err(other(format!("PostgreSQL did not turn TLS on\n{log}")));

@@ -1,5 +1,5 @@
-//! Loopback servers for the unit tests of the metadata clients.
-#![allow(clippy::unwrap_used)]
+//! Loopback servers for clients' tests (cloud metadata, object stores): an axum router on
+//! a free port, a port that refuses connections, one that never answers.
 
 use axum::Router;
 

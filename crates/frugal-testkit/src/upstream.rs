@@ -2,7 +2,6 @@
 //! loopback (axum, on a thread of its own). What it does depends on the request's message,
 //! so each test sentence picks a behaviour; any other message is echoed, with usage of 10
 //! prompt and 5 completion tokens.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -83,32 +83,30 @@ struct Parts<T> {
     b2: T,
 }
 
+/// Splits the flat vector `$p` into its [`Parts`] with `$split` (`split_at` or
+/// `split_at_mut`): one layout for reading and writing.
+macro_rules! split_parts {
+    ($hp:expr, $p:expr, $split:ident) => {{
+        let (emb, r) = $p.$split($hp.vocab * $hp.embed);
+        let (w1, r) = r.$split($hp.input() * $hp.hidden);
+        let (b1, r) = r.$split($hp.hidden);
+        let (w2, b2) = r.$split($hp.hidden * $hp.vocab);
+        Parts {
+            emb,
+            w1,
+            b1,
+            w2,
+            b2,
+        }
+    }};
+}
+
 fn parts<'a>(hp: &HParams, p: &'a [f32]) -> Parts<&'a [f32]> {
-    let (emb, r) = p.split_at(hp.vocab * hp.embed);
-    let (w1, r) = r.split_at(hp.input() * hp.hidden);
-    let (b1, r) = r.split_at(hp.hidden);
-    let (w2, b2) = r.split_at(hp.hidden * hp.vocab);
-    Parts {
-        emb,
-        w1,
-        b1,
-        w2,
-        b2,
-    }
+    split_parts!(hp, p, split_at)
 }
 
 fn parts_mut<'a>(hp: &HParams, p: &'a mut [f32]) -> Parts<&'a mut [f32]> {
-    let (emb, r) = p.split_at_mut(hp.vocab * hp.embed);
-    let (w1, r) = r.split_at_mut(hp.input() * hp.hidden);
-    let (b1, r) = r.split_at_mut(hp.hidden);
-    let (w2, b2) = r.split_at_mut(hp.hidden * hp.vocab);
-    Parts {
-        emb,
-        w1,
-        b1,
-        w2,
-        b2,
-    }
+    split_parts!(hp, p, split_at_mut)
 }
 
 /// Initial parameters from `hp.seed`. Uniform draws scaled to the wanted standard deviation
