@@ -1,5 +1,5 @@
 //! `frugal eval ppl|tasks`: loads the model (as `--quant` would serve it) and its reference,
-//! has `frugal_engine::eval` or `frugal_gateway::route_eval` measure them on held-out data,
+//! has `frugal_engine::eval` or `frugal_gateway::cascade::eval` measure them on held-out data,
 //! prints the figures, records them for `frugal serve` to say at start, and applies the gate.
 
 use std::io::Write;
@@ -12,8 +12,8 @@ use frugal_engine::eval::{
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::quant::WeightType;
 use frugal_engine::tokenizer::Tokenizer;
+use frugal_gateway::cascade::eval::read_questions;
 use frugal_gateway::quality::{self, FileId, Record};
-use frugal_gateway::route_eval::read_questions;
 use serde_json::json;
 
 use crate::cli::{EvalEmbedderArgs, EvalModelArgs, EvalPplArgs, EvalTasksArgs};
@@ -427,7 +427,7 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
     };
     let theirs = crate::eval_route::load_tier(&reference_path, as_stored)?;
     same_vocabulary(&ours.tokenizer, &theirs.tokenizer)?;
-    let answer = |tier: &frugal_gateway::route_eval::Tier, what: &str| -> Result<Vec<bool>> {
+    let answer = |tier: &frugal_gateway::cascade::eval::Tier, what: &str| -> Result<Vec<bool>> {
         let bar = Bar::count(what);
         let got = tier.answer_all(&questions, args.max_tokens, &bar);
         bar.finish();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{Server, header, request_at};
 use frugal_cost::{Kind, Ledger, Location, Money, Window};
-use frugal_gateway::keys::hash_key;
+use frugal_gateway::admit::keys::hash_key;
 use frugal_gateway::redis_test::Redis;
 use mock_upstream::mock_upstream;
 
