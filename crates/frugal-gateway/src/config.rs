@@ -5,7 +5,7 @@
 //! Paths are taken as given: the binary resolves them against the config file's folder,
 //! and lays the command line's flags over these fields, before assembly. They serialize too:
 //! `frugal deploy kubernetes` writes the gateway's `[serve]` back out with its pools rewritten
-//! ([`pool::kube`](crate::pool::kube)).
+//! ([`pool::kube`](crate::deploy)).
 
 use std::path::PathBuf;
 

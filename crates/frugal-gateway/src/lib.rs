@@ -2,343 +2,48 @@
 //!
 //! `POST /v1/chat/completions` and `POST /v1/completions` (both with SSE streaming and the
 //! final usage chunk), `GET /v1/models`, `/health` and Prometheus `/metrics`, and OpenAI's
-//! Files and Batches API ([`batch::api`]), whose lines take the way requests take. A request
-//! goes one way whatever serves it ([`pipeline`]): validated into a [`validate::Job`],
-//! resolved to a [`backend::Backend`] (the local engine, an upstream) or a cascade route,
-//! then *consult the caches -> produce -> settle*, where settling ([`settle::Bill`]) writes
-//! the ledger row, charges the tenant and fills the caches on every exit: success, error, a
-//! client gone mid-stream, a timeout, a panic. Every response says what it cost ([`render`]).
+//! Files and Batches API ([`batch::api`]), whose lines take the way requests take.
 //!
-//! A gateway is assembled from `[serve]` of `frugal.toml` ([`config`], checked by
-//! [`assemble`]); [`route_eval`] replays a cascade offline to choose its threshold.
+//! Folders by concern, each layer using only those below it:
+//! - [`http`]: the router and handlers, OpenAI's shapes, validation, errors, rendering;
+//! - [`cascade`]: routes from the cheapest model to the dearest, run and replayed offline;
+//! - [`request`]: the gateway's state and the path of one request (pipeline, bill);
+//! - [`batch`]: the Batch API's files, jobs and their runner;
+//! - [`admit`]: API keys, tenants and their budgets (shared through Redis);
+//! - [`cache`]: the exact, shared (Redis) and semantic caches, in that lookup order;
+//! - [`pool`]: pools of replicas that scale with demand; [`backend`]: the local engine and
+//!   upstreams; [`meter`]: the usage ledger's writer;
+//! - [`config`] `[serve]` as written, checked entry by entry ([`assemble`]) and built into
+//!   a gateway ([`gateway`]); [`deploy`]: the same config as Kubernetes manifests.
+//!
+//! One request: [`http::router`] admits it (key, budgets) and validates it into a
+//! [`http::validate::Job`]; [`request::state`] resolves its model to a [`backend::Backend`]
+//! or a cascade route; [`request::pipeline`] consults the caches, produces on a miss and
+//! carries a [`request::settle::Bill`] that, on every exit (success, error, a client gone
+//! mid-stream, a timeout, a panic), writes the ledger row, charges the tenant and fills the
+//! caches; [`http::render`] answers with what it cost.
 
-pub mod api;
+pub mod admit;
 pub mod assemble;
 pub mod backend;
 pub mod batch;
-pub mod budget;
 pub mod cache;
-mod cascade;
+pub mod cascade;
 pub mod config;
-pub mod error;
+pub mod deploy;
+pub mod gateway;
+pub mod http;
 pub mod jsonl;
-pub mod keys;
 pub mod loadgen;
 pub mod meter;
 pub mod metrics;
-pub mod pipeline;
 pub mod pool;
-mod render;
-pub mod route;
-pub mod route_eval;
-pub mod semantic;
-pub mod settle;
-pub mod shared;
-mod state;
-mod text;
-pub mod upstream;
-pub mod validate;
+pub mod redis_conn;
+pub mod request;
 
 #[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
-use serde_json::json;
-
 pub use backend::Local;
-pub use state::{AppState, Parts};
-
-use crate::backend::Backend;
-use crate::batch::BatchLine;
-use crate::error::ApiError;
-use crate::metrics::Gauges;
-use crate::pipeline::Ask;
-use crate::state::Target;
-use crate::validate::Job;
-
-pub fn router(state: AppState) -> Router {
-    let max_upload = state.max_upload();
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/v1/pools/{name}/scale", get(pool_scale))
-        .merge(batch::api::routes(max_upload))
-        .with_state(state)
-}
-
-/// Serves `/metrics` alone, open, on a listener of its own (`--metrics-addr`, meant for
-/// loopback or a scrape network), where a Prometheus scraper needs no API key.
-pub fn serve_metrics(listener: tokio::net::TcpListener, state: AppState) {
-    let app = Router::new()
-        .route("/metrics", get(open_metrics))
-        .route("/v1/pools/{name}/scale", get(open_pool_scale))
-        .with_state(state);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("the metrics listener stopped: {e}");
-        }
-    });
-}
-
-/// Serves until `shutdown` resolves, then lets requests in flight finish for up to `drain`;
-/// what is still running then is cut off (and billed as cancelled when its task is dropped).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    drain: Duration,
-) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds each
-    // one back until the previous is acknowledged.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
-    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
-    let shutdown = async move {
-        shutdown.await;
-        let _ = stopping.send(());
-    };
-    // The accept loop runs on a worker, not in the caller's `block_on`: there every
-    // connection cost two cross-thread wakeups (the I/O driver waking the blocked thread,
-    // which then handed the connection to a worker).
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
-    let mut task = tokio::spawn(server.into_future());
-    tokio::select! {
-        done = &mut task => done.map_err(std::io::Error::other)?,
-        () = async {
-            if stopped.await.is_ok() {
-                tokio::time::sleep(drain).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        } => {
-            task.abort();
-            tracing::warn!(?drain, "requests still in flight after the drain were cut off");
-            Ok(())
-        }
-    }
-}
-
-async fn health() -> &'static str {
-    "ok"
-}
-
-async fn chat(
-    State(s): State<AppState>,
-    line: Option<Extension<BatchLine>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    s.handle(&headers, line.map(|l| l.0), || Job::chat(&body))
-        .await
-}
-
-async fn completions(
-    State(s): State<AppState>,
-    line: Option<Extension<BatchLine>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    s.handle(&headers, line.map(|l| l.0), || Job::completion(&body))
-        .await
-}
-
-/// With keys configured, only a client with a valid key may list what is served or read
-/// the metrics (they name models, routes and spend).
-fn unauthorized(s: &AppState, headers: &HeaderMap) -> Option<Response> {
-    s.inner
-        .keys
-        .authenticate(headers)
-        .err()
-        .map(|e| s.reject(e))
-}
-
-async fn models(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&s, &headers) {
-        return r;
-    }
-    let mut names: Vec<&String> = s
-        .inner
-        .upstreams
-        .keys()
-        .chain(s.inner.backends.keys())
-        .chain(s.inner.routes.keys())
-        .collect();
-    names.sort();
-    let local = s.inner.local.as_ref().map(|l| &l.machine.model);
-    let data: Vec<api::Model> = local
-        .into_iter()
-        .chain(names)
-        .map(|id| api::Model {
-            id: id.clone(),
-            object: "model",
-            created: s.inner.started,
-            owned_by: "frugal",
-        })
-        .collect();
-    Json(json!({ "object": "list", "data": data })).into_response()
-}
-
-async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&s, &headers) {
-        return r;
-    }
-    open_metrics(State(s)).await
-}
-
-/// A pool's demand and replicas, in the shape KEDA's `metrics-api` scaler reads
-/// (`valueLocation: demand`).
-async fn pool_scale(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    name: axum::extract::Path<String>,
-) -> Response {
-    if let Some(r) = unauthorized(&s, &headers) {
-        return r;
-    }
-    open_pool_scale(State(s), name).await
-}
-
-async fn open_pool_scale(
-    State(s): State<AppState>,
-    axum::extract::Path(name): axum::extract::Path<String>,
-) -> Response {
-    match s.pool(&name) {
-        Some(p) => Json(p.status()).into_response(),
-        None => ApiError::UnknownModel(name).into_response(),
-    }
-}
-
-async fn open_metrics(State(s): State<AppState>) -> Response {
-    let gauges = s.inner.local.as_ref().map(|l| {
-        let st = l.engine.stats();
-        Gauges {
-            waiting: st.waiting.load(Ordering::Relaxed),
-            running: st.running.load(Ordering::Relaxed),
-            batch: st.last_batch.load(Ordering::Relaxed),
-            kv_reserved: st.kv_reserved.load(Ordering::Relaxed),
-            prompt_tokens: st.prompt_tokens.load(Ordering::Relaxed),
-            generated_tokens: st.generated_tokens.load(Ordering::Relaxed),
-            padding_tokens: st.padding_tokens.load(Ordering::Relaxed),
-            steps: st.steps.load(Ordering::Relaxed),
-            busy_seconds: st.busy_us.load(Ordering::Relaxed) as f64 / 1e6,
-            waiting_batch: st.waiting_batch.load(Ordering::Relaxed),
-            preempted: st.preempted.load(Ordering::Relaxed),
-            recomputed_tokens: st.recomputed_tokens.load(Ordering::Relaxed),
-        }
-    });
-    let mut text = s.inner.metrics.render(gauges.as_ref());
-    pool::render_metrics(s.inner.pools.values(), &mut text);
-    if let Some(meter) = &s.inner.meter {
-        meter.health().render(&mut text);
-    }
-    match s.inner.keys.shared() {
-        Some(b) => metrics::Metrics::render_budgets(
-            &mut text,
-            b.is_shared(),
-            b.fallbacks.load(Ordering::Relaxed),
-            b.unsettled(),
-        ),
-        None => s
-            .inner
-            .metrics
-            .render_catch_up(&mut text, chrono::Utc::now().timestamp_millis()),
-    }
-    if let Some(shared) = &s.inner.shared {
-        use std::fmt::Write;
-        let _ = write!(
-            text,
-            "# HELP frugal_shared_cache_total Shared (Redis) cache hits and failed calls.\n# TYPE frugal_shared_cache_total counter\nfrugal_shared_cache_total{{result=\"hit\"}} {}\nfrugal_shared_cache_total{{result=\"error\"}} {}\n",
-            shared.hits.load(Ordering::Relaxed),
-            shared.errors.load(Ordering::Relaxed)
-        );
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
-}
-
-impl AppState {
-    /// Checks the key (a batch line carries its job's tenant instead) and budgets, parses
-    /// the request with `parse`, and answers it.
-    async fn handle(
-        &self,
-        headers: &HeaderMap,
-        line: Option<BatchLine>,
-        parse: impl FnOnce() -> Result<Job, ApiError>,
-    ) -> Response {
-        let admitted = match &line {
-            Some(l) => l.tenant.as_ref().map_or(Ok(None), |t| {
-                t.admit(chrono::Utc::now()).map(|()| Some(t.clone()))
-            }),
-            None => self.admit(headers),
-        };
-        let tenant = match admitted {
-            Ok(t) => t,
-            Err(e) => return self.reject(e),
-        };
-        let job = match parse() {
-            Ok(mut j) => {
-                j.batch = line.map(|l| l.job);
-                Arc::new(j)
-            }
-            Err(e) => return self.reject(e),
-        };
-        let ask = Ask {
-            tenant,
-            headers,
-            policy: None,
-        };
-        match self.target(&job) {
-            Ok(Target::Backend(backend)) => self.answer(backend, job, &ask).await,
-            Ok(Target::Cascade(route)) => cascade::run(self, route, job, ask).await,
-            Err(e) => self.reject(e),
-        }
-    }
-
-    /// One request through the pipeline on `backend`, streamed or whole.
-    pub(crate) async fn answer(
-        &self,
-        backend: Arc<dyn Backend>,
-        job: Arc<Job>,
-        ask: &Ask<'_>,
-    ) -> Response {
-        let started = match pipeline::start(self, backend.clone(), &job, ask).await {
-            Ok(s) => s,
-            Err(e) => return e.into_response(),
-        };
-        if job.common.stream {
-            let usage = job
-                .common
-                .stream_options
-                .as_ref()
-                .is_some_and(|o| o.include_usage);
-            return render::stream(started, usage, job.prompt_bytes());
-        }
-        match pipeline::finish(started).await {
-            Ok(f) => render::json(f, job.kind, backend.name()),
-            Err(e) => e.into_response(),
-        }
-    }
-
-    fn reject(&self, e: ApiError) -> Response {
-        self.inner
-            .metrics
-            .requests_rejected
-            .fetch_add(1, Ordering::Relaxed);
-        e.into_response()
-    }
-}
+pub use http::router::{router, serve, serve_metrics};
+pub use request::state::{AppState, Parts};

@@ -17,13 +17,13 @@ use tower::ServiceExt;
 use frugal_cost::ledger::{Row, Window};
 use frugal_cost::{Kind as EventKind, Ledger, Money, Outcome};
 
+use crate::admit::keys::{KeyConfig, Keys, hash_key};
 use crate::backend::{Backend, Output, Plan, Priced, Work};
 use crate::batch::service::BatchConfig;
-use crate::cache::{CacheConfig, ExactCache};
-use crate::error::ApiError;
-use crate::keys::{KeyConfig, Keys, hash_key};
+use crate::cache::exact::{CacheConfig, ExactCache};
+use crate::http::error::ApiError;
+use crate::http::validate::Job;
 use crate::meter::{Meter, MeterConfig};
-use crate::validate::Job;
 use crate::{AppState, Parts};
 
 /// A nano-dollar per token, a dollar per million.
@@ -176,7 +176,7 @@ impl Gateway {
         if let Some(k) = key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
-        crate::router(self.state.clone())
+        crate::http::router::router(self.state.clone())
             .oneshot(req.body(Body::from(body.to_string())).unwrap())
             .await
             .unwrap()
@@ -187,7 +187,7 @@ impl Gateway {
         if let Some(k) = key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
-        crate::router(self.state.clone())
+        crate::http::router::router(self.state.clone())
             .oneshot(req.body(Body::empty()).unwrap())
             .await
             .unwrap()
@@ -381,7 +381,7 @@ async fn a_failed_call_is_on_record_and_a_refusal_is_not() {
 #[tokio::test]
 async fn a_panic_in_the_backend_still_settles_the_bill() {
     let g = gateway(vec![Fake::new("fake", Act::Panic)], &[], false);
-    let app = crate::router(g.state.clone());
+    let app = crate::http::router::router(g.state.clone());
     let req = Request::post("/v1/chat/completions")
         .header("content-type", "application/json")
         .body(Body::from(ask("fake", json!({})).to_string()))
@@ -531,7 +531,7 @@ mod batch_runs {
         let store =
             Arc::new(Store::open(&paths, &input_path, &input, &Options::default()).unwrap());
         let progress = Arc::new(Progress::default());
-        let app = crate::router(g.state.clone());
+        let app = crate::http::router::router(g.state.clone());
         let ended = run(
             app,
             store.clone(),
@@ -600,7 +600,7 @@ mod batch_runs {
         let mut c = config();
         c.concurrency = 2;
         let stop = tokio::time::sleep(Duration::from_millis(100));
-        let app = crate::router(g.state.clone());
+        let app = crate::http::router::router(g.state.clone());
         let ended = run(
             app.clone(),
             store.clone(),

@@ -7,6 +7,7 @@
 //! each target's last snapshot in a state file and fetches bodies; the schedule and the
 //! config belong to the binary.
 
+pub mod causes;
 pub mod expo;
 pub mod interval;
 pub mod prom_api;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use frugal_cost::money::{HourlyRate, Millis};
 use serde::{Deserialize, Serialize};
 
+use crate::causes::with_causes;
 use crate::expo::{Scrape, parse};
 use crate::interval::{Bill, Interval, Snapshot, TargetMeta, bill};
 use crate::reading::{Kind, Reading, detect};
@@ -280,13 +281,4 @@ impl Scraper {
             .await
             .map_err(|e| format!("cannot read {url}'s body: {}", with_causes(&e)))
     }
-}
-
-/// An error and its causes, as one line: reqwest's own message ("error sending request")
-/// says nothing of why (refused, timed out, reset).
-pub fn with_causes(e: &dyn std::error::Error) -> String {
-    std::iter::successors(Some(e), |e| e.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }

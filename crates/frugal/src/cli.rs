@@ -478,7 +478,7 @@ pub struct EvalRouteArgs {
     pub confidence: f64,
     /// Bootstrap resamples of the tuning questions (fixed seed); 0 bounds nothing, the
     /// tuning quality taken as it is
-    #[arg(long, default_value_t = frugal_gateway::route_eval::RESAMPLES)]
+    #[arg(long, default_value_t = frugal_gateway::cascade::eval::RESAMPLES)]
     pub resamples: usize,
     /// Bound each candidate alone, not every candidate at once (so that the many searched
     /// make one likelier to pass by luck): to compare

@@ -155,12 +155,17 @@ fn new_key(args: &NewKeyArgs) -> Result<()> {
         v.parse::<frugal_cost::Money>()
             .with_context(|| format!("invalid budget {v:?}"))?;
     }
-    let key = frugal_gateway::keys::new_key().context("cannot get random bytes for the key")?;
+    let key =
+        frugal_gateway::admit::keys::new_key().context("cannot get random bytes for the key")?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "key (shown once; frugal keeps only its hash): {key}\n")?;
     writeln!(out, "[[serve.key]]")?;
     writeln!(out, "tenant = {:?}", args.tenant)?;
-    writeln!(out, "sha256 = {:?}", frugal_gateway::keys::hash_key(&key))?;
+    writeln!(
+        out,
+        "sha256 = {:?}",
+        frugal_gateway::admit::keys::hash_key(&key)
+    )?;
     if let Some(v) = &args.daily_usd {
         writeln!(out, "daily_usd = {v:?}")?;
     }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use frugal_cost::Catalog;
-use frugal_gateway::pool::kube::{self, Target};
+use frugal_gateway::deploy::{self as kube, Target};
 
 use crate::cli::KubernetesArgs;
 use crate::config;

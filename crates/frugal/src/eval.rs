@@ -1,5 +1,5 @@
 //! `frugal eval ppl|tasks`: loads the model (as `--quant` would serve it) and its reference,
-//! has `frugal_engine::eval` or `frugal_gateway::route_eval` measure them on held-out data,
+//! has `frugal_engine::eval` or `frugal_gateway::cascade::eval` measure them on held-out data,
 //! prints the figures, records them for `frugal serve` to say at start, and applies the gate.
 
 use std::io::Write;
@@ -14,7 +14,7 @@ use frugal_engine::eval::{
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::quant::WeightType;
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::route_eval::{self, Tier, read_questions};
+use frugal_gateway::cascade::eval::{self, Tier, read_questions};
 use serde_json::json;
 
 use crate::cli::{EvalEmbedderArgs, EvalModelArgs, EvalPplArgs, EvalTasksArgs};

@@ -1,5 +1,5 @@
 //! `frugal eval-route`: loads the two tiers (or an earlier run's answers), has
-//! `frugal_gateway::route_eval` answer the questions and replay the cascade, and prints the
+//! `frugal_gateway::cascade::eval` answer the questions and replay the cascade, and prints the
 //! tables, the route to configure, and the HTML and JSON files asked for.
 
 use std::io::Write;
@@ -10,7 +10,7 @@ use frugal_cost::present::chart::{self, Chart, Mark, Series};
 use frugal_cost::present::pct1 as pct;
 use frugal_engine::model::LoadOptions;
 use frugal_gateway::assemble::load_embedder;
-use frugal_gateway::route_eval::{
+use frugal_gateway::cascade::eval::{
     Bound, Outcome, Replay, SKIP_K, Signal, Tier, best, curve, frontier, read_answers,
     read_questions, tier_name,
 };

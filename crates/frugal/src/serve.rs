@@ -12,13 +12,14 @@ use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::assemble::{Inputs, PriceError, assemble, hourly_price};
+use frugal_gateway::admit::budget::SharedBudgets;
+use frugal_gateway::assemble::{PriceError, hourly_price};
+use frugal_gateway::backend::upstream::Upstream;
 use frugal_gateway::batch::service::BatchConfig;
-use frugal_gateway::budget::SharedBudgets;
+use frugal_gateway::cache::shared::SharedCache;
 use frugal_gateway::config::RawServe;
+use frugal_gateway::gateway::{Inputs, assemble};
 use frugal_gateway::meter::{Machine, Meter, MeterConfig};
-use frugal_gateway::shared::SharedCache;
-use frugal_gateway::upstream::Upstream;
 use frugal_gateway::{AppState, Local};
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
@@ -388,7 +389,7 @@ async fn reload_on_hangup(
 }
 
 /// The checked `[[serve.key]]` entries of the config file at `path`.
-fn read_keys(path: &Path) -> Result<Vec<frugal_gateway::keys::KeyConfig>> {
+fn read_keys(path: &Path) -> Result<Vec<frugal_gateway::admit::keys::KeyConfig>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
     let raw = crate::config::parse(&text, path)?;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{Server, header, request_at};
 use frugal_cost::{Kind, Ledger, Location, Money, Window};
-use frugal_gateway::keys::hash_key;
+use frugal_gateway::admit::keys::hash_key;
 use frugal_testkit::redis::Redis;
 use frugal_testkit::upstream::mock_upstream;
 

@@ -520,7 +520,7 @@ fn a_corrupt_model_is_a_clear_error() {
 
 #[test]
 fn keys_tenants_and_budgets() {
-    use frugal_gateway::keys::hash_key;
+    use frugal_gateway::admit::keys::hash_key;
     let config = format!(
         "[[serve.key]]\ntenant = \"a\"\nsha256 = \"{}\"\n\n[[serve.key]]\ntenant = \"b\"\nsha256 = \"{}\"\n\n[[serve.key]]\ntenant = \"small\"\nsha256 = \"{}\"\ndaily_usd = \"0.000001\"\n",
         hash_key("key-a"),

@@ -620,7 +620,7 @@ fn bad_upstream_prices_and_cache_policies_are_refused() {
 
 #[test]
 fn cache_policies_share_entries_across_tenants_and_set_a_models_semantic_threshold() {
-    use frugal_gateway::keys::hash_key;
+    use frugal_gateway::admit::keys::hash_key;
     let (url, calls) = mock_upstream();
     let extra = format!(
         "[[serve.upstream]]\nname = \"shared\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nshared_cache = true\nsemantic_threshold = 0.8\n\n[[serve.key]]\ntenant = \"a\"\nsha256 = \"{}\"\n\n[[serve.key]]\ntenant = \"b\"\nsha256 = \"{}\"\n",
@@ -660,7 +660,7 @@ fn cache_policies_share_entries_across_tenants_and_set_a_models_semantic_thresho
 /// the upstream's API key nor the client's.
 #[test]
 fn no_secret_in_any_log() {
-    use frugal_gateway::keys::hash_key;
+    use frugal_gateway::admit::keys::hash_key;
     let (url, _) = mock_upstream();
     let config = format!(
         "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\napi_key_env = \"MOCK_KEY\"\ntimeout_s = 1\nretries = 1\n\n[[serve.key]]\ntenant = \"a\"\nsha256 = \"{}\"\n",

@@ -22,11 +22,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
+use super::error::BatchError;
 use super::files::{Delete, UPLOAD_PURPOSE};
 use super::input::Endpoint;
-use super::service::{BatchError, Batches, COMPLETION_WINDOW, Cancel, NewBatch, describe};
-use crate::AppState;
-use crate::error::ApiError;
+use super::service::{Batches, COMPLETION_WINDOW, Cancel, NewBatch, describe};
+use crate::http::error::ApiError;
+use crate::request::state::AppState;
 
 /// Room in an upload's body for the multipart envelope and the other fields.
 const ENVELOPE: u64 = 1 << 20;
@@ -131,9 +132,7 @@ async fn list_files(
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Reply {
-    let (b, tenant) = open(&s, &headers)?;
-    let Query(q) = query.map_err(bad_query)?;
-    let limit = limit(q.limit, FILES_LIMIT)?;
+    let (b, tenant, q, limit) = listing(&s, &headers, query, FILES_LIMIT)?;
     let (files, more) = b
         .files(tenant, q.purpose, q.after, limit)
         .await
@@ -256,9 +255,7 @@ async fn list_batches(
     headers: HeaderMap,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Reply {
-    let (b, tenant) = open(&s, &headers)?;
-    let Query(q) = query.map_err(bad_query)?;
-    let limit = limit(q.limit, BATCHES_LIMIT)?;
+    let (b, tenant, q, limit) = listing(&s, &headers, query, BATCHES_LIMIT)?;
     let (batches, more) = b.batches(tenant, q.after, limit).await.map_err(internal)?;
     Ok(page(batches, more, |b| &b.id))
 }
@@ -290,6 +287,20 @@ fn open(s: &AppState, headers: &HeaderMap) -> Result<(Arc<Batches>, Option<Strin
 }
 
 /// OpenAI's list object.
+/// A list request opened: the Batch API and the tenant, the query, and its page size
+/// checked against `bounds`.
+fn listing(
+    s: &AppState,
+    headers: &HeaderMap,
+    query: Result<Query<ListQuery>, QueryRejection>,
+    bounds: (usize, usize),
+) -> Result<(Arc<Batches>, Option<String>, ListQuery, usize), ApiError> {
+    let (b, tenant) = open(s, headers)?;
+    let Query(q) = query.map_err(bad_query)?;
+    let limit = limit(q.limit, bounds)?;
+    Ok((b, tenant, q, limit))
+}
+
 fn page<T: Serialize>(data: Vec<T>, has_more: bool, id: impl Fn(&T) -> &String) -> Response {
     let first = data.first().map(&id).cloned();
     let last = data.last().map(&id).cloned();

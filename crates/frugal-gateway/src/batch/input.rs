@@ -23,8 +23,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
-use crate::validate::{Job, Kind};
+use crate::http::error::ApiError;
+use crate::http::validate::{Job, Kind};
 
 /// Requests a batch may hold at most (OpenAI's limit).
 pub const MAX_LINES: usize = 50_000;

@@ -7,16 +7,18 @@
 //! batches kept in a data directory, each batch driven by a task of its own ([`service`]).
 
 pub mod api;
+pub mod error;
 pub mod files;
 pub mod input;
 pub mod run;
 pub mod service;
 pub mod store;
+pub mod uploads;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::keys::Tenant;
+use crate::admit::keys::Tenant;
 
 /// Marks a request as a line of a batch job. Only the batch runner sets it (as a request
 /// extension, in process), so no client can bill its requests to a job: the line is billed
@@ -41,4 +43,11 @@ pub(crate) fn random_id(prefix: &str) -> String {
     }
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     format!("{prefix}{hex}")
+}
+
+/// Now, in seconds since the Unix epoch, as OpenAI's objects give times.
+pub(crate) fn now_s() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }

@@ -22,8 +22,8 @@ use tower::ServiceExt;
 use super::BatchLine;
 use super::input::{Input, Line};
 use super::store::{Failure, LineError, Response, Store, StoreError};
-use crate::keys::Tenant;
-use crate::upstream::retry_after;
+use crate::admit::keys::Tenant;
+use crate::backend::upstream::retry_after;
 
 /// Largest answer body read for one line.
 const MAX_ANSWER: usize = 32 << 20;

@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
@@ -23,12 +23,13 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::error::BatchError;
 use super::files::{self, FileObject, FileRow, OUTPUT_PURPOSE, UPLOAD_PREFIX};
 use super::input::{self, Endpoint, Input, InputError, Limits};
+use super::now_s;
 use super::run::{self, Ended, Progress, RunConfig};
 use super::store::{self, JobStatus, Options, Paths, RequestCounts, Store, StoreError};
-use crate::AppState;
-use crate::keys::Tenant;
+use crate::admit::keys::{Keys, Tenant};
 
 /// The only completion window OpenAI takes.
 pub const COMPLETION_WINDOW: &str = "24h";
@@ -74,6 +75,13 @@ CREATE INDEX batches_status ON batches (status);
 
 const UNFINISHED: &str = "('validating', 'in_progress', 'finalizing', 'cancelling')";
 
+/// The gateway that hosts the Batch API: a batch's lines go through its router, and spend
+/// the budget of the tenant (among its keys) that created the batch.
+pub trait Host: Clone + Send + Sync + 'static {
+    fn router(&self) -> axum::Router;
+    fn keys(&self) -> &Keys;
+}
+
 /// Where the Batch API keeps its state, and how its batches run.
 #[derive(Debug, Clone)]
 pub struct BatchConfig {
@@ -99,40 +107,6 @@ impl BatchConfig {
             drain: Duration::from_secs(30),
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum BatchError {
-    #[error("cannot create the batch directory {}", path.display())]
-    Dir {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error(
-        "the batch directory {} is in use by another frugal serve{}",
-        dir.display(),
-        pid.map(|p| format!(" (process {p})")).unwrap_or_default()
-    )]
-    Busy { dir: PathBuf, pid: Option<u32> },
-    #[error("a batch's job store failed")]
-    Store(#[source] StoreError),
-    #[error("the batch database failed")]
-    Db(#[from] rusqlite::Error),
-    #[error(
-        "the batch database {} has schema version {found}, newer than this frugal understands; upgrade frugal",
-        path.display()
-    )]
-    NewerSchema { path: PathBuf, found: i64 },
-    #[error("cannot {what} {}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("a batch task stopped: {0}")]
-    Task(String),
 }
 
 /// A batch as OpenAI's API returns it.
@@ -236,7 +210,7 @@ impl Batches {
     }
 
     /// Starts a task for each batch a stopped server left unfinished; returns how many.
-    pub fn resume(self: &Arc<Self>, app: &AppState) -> Result<usize, BatchError> {
+    pub fn resume(self: &Arc<Self>, app: &impl Host) -> Result<usize, BatchError> {
         let ids: Vec<String> = {
             let db = self.db();
             let mut select = db.prepare(&format!(
@@ -271,7 +245,7 @@ impl Batches {
     /// Records a new batch (validating) and starts its task.
     pub async fn create(
         self: &Arc<Self>,
-        app: &AppState,
+        app: &impl Host,
         new: NewBatch,
     ) -> Result<BatchObject, BatchError> {
         let id = super::random_id("batch_");
@@ -386,7 +360,7 @@ impl Batches {
     }
 
     /// Starts the task that drives batch `id` to a final status.
-    fn spawn(self: &Arc<Self>, app: &AppState, id: String) {
+    fn spawn(self: &Arc<Self>, app: &impl Host, id: String) {
         let (cancel, cancelled) = watch::channel(false);
         lock(&self.running).insert(
             id.clone(),
@@ -417,7 +391,7 @@ impl Batches {
     /// it was left in. Returns early, leaving it resumable, when the server stops.
     async fn drive(
         self: &Arc<Self>,
-        app: &AppState,
+        app: &impl Host,
         id: &str,
         cancel: watch::Receiver<bool>,
     ) -> Result<(), BatchError> {
@@ -456,7 +430,7 @@ impl Batches {
                 ..self.config.run.clone()
             };
             let stop = stopped(cancel, shutdown.clone());
-            let router = crate::router(app.clone());
+            let router = app.router();
             let progress = Arc::new(Progress::default());
             match run::run(router, store.clone(), &input, &config, progress, stop).await {
                 Ok(Ended::Stopped) if *shutdown.borrow() => return Ok(()),
@@ -509,7 +483,7 @@ impl Batches {
     /// tenant has no key any more does not run (it would spend no one's budget).
     async fn tenant_of(
         self: &Arc<Self>,
-        app: &AppState,
+        app: &impl Host,
         id: &str,
     ) -> Result<Result<Option<Arc<Tenant>>, Value>, BatchError> {
         let row_id = id.to_owned();
@@ -522,7 +496,7 @@ impl Batches {
                 )?)
             })
             .await?;
-        let keys = &app.inner.keys;
+        let keys = app.keys();
         Ok(match name {
             Some(name) if !keys.is_open() => keys.tenant(&name).map(Some).ok_or_else(|| {
                 let message = format!(
@@ -751,6 +725,10 @@ impl Batches {
         self.dir().join("jobs").join(id)
     }
 
+    pub(super) fn files_dir(&self) -> PathBuf {
+        self.dir().join("files")
+    }
+
     pub(super) fn db(&self) -> MutexGuard<'_, Connection> {
         lock(&self.db)
     }
@@ -949,10 +927,4 @@ pub fn describe(e: &dyn std::error::Error) -> String {
 /// A poisoned lock's data is still consistent here: every write to it is one statement.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(crate) fn now_s() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }

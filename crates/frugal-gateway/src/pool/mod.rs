@@ -19,7 +19,6 @@
 //! the rest of each span is idle capacity.
 
 pub mod autoscale;
-pub mod kube;
 mod replica;
 pub mod settings;
 
@@ -36,12 +35,12 @@ use tokio::sync::Notify;
 use frugal_cost::money::HourlyRate;
 use frugal_cost::{Money, ReplicaSpan, ReplicaState};
 
+use crate::backend::upstream::Ticket;
 use crate::backend::{Backend, Output, Plan, Priced, Work};
-use crate::error::ApiError;
+use crate::http::error::ApiError;
+use crate::http::validate::Job;
 use crate::meter::Meter;
 use crate::metrics::Histogram;
-use crate::upstream::Ticket;
-use crate::validate::Job;
 
 use autoscale::{Autoscaler, Observed};
 use replica::{Serving, Target};
@@ -893,14 +892,10 @@ impl Backend for Pool {
 
     fn prepare(&self, _job: &Job) -> Result<Plan, ApiError> {
         // A request cannot hold a replica longer than its timeout, on each try.
-        let worst_case = self.config.rate.map_or(Money::ZERO, |r| {
-            cost_of(r, self.config.timeout * (RETRIES + 1))
-        });
-        Ok(Plan {
-            worst_case,
-            prompt_tokens: None,
-            engine: None,
-        })
+        Ok(Plan::hourly(
+            self.config.rate,
+            self.config.timeout * (RETRIES + 1),
+        ))
     }
 
     fn produce<'a>(

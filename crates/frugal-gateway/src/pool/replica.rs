@@ -20,8 +20,8 @@ use nix::unistd::Pid;
 use tokio::sync::watch;
 
 use crate::backend::Local;
+use crate::backend::upstream::{Clock, Upstream, UpstreamConfig};
 use crate::meter::Machine;
-use crate::upstream::{Clock, Upstream, UpstreamConfig};
 
 use super::{Kind, PoolConfig};
 
@@ -282,7 +282,7 @@ async fn wait_ready(
         if left.is_zero() {
             return Err(format!(
                 "not ready within cold_start_timeout (last probe of {}: {last})",
-                crate::shared::redact_url(health)
+                crate::redis_conn::redact_url(health)
             ));
         }
         match probe

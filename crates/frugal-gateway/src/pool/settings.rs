@@ -155,7 +155,7 @@ pub fn pool(raw: &RawPool, catalog: &Catalog) -> Result<PoolConfig, ConfigError>
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(bad(format!(
                     "`url` must be http:// or https://, not {}",
-                    crate::shared::redact_url(url)
+                    crate::redis_conn::redact_url(url)
                 )));
             }
             Kind::External {

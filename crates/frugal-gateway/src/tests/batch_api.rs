@@ -86,7 +86,7 @@ impl Gateway {
         if let Some(k) = key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
-        let r = crate::router(self.state.clone())
+        let r = crate::http::router::router(self.state.clone())
             .oneshot(req.body(Body::from(body)).unwrap())
             .await
             .unwrap();

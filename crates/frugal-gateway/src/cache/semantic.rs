@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use frugal_semantic::{Embedder, Guard, VectorIndex, Verdict, Veto};
 
-use crate::cache::Answer;
+use crate::cache::exact::Answer;
 
 /// Neighbours checked by the guard per lookup.
 const CANDIDATES: usize = 4;
@@ -284,8 +284,8 @@ mod tests {
     use frugal_engine::scheduler::FinishReason;
 
     use super::*;
-    use crate::api::Usage;
-    use crate::cache::Chunk;
+    use crate::cache::exact::Chunk;
+    use crate::http::api::Usage;
 
     fn embedder() -> Arc<Embedder> {
         static E: OnceLock<Arc<Embedder>> = OnceLock::new();

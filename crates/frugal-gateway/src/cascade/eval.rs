@@ -30,12 +30,12 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::api::{ChatMessage, Content};
 use crate::assemble::DEFAULT_SKIP_K;
 use crate::backend::load_parts;
+use crate::cascade::route::{SkipExample, SkipRule, confidence};
+use crate::http::api::{ChatMessage, Content};
+use crate::http::validate::{Input, prompt_tokens};
 use crate::jsonl::JsonLinesError;
-use crate::route::{SkipExample, SkipRule, confidence};
-use crate::validate::{Input, prompt_tokens};
 
 /// Nearest questions that vote in the skip rule, as `frugal serve` defaults to.
 pub const SKIP_K: usize = DEFAULT_SKIP_K;

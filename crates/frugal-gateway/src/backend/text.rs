@@ -10,8 +10,8 @@ use std::time::Duration;
 use frugal_engine::scheduler::{EngineTime, Event, FinishReason};
 use frugal_engine::tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::api::{TokenLogprob, TopLogprob, Usage};
-use crate::cache::Answer;
+use crate::cache::exact::Answer;
+use crate::http::api::{TokenLogprob, TopLogprob, Usage};
 
 /// Engine events, for the text layer.
 pub(crate) type Events = tokio::sync::mpsc::UnboundedReceiver<Event>;

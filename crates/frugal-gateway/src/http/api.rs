@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// A string or a list of strings (`stop`, `prompt`).
 #[derive(Debug, Clone, Deserialize)]

@@ -11,15 +11,15 @@ use axum::response::{IntoResponse, Response};
 
 use frugal_cost::{Lever, Money};
 
-use crate::api::Usage;
-use crate::cache;
-use crate::error::ApiError;
+use crate::cache::exact as cache;
+use crate::cascade::route::{self, RouteConfig};
+use crate::http::api::Usage;
+use crate::http::error::ApiError;
+use crate::http::render;
+use crate::http::validate::Job;
 use crate::meter;
-use crate::pipeline::{self, Ask, Body, Finished};
-use crate::render;
-use crate::route::{self, RouteConfig};
-use crate::state::AppState;
-use crate::validate::Job;
+use crate::request::pipeline::{self, Ask, Body, Finished};
+use crate::request::state::AppState;
 
 /// Answers `job` through `route`.
 pub async fn run(
@@ -50,13 +50,13 @@ pub async fn run(
     {
         let chain = format!("skip>{}", last.name());
         m.count_route(&route.name, &chain);
-        let response = state
-            .answer(
-                last.clone(),
-                for_tier(&job, last.name(), job.common.stream),
-                &ask,
-            )
-            .await;
+        let response = render::answer(
+            state,
+            last.clone(),
+            for_tier(&job, last.name(), job.common.stream),
+            &ask,
+        )
+        .await;
         return with_route(response, &chain);
     }
     let first = for_tier(&job, &local_name, false);
@@ -98,7 +98,7 @@ pub async fn run(
             m.count_route(&route.name, next.name());
             let chain = format!("{local_name}>{}", next.name());
             let tier = for_tier(&job, next.name(), job.common.stream);
-            let mut response = state.answer(next, tier, &ask).await;
+            let mut response = render::answer(state, next, tier, &ask).await;
             // What the request cost in all: both tiers.
             let total = header_money(&response, "x-frugal-cost-usd").map(|c| c + finished.cost);
             if let Some(v) = total.and_then(|t| HeaderValue::from_str(&t.to_string_places(9)).ok())

@@ -1,7 +1,7 @@
 //! The request pipeline: *consult the caches -> produce -> settle*, one path for every
 //! backend. [`start`] prepares the job on its backend, holds the tenant's worst case,
 //! consults the caches and starts the backend on a miss; [`finish`] runs an answer to its
-//! end for a whole-body response; [`crate::render`] streams one. Both carry the request's
+//! end for a whole-body response; [`crate::http::render`] streams one. Both carry the request's
 //! [`Bill`], which settles on every exit.
 
 use std::sync::Arc;
@@ -14,17 +14,17 @@ use serde_json::Value;
 use frugal_cost::{Lever, Money};
 use frugal_engine::scheduler::FinishReason;
 
-use crate::api::{TokenLogprob, Usage};
+use crate::admit::keys::Tenant;
+use crate::backend::text::{Piece, Replay, Source};
+use crate::backend::upstream;
 use crate::backend::{Backend, Output, Plan};
-use crate::cache::{self, CachePolicy, Claim, Lookup};
-use crate::error::ApiError;
-use crate::keys::Tenant;
-use crate::semantic::Search;
-use crate::settle::{Bill, CacheNote, CacheUse, End, HitKind};
-use crate::state::AppState;
-use crate::text::{Piece, Replay, Source};
-use crate::upstream;
-use crate::validate::{Job, Kind};
+use crate::cache::exact::{self as cache, CachePolicy, Claim, Lookup};
+use crate::cache::semantic::Search;
+use crate::http::api::{TokenLogprob, Usage};
+use crate::http::error::ApiError;
+use crate::http::validate::{Job, Kind};
+use crate::request::settle::{Bill, CacheNote, CacheUse, End, HitKind};
+use crate::request::state::AppState;
 
 /// A request under way: its bill, and where its answer comes from.
 pub struct Started {

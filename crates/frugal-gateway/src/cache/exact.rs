@@ -24,7 +24,7 @@ use moka::policy::EvictionPolicy;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 
-use crate::api::{TokenLogprob, Usage};
+use crate::http::api::{TokenLogprob, Usage};
 
 /// Fields that change how an answer is delivered, never what it says.
 const DELIVERY_ONLY: &[&str] = &["stream", "stream_options", "user", "metadata", "store"];

@@ -9,11 +9,11 @@
 //! view if Redis has none (`SET NX`: this gateway's view starts from the ledger, so a fresh
 //! Redis does not hand out a budget again), refuse once spend plus holds reach a limit, else
 //! add the hold. Settling is another: remove the hold, add the real cost to both totals. The
-//! rule is the single gateway's ([`crate::keys`]), so N replicas overshoot a budget by at most
+//! rule is the single gateway's ([`crate::admit::keys`]), so N replicas overshoot a budget by at most
 //! the one hold that found room last, not N budgets.
 //!
 //! Redis is not needed to serve. A call that fails or takes longer than
-//! [`CALL_TIMEOUT`](crate::shared::CALL_TIMEOUT) leaves admission on the local view (this
+//! [`CALL_TIMEOUT`](crate::redis_conn::CALL_TIMEOUT) leaves admission on the local view (this
 //! gateway's spend and the shared totals it last saw), counted in `/metrics`, and Redis is
 //! tried again a second later. What is spent meanwhile is kept and settled into Redis once it
 //! answers again, so the shared totals do not miss it.
@@ -26,8 +26,8 @@ use chrono::{DateTime, Datelike, Utc};
 use frugal_cost::Money;
 use redis::aio::ConnectionManager;
 
-use crate::keys::{Tenant, next_day, next_month};
-use crate::shared::{CALL_TIMEOUT, connect_redis, redact_url};
+use crate::admit::account::{Account, next_day, next_month};
+use crate::redis_conn::{CALL_TIMEOUT, connect_redis, redact_url};
 
 /// How long a hold lives when its request never settles (the gateway that held it crashed):
 /// a little over the longest a request runs. An upstream call is cut at its `timeout_s`
@@ -121,7 +121,7 @@ pub(crate) struct Hold {
 /// A cost not yet added to the shared totals: being settled, or waiting for Redis.
 struct Pending {
     id: u64,
-    tenant: Arc<Tenant>,
+    tenant: Arc<dyn Account>,
     at: DateTime<Utc>,
     cost: Money,
     hold: Option<Hold>,
@@ -277,7 +277,12 @@ impl SharedBudgets {
     /// What Redis should start `tenant`'s totals of `at`'s periods from if it has none: this
     /// gateway's view of the current periods, less what it has not yet added to Redis
     /// (added as it settles); 0 for a period that is over.
-    fn bases(&self, pending: &[Pending], tenant: &Arc<Tenant>, at: DateTime<Utc>) -> [Money; 2] {
+    fn bases(
+        &self,
+        pending: &[Pending],
+        tenant: &Arc<dyn Account>,
+        at: DateTime<Utc>,
+    ) -> [Money; 2] {
         let now = Utc::now();
         let (day, month) = tenant.totals(now);
         let same_day = |t: DateTime<Utc>| t.date_naive() == now.date_naive();
@@ -313,7 +318,7 @@ impl SharedBudgets {
     /// caller decides on its local view, counted as a fallback).
     pub(crate) async fn reserve(
         &self,
-        tenant: &Arc<Tenant>,
+        tenant: &Arc<dyn Account>,
         amount: Money,
         now: DateTime<Utc>,
     ) -> Option<Verdict> {
@@ -324,7 +329,7 @@ impl SharedBudgets {
         let bases = self.bases(&self.lock_pending(), tenant, now);
         let limits = tenant.limits();
         let member = self.new_hold(amount);
-        let mut cmd = script(RESERVE, &tenant.name, now, bases);
+        let mut cmd = script(RESERVE, tenant.name(), now, bases);
         cmd.arg(limit(limits.daily))
             .arg(limit(limits.monthly))
             .arg(&member)
@@ -354,7 +359,7 @@ impl SharedBudgets {
     /// the totals Redis would start from, and replayed when Redis answers again.
     pub(crate) fn charge(
         self: &Arc<Self>,
-        tenant: Arc<Tenant>,
+        tenant: Arc<dyn Account>,
         hold: Option<Hold>,
         cost: Money,
         now: DateTime<Utc>,
@@ -420,7 +425,7 @@ impl SharedBudgets {
                 return true;
             };
             let bases = self.bases(&pending, &p.tenant, p.at);
-            let mut cmd = script(SETTLE, &p.tenant.name, p.at, bases);
+            let mut cmd = script(SETTLE, p.tenant.name(), p.at, bases);
             cmd.arg(p.hold.as_ref().map_or("", |h| &h.member))
                 .arg(p.cost.nanos())
                 .arg(if p.only_if_held { "1" } else { "0" })
@@ -509,8 +514,8 @@ async fn replay(budgets: Weak<SharedBudgets>, wake: Arc<tokio::sync::Notify>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ApiError;
-    use crate::keys::{KeyConfig, Keys, hash_key};
+    use crate::admit::keys::{KeyConfig, Keys, hash_key};
+    use crate::http::error::ApiError;
     use frugal_testkit::redis::Redis;
 
     fn replica(budgets: &Arc<SharedBudgets>, daily: Money, monthly: Option<Money>) -> Keys {
@@ -652,7 +657,7 @@ mod tests {
         // The ledger says $0.30 today and $0.50 this month.
         let now = Utc::now();
         keys.preload(now, |start| {
-            let cents = if start == crate::keys::period_starts(now).0 {
+            let cents = if start == crate::admit::account::period_starts(now).0 {
                 30
             } else {
                 50

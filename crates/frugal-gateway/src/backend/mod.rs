@@ -1,7 +1,11 @@
-//! Backends: what produces an answer. The local engine and upstream servers implement
-//! [`Backend`]; the pipeline ([`crate::pipeline`]) runs any of them the same way (consult the
-//! caches, produce, settle), so a new kind of backend (a pool of replicas) plugs in here
-//! without a path of its own.
+//! Backends: what produces an answer. The local engine and upstream servers ([`upstream`])
+//! implement [`Backend`]; the pipeline ([`crate::request::pipeline`]) runs any of them the
+//! same way (consult the caches, produce, settle), so a new kind of backend (a pool of
+//! replicas) plugs in here without a path of its own. [`text`] turns engine tokens into
+//! response text.
+
+pub mod text;
+pub mod upstream;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,17 +17,18 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use frugal_cost::Money;
+use frugal_cost::money::HourlyRate;
 use frugal_engine::gguf::Gguf;
 use frugal_engine::model::{LoadOptions, Model};
 use frugal_engine::scheduler::{Engine, EngineTime, SchedulerConfig, SubmitError};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 
-use crate::error::ApiError;
+use crate::backend::text::{Source, TextStream};
+use crate::backend::upstream::{Pricing, Reply, Ticket, Upstream};
+use crate::http::error::ApiError;
+use crate::http::validate::{self, EngineRun, Job};
 use crate::meter::Machine;
-use crate::text::{Source, TextStream};
-use crate::upstream::{Pricing, Reply, Ticket, Upstream};
-use crate::validate::{self, EngineRun, Job};
 
 /// What an upstream may answer when a request names no `max_tokens`, for the worst case a
 /// budget holds back (hosted APIs default to the model's whole output window).
@@ -61,6 +66,23 @@ pub struct Plan {
     /// Prompt tokens, where the backend counts them before it runs.
     pub prompt_tokens: Option<u64>,
     pub(crate) engine: Option<EngineRun>,
+}
+
+impl Plan {
+    /// A plan that only bounds the cost (the backend counts no tokens before it runs).
+    pub(crate) fn costing(worst_case: Money) -> Plan {
+        Plan {
+            worst_case,
+            prompt_tokens: None,
+            engine: None,
+        }
+    }
+
+    /// The plan of a call to a machine paid by the hour: it cannot hold the machine longer
+    /// than `held` (its timeout, times its tries), so that time at `rate` is its worst case.
+    pub(crate) fn hourly(rate: Option<HourlyRate>, held: Duration) -> Plan {
+        Plan::costing(rate.map_or(Money::ZERO, |r| r.cost_of(held).unwrap_or(Money::ZERO)))
+    }
 }
 
 /// What a request has spent so far; the pipeline settles it once.
@@ -242,7 +264,7 @@ impl Upstream {
             .await?;
         Ok(match reply {
             Reply::Json(v) => Output::Json(v),
-            Reply::Stream(resp) => Output::Events(Box::pin(crate::upstream::sse_events(
+            Reply::Stream(resp) => Output::Events(Box::pin(crate::backend::upstream::sse_events(
                 resp,
                 self.max_event(),
             ))),
@@ -256,24 +278,20 @@ impl Backend for Upstream {
     }
 
     fn prepare(&self, job: &Job) -> Result<Plan, ApiError> {
-        let worst_case = match &self.config.pricing {
+        Ok(match &self.config.pricing {
             // Every prompt byte a token, every alternative its whole max_tokens.
             Some(Pricing::Tokens(price)) => {
                 let output = job.n() * job.max_tokens().unwrap_or(ASSUMED_MAX_TOKENS);
-                price
-                    .cost(job.prompt_bytes(), 0, output)
-                    .map_or(Money::ZERO, |(i, o)| i + o)
+                Plan::costing(
+                    price
+                        .cost(job.prompt_bytes(), 0, output)
+                        .map_or(Money::ZERO, |(i, o)| i + o),
+                )
             }
-            // A call cannot hold the machine longer than its timeout, times its tries.
-            Some(Pricing::Hourly { rate, .. }) => rate
-                .cost_of(self.config.timeout * (self.config.retries + 1))
-                .unwrap_or(Money::ZERO),
-            None => Money::ZERO,
-        };
-        Ok(Plan {
-            worst_case,
-            prompt_tokens: None,
-            engine: None,
+            Some(Pricing::Hourly { rate, .. }) => {
+                Plan::hourly(Some(*rate), self.config.timeout * (self.config.retries + 1))
+            }
+            None => Plan::costing(Money::ZERO),
         })
     }
 
@@ -290,7 +308,7 @@ impl Backend for Upstream {
     }
 
     fn price(&self, work: &Work) -> Priced {
-        let usage = crate::api::Usage {
+        let usage = crate::http::api::Usage {
             prompt_tokens: work.prompt_tokens as usize,
             completion_tokens: work.completion_tokens as usize,
             total_tokens: (work.prompt_tokens + work.completion_tokens) as usize,

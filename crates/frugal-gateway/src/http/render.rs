@@ -9,6 +9,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::http::{HeaderMap, HeaderValue};
@@ -20,13 +21,40 @@ use serde_json::{Value, json};
 use frugal_cost::Money;
 use frugal_engine::scheduler::FinishReason;
 
-use crate::api::{TokenLogprob, Usage};
-use crate::backend::Output;
-use crate::pipeline::{self, Body, Finished, Live, Started};
-use crate::settle::{Bill, CacheNote, End};
-use crate::text::Piece;
-use crate::upstream;
-use crate::validate::Kind;
+use crate::backend::text::Piece;
+use crate::backend::upstream;
+use crate::backend::{Backend, Output};
+use crate::http::api::{TokenLogprob, Usage};
+use crate::http::validate::{Job, Kind};
+use crate::request::pipeline::Ask;
+use crate::request::pipeline::{self, Body, Finished, Live, Started};
+use crate::request::settle::{Bill, CacheNote, End};
+use crate::request::state::AppState;
+
+/// One request through the pipeline on `backend`, streamed or whole.
+pub(crate) async fn answer(
+    state: &AppState,
+    backend: Arc<dyn Backend>,
+    job: Arc<Job>,
+    ask: &Ask<'_>,
+) -> Response {
+    let started = match pipeline::start(state, backend.clone(), &job, ask).await {
+        Ok(s) => s,
+        Err(e) => return e.into_response(),
+    };
+    if job.common.stream {
+        let usage = job
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        return stream(started, usage, job.prompt_bytes());
+    }
+    match pipeline::finish(started).await {
+        Ok(f) => json(f, job.kind, backend.name()),
+        Err(e) => e.into_response(),
+    }
+}
 
 /// How one response's chunks are shaped.
 #[derive(Clone)]

@@ -12,7 +12,7 @@
 //! UTC month) and preloaded from the ledger at start.
 //!
 //! With `budget_redis`, reservations and spend live in Redis, shared by every replica
-//! ([`crate::budget`]), with the same rule; the memory here is then this gateway's view
+//! ([`crate::admit::budget`]), with the same rule; the memory here is then this gateway's view
 //! (its own spend and the shared totals it last saw), which decides while Redis is
 //! unreachable. [`Keys::reload`] swaps the keys and budgets while requests go on.
 
@@ -20,12 +20,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use axum::http::{HeaderMap, header};
-use chrono::{DateTime, Datelike, Duration, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use frugal_cost::Money;
 use sha2::{Digest, Sha256};
 
-use crate::budget::{Hold, SharedBudgets};
-use crate::error::ApiError;
+use crate::admit::account::{Account, Limits, next_day, next_month, period_starts};
+use crate::admit::budget::{Hold, SharedBudgets};
+use crate::http::error::ApiError;
 
 /// One configured key.
 #[derive(Debug, Clone)]
@@ -53,13 +54,6 @@ pub fn new_key() -> Result<String, getrandom::Error> {
         "fk-{}",
         bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
     ))
-}
-
-/// A tenant's budgets; `None`: no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
-    pub daily: Option<Money>,
-    pub monthly: Option<Money>,
 }
 
 #[derive(Debug)]
@@ -183,7 +177,9 @@ impl Tenant {
         now: DateTime<Utc>,
     ) -> Result<Reservation, ApiError> {
         if let Some(shared) = &self.shared
-            && let Some(v) = shared.reserve(self, worst, now).await
+            && let Some(v) = shared
+                .reserve(&(self.clone() as Arc<dyn Account>), worst, now)
+                .await
         {
             let mut spend = self.lock();
             spend.roll(now);
@@ -236,9 +232,19 @@ impl Tenant {
             None => self.add_local(cost, now),
         }
     }
+}
+
+impl Account for Tenant {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn limits(&self) -> Limits {
+        Tenant::limits(self)
+    }
 
     /// Adds `cost` to this gateway's view only.
-    pub(crate) fn add_local(&self, cost: Money, now: DateTime<Utc>) {
+    fn add_local(&self, cost: Money, now: DateTime<Utc>) {
         let mut spend = self.lock();
         spend.roll(now);
         spend.day_total += cost;
@@ -246,7 +252,7 @@ impl Tenant {
     }
 
     /// This day's and month's spend as this gateway sees it.
-    pub(crate) fn totals(&self, now: DateTime<Utc>) -> (Money, Money) {
+    fn totals(&self, now: DateTime<Utc>) -> (Money, Money) {
         let mut spend = self.lock();
         spend.roll(now);
         (spend.day_total, spend.month_total)
@@ -254,7 +260,7 @@ impl Tenant {
 
     /// Takes in the shared totals (in nanodollars, negative: unknown) of the periods of
     /// `at`, as Redis gave them: this gateway's view is never below them.
-    pub(crate) fn seen(&self, at: DateTime<Utc>, day: i64, month: i64) {
+    fn seen(&self, at: DateTime<Utc>, day: i64, month: i64) {
         self.lock().seen(at, day, month);
     }
 }
@@ -301,34 +307,6 @@ impl Drop for Reservation {
             shared.release(&self.tenant.name, hold);
         }
     }
-}
-
-/// Midnight UTC of `now`'s day and the first of its month: where budgets start counting.
-pub fn period_starts(now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
-    let day = next_day(now) - Duration::days(1);
-    let month = NaiveDate::from_ymd_opt(now.year(), now.month(), 1)
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .map_or(day, |t| Utc.from_utc_datetime(&t));
-    (day, month)
-}
-
-pub(crate) fn next_day(now: DateTime<Utc>) -> DateTime<Utc> {
-    let midnight = now
-        .date_naive()
-        .and_hms_opt(0, 0, 0)
-        .map(|t| Utc.from_utc_datetime(&t));
-    midnight.map_or(now, |m| m + Duration::days(1))
-}
-
-pub(crate) fn next_month(now: DateTime<Utc>) -> DateTime<Utc> {
-    let (y, m) = if now.month() == 12 {
-        (now.year() + 1, 1)
-    } else {
-        (now.year(), now.month() + 1)
-    };
-    NaiveDate::from_ymd_opt(y, m, 1)
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .map_or(now, |t| Utc.from_utc_datetime(&t))
 }
 
 /// The configured keys; empty means the API is open. Swapped whole by [`Keys::reload`].

@@ -17,8 +17,8 @@ use frugal_engine::scheduler::{Priority, Request};
 use frugal_engine::template::{ChatTemplate, Message};
 use frugal_engine::tokenizer::Tokenizer;
 
-use crate::api::{self, ChatMessage, ChatRequest, Common, CompletionRequest};
-use crate::error::ApiError;
+use crate::http::api::{self, ChatMessage, ChatRequest, Common, CompletionRequest};
+use crate::http::error::ApiError;
 
 /// Largest `max_tokens` a request gets when it names none.
 pub const DEFAULT_MAX_TOKENS: usize = 512;

@@ -26,10 +26,10 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::settings::{self, Kind, PoolConfig};
 use crate::assemble::ConfigError;
 use crate::config::{PoolBackend, RawServe};
-use crate::shared::redact_url;
+use crate::pool::settings::{self, Kind, PoolConfig};
+use crate::redis_conn::redact_url;
 
 /// The gateway's Deployment, Service, ConfigMap and (for upstreams' API keys) Secret.
 pub const GATEWAY: &str = "frugal-gateway";

@@ -17,8 +17,8 @@ use frugal_cost::money::HourlyRate;
 use futures_util::{Stream, StreamExt};
 use serde_json::{Value, json};
 
-use crate::api::Usage;
-use crate::error::ApiError;
+use crate::http::api::Usage;
+use crate::http::error::ApiError;
 use crate::meter::Machine;
 
 /// Longest wait between tries by default, whatever Retry-After says.
@@ -57,7 +57,7 @@ impl std::fmt::Debug for UpstreamConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamConfig")
             .field("name", &self.name)
-            .field("url", &crate::shared::redact_url(&self.url))
+            .field("url", &crate::redis_conn::redact_url(&self.url))
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "***"))
             .field("pricing", &self.pricing)

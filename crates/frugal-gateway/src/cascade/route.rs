@@ -64,7 +64,7 @@ impl Skip {
 
     /// Whether `text` skips the cheap tier; a text that cannot be embedded does not.
     pub async fn skips(&self, text: &str) -> bool {
-        crate::semantic::embed_off_thread(&self.embedder, text, "route skip rule")
+        crate::cache::semantic::embed_off_thread(&self.embedder, text, "route skip rule")
             .await
             .is_some_and(|v| self.rule.skips(&v))
     }

@@ -11,19 +11,19 @@ use axum::http::{HeaderMap, header};
 use chrono::{DateTime, Utc};
 use frugal_cost::Money;
 
+use crate::admit::keys::{Changes, KeyConfig, Keys, Tenant};
+use crate::backend::upstream::Upstream;
 use crate::backend::{Backend, Local};
 use crate::batch::service::{BatchConfig, Batches, describe};
-use crate::cache::{self, CachePolicy, ExactCache, Lookup};
-use crate::error::ApiError;
-use crate::keys::{Changes, KeyConfig, Keys, Tenant};
+use crate::cache::exact::{self as cache, CachePolicy, ExactCache, Lookup};
+use crate::cache::semantic::SemanticCache;
+use crate::cache::shared::SharedCache;
+use crate::cascade::route::RouteConfig;
+use crate::http::error::ApiError;
+use crate::http::validate::Job;
 use crate::meter::Meter;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
-use crate::route::RouteConfig;
-use crate::semantic::SemanticCache;
-use crate::shared::SharedCache;
-use crate::upstream::Upstream;
-use crate::validate::Job;
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
@@ -296,7 +296,7 @@ impl AppState {
         })?;
         let changes = self.inner.keys.reload(&keys);
         m.reloads_ok.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = crate::keys::preload(&changes.new_tenants, Utc::now(), spent_since) {
+        if let Err(e) = crate::admit::keys::preload(&changes.new_tenants, Utc::now(), spent_since) {
             tracing::warn!(
                 "the new tenants' spend could not be read from the ledger, they start from $0: {e}"
             );

@@ -818,10 +818,15 @@ mod tests {
         assert_eq!(Spool::open(&spool).unwrap().rows(), 0);
     }
 
+    /// A fresh database on the shared test server, and a folder for the spool.
+    fn postgres_and_dir() -> (String, tempfile::TempDir) {
+        let url = frugal_testkit::postgres::database();
+        (url, tempfile::tempdir().unwrap())
+    }
+
     #[test]
     fn a_spool_left_by_a_killed_gateway_is_replayed_at_the_next_start() {
-        let url = frugal_testkit::postgres::database();
-        let dir = tempfile::tempdir().unwrap();
+        let (url, dir) = postgres_and_dir();
         let path = dir.path().join("spool.sqlite");
         let events: Vec<Event> = (0..7u8)
             .map(|i| {
@@ -847,8 +852,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_spool_stops_the_start_with_its_name() {
-        let url = frugal_testkit::postgres::database();
-        let dir = tempfile::tempdir().unwrap();
+        let (url, dir) = postgres_and_dir();
         let path = dir.path().join("spool.sqlite");
         std::fs::write(&path, vec![b'x'; 4096]).unwrap();
         let err = Meter::start(MeterConfig {

@@ -16,12 +16,12 @@ use frugal_cost::{Lever, Money, Outcome};
 use frugal_engine::scheduler::FinishReason;
 use frugal_semantic::Veto;
 
-use crate::api::{TokenLogprob, Usage};
+use crate::admit::keys::{Reservation, Tenant};
 use crate::backend::{Backend, Priced, Work};
-use crate::cache::{self, Answer, Leader, Probe};
-use crate::keys::{Reservation, Tenant};
+use crate::cache::exact::{self as cache, Answer, Leader, Probe};
+use crate::http::api::{TokenLogprob, Usage};
 use crate::meter;
-use crate::state::AppState;
+use crate::request::state::AppState;
 
 /// How a request met the caches.
 pub enum CacheUse {
@@ -169,7 +169,7 @@ impl Bill {
             .work
             .hold
             .take()
-            .map_or(Duration::ZERO, crate::upstream::Ticket::finish);
+            .map_or(Duration::ZERO, crate::backend::upstream::Ticket::finish);
         // A pool's retries on another replica added their holds already.
         self.work.share += share;
         let hit = matches!(self.cache, CacheUse::Hit(..));

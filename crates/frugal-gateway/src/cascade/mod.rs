@@ -1,0 +1,7 @@
+//! Cascades: a route's tiers from cheapest to dearest and their skip rules ([`route`]),
+//! a request run through them ([`run`]), and the offline replay that chooses a route's
+//! threshold ([`eval`], `frugal eval-route`).
+
+pub mod eval;
+pub mod route;
+pub(crate) mod run;

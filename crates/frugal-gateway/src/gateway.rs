@@ -1,0 +1,189 @@
+//! A gateway from `[serve]` ([`RawServe`]): each entry checked ([`crate::assemble`]), the
+//! pools built, and the whole into the [`Parts`] a gateway serves.
+//!
+//! What needs the process stays with the caller: the environment (an upstream's
+//! `api_key_env` is looked up through [`Inputs::env`]), the local model and its engine, the
+//! meter, the shared cache's connection (it needs the runtime) and printing.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use frugal_cost::Catalog;
+
+use crate::admit::budget::SharedBudgets;
+use crate::admit::keys::{KeyConfig, Keys};
+use crate::assemble::{
+    ConfigError, cache_config, find_embedder, invalid, keys, policies, route, route_name,
+    semantic_config, upstream,
+};
+use crate::backend::Local;
+use crate::backend::upstream::Upstream;
+use crate::cache::exact::{CacheConfig, CachePolicy, ExactCache};
+use crate::cache::semantic::SemanticCache;
+use crate::cache::shared::SharedCache;
+use crate::cascade::route::RouteConfig;
+use crate::config::RawServe;
+use crate::meter::Meter;
+use crate::pool::Pool;
+use crate::pool::settings::pool as pool_settings;
+use crate::request::state::Parts;
+
+/// What assembly takes besides `[serve]`, resolved by the caller.
+pub struct Inputs<'a> {
+    /// Prices upstreams: their tokens' `[[model]]` or their machine's instance type.
+    pub catalog: &'a Catalog,
+    /// The local model's served name; `None`: a gateway to its upstreams alone.
+    pub local: Option<&'a str>,
+    /// An environment variable's value (for `api_key_env`): libraries do not read the
+    /// environment, the binary does and answers here.
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// Where to look for the embedder when `[serve] embedder` names none, in order (e.g.
+    /// `models/minilm`, then the user's data folder's).
+    pub embedder_search: &'a [PathBuf],
+    /// Where process pools' replicas log, unless a pool names its own `log_dir`.
+    pub pool_logs: &'a Path,
+}
+
+/// A gateway's parts from `[serve]`, checked; [`Assembly::into_parts`] adds what the caller
+/// runs (the local model, the meter, the shared cache's connection).
+pub struct Assembly {
+    pub upstreams: Vec<Upstream>,
+    pub routes: Vec<RouteConfig>,
+    pub policies: HashMap<String, CachePolicy>,
+    pub keys: Vec<KeyConfig>,
+    /// A Redis URL where the tenants' budgets are shared with other replicas.
+    pub budget_redis: Option<String>,
+    /// `None`: the exact cache (and so the semantic cache) is off.
+    pub cache: Option<CacheConfig>,
+    pub semantic: Option<SemanticCache>,
+    /// The semantic cache was wanted but no embedder was named or found where searched,
+    /// so it is off: the caller says so.
+    pub no_embedder: bool,
+    /// A Redis URL for the exact cache's shared level (with the exact cache on), to connect
+    /// to with the cache's TTL.
+    pub shared_cache: Option<String>,
+    /// Pools of replicas, not yet started.
+    pub pools: Vec<Arc<Pool>>,
+    pub batch_semantic: bool,
+}
+
+impl Assembly {
+    /// `budgets`: the connection for `budget_redis`.
+    pub fn into_parts(
+        self,
+        local: Option<Local>,
+        meter: Option<Meter>,
+        shared: Option<SharedCache>,
+        budgets: Option<Arc<SharedBudgets>>,
+    ) -> Parts {
+        Parts {
+            local,
+            meter,
+            cache: self.cache.map(ExactCache::new),
+            semantic: self.semantic,
+            shared,
+            upstreams: self.upstreams,
+            routes: self.routes,
+            policies: self.policies,
+            keys: Keys::with_budgets(&self.keys, budgets),
+            backends: Vec::new(),
+            pools: self.pools,
+            batch_semantic: self.batch_semantic,
+            batches: None,
+        }
+    }
+}
+
+/// Checks `[serve]` and builds what it describes; the embedder is loaded (and the skip
+/// examples embedded) only when the semantic cache or a route's skip rule needs it.
+pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigError> {
+    if inputs.local.is_none() {
+        if raw.upstream.is_empty() && raw.pool.is_empty() {
+            return Err(ConfigError::Serve(
+                "--no-model serves the [[serve.upstream]] servers and [[serve.pool]] pools, and frugal.toml names none"
+                    .into(),
+            ));
+        }
+        if let Some(r) = raw.route.first() {
+            return Err(invalid(
+                route_name(r),
+                "a cascade starts at the local model; drop --no-model or the route",
+            ));
+        }
+    }
+    let local = inputs.local.unwrap_or_default();
+    let upstreams = raw
+        .upstream
+        .iter()
+        .map(|u| upstream(u, inputs.catalog, inputs.env))
+        .collect::<Result<Vec<_>, _>>()?;
+    let pools = pools(raw, inputs)?;
+    let cache = raw.cache.unwrap_or(true).then(|| cache_config(raw));
+    let semantic_config = semantic_config(raw)?;
+    let wants_semantic = cache.is_some() && raw.semantic_cache.unwrap_or(true);
+    // One embedder for the semantic cache and the routes' skip rules.
+    let embedder = if wants_semantic || raw.route.iter().any(|r| r.skip_examples.is_some()) {
+        find_embedder(raw.embedder.as_deref(), inputs.embedder_search)?
+    } else {
+        None
+    };
+    let semantic = embedder
+        .as_ref()
+        .filter(|_| wants_semantic)
+        .map(|e| SemanticCache::new(e.clone(), semantic_config));
+    let keys = keys(raw)?;
+    if raw.budget_redis.is_some() && keys.is_empty() {
+        return Err(invalid(
+            "serve.budget_redis".into(),
+            "shares the budgets of [[serve.key]] tenants, and none is configured",
+        ));
+    }
+    let policies = policies(raw, local)?;
+    // What a route's last tier may be besides the local model.
+    let served: Vec<&str> = upstreams
+        .iter()
+        .map(|u| u.config.name.as_str())
+        .chain(pools.iter().map(|p| p.config.name.as_str()))
+        .collect();
+    let routes = raw
+        .route
+        .iter()
+        .map(|r| route(r, local, &served, embedder.as_ref(), inputs.embedder_search))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Assembly {
+        upstreams,
+        routes,
+        policies,
+        keys,
+        budget_redis: raw.budget_redis.clone(),
+        no_embedder: wants_semantic && embedder.is_none(),
+        shared_cache: raw.cache_redis.clone().filter(|_| cache.is_some()),
+        cache,
+        semantic,
+        pools,
+        batch_semantic: raw.batch_semantic_cache.unwrap_or(false),
+    })
+}
+
+/// The pools, checked: a name is served once, whatever serves it.
+fn pools(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Vec<Arc<Pool>>, ConfigError> {
+    let mut names: Vec<&str> = inputs.local.into_iter().collect();
+    names.extend(raw.upstream.iter().map(|u| u.name.as_str()));
+    names.extend(raw.route.iter().map(|r| r.name.as_str()));
+    raw.pool
+        .iter()
+        .map(|p| {
+            if names.contains(&p.name.as_str()) {
+                return Err(invalid(
+                    format!("pool `{}`", p.name),
+                    "another model, upstream, route or pool is served under this name",
+                ));
+            }
+            names.push(&p.name);
+            let config = pool_settings(p, inputs.catalog)?;
+            Pool::new(config, inputs.pool_logs.to_owned())
+                .map_err(|e| invalid(format!("pool `{}`", p.name), e.to_string()))
+        })
+        .collect()
+}
