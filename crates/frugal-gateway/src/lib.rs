@@ -40,6 +40,7 @@ pub mod metrics;
 pub mod pool;
 pub mod redis_conn;
 pub mod request;
+pub mod server;
 
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@ use frugal_train::store::CheckpointStore;
 
 use crate::cli::{BatchRunArgs, ServeArgs};
 use crate::config::Config;
-use crate::serve::{Gateway, Paid};
+use crate::serve::Paid;
 use crate::train::{machine_pricing, notice_source, seconds};
 
 /// Time kept back from a spot notice's deadline to copy the state to the store.
@@ -56,7 +56,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &BatchRunArgs) -> Result<()
     }
     let paid = paid(catalog, args)?;
     let on_demand = paid.as_ref().and_then(|p| Some((p.rate, p.on_demand?)));
-    let gateway = Gateway::build(config, catalog, &serve_args(args), paid)?;
+    let gateway = crate::serve::build(config, catalog, &serve_args(args), paid)?;
     let runtime = &gateway.runtime;
     let checkpoints = match &args.store {
         Some(url) => Some(
@@ -218,7 +218,7 @@ impl Job<'_> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<(String, Duration)>);
         let watch = async move {
             let (why, left) = tokio::select! {
-                () = crate::serve::shutdown_signal() => {
+                () = frugal_gateway::server::shutdown_signal() => {
                     ("a stop signal".to_owned(), seconds("--grace", args.grace).unwrap_or_default())
                 }
                 notice = wait_for_notice(source, poll) => {

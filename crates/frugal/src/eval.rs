@@ -14,7 +14,7 @@ use frugal_engine::eval::{
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::quant::WeightType;
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::cascade::eval::{self, Tier, read_questions};
+use frugal_gateway::cascade::eval::{Tier, flips, read_questions};
 use serde_json::json;
 
 use crate::cli::{EvalEmbedderArgs, EvalModelArgs, EvalPplArgs, EvalTasksArgs};
@@ -393,7 +393,7 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
     let theirs_right = answer(&theirs, "reference")?;
     let n = questions.len();
     let acc = |v: &[bool]| v.iter().filter(|&&c| c).count() as f64 / n as f64;
-    let (lost, gained) = route_eval::flips(&questions, &ours_right, &theirs_right);
+    let (lost, gained) = flips(&questions, &ours_right, &theirs_right);
     let flips = lost.len() + gained.len();
     let reference_words = format!("{} as stored", reference_path.display());
     let figures = json!({

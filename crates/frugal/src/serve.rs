@@ -7,20 +7,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use frugal_cost::money::HourlyRate;
-use frugal_cost::{Capacity, Catalog, Location, Money};
+use frugal_cost::{Capacity, Catalog, Money};
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
-use frugal_gateway::admit::budget::SharedBudgets;
+use frugal_gateway::Local;
 use frugal_gateway::assemble::{PriceError, hourly_price};
-use frugal_gateway::backend::upstream::Upstream;
-use frugal_gateway::batch::service::BatchConfig;
-use frugal_gateway::cache::shared::SharedCache;
 use frugal_gateway::config::RawServe;
 use frugal_gateway::gateway::{Inputs, assemble};
-use frugal_gateway::meter::{Machine, Meter, MeterConfig};
-use frugal_gateway::{AppState, Local};
+use frugal_gateway::meter::Machine;
+use frugal_gateway::server::{Gateway, KeysReload, Metering, Setup, shutdown_signal};
 
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
 use crate::config::Config;
@@ -35,234 +32,119 @@ pub struct Paid {
     pub on_demand: Option<HourlyRate>,
 }
 
-/// A gateway built from the config and flags, not yet listening: `frugal serve` puts it on
-/// a port, `frugal batch run` sends its lines through its router in process.
-pub struct Gateway {
-    pub state: AppState,
-    pub runtime: tokio::runtime::Runtime,
-    pub workload: String,
-    /// What it serves, in words.
-    pub what: String,
-}
-
-impl Gateway {
-    /// Builds the gateway: flags over `[serve]`, the configuration checked, the model
-    /// loaded and its engine started, the meter opened.
-    pub fn build(
-        config: &Config,
-        catalog: &Catalog,
-        args: &ServeArgs,
-        paid: Option<Paid>,
-    ) -> Result<Gateway> {
-        // Flags beat `[serve]` in frugal.toml, which beats the defaults.
-        let mut serve = with_flags(&config.serve, args);
-        if let Ok(replica) = std::env::var(frugal_gateway::pool::REPLICA_ENV)
-            && !serve.pool.is_empty()
-        {
-            // A replica that reads the gateway's frugal.toml must not start pools of its own.
-            writeln!(
-                std::io::stderr(),
-                "frugal serve: replica {replica} of a pool: the [[serve.pool]] entries of the config are not started here"
-            )?;
-            serve.pool.clear();
-        }
-        let workload = serve.workload.clone().unwrap_or_else(|| "serve".into());
-        let paid = match paid {
-            Some(p) => p,
-            None => {
-                // Only a local model runs on this machine (a gateway's costs nothing here),
-                // and only a meter records what it costs.
-                let this_machine = (!args.no_model && !args.no_meter).then(|| {
-                    let mut bases = frugal_train::notice::Bases::default();
-                    if let Some(url) = &args.metadata_url {
-                        (bases.aws, bases.gcp, bases.azure) =
-                            (url.clone(), url.clone(), url.clone());
-                    }
-                    bases
-                });
-                let (rate, instance_type) = machine_rate(
-                    catalog,
-                    serve.price_per_hour.as_deref(),
-                    serve.instance.as_deref(),
-                    this_machine.as_ref(),
-                )?;
-                Paid {
-                    rate,
-                    instance_type,
-                    capacity: Capacity::OnDemand,
-                    on_demand: None,
-                }
-            }
-        };
-        // The local model's file and served name, known before it loads so that the
-        // configuration is checked first.
-        let model = (!args.no_model).then(|| {
-            let path = serve
-                .model
-                .clone()
-                .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
-            let name = serve.name.clone().unwrap_or_else(|| {
-                path.file_stem()
-                    .map_or("model".into(), |s| s.to_string_lossy().into_owned())
-            });
-            (path, name)
-        });
-        let search = embedder_search(config.data_home.as_deref());
-        // Process pools' replicas log beside the ledger unless a pool says where.
-        let pool_logs = config.beside_ledger().join("frugal-pools");
-        let assembly = assemble(
-            &serve,
-            &Inputs {
-                catalog,
-                local: model.as_ref().map(|(_, name)| name.as_str()),
-                env: &|var| std::env::var(var).ok(),
-                embedder_search: &search,
-                pool_logs: &pool_logs,
-            },
+/// The gateway of the config and flags, not yet listening: flags over `[serve]`, the
+/// configuration checked, the model loaded and its engine started, the meter opened.
+pub fn build(
+    config: &Config,
+    catalog: &Catalog,
+    args: &ServeArgs,
+    paid: Option<Paid>,
+) -> Result<Gateway> {
+    // Flags beat `[serve]` in frugal.toml, which beats the defaults.
+    let mut serve = with_flags(&config.serve, args);
+    let replica = std::env::var(frugal_gateway::pool::REPLICA_ENV).ok();
+    if let Some(replica) = &replica
+        && !serve.pool.is_empty()
+    {
+        // A replica that reads the gateway's frugal.toml must not start pools of its own.
+        writeln!(
+            std::io::stderr(),
+            "frugal serve: replica {replica} of a pool: the [[serve.pool]] entries of the config are not started here"
         )?;
-        if assembly.no_embedder {
-            let searched: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
-            writeln!(
-                std::io::stderr(),
-                "frugal serve: no embedding model in {}, so the semantic cache is off; `scripts/fetch-models.sh minilm` fetches it, --embedder DIR names one",
-                searched.join(" or ")
+        serve.pool.clear();
+    }
+    let workload = serve.workload.clone().unwrap_or_else(|| "serve".into());
+    let paid = match paid {
+        Some(p) => p,
+        None => {
+            // Only a local model runs on this machine (a gateway's costs nothing here),
+            // and only a meter records what it costs.
+            let this_machine = (!args.no_model && !args.no_meter).then(|| {
+                let mut bases = frugal_train::notice::Bases::default();
+                if let Some(url) = &args.metadata_url {
+                    (bases.aws, bases.gcp, bases.azure) = (url.clone(), url.clone(), url.clone());
+                }
+                bases
+            });
+            let (rate, instance_type) = machine_rate(
+                catalog,
+                serve.price_per_hour.as_deref(),
+                serve.instance.as_deref(),
+                this_machine.as_ref(),
             )?;
+            Paid {
+                rate,
+                instance_type,
+                capacity: Capacity::OnDemand,
+                on_demand: None,
+            }
         }
-        let capacity = paid.capacity;
-        let local = match model {
-            Some((path, name)) => {
-                let local = start_local(args, &serve, &path, name, paid)?;
-                say_quality(&path, args, config.data_home.as_deref())?;
-                Some(local)
-            }
-            None => None,
-        };
-        let what = match &local {
-            Some(l) => format!("{} (machine at {}/h)", l.machine.model, l.machine.rate.0),
-            None => format!(
-                "a gateway to {} upstream(s) and {} pool(s)",
-                assembly.upstreams.len(),
-                assembly.pools.len()
-            ),
-        };
-        let meter = if args.no_meter {
-            None
-        } else {
-            if let Some(dir) = config
-                .ledger
-                .path()
-                .and_then(|p| p.parent())
-                .filter(|d| !d.as_os_str().is_empty())
-            {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
-            }
-            let spool = config.spool();
-            if let Location::Postgres(_) = config.ledger
-                && let Some(dir) = spool.parent().filter(|d| !d.as_os_str().is_empty())
-                && let Err(e) = std::fs::create_dir_all(dir)
-            {
-                // Serving works without it until the ledger is unreachable: then the loss
-                // is counted and reported.
-                tracing::warn!(
-                    "cannot create {} for the ledger spool ({e}); set `ledger.spool` to a writable file",
-                    dir.display()
-                );
-            }
-            Some(Meter::start(MeterConfig {
-                spool: Some(spool),
-                ledger: config.ledger.clone(),
-                workload: workload.clone(),
-                capacity: Some(capacity),
-                pools: assembly
-                    .pools
-                    .iter()
-                    .map(|p| Machine {
-                        model: p.config.name.clone(),
-                        rate: p.config.rate.unwrap_or(HourlyRate(Money::ZERO)),
-                        instance_type: p.config.instance_type.clone(),
-                        on_demand: None,
-                    })
-                    .collect(),
-                machines: local
-                    .iter()
-                    .map(|l| l.machine.clone())
-                    .chain(assembly.upstreams.iter().filter_map(Upstream::machine))
-                    .collect(),
-            })?)
-        };
-        // Beside a local model the engine's threads take the cores and two async workers
-        // carry the HTTP; a gateway alone uses them all.
-        let workers = if local.is_some() {
-            2
-        } else {
-            std::thread::available_parallelism().map_or(2, usize::from)
-        };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")?;
-        let shared = match (&assembly.shared_cache, &assembly.cache) {
-            (Some(url), Some(cache)) => Some(
-                runtime
-                    .block_on(SharedCache::connect(url, cache.ttl))
-                    .map_err(|e| anyhow::anyhow!("cannot reach the shared cache: {e}"))?,
-            ),
-            _ => None,
-        };
-        let budgets = match &assembly.budget_redis {
-            Some(url) => Some(
-                runtime
-                    .block_on(SharedBudgets::connect(url))
-                    .map_err(|e| anyhow::anyhow!("cannot reach the shared budgets: {e}"))?,
-            ),
-            None => None,
-        };
-        let has_meter = meter.is_some();
-        let mut parts = assembly.into_parts(local, meter, shared, budgets);
-        if has_meter {
-            // Budgets count what the ledger already has for this day and month.
-            let ledger = frugal_cost::Ledger::open(&config.ledger)?;
-            parts.keys.preload(chrono::Utc::now(), |start| {
-                ledger.tenant_spend(start.timestamp_millis())
-            })?;
+    };
+    // The local model's file and served name, known before it loads so that the
+    // configuration is checked first.
+    let model = (!args.no_model).then(|| {
+        let path = serve
+            .model
+            .clone()
+            .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
+        let name = serve.name.clone().unwrap_or_else(|| {
+            path.file_stem()
+                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+        });
+        (path, name)
+    });
+    let search = embedder_search(config.data_home.as_deref());
+    // Process pools' replicas log beside the ledger unless a pool says where.
+    let pool_logs = config.beside_ledger().join("frugal-pools");
+    let assembly = assemble(
+        &serve,
+        &Inputs {
+            catalog,
+            local: model.as_ref().map(|(_, name)| name.as_str()),
+            env: &|var| std::env::var(var).ok(),
+            embedder_search: &search,
+            pool_logs: &pool_logs,
+        },
+    )?;
+    if assembly.no_embedder {
+        let searched: Vec<String> = search.iter().map(|d| d.display().to_string()).collect();
+        writeln!(
+            std::io::stderr(),
+            "frugal serve: no embedding model in {}, so the semantic cache is off; `scripts/fetch-models.sh minilm` fetches it, --embedder DIR names one",
+            searched.join(" or ")
+        )?;
+    }
+    let capacity = paid.capacity;
+    let local = match model {
+        Some((path, name)) => {
+            let local = start_local(args, &serve, &path, name, paid)?;
+            say_quality(&path, args, config.data_home.as_deref())?;
+            Some(local)
         }
+        None => None,
+    };
+    let setup = Setup {
+        workload,
+        metering: (!args.no_meter).then(|| Metering {
+            ledger: config.ledger.clone(),
+            spool: config.spool(),
+            capacity,
+        }),
         // The Batch API's files and batches live beside the ledger, as the pools' logs do
-        // (opened by `frugal serve` only, at start_batches); a pool's replica serves its
-        // gateway's lines and takes no batches of its own.
-        let replica = std::env::var_os(frugal_gateway::pool::REPLICA_ENV).is_some();
-        parts.batches =
-            (!replica).then(|| BatchConfig::new(pool_logs.with_file_name("frugal-batches")));
-        let state = AppState::new(parts);
-        Ok(Gateway {
-            state,
-            runtime,
-            workload,
-            what,
-        })
-    }
-
-    /// Stops the pools, lets what was cut off settle as its tasks are dropped with the
-    /// runtime, then has the meter write every settled row before the process exits.
-    pub fn close(self) {
-        let meter = self.state.meter();
-        self.runtime.block_on(self.state.stop_pools());
-        self.runtime
-            .shutdown_timeout(std::time::Duration::from_secs(5));
-        if let Some(meter) = meter {
-            meter.close();
-        }
-    }
+        // (opened by `frugal serve` only, at start_batches).
+        batches: replica
+            .is_none()
+            .then(|| pool_logs.with_file_name("frugal-batches")),
+    };
+    Ok(Gateway::build(assembly, local, setup)?)
 }
 
 pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
-    let gateway = Gateway::build(config, catalog, args, None)?;
+    let gateway = build(config, catalog, args, None)?;
     let serve = with_flags(&config.serve, args);
     let host = serve.host.as_deref().unwrap_or("127.0.0.1");
     let port = serve.port.unwrap_or(8080);
     let drain = std::time::Duration::from_secs(args.drain_timeout.unwrap_or(30));
-    let state = gateway.state.clone();
     let served = gateway.runtime.block_on(async {
         let addr = format!("{host}:{port}");
         let listener = tokio::net::TcpListener::bind(&addr)
@@ -273,7 +155,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             let metrics = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} (--metrics-addr)"))?;
-            frugal_gateway::serve_metrics(metrics, state.clone());
+            frugal_gateway::serve_metrics(metrics, gateway.state.clone());
         }
         // Registered before the address is said: SIGHUP's default would end the process.
         let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -283,109 +165,30 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
             "frugal serve: {} on http://{local}/v1; Ctrl-C to stop",
             gateway.what
         )?;
-        state.start_pools(&gateway.workload);
-        state.start_batches();
-        let ledger = (!args.no_meter).then(|| config.ledger.clone());
-        if let Some(location @ Location::Postgres(_)) = &ledger
-            && serve.budget_redis.is_none()
-            && !serve.key.is_empty()
-        {
-            catch_up_budgets(state.clone(), location.clone())?;
-        }
-        tokio::spawn(reload_on_hangup(
-            hangup,
-            state.clone(),
-            config.file.clone(),
-            ledger,
-        ));
-        let app = frugal_gateway::router(state.clone());
-        let served = frugal_gateway::serve(listener, app, shutdown_signal(), drain).await;
-        // Running batches stop resumable before the pools they may use.
-        state.stop_batches().await;
-        served?;
+        let file = config.file.clone();
+        let keys = KeysReload {
+            read: Box::new(move || match &file {
+                Some(path) => read_keys(path).map_err(|e| format!("{e:#}")),
+                None => Err("no config file was read at start (pass --config FILE)".into()),
+            }),
+            told: Box::new(|reloaded| {
+                let said = match reloaded {
+                    Ok(changes) => format!("frugal serve: keys reloaded: {changes}"),
+                    Err(why) => format!(
+                        "frugal serve: config reload refused, the keys stay as they were: {why}"
+                    ),
+                };
+                let _ = writeln!(std::io::stderr(), "{said}");
+            }),
+        };
+        gateway
+            .serve(listener, hangup, keys, shutdown_signal(), drain)
+            .await?;
         Ok::<_, anyhow::Error>(())
     });
     // Replicas stop (and their last spans are written) whether or not serving failed.
     gateway.close();
     served
-}
-
-/// How often budgets on a PostgreSQL ledger without Redis catch up with the spend the
-/// other replicas wrote: between two catch-ups, N replicas can overshoot a budget by what
-/// they spend in that time, besides the holds in flight (`budget_redis` bounds it by one
-/// hold). Each catch-up sums the tenants' events of the month, on an index.
-const CATCH_UP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Keeps this gateway's budgets up with the other replicas' spend in a shared ledger, on a
-/// thread of its own (the ledger's client blocks), for as long as the process runs.
-fn catch_up_budgets(state: AppState, location: Location) -> Result<()> {
-    std::thread::Builder::new()
-        .name("frugal-budgets".into())
-        .spawn(move || {
-            let mut ledger: Option<frugal_cost::Ledger> = None;
-            let mut failing = false;
-            loop {
-                std::thread::sleep(CATCH_UP_EVERY);
-                let caught_up = ledger
-                    .take()
-                    .map_or_else(|| frugal_cost::Ledger::open(&location), Ok)
-                    .and_then(|l| {
-                        let read = state.catch_up_budgets(|start| {
-                            l.tenant_spend(start.timestamp_millis())
-                        });
-                        ledger = Some(l);
-                        read
-                    });
-                match caught_up {
-                    Err(e) if !failing => {
-                        failing = true;
-                        let e = format!("{:#}", anyhow::Error::from(e));
-                        tracing::warn!(error = %e, "budgets cannot read the other replicas' spend from the ledger; counting this gateway's own until it answers");
-                    }
-                    Ok(()) if failing => {
-                        failing = false;
-                        tracing::info!("budgets read the other replicas' spend from the ledger again");
-                    }
-                    _ => {}
-                }
-            }
-        })
-        .map(drop)
-        .context("cannot start the budgets' ledger reader")
-}
-
-/// Reads the config file again on each SIGHUP and swaps in its keys and budgets (the rest
-/// of `[serve]` takes a restart); new tenants start from the ledger's spend when metered.
-async fn reload_on_hangup(
-    mut hangup: tokio::signal::unix::Signal,
-    state: AppState,
-    file: Option<PathBuf>,
-    ledger: Option<Location>,
-) {
-    while hangup.recv().await.is_some() {
-        let (state, file, ledger) = (state.clone(), file.clone(), ledger.clone());
-        let reloaded = tokio::task::spawn_blocking(move || {
-            let keys = match &file {
-                Some(path) => read_keys(path).map_err(|e| format!("{e:#}")),
-                None => Err("no config file was read at start (pass --config FILE)".into()),
-            };
-            let reloaded = state.reload_keys(keys, |start| match &ledger {
-                Some(l) => frugal_cost::Ledger::open(l)
-                    .and_then(|l| l.tenant_spend(start.timestamp_millis())),
-                None => Ok(Vec::new()),
-            });
-            let said = match reloaded {
-                Ok(changes) => format!("frugal serve: keys reloaded: {changes}"),
-                Err(why) => format!(
-                    "frugal serve: config reload refused, the keys stay as they were: {why}"
-                ),
-            };
-            let _ = writeln!(std::io::stderr(), "{said}");
-        });
-        if let Err(e) = reloaded.await {
-            tracing::error!("config reload stopped: {e}");
-        }
-    }
 }
 
 /// The checked `[[serve.key]]` entries of the config file at `path`.
@@ -582,23 +385,4 @@ pub fn machine_rate(
         found.reason
     )?;
     Ok((found.rate, found.instance_type))
-}
-
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    tracing::info!("shutting down: finishing requests in flight");
 }
