@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use frugal_cost::Catalog;
-use frugal_cost::Money;
-use frugal_cost::catalog::CatalogError;
-use frugal_cost::money::{HourlyRate, ParseMoneyError};
+use frugal_cloud::price::{self, PriceError, Request};
+use frugal_cost::{Catalog, Money};
+use frugal_cost::money::ParseMoneyError;
 use frugal_semantic::{EmbedError, Embedder};
 use thiserror::Error;
 
@@ -62,18 +61,6 @@ pub enum ConfigError {
     },
     #[error(transparent)]
     Embedder(#[from] EmbedderError),
-}
-
-/// A machine's hourly price that cannot be read. The messages name `price_per_hour`;
-/// the binary names its flag instead where the price came from one.
-#[derive(Debug, Error)]
-pub enum PriceError {
-    #[error("price_per_hour: {0}")]
-    Parse(ParseMoneyError),
-    #[error("price_per_hour: a price cannot be negative")]
-    Negative,
-    #[error(transparent)]
-    Instance(#[from] CatalogError),
 }
 
 #[derive(Debug, Error)]
@@ -158,27 +145,6 @@ fn cosine_threshold(t: f32) -> Result<f32, String> {
     Ok(t)
 }
 
-/// A machine's hourly price: `price_per_hour` (USD), else `instance` priced on demand from
-/// the catalog (with its instance type), else `None`.
-pub fn hourly_price(
-    catalog: &Catalog,
-    price_per_hour: Option<&str>,
-    instance: Option<&str>,
-) -> Result<Option<(HourlyRate, Option<String>)>, PriceError> {
-    if let Some(text) = price_per_hour {
-        let price: Money = text.parse().map_err(PriceError::Parse)?;
-        if price.is_negative() {
-            return Err(PriceError::Negative);
-        }
-        return Ok(Some((HourlyRate(price), None)));
-    }
-    if let Some(instance) = instance {
-        let offer = catalog.instance(instance, None)?;
-        return Ok(Some((offer.on_demand, Some(offer.instance_type.clone()))));
-    }
-    Ok(None)
-}
-
 /// An upstream from its `[[serve.upstream]]` entry, priced from the catalog; `env` answers
 /// its `api_key_env`.
 pub fn upstream(
@@ -206,19 +172,16 @@ pub fn upstream(
                 "price (per token) and price_per_hour or instance (per hour) exclude each other",
             ));
         }
-        hourly_price(
-            catalog,
-            raw.price_per_hour.as_deref(),
-            raw.instance.as_deref(),
-        )
-        .map_err(|source| ConfigError::Price {
-            what: what(),
-            source,
-        })?
-        .map(|(rate, instance_type)| Pricing::Hourly {
-            rate,
-            instance_type,
-        })
+        let hourly = Request::on_demand(raw.price_per_hour.as_deref(), raw.instance.as_deref());
+        price::Pricing::given(catalog, &hourly)
+            .map_err(|source| ConfigError::Price {
+                what: what(),
+                source,
+            })?
+            .map(|p| Pricing::Hourly {
+                rate: p.rate,
+                instance_type: p.instance_type,
+            })
     } else {
         let price = raw.price.as_deref().unwrap_or(&config.model);
         let found = catalog.model(price).ok().cloned();

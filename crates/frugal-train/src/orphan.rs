@@ -7,10 +7,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use frugal_cloud::store::local_checkpoints;
 use frugal_cost::event::Outcome;
 
 use crate::contract;
-use crate::store::local_checkpoints;
 use crate::supervisor::Segment;
 
 /// Marks a segment as running: `pid started_ms resumed_from` (-1 for none).

@@ -20,9 +20,11 @@ use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
+use frugal_cloud::notice::{Action, Notice, NoticeSource};
+use frugal_cloud::store::{CheckpointStore, local_checkpoints};
+use frugal_cloud::watch::{Changes, NoticeWatcher};
+
 use crate::contract;
-use crate::notice::{Action, Notice, NoticeSource};
-use crate::store::{CheckpointStore, local_checkpoints};
 use crate::watchdog::{Diagnosis, MetricsTail, Peak, StepMetrics, Watchdog};
 
 /// How often checkpoints are looked for and the watchdog samples.
@@ -162,7 +164,7 @@ pub enum SuperviseError {
     #[error("cannot record segment {attempt} in the ledger: {why}")]
     Record { attempt: u32, why: String },
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] frugal_cloud::store::StoreError),
     #[error("cannot listen for signals")]
     Signals(#[source] std::io::Error),
 }
@@ -205,7 +207,7 @@ pub async fn supervise<S: NoticeSource + 'static>(
         std::fs::create_dir_all(parent).map_err(dir_err(parent))?;
     }
     let mut signals = Signals::new()?;
-    let notices = source.map(|s| NoticeTask::spawn(s, plan.poll));
+    let notices = source.map(|s| NoticeWatcher::spawn(s, plan.poll));
     let stored = store.complete().await?.first().map(|m| m.step);
     let uploader = Uploader::spawn(
         store.clone(),
@@ -293,7 +295,7 @@ pub async fn supervise<S: NoticeSource + 'static>(
             }
             if let Some(n) = &notices {
                 n.acknowledge(notice);
-                if !n.cleared(&mut signals).await {
+                if !cleared(n, &mut signals).await {
                     return Ok(Summary {
                         ending: Ending::Stopped,
                         segments,
@@ -480,12 +482,12 @@ impl Life {
         &mut self,
         plan: &Plan,
         signals: &mut Signals,
-        notices: Option<&NoticeTask>,
+        notices: Option<&NoticeWatcher>,
         uploader: &Uploader,
         watchdog: &mut Watchdog,
         observer: &mut dyn Observer,
     ) -> std::io::Result<ExitStatus> {
-        let mut notice_rx = notices.map(|n| n.current.clone());
+        let mut changes = Changes::of(notices);
         loop {
             let tick = if self.stopping.is_some() {
                 STOP_TICK
@@ -503,8 +505,7 @@ impl Life {
                     }
                     self.advance_stop(plan);
                 }
-                Ok(()) = changed(&mut notice_rx) => {
-                    let notice = notice_rx.as_mut().and_then(|rx| rx.borrow_and_update().clone());
+                notice = changes.next() => {
                     if let Some(n) = notice {
                         self.on_notice(plan, n);
                     }
@@ -746,13 +747,6 @@ fn instant_of(t: SystemTime) -> Instant {
     }
 }
 
-async fn changed(rx: &mut Option<watch::Receiver<Option<Notice>>>) -> Result<(), ()> {
-    match rx {
-        Some(rx) => rx.changed().await.map_err(|_| ()),
-        None => std::future::pending().await,
-    }
-}
-
 enum Incoming {
     /// Stop the command cleanly (SIGTERM, SIGINT).
     Stop(&'static str),
@@ -791,84 +785,17 @@ impl Signals {
     }
 }
 
-/// Polls the cloud's notice endpoint on its own task: a long poll never holds up the rest.
-pub(crate) struct NoticeTask {
-    pub(crate) current: watch::Receiver<Option<Notice>>,
-    acks: mpsc::UnboundedSender<Notice>,
-}
-
-impl NoticeTask {
-    pub(crate) fn spawn<S: NoticeSource + 'static>(mut source: S, poll: Duration) -> NoticeTask {
-        let (tx, current) = watch::channel(None);
-        let (acks, mut ack_rx) = mpsc::unbounded_channel::<Notice>();
-        tokio::spawn(async move {
-            let mut failing = 0u32;
-            loop {
-                let started = Instant::now();
-                match source.check().await {
-                    Ok(notice) => {
-                        if failing > 0 {
-                            tracing::info!("{} metadata answers again", source.cloud());
-                        }
-                        failing = 0;
-                        tx.send_if_modified(|cur: &mut Option<Notice>| {
-                            let key =
-                                |n: &Option<Notice>| n.as_ref().map(|n| (n.action, n.deadline));
-                            let changed = key(cur) != key(&notice);
-                            *cur = notice;
-                            changed
-                        });
-                    }
-                    Err(e) => {
-                        failing += 1;
-                        if failing == 1 || failing.is_multiple_of(60) {
-                            tracing::warn!(
-                                "cannot read the {} preemption notice: {e}",
-                                source.cloud()
-                            );
-                        }
-                    }
-                }
-                while let Ok(n) = ack_rx.try_recv() {
-                    if let Err(e) = source.acknowledge(&n).await {
-                        tracing::warn!("cannot acknowledge the {} notice: {e}", source.cloud());
-                    }
-                }
-                if tx.is_closed() {
-                    return;
-                }
-                tokio::time::sleep(poll.saturating_sub(started.elapsed())).await;
-            }
-        });
-        NoticeTask { current, acks }
-    }
-
-    pub(crate) fn acknowledge(&self, notice: Notice) {
-        let _ = self.acks.send(notice);
-    }
-
-    /// Waits until no termination notice stands: `true`; `false` if told to stop meanwhile.
-    async fn cleared(&self, signals: &mut Signals) -> bool {
-        let mut rx = self.current.clone();
-        let standing =
-            |n: &Option<Notice>| n.as_ref().is_some_and(|n| n.action == Action::Terminate);
-        if !standing(&rx.borrow_and_update()) {
-            return true;
-        }
-        tracing::info!("waiting for the machine to go, or the notice to clear");
-        loop {
-            tokio::select! {
-                r = rx.changed() => {
-                    if r.is_err() || !standing(&rx.borrow_and_update()) {
-                        tracing::info!("the notice cleared: the machine stays, restarting here");
-                        return true;
-                    }
-                }
-                sig = signals.next() => {
-                    if let Incoming::Stop(name) = sig {
-                        tracing::info!("{name} while waiting for the machine to go: stopping");
-                        return false;
-                    }
+/// Waits until no termination notice stands: `true`; `false` if told to stop meanwhile.
+async fn cleared(notices: &NoticeWatcher, signals: &mut Signals) -> bool {
+    let cleared = notices.cleared();
+    tokio::pin!(cleared);
+    loop {
+        tokio::select! {
+            () = &mut cleared => return true,
+            sig = signals.next() => {
+                if let Incoming::Stop(name) = sig {
+                    tracing::info!("{name} while waiting for the machine to go: stopping");
+                    return false;
                 }
             }
         }

@@ -26,8 +26,9 @@ use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use frugal_cost::Precision;
+use frugal_cloud::price::Pricing;
 use frugal_cost::catalog::{AcceleratorPeaks, Faster};
+use frugal_cost::{Catalog, Precision};
 use frugal_cost::present::pct1;
 use nvml_wrapper::Nvml;
 use serde::{Deserialize, Deserializer};
@@ -105,6 +106,25 @@ pub struct Peak {
 }
 
 impl Peak {
+    /// What a run's model FLOPs are measured against: `given_tflops` (the whole machine's,
+    /// `--peak-tflops`) when given, and the catalog's accelerators of the machine's instance
+    /// type, whose faster precisions the watchdog points out.
+    pub fn of(catalog: &Catalog, machine: &Pricing, given_tflops: Option<f64>) -> Peak {
+        let accelerators = machine
+            .instance_type
+            .as_deref()
+            .and_then(|i| catalog.instance(i, machine.region.as_deref()).ok())
+            .and_then(|offer| {
+                let peaks = catalog.peaks(offer.accelerator.as_deref()?)?;
+                Some((peaks.clone(), offer.accelerator_count))
+            })
+            .filter(|(_, count)| *count > 0.0);
+        Peak {
+            accelerators,
+            given_tflops,
+        }
+    }
+
     /// The machine's peak FLOP/s at `precision`; `None` when unknown.
     pub fn flops_per_s(&self, precision: Option<Precision>) -> Option<f64> {
         if let Some(t) = self.given_tflops {
@@ -1248,5 +1268,34 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(group_usage(me).0 - before >= 0.1);
+    }
+
+    #[test]
+    fn the_peak_is_the_instances_accelerators_or_the_given_one() {
+        use frugal_cloud::price::Request;
+        use frugal_cost::Capacity;
+        let c = Catalog::builtin().unwrap();
+        let req = |price, instance| Request {
+            capacity: Capacity::OnDemand,
+            price_per_hour: price,
+            price_field: "--price-per-hour",
+            instance,
+            region: None,
+        };
+        let p = Pricing::given(&c, &req(None, Some("p4d.24xlarge")))
+            .unwrap()
+            .unwrap();
+        let peak = Peak::of(&c, &p, None);
+        let (a100, count) = peak.accelerators.clone().unwrap();
+        assert_eq!((a100.accelerator.as_str(), count), ("A100", 8.0));
+        assert_eq!(
+            peak.flops_per_s(Some(frugal_cost::Precision::Bf16)),
+            Some(8.0 * 312e12)
+        );
+        let given = Peak::of(&c, &p, Some(100.0));
+        assert_eq!(given.flops_per_s(None), Some(100e12));
+        // A CPU-only price: no accelerator, only what is given.
+        let cpu = Pricing::given(&c, &req(Some("0.5"), None)).unwrap().unwrap();
+        assert_eq!(Peak::of(&c, &cpu, None), Peak::default());
     }
 }

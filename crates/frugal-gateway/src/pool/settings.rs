@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use frugal_cloud::price::{Pricing, Request};
 use frugal_cost::Catalog;
 use frugal_cost::money::HourlyRate;
 
-use crate::assemble::{ConfigError, hourly_price};
+use crate::assemble::ConfigError;
 use crate::config::{PoolBackend, RawPool};
 
 /// Knative's KPA defaults: demand averaged over 60 s, a 6 s panic window entered at 200% of
@@ -245,18 +246,14 @@ pub fn pool(raw: &RawPool, catalog: &Catalog) -> Result<PoolConfig, ConfigError>
     if let Some(t) = raw.timeout_s {
         c.timeout = Duration::from_secs(t);
     }
-    let priced = hourly_price(
-        catalog,
-        raw.price_per_hour.as_deref(),
-        raw.instance.as_deref(),
-    )
-    .map_err(|source| ConfigError::Price {
+    let hourly = Request::on_demand(raw.price_per_hour.as_deref(), raw.instance.as_deref());
+    let priced = Pricing::given(catalog, &hourly).map_err(|source| ConfigError::Price {
         what: what(),
         source,
     })?;
-    if let Some((rate, instance_type)) = priced {
-        c.rate = Some(rate);
-        c.instance_type = instance_type.or_else(|| raw.instance.clone());
+    if let Some(p) = priced {
+        c.rate = Some(p.rate);
+        c.instance_type = p.instance_type;
     }
     c.image.clone_from(&raw.image);
     Ok(c)

@@ -14,6 +14,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use frugal_cloud::notice::{Action, AnySource, NoticeSource};
+use frugal_cloud::price::Pricing;
+use frugal_cloud::store::{CheckpointStore, StoreError, local_checkpoints};
+use frugal_cloud::watch::{Changes, NoticeWatcher};
 use frugal_cost::Money;
 use frugal_cost::event::{Event, Kind};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -24,11 +28,8 @@ use tokio::sync::watch;
 use super::asha::{Job, Mode, TrialId};
 use super::space::{Limit, Params, Space, Value, param_env, render_args};
 use super::state::{StateError, TrialRecord, TuneState, Work};
-use crate::notice::{Action, AnySource, NoticeSource};
-use crate::pricing::Pricing;
-use crate::store::{CheckpointStore, StoreError, local_checkpoints};
 use crate::supervisor::{
-    Ending, NoticeTask, Observer, Plan, Segment, Summary, SuperviseError, supervise,
+    Ending, Observer, Plan, Segment, Summary, SuperviseError, supervise,
 };
 use crate::watchdog::StepMetrics;
 use crate::{contract, orphan};
@@ -327,7 +328,7 @@ impl Shared<'_> {
     /// A segment into the ledger (under the tune's id) and into the tuner's state; then
     /// its pid file goes (it is billed).
     fn record(&self, trial: TrialId, run: &str, s: &Segment) -> Result<(), String> {
-        let mut event = self.settings.pricing.event(run, s);
+        let mut event = s.event(run, &self.settings.pricing);
         event.workload.clone_from(&self.settings.tune_id);
         (self.record.borrow_mut())(std::slice::from_ref(&event))?;
         let steps = match (s.first_step, s.last_step) {
@@ -585,8 +586,8 @@ pub async fn tune<S: NoticeSource + 'static>(
     settle_orphans(&shared, &trials)?;
     let on = |k| signal(k).map_err(TuneError::Signals);
     let (mut term, mut int) = (on(SignalKind::terminate())?, on(SignalKind::interrupt())?);
-    let notices = notices.map(|s| NoticeTask::spawn(s, settings.supervisor.poll));
-    let mut notice_rx = notices.as_ref().map(|n| n.current.clone());
+    let notices = notices.map(|s| NoticeWatcher::spawn(s, settings.supervisor.poll));
+    let mut changes = Changes::of(notices.as_ref());
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let started = Instant::now();
@@ -692,8 +693,7 @@ pub async fn tune<S: NoticeSource + 'static>(
                 tracing::info!("SIGINT: the trials checkpoint and stop");
                 stopping = true;
             }
-            Ok(()) = changed(&mut notice_rx) => {
-                let notice = notice_rx.as_mut().and_then(|rx| rx.borrow_and_update().clone());
+            notice = changes.next() => {
                 if let Some(n) = notice.filter(|n| n.action == Action::Terminate) {
                     tracing::warn!("{} notice: {}: the trials checkpoint and stop", n.cloud, n.detail);
                     stopping = true;
@@ -979,9 +979,3 @@ fn summarize(
     })
 }
 
-async fn changed<T>(rx: &mut Option<watch::Receiver<T>>) -> Result<(), ()> {
-    match rx {
-        Some(rx) => rx.changed().await.map_err(|_| ()),
-        None => std::future::pending().await,
-    }
-}

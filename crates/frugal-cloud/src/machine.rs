@@ -1,7 +1,6 @@
-//! What this machine costs an hour when nobody said: its instance type from the cloud's
-//! metadata service (the endpoints [`crate::notice`] speaks), priced from the catalog; off
-//! the clouds, or for a type the catalog lacks, the cheapest catalog instance at least as
-//! big as this machine. Always with the reason, so a price is never a silent guess.
+//! What this machine is: its instance type, as the cloud's metadata service names it (the
+//! endpoints [`crate::notice`] speaks), and its size, which [`crate::price`] prices when
+//! nobody said what it costs.
 //!
 //! * AWS: IMDSv2, `GET /latest/meta-data/instance-type` with a session token.
 //! * GCP: `GET /computeMetadata/v1/instance/machine-type` (`projects/N/machineTypes/TYPE`).
@@ -9,15 +8,9 @@
 
 use std::time::Duration;
 
-use frugal_cost::money::HourlyRate;
-use frugal_cost::{Catalog, Money};
 use tracing::debug;
 
 use crate::notice::{Aws, Azure, Bases, Cloud, Gcp, NoticeError};
-
-/// How long [`this_machine_rate`] waits for the metadata services, all three together: a
-/// machine off the clouds answers within it.
-pub const DETECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 const AWS_INSTANCE_TYPE_PATH: &str = "/latest/meta-data/instance-type";
 const GCP_MACHINE_TYPE_PATH: &str = "/computeMetadata/v1/instance/machine-type";
@@ -62,15 +55,6 @@ fn mem_total_kib(meminfo: &str) -> Option<u64> {
         .trim()
         .parse()
         .ok()
-}
-
-/// The machine's hourly price, its instance type when known, and why.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MachineRate {
-    pub rate: HourlyRate,
-    pub instance_type: Option<String>,
-    /// E.g. "aws g5.xlarge from the instance metadata".
-    pub reason: String,
 }
 
 /// Asks the three metadata services at once for this machine's instance type; the first
@@ -133,70 +117,9 @@ fn one_word(cloud: Cloud, url: &str, word: &str) -> Result<Detected, NoticeError
     })
 }
 
-/// Prices this machine: the catalog's on-demand price of the instance type the metadata
-/// services name (asked within `timeout`), else of the cheapest catalog instance at least
-/// as big as this machine.
-pub async fn this_machine_rate(catalog: &Catalog, bases: &Bases, timeout: Duration) -> MachineRate {
-    let detected = instance_type(bases, timeout).await;
-    rate_for(catalog, detected.as_ref(), Size::this_machine())
-}
-
-/// The price of a machine the metadata called `detected` (`None`: no metadata answered),
-/// `size` big.
-pub fn rate_for(catalog: &Catalog, detected: Option<&Detected>, size: Size) -> MachineRate {
-    let mut why = match detected {
-        Some(d) => match catalog.instance(&d.instance_type, None) {
-            Ok(offer) => {
-                return MachineRate {
-                    rate: offer.on_demand,
-                    instance_type: Some(offer.instance_type.clone()),
-                    reason: format!(
-                        "{} {} from the instance metadata",
-                        d.cloud, offer.instance_type
-                    ),
-                };
-            }
-            Err(e) => format!(
-                "{} {} from the instance metadata is not priced in the catalog ({e})",
-                d.cloud, d.instance_type
-            ),
-        },
-        None => "no cloud metadata".to_string(),
-    };
-    let ask = format!(">= {} vCPUs and {} GiB", size.vcpus, size.memory_gib);
-    match catalog.cheapest_with(f64::from(size.vcpus), f64::from(size.memory_gib)) {
-        Some(offer) => {
-            why.push_str(&format!(
-                ": the cheapest catalog instance with {ask}, {} {} at {}/h",
-                offer.provider,
-                offer.instance_type,
-                per_hour(offer.on_demand)
-            ));
-            MachineRate {
-                rate: offer.on_demand,
-                instance_type: Some(offer.instance_type.clone()),
-                reason: why,
-            }
-        }
-        None => {
-            why.push_str(&format!(", and no catalog instance has {ask}: $0/h"));
-            MachineRate {
-                rate: HourlyRate(Money::ZERO),
-                instance_type: None,
-                reason: why,
-            }
-        }
-    }
-}
-
-/// An hourly price to a tenth of a cent: "$1.204".
-fn per_hour(rate: HourlyRate) -> String {
-    format!("${}", rate.0.to_string_places(3))
-}
-
-#[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-mod tests {
+#[cfg(test)]
+pub(crate) mod tests {
     use super::*;
 
     use std::time::Instant;
@@ -209,6 +132,8 @@ mod tests {
 
     use frugal_testkit::loopback::{closed_port, serve, silent_port};
 
+    use crate::notice::DETECT_TIMEOUT;
+
     type Params = Query<std::collections::HashMap<String, String>>;
 
     fn has(headers: &HeaderMap, name: &str, value: &str) -> bool {
@@ -216,7 +141,7 @@ mod tests {
     }
 
     /// A metadata server for `cloud` saying this is `instance_type`.
-    async fn mock(cloud: Cloud, instance_type: &'static str) -> String {
+    pub(crate) async fn mock(cloud: Cloud, instance_type: &'static str) -> String {
         let router = match cloud {
             Cloud::Aws => Router::new()
                 .route(
@@ -326,79 +251,6 @@ mod tests {
         assert_eq!(instance_type(&bases, DETECT_TIMEOUT).await, None);
     }
 
-    #[tokio::test]
-    async fn this_machine_is_priced_from_its_metadata() {
-        let catalog = Catalog::builtin().unwrap();
-        let closed = closed_port().await;
-        let bases = Bases {
-            aws: mock(Cloud::Aws, "g5.xlarge").await,
-            gcp: closed.clone(),
-            azure: closed,
-        };
-        let got = this_machine_rate(&catalog, &bases, Duration::from_secs(2)).await;
-        let g5 = catalog.instance("g5.xlarge", None).unwrap();
-        assert_eq!(got.rate, g5.on_demand);
-        assert_eq!(got.instance_type.as_deref(), Some("g5.xlarge"));
-        assert_eq!(got.reason, "aws g5.xlarge from the instance metadata");
-    }
-
-    #[test]
-    fn without_metadata_the_cheapest_instance_as_big_as_this_one() {
-        let catalog = Catalog::builtin().unwrap();
-        let size = Size {
-            vcpus: 16,
-            memory_gib: 64,
-        };
-        let cheapest = catalog.cheapest_with(16.0, 64.0).unwrap();
-        let got = rate_for(&catalog, None, size);
-        assert_eq!(got.rate, cheapest.on_demand);
-        assert_eq!(
-            got.instance_type.as_deref(),
-            Some(cheapest.instance_type.as_str())
-        );
-        assert_eq!(
-            got.reason,
-            format!(
-                "no cloud metadata: the cheapest catalog instance with >= 16 vCPUs and 64 GiB, \
-                 {} {} at {}/h",
-                cheapest.provider,
-                cheapest.instance_type,
-                per_hour(cheapest.on_demand)
-            )
-        );
-
-        // A type the catalog does not price falls back the same way, and says so.
-        let odd = Detected {
-            cloud: Cloud::Gcp,
-            instance_type: "e2-micro".into(),
-        };
-        let got = rate_for(&catalog, Some(&odd), size);
-        assert_eq!(got.rate, cheapest.on_demand);
-        assert!(
-            got.reason
-                .starts_with("gcp e2-micro from the instance metadata is not priced"),
-            "{}",
-            got.reason
-        );
-        assert!(
-            got.reason.contains("the cheapest catalog instance"),
-            "{}",
-            got.reason
-        );
-
-        // Bigger than anything in the catalog: $0, said out loud.
-        let huge = Size {
-            vcpus: 100_000,
-            memory_gib: 1,
-        };
-        let got = rate_for(&catalog, None, huge);
-        assert_eq!(got.rate, HourlyRate(Money::ZERO));
-        assert_eq!(
-            got.reason,
-            "no cloud metadata, and no catalog instance has >= 100000 vCPUs and 1 GiB: $0/h"
-        );
-    }
-
     #[test]
     fn reads_this_machines_size() {
         assert_eq!(
@@ -408,6 +260,5 @@ mod tests {
         assert_eq!(mem_total_kib("MemFree: 1 kB\n"), None);
         let size = Size::this_machine();
         assert!(size.vcpus >= 1 && size.memory_gib >= 1, "{size:?}");
-        assert_eq!(per_hour(HourlyRate("1.204".parse().unwrap())), "$1.204");
     }
 }
