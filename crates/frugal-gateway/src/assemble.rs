@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use frugal_cloud::price::{self, PriceError, Request};
-use frugal_cost::{Catalog, Money};
 use frugal_cost::money::ParseMoneyError;
+use frugal_cost::{Catalog, Money};
 use frugal_semantic::{EmbedError, Embedder};
 use thiserror::Error;
 

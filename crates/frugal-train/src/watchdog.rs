@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use frugal_cloud::price::Pricing;
 use frugal_cost::catalog::{AcceleratorPeaks, Faster};
-use frugal_cost::{Catalog, Precision};
 use frugal_cost::present::pct1;
+use frugal_cost::{Catalog, Precision};
 use nvml_wrapper::Nvml;
 use serde::{Deserialize, Deserializer};
 
@@ -1295,7 +1295,9 @@ mod tests {
         let given = Peak::of(&c, &p, Some(100.0));
         assert_eq!(given.flops_per_s(None), Some(100e12));
         // A CPU-only price: no accelerator, only what is given.
-        let cpu = Pricing::given(&c, &req(Some("0.5"), None)).unwrap().unwrap();
+        let cpu = Pricing::given(&c, &req(Some("0.5"), None))
+            .unwrap()
+            .unwrap();
         assert_eq!(Peak::of(&c, &cpu, None), Peak::default());
     }
 }

@@ -6,14 +6,15 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use frugal_cloud::notice::Bases;
+use frugal_cloud::price::{self, Found, Pricing, Request, per_hour};
+use frugal_cost::Catalog;
 use frugal_cost::money::HourlyRate;
-use frugal_cost::{Capacity, Catalog, Money};
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::Local;
-use frugal_gateway::assemble::{PriceError, hourly_price};
 use frugal_gateway::config::RawServe;
 use frugal_gateway::gateway::{Inputs, assemble};
 use frugal_gateway::meter::Machine;
@@ -22,23 +23,15 @@ use frugal_gateway::server::{Gateway, KeysReload, Metering, Setup, shutdown_sign
 use crate::cli::{BatchingArg, QuantArg, ServeArgs};
 use crate::config::Config;
 
-/// How the machine that runs the local model is paid for, when the caller knows (a batch
-/// job on spot); else `frugal serve`'s rules price it on demand.
-pub struct Paid {
-    pub rate: HourlyRate,
-    pub instance_type: Option<String>,
-    pub capacity: Capacity,
-    /// Its on-demand price, where `rate` is another kind's.
-    pub on_demand: Option<HourlyRate>,
-}
-
 /// The gateway of the config and flags, not yet listening: flags over `[serve]`, the
-/// configuration checked, the model loaded and its engine started, the meter opened.
+/// configuration checked, the model loaded and its engine started, the meter opened. `paid`
+/// prices the machine that runs the local model when the caller knows (a batch job on spot);
+/// else `frugal serve`'s rules price it on demand.
 pub fn build(
     config: &Config,
     catalog: &Catalog,
     args: &ServeArgs,
-    paid: Option<Paid>,
+    paid: Option<Pricing>,
 ) -> Result<Gateway> {
     // Flags beat `[serve]` in frugal.toml, which beats the defaults.
     let mut serve = with_flags(&config.serve, args);
@@ -59,25 +52,14 @@ pub fn build(
         None => {
             // Only a local model runs on this machine (a gateway's costs nothing here),
             // and only a meter records what it costs.
-            let this_machine = (!args.no_model && !args.no_meter).then(|| {
-                let mut bases = frugal_train::notice::Bases::default();
-                if let Some(url) = &args.metadata_url {
-                    (bases.aws, bases.gcp, bases.azure) = (url.clone(), url.clone(), url.clone());
-                }
-                bases
-            });
-            let (rate, instance_type) = machine_rate(
+            let this_machine =
+                (!args.no_model && !args.no_meter).then(|| Bases::at(args.metadata_url.as_deref()));
+            machine_pricing(
                 catalog,
                 serve.price_per_hour.as_deref(),
                 serve.instance.as_deref(),
                 this_machine.as_ref(),
-            )?;
-            Paid {
-                rate,
-                instance_type,
-                capacity: Capacity::OnDemand,
-                on_demand: None,
-            }
+            )?
         }
     };
     // The local model's file and served name, known before it loads so that the
@@ -291,7 +273,7 @@ fn start_local(
     serve: &RawServe,
     path: &Path,
     name: String,
-    paid: Paid,
+    paid: Pricing,
 ) -> Result<Local> {
     if !path.exists() {
         bail!(
@@ -335,8 +317,8 @@ fn start_local(
     let machine = Machine {
         model: name,
         rate: paid.rate,
+        on_demand: paid.on_demand_apart(),
         instance_type: paid.instance_type,
-        on_demand: paid.on_demand,
     };
     Ok(Local::new(engine, tokenizer, template, machine))
 }
@@ -355,34 +337,30 @@ pub fn machine_rate(
     catalog: &Catalog,
     price_per_hour: Option<&str>,
     instance: Option<&str>,
-    this_machine: Option<&frugal_train::notice::Bases>,
+    this_machine: Option<&Bases>,
 ) -> Result<(HourlyRate, Option<String>)> {
-    match hourly_price(catalog, price_per_hour, instance) {
-        Ok(Some(given)) => return Ok(given),
-        Ok(None) => {}
-        Err(PriceError::Parse(e)) => bail!("--price-per-hour: {e}"),
-        Err(PriceError::Negative) => bail!("--price-per-hour: a price cannot be negative"),
-        Err(PriceError::Instance(e)) => return Err(e.into()),
-    }
-    let Some(bases) = this_machine else {
-        return Ok((HourlyRate(Money::ZERO), None));
+    let p = machine_pricing(catalog, price_per_hour, instance, this_machine)?;
+    Ok((p.rate, p.instance_type))
+}
+
+/// [`machine_rate`]'s pricing, on demand.
+fn machine_pricing(
+    catalog: &Catalog,
+    price_per_hour: Option<&str>,
+    instance: Option<&str>,
+    this_machine: Option<&Bases>,
+) -> Result<Pricing> {
+    let request = Request {
+        price_field: "--price-per-hour",
+        ..Request::on_demand(price_per_hour, instance)
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let found = runtime.block_on(frugal_train::machine::this_machine_rate(
-        catalog,
-        bases,
-        frugal_train::machine::DETECT_TIMEOUT,
-    ));
-    // A name lookup of a metadata host may still be running: don't wait for it.
-    runtime.shutdown_background();
-    writeln!(
-        std::io::stderr(),
-        "frugal serve: pricing this machine at ${}/h: {}; --price-per-hour overrides it",
-        found.rate.0.to_string_places(3),
-        found.reason
-    )?;
-    Ok((found.rate, found.instance_type))
+    let resolved = price::resolve(catalog, &request, this_machine)?;
+    if let Found::ThisMachine { reason } = &resolved.found {
+        writeln!(
+            std::io::stderr(),
+            "frugal serve: pricing this machine at {}/h: {reason}; --price-per-hour overrides it",
+            per_hour(resolved.pricing.rate),
+        )?;
+    }
+    Ok(resolved.pricing)
 }

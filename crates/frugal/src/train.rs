@@ -1,16 +1,17 @@
 //! `frugal train -- CMD`: the flags into a plan and a pricing, the supervisor run, and its
-//! summary printed. Pricing is `frugal_train::pricing`'s.
+//! summary printed. The machine's price and its notices are `frugal_cloud`'s.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use frugal_cost::{Capacity, Catalog, Money};
-use frugal_train::notice::{AnySource, Aws, Azure, Bases, Gcp, NoticeSource, detect};
+use frugal_cloud::notice::{AnySource, Choice, choose};
+use frugal_cloud::price::{self, Found, Pricing, Request};
+use frugal_cloud::store::CheckpointStore;
+use frugal_cost::{Capacity, Catalog};
+use frugal_train::cost::RunCost;
 use frugal_train::orphan;
-use frugal_train::pricing::{Pricing, Request};
-use frugal_train::store::CheckpointStore;
 use frugal_train::supervisor::{Ending, Observer, Plan, Segment, supervise};
 use frugal_train::watchdog::Peak;
 use sha2::{Digest, Sha256};
@@ -66,14 +67,14 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         log: None,
     };
     if let Some(segment) = orphan::settle(&marker, &left) {
-        ledger.append("frugal train", &[pricing.event(&run_id, &segment)])?;
+        ledger.append("frugal train", &[segment.event(&run_id, &pricing)])?;
         orphan::clear(&marker);
     }
     let summary = runtime.block_on(async {
         let source = notice_source(&args.machine).await?;
         let record = |s: &Segment| {
             ledger
-                .append("frugal train", &[pricing.event(&run_id, s)])
+                .append("frugal train", &[s.event(&run_id, &pricing)])
                 .map_err(|e| format!("{e:#}"))?;
             orphan::clear(&marker);
             Ok(())
@@ -113,7 +114,7 @@ pub fn machine_peak(catalog: &Catalog, pricing: &Pricing, args: &SupervisorArgs)
     {
         bail!("--peak-tflops: `{t}` is not a positive number of TFLOPS");
     }
-    let peak = pricing.peak(catalog, args.peak_tflops);
+    let peak = Peak::of(catalog, pricing, args.peak_tflops);
     if peak == Peak::default() {
         tracing::info!(
             "no peak FLOPS known for this machine: give --peak-tflops (or --instance with a catalog GPU) for its MFU"
@@ -187,67 +188,42 @@ fn parse_signal(name: &str) -> Result<nix::sys::signal::Signal> {
 }
 
 /// A machine's pricing from the flags (spot or on demand, a given price or a catalog
-/// instance); the library prices it.
+/// instance); frugal-cloud resolves it.
 pub fn machine_pricing(catalog: &Catalog, m: &MachineArgs) -> Result<Pricing> {
-    let price_per_hour = match m.price_per_hour.as_deref() {
-        Some(text) => {
-            let price: Money = text
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))?;
-            if price.is_negative() {
-                bail!("--price-per-hour: a price cannot be negative");
-            }
-            Some(price)
-        }
-        None => None,
-    };
-    if price_per_hour.is_none() && m.instance.is_none() {
-        tracing::warn!("no --instance or --price-per-hour: its work costs $0 in the ledger");
-    }
     let request = Request {
         capacity: if m.spot {
             Capacity::Spot
         } else {
             Capacity::OnDemand
         },
-        price_per_hour,
+        price_per_hour: m.price_per_hour.as_deref(),
+        price_field: "--price-per-hour",
         instance: m.instance.as_deref(),
         region: m.region.as_deref(),
     };
-    Ok(Pricing::new(catalog, &request)?)
+    let resolved = price::resolve(catalog, &request, None)?;
+    if resolved.found == Found::Nothing {
+        tracing::warn!("no --instance or --price-per-hour: its work costs $0 in the ledger");
+    }
+    Ok(resolved.pricing)
 }
 
-/// The notices to watch: `--notice` (`auto` probes the metadata endpoints only on spot
-/// capacity), at `--metadata-url` or the cloud's own.
-pub async fn notice_source(m: &MachineArgs) -> Result<Option<AnySource>> {
-    let base = |default: &str| m.metadata_url.as_deref().unwrap_or(default).to_owned();
-    let bases = Bases::default();
-    let poll = seconds("--poll", m.poll)?;
-    let source = match m.notice {
-        NoticeArg::None => None,
-        NoticeArg::Auto if !m.spot => None,
-        NoticeArg::Auto => {
-            let bases = Bases {
-                aws: base(&bases.aws),
-                gcp: base(&bases.gcp),
-                azure: base(&bases.azure),
-            };
-            let found = detect(&bases, Duration::from_secs(1)).await;
-            if found.is_none() {
-                tracing::warn!(
-                    "no cloud metadata endpoint answers: only SIGTERM will announce a preemption"
-                );
-            }
-            found
-        }
-        NoticeArg::Aws => Some(AnySource::Aws(Aws::new(&base(&bases.aws))?)),
-        NoticeArg::Gcp => Some(AnySource::Gcp(Gcp::new(&base(&bases.gcp), poll)?)),
-        NoticeArg::Azure => Some(AnySource::Azure(Azure::new(&base(&bases.azure))?)),
-    };
-    if let Some(s) = &source {
-        tracing::info!("watching {} preemption notices", s.cloud());
+/// The notices `--notice` asks to watch.
+fn notice_choice(m: &MachineArgs) -> Choice {
+    match m.notice {
+        NoticeArg::None => Choice::None,
+        NoticeArg::Auto => Choice::Auto,
+        NoticeArg::Aws => Choice::Aws,
+        NoticeArg::Gcp => Choice::Gcp,
+        NoticeArg::Azure => Choice::Azure,
     }
-    Ok(source)
+}
+
+/// The notices to watch: `--notice`, at `--metadata-url` or the cloud's own
+/// ([`choose`]).
+pub async fn notice_source(m: &MachineArgs) -> Result<Option<AnySource>> {
+    let poll = seconds("--poll", m.poll)?;
+    Ok(choose(notice_choice(m), m.spot, m.metadata_url.as_deref(), poll).await?)
 }
 
 /// "3.1% fp32": the segment's MFU, and the precision it was measured at.
@@ -278,7 +254,7 @@ fn print_summary(
         "cost>",
     ]);
     for s in segments {
-        let e = p.event(run_id, s);
+        let e = s.event(run_id, p);
         let opt = |v: Option<u64>| v.map_or_else(|| "-".into(), |v| v.to_string());
         t.add_row(vec![
             s.attempt.to_string(),
@@ -295,7 +271,7 @@ fn print_summary(
         ]);
     }
     writeln!(out, "Run {run_id}\n{t}")?;
-    let total = p.run_cost(run_id, segments);
+    let total = RunCost::of(p, run_id, segments);
     write!(
         out,
         "{} segment(s), {} preemption(s), {:.1} minutes lost; cost {} ({})",

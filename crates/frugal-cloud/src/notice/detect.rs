@@ -43,7 +43,9 @@ pub async fn choose(
         Choice::Auto => {
             let found = detect(&bases, DETECT_TIMEOUT).await;
             if found.is_none() {
-                warn!("no cloud metadata endpoint answers: only SIGTERM will announce a preemption");
+                warn!(
+                    "no cloud metadata endpoint answers: only SIGTERM will announce a preemption"
+                );
             }
             found
         }
@@ -213,10 +215,10 @@ mod tests {
 
     use frugal_testkit::loopback::{closed_port, silent_port};
 
+    use super::super::GCP_BASE;
     use super::super::aws::tests::aws_mock;
     use super::super::azure::tests::azure_mock;
     use super::super::gcp::tests::gcp_mock;
-    use super::super::GCP_BASE;
 
     // -- detect, errors -----------------------------------------------------
 
@@ -334,7 +336,9 @@ mod tests {
         assert!(on_demand.unwrap().is_none(), "auto asks on spot only");
         let found = choose(Choice::Auto, true, Some(&aws), poll).await.unwrap();
         assert_eq!(found.map(|s| s.cloud()), Some(Cloud::Aws));
-        let named = choose(Choice::Azure, false, Some(&aws), poll).await.unwrap();
+        let named = choose(Choice::Azure, false, Some(&aws), poll)
+            .await
+            .unwrap();
         assert_eq!(named.map(|s| s.cloud()), Some(Cloud::Azure));
         let bad = choose(Choice::Gcp, false, Some("ftp://h"), poll).await;
         assert!(matches!(bad, Err(NoticeError::BadUrl { .. })));

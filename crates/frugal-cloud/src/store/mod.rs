@@ -286,7 +286,6 @@ impl CheckpointStore {
         })
     }
 
-
     /// Keeps the newest `keep` complete checkpoints (at least one) and deletes the older ones,
     /// manifest first, then files; also deletes incomplete leftovers (no valid manifest) of
     /// steps older than the newest complete checkpoint. Incomplete steps newer than it (an
@@ -431,7 +430,6 @@ mod tests {
     use std::path::PathBuf;
 
     pub(super) const RUN: &str = "run-1";
-
 
     /// A checkpoint directory `<root>/<step>` with `model.bin` and `opt/state.json`.
     pub(super) fn write_checkpoint(root: &FsPath, step: u64, seed: u8) -> PathBuf {
@@ -736,5 +734,4 @@ mod tests {
         let pruned = tokio::spawn(async move { s.prune(1).await }).await.unwrap();
         assert_eq!(pruned.unwrap(), 0);
     }
-
 }

@@ -98,12 +98,7 @@ fn not_found() -> Response {
     )
 }
 
-async fn mock_s3(
-    State(s3): State<Arc<MockS3>>,
-    method: Method,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
+async fn mock_s3(State(s3): State<Arc<MockS3>>, method: Method, uri: Uri, body: Bytes) -> Response {
     s3.requests.fetch_add(1, Ordering::SeqCst);
     let targeted = s3
         .fail_only
@@ -137,9 +132,7 @@ async fn mock_s3(
     let full = format!("{bucket}/{key}");
 
     if key.is_empty() {
-        return if method == Method::GET
-            && query.get("list-type").map(String::as_str) == Some("2")
-        {
+        return if method == Method::GET && query.get("list-type").map(String::as_str) == Some("2") {
             list(&s3, &bucket, &query)
         } else if method == Method::POST && query.contains_key("delete") {
             let text = String::from_utf8(body.to_vec()).unwrap();

@@ -449,7 +449,8 @@ fn lost(name: &str, e: &reqwest::Error) -> ApiError {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// The error and its causes, joined by ": ".
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

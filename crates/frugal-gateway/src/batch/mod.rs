@@ -1,7 +1,9 @@
 //! Batch jobs in OpenAI's Batch API format: the input file read and validated whole before
 //! anything runs ([`input`]), and each job's durable progress, which writes every line's
 //! result to the output exactly once through crashes and restarts ([`store`]), and the
-//! runner that sends the pending lines through a gateway with retries ([`run`]).
+//! runner that sends the pending lines through a gateway with retries ([`run`]). On a spot
+//! machine ([`spot`]) a notice or a signal stops a job in time and its state travels through
+//! an object store to the next machine.
 //!
 //! `frugal serve` offers them as OpenAI's Files and Batches API ([`api`]): uploads and
 //! batches kept in a data directory, each batch driven by a task of its own ([`service`]).
@@ -12,6 +14,7 @@ pub mod files;
 pub mod input;
 pub mod run;
 pub mod service;
+pub mod spot;
 pub mod store;
 pub mod uploads;
 

@@ -28,9 +28,7 @@ use tokio::sync::watch;
 use super::asha::{Job, Mode, TrialId};
 use super::space::{Limit, Params, Space, Value, param_env, render_args};
 use super::state::{StateError, TrialRecord, TuneState, Work};
-use crate::supervisor::{
-    Ending, Observer, Plan, Segment, Summary, SuperviseError, supervise,
-};
+use crate::supervisor::{Ending, Observer, Plan, Segment, Summary, SuperviseError, supervise};
 use crate::watchdog::StepMetrics;
 use crate::{contract, orphan};
 
@@ -978,4 +976,3 @@ fn summarize(
         wall_s: wall.as_secs_f64(),
     })
 }
-
