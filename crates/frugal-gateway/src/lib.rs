@@ -8,7 +8,7 @@
 //! - [`http`]: the router and handlers, OpenAI's shapes, validation, errors, rendering;
 //! - [`cascade`]: routes from the cheapest model to the dearest, run and replayed offline;
 //! - [`request`]: the gateway's state and the path of one request (pipeline, bill);
-//! - [`batch`]: the Batch API's files, jobs and their runner;
+//! - [`batch`]: the Batch API's files, jobs and their runner, and a job on spot capacity;
 //! - [`admit`]: API keys, tenants and their budgets (shared through Redis);
 //! - [`cache`]: the exact, shared (Redis) and semantic caches, in that lookup order;
 //! - [`pool`]: pools of replicas that scale with demand; [`backend`]: the local engine and
