@@ -49,7 +49,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Watch(args) => crate::watch::run(&config, &catalog, &args),
         Command::Prices(args) => prices(&catalog, &args),
         Command::Ledger(LedgerCommand::Import(args)) => {
-            let ledger = open_for_write(&config)?;
+            let ledger = config.open_ledger()?;
             import(ledger, &catalog, &args)
         }
         Command::Ledger(LedgerCommand::Info(args)) => {
@@ -61,7 +61,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 if let Some(check) = &check {
                     value["integrity"] = serde_json::Value::String(check.clone());
                 }
-                return print_json(&value);
+                return table::print_json(&value);
             }
             let mut out = std::io::stdout().lock();
             writeln!(out, "ledger    {}", info.path.display())?;
@@ -102,7 +102,7 @@ fn migrate(args: &crate::cli::MigrateArgs) -> Result<()> {
     let done = frugal_cost::ledger::migrate(&from, &mut to, args.batch, &bar)
         .with_context(|| format!("cannot copy {} into {}", args.from.display(), to.location()))?;
     if args.json {
-        return print_json(&done);
+        return table::print_json(&done);
     }
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -175,22 +175,6 @@ fn new_key(args: &NewKeyArgs) -> Result<()> {
     Ok(())
 }
 
-/// The ledger, its folder made first.
-pub fn open_for_write(config: &Config) -> Result<Ledger> {
-    if let Some(dir) = config.ledger.folder() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
-    }
-    Ok(Ledger::open(&config.ledger)?)
-}
-
-pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
-    writeln!(out)?;
-    Ok(())
-}
-
 fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) -> Result<()> {
     let format = args.format.map(|f| match f {
         ImportFormat::Csv => Format::Csv,
@@ -248,7 +232,7 @@ fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) 
         summaries.push(summary);
     }
     if args.json {
-        print_json(&summaries)?;
+        table::print_json(&summaries)?;
     }
     Ok(())
 }
@@ -257,7 +241,7 @@ fn prices(catalog: &Catalog, args: &PricesArgs) -> Result<()> {
     if args.models {
         let models: Vec<_> = catalog.models().collect();
         if args.json {
-            return print_json(&models);
+            return table::print_json(&models);
         }
         if models.is_empty() {
             writeln!(
@@ -307,7 +291,7 @@ fn prices(catalog: &Catalog, args: &PricesArgs) -> Result<()> {
         offers.truncate(args.limit);
     }
     if args.json {
-        return print_json(&offers);
+        return table::print_json(&offers);
     }
     let mut t = table::new(&[
         "provider",
@@ -398,7 +382,7 @@ fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
         "report built"
     );
     if args.json {
-        return print_json(&report);
+        return table::print_json(&report);
     }
     if let Some(path) = &args.html {
         let html = frugal_cost::html::render(&report, &ledger.location().to_string());

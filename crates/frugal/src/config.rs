@@ -131,6 +131,15 @@ impl Config {
         }
     }
 
+    /// The ledger, its folder made first.
+    pub fn open_ledger(&self) -> Result<frugal_cost::Ledger> {
+        if let Some(dir) = self.ledger.folder() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
+        }
+        Ok(frugal_cost::Ledger::open(&self.ledger)?)
+    }
+
     /// Where the gateway's meter spools usage while a PostgreSQL ledger is unreachable:
     /// `ledger.spool`, else `ledger.spool.sqlite` beside the ledger.
     pub fn spool(&self) -> PathBuf {

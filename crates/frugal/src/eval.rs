@@ -183,7 +183,7 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
         let mut v = figures;
         v["model"] = json!(described(m));
         v["gate"] = gate_json(&gate);
-        crate::commands::print_json(&v)?;
+        crate::table::print_json(&v)?;
     } else {
         print_ppl(m, args, &report, &reference_words, model.weight_bytes())?;
         if let Some(path) = &args.save_reference {
@@ -428,7 +428,7 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
         let mut v = figures;
         v["model"] = json!(described(m));
         v["gate"] = gate_json(&gate);
-        crate::commands::print_json(&v)?;
+        crate::table::print_json(&v)?;
     } else {
         let mut out = std::io::stdout().lock();
         writeln!(
@@ -501,7 +501,7 @@ pub fn embedder(args: &EvalEmbedderArgs) -> Result<()> {
         || format!("ROC AUC drop {drop:.5}"),
     );
     if args.json {
-        crate::commands::print_json(&json!({
+        crate::table::print_json(&json!({
             "embedder": args.embedder.display().to_string(),
             "quant": t.name(),
             "pairs": pairs.len(),

@@ -22,7 +22,7 @@ use crate::table;
 pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
     let fixed = targets(config, catalog)?;
     let sources = sources(config, catalog, &fixed)?;
-    let mut ledger = crate::commands::open_for_write(config)?;
+    let mut ledger = config.open_ledger()?;
     // Beside the ledger: the last snapshot of each target, for the next scrape.
     let state_path = match config.ledger.path() {
         Some(path) => path.with_extension("watch.json"),
