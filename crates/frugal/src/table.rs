@@ -27,3 +27,8 @@ pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     writeln!(out)?;
     Ok(())
 }
+
+/// A time in milliseconds as a UTC minute: `2026-12-06 17:37 UTC`.
+pub fn date(ms: i64) -> String {
+    frugal_cost::present::utc(ms, "%Y-%m-%d %H:%M UTC")
+}
