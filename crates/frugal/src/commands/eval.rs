@@ -144,23 +144,14 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
     let mut figures = report.figures(&reference_words);
     figures["weights_bytes"] = json!(model.weight_bytes());
     let gate = bounds.check(&report);
-    let summary = report.summary();
-    record(
-        m,
-        data_home,
-        "ppl",
-        &reference_words,
-        &args.text,
-        &summary,
-        &gate,
-        &figures,
-    );
-    if m.json {
-        let mut v = figures;
-        v["model"] = json!(described(m));
-        v["gate"] = gate.to_json();
-        crate::table::print_json(&v)?;
-    } else {
+    let outcome = Outcome {
+        kind: "ppl",
+        reference: &reference_words,
+        data: &args.text,
+        summary: report.summary(),
+        figures,
+    };
+    if !conclude(m, data_home, outcome, &gate)? {
         print_ppl(m, args, &report, &reference_words, model.weight_bytes())?;
         if let Some(path) = &args.save_reference {
             writeln!(std::io::stdout(), "reference saved to {}", path.display())?;
@@ -174,41 +165,47 @@ fn bar_len(bar: &Bar, n: usize) {
     bar.start(n as u64);
 }
 
-/// Appends the result to the store; a store that cannot be written is said, never fatal.
-#[allow(clippy::too_many_arguments)]
-fn record(
-    m: &EvalModelArgs,
-    data_home: Option<&Path>,
-    kind: &str,
-    reference: &str,
-    data: &Path,
-    summary: &str,
-    gate: &Gate,
-    figures: &serde_json::Value,
-) {
-    let Some(path) = quality::store(m.record.as_deref(), data_home) else {
-        return;
-    };
-    let written = FileId::of(&m.model).and_then(|model| {
-        quality::append(
-            &path,
-            &Record {
-                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                kind: kind.into(),
-                model,
-                quant: m.quant.map(|q| q.weight_type().name().to_owned()),
-                kv: kv_name(m),
-                reference: (!reference.is_empty()).then(|| reference.to_owned()),
-                data: data.display().to_string(),
-                summary: summary.to_owned(),
-                gate: gate.is_set().then_some(gate.passed()),
-                figures: figures.clone(),
-            },
-        )
-    });
-    if let Err(e) = written {
-        tracing::warn!(store = %path.display(), error = %e, "cannot record the evaluation");
+/// What one evaluation measured, as recorded and as `--json` prints it.
+struct Outcome<'a> {
+    kind: &'a str,
+    reference: &'a str,
+    data: &'a Path,
+    summary: String,
+    figures: serde_json::Value,
+}
+
+/// Appends the outcome to the store (one that cannot be written is said, never fatal), then
+/// prints it as JSON when `--json` asks; whether it did.
+fn conclude(m: &EvalModelArgs, data_home: Option<&Path>, o: Outcome, gate: &Gate) -> Result<bool> {
+    if let Some(path) = quality::store(m.record.as_deref(), data_home) {
+        let written = FileId::of(&m.model).and_then(|model| {
+            quality::append(
+                &path,
+                &Record {
+                    at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    kind: o.kind.into(),
+                    model,
+                    quant: m.quant.map(|q| q.weight_type().name().to_owned()),
+                    kv: kv_name(m),
+                    reference: (!o.reference.is_empty()).then(|| o.reference.to_owned()),
+                    data: o.data.display().to_string(),
+                    summary: o.summary,
+                    gate: gate.is_set().then_some(gate.passed()),
+                    figures: o.figures.clone(),
+                },
+            )
+        });
+        if let Err(e) = written {
+            tracing::warn!(store = %path.display(), error = %e, "cannot record the evaluation");
+        }
     }
+    if m.json {
+        let mut v = o.figures;
+        v["model"] = json!(described(m));
+        v["gate"] = gate.to_json();
+        crate::table::print_json(&v)?;
+    }
+    Ok(m.json)
 }
 
 fn print_ppl(
@@ -340,22 +337,14 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
     gate.check("--max-flips", Keep::AtMost, args.max_flips, flips, || {
         format!("{flips} flips")
     });
-    record(
-        m,
-        data_home,
-        "tasks",
-        &reference_words,
-        &args.questions,
-        &summary,
-        &gate,
-        &figures,
-    );
-    if m.json {
-        let mut v = figures;
-        v["model"] = json!(described(m));
-        v["gate"] = gate.to_json();
-        crate::table::print_json(&v)?;
-    } else {
+    let outcome = Outcome {
+        kind: "tasks",
+        reference: &reference_words,
+        data: &args.questions,
+        summary,
+        figures,
+    };
+    if !conclude(m, data_home, outcome, &gate)? {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
