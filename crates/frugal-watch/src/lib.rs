@@ -8,7 +8,6 @@
 //! `[watch]` into priced targets and turns one pass's answers into ledger rows and a line
 //! per server. The schedule and the printing belong to the binary.
 
-pub mod causes;
 pub mod expo;
 pub mod fleet;
 pub mod interval;
