@@ -7,6 +7,7 @@
 //! from demand and spot traces (`plan`). It knows nothing of HTTP or models.
 
 pub mod catalog;
+pub mod causes;
 pub mod durable;
 pub mod event;
 pub mod html;

@@ -23,7 +23,7 @@ use crate::model::{Chunk, KvCache, Model, ModelError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 pub use gate::{Gate, GateFailed, Keep};
-pub use saved::{Made, SavedReference, SavedWriter};
+pub use saved::{Made, SavedReference, SavedWriter, is_saved_reference};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
@@ -68,6 +68,20 @@ pub fn vocabulary_hash(tokenizer: &Tokenizer) -> [u8; 32] {
         h.update(t.as_bytes());
     }
     h.finalize().into()
+}
+
+/// Refuses a reference whose vocabulary differs from the model's; the shared vocabulary's hash.
+pub fn same_vocabulary(model: &Tokenizer, reference: &Tokenizer) -> Result<[u8; 32], EvalError> {
+    let (m, r) = (vocabulary_hash(model), vocabulary_hash(reference));
+    if m != r {
+        return Err(EvalError::Vocabulary {
+            model: model.vocab_size(),
+            model_hash: short_hex(&m),
+            reference: reference.vocab_size(),
+            reference_hash: short_hex(&r),
+        });
+    }
+    Ok(m)
 }
 
 /// The first 12 hex digits of a hash, for messages.
@@ -438,6 +452,54 @@ pub fn tokens_hash(chunks: &[Vec<u32>]) -> [u8; 32] {
         }
     }
     h.finalize().into()
+}
+
+impl PplReport {
+    /// Every figure, for `--json` and the quality record; `reference` says what was compared.
+    pub fn figures(&self, reference: &str) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "ppl": self.ppl, "ppl_err": self.ppl_err, "ctx": self.ctx, "chunks": self.chunks,
+            "tokens_scored": self.tokens_scored,
+        });
+        if let Some(c) = &self.reference {
+            v["reference"] = serde_json::json!({
+                "what": reference,
+                "ppl": c.ppl,
+                "ppl_ratio": c.ppl_ratio,
+                "kld": c.kld.figures(),
+                "kld_from_top_k": c.kld_is_top_k,
+                "top_k": c.top_k,
+                "kld_top_k_mean": c.top_k_mean,
+                "top1": c.top1,
+                "dp": c.dp.figures(),
+                "dp_rms": c.dp_rms,
+            });
+        }
+        v
+    }
+
+    /// The figures a person reads, in one line.
+    pub fn summary(&self) -> String {
+        match &self.reference {
+            Some(c) => format!(
+                "PPL {:.3} ({:+.2}% of the reference's {:.3}), mean KLD {:.4}, p99 {:.4}, same top token {:.1}%",
+                self.ppl,
+                (c.ppl_ratio - 1.0) * 100.0,
+                c.ppl,
+                c.kld.mean,
+                c.kld.p99,
+                c.top1 * 100.0
+            ),
+            None => format!("PPL {:.3} ± {:.3}", self.ppl, self.ppl_err),
+        }
+    }
+}
+
+impl Stats {
+    fn figures(&self) -> serde_json::Value {
+        serde_json::json!({"mean": self.mean, "min": self.min, "p1": self.p1, "p5": self.p5,
+            "median": self.median, "p95": self.p95, "p99": self.p99, "max": self.max})
+    }
 }
 
 #[cfg(test)]

@@ -416,7 +416,7 @@ pub fn load_embedder(dir: &Path, also: &'static str) -> Result<Arc<Embedder>, Em
 
 #[cfg(test)]
 mod tests {
-    use std::error::Error;
+    use frugal_cost::causes::with_causes;
 
     use super::*;
     use crate::gateway::{Assembly, Inputs, assemble};
@@ -429,18 +429,6 @@ mod tests {
     /// `[serve]` from TOML, as `frugal.toml` holds it (without the `[serve]` header).
     fn raw(text: &str) -> RawServe {
         toml::from_str(text).unwrap()
-    }
-
-    /// An error and its causes, as the binary prints them.
-    fn chain(e: &dyn Error) -> String {
-        let mut text = e.to_string();
-        let mut cause = e.source();
-        while let Some(c) = cause {
-            text.push_str(": ");
-            text.push_str(&c.to_string());
-            cause = c.source();
-        }
-        text
     }
 
     fn env(var: &str) -> Option<String> {
@@ -468,7 +456,7 @@ mod tests {
         raw.semantic_cache.get_or_insert(false);
         match build(&raw, Some("small")) {
             Ok(_) => panic!("accepted: {text}"),
-            Err(e) => chain(&e),
+            Err(e) => with_causes(&e),
         }
     }
 
@@ -675,7 +663,7 @@ mod tests {
         // A gateway without a local model has no cascade to start, and serves upstreams.
         let no_model = |text: &str| match build(&raw(text), None) {
             Ok(_) => panic!("accepted: {text}"),
-            Err(e) => chain(&e),
+            Err(e) => with_causes(&e),
         };
         assert!(
             no_model(&route("[\"small\", \"mock\"]", ""))
@@ -689,13 +677,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("skip.jsonl");
         std::fs::write(&path, "{\"prompt\": 3}\n").unwrap();
-        let err = chain(&read_skip_examples(&path).unwrap_err());
+        let err = with_causes(&read_skip_examples(&path).unwrap_err());
         assert!(
             err.contains("skip.jsonl line 1: expected {\"prompt\": TEXT, \"ok\": BOOL}"),
             "{err}"
         );
         std::fs::write(&path, "\n").unwrap();
-        let err = chain(&read_skip_examples(&path).unwrap_err());
+        let err = with_causes(&read_skip_examples(&path).unwrap_err());
         assert!(err.ends_with("skip.jsonl holds no examples"), "{err}");
         std::fs::write(
             &path,
@@ -703,7 +691,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(read_skip_examples(&path).unwrap().len(), 1);
-        let err = chain(&read_skip_examples(&dir.path().join("none.jsonl")).unwrap_err());
+        let err = with_causes(&read_skip_examples(&dir.path().join("none.jsonl")).unwrap_err());
         assert!(err.starts_with("cannot read "), "{err}");
     }
 
@@ -759,7 +747,7 @@ mod tests {
         let a = assemble(&raw(""), &inputs(std::slice::from_ref(&nowhere))).unwrap();
         assert!(a.no_embedder && a.semantic.is_none() && a.cache.is_some());
         let named = raw(&format!("embedder = \"{}\"\n", nowhere.display()));
-        let err = chain(&assemble(&named, &inputs(&[])).err().unwrap());
+        let err = with_causes(&assemble(&named, &inputs(&[])).err().unwrap());
         assert!(
             err.contains(&format!("no embedding model in {}", nowhere.display()))
                 && err.contains("--no-semantic-cache"),

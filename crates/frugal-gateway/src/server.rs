@@ -285,7 +285,7 @@ fn catch_up_budgets(state: AppState, location: Location) -> Result<(), ServeErro
                 match caught_up {
                     Err(e) if !failing => {
                         failing = true;
-                        let e = crate::batch::service::describe(&e);
+                        let e = frugal_cost::causes::with_causes(&e);
                         tracing::warn!(error = %e, "budgets cannot read the other replicas' spend from the ledger; counting this gateway's own until it answers");
                     }
                     Ok(()) if failing => {

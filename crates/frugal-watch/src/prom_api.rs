@@ -167,12 +167,17 @@ pub async fn fetch(
         .timeout(timeout)
         .send()
         .await
-        .map_err(|e| format!("cannot query {url}: {}", crate::causes::with_causes(&e)))?;
+        .map_err(|e| {
+            format!(
+                "cannot query {url}: {}",
+                frugal_cost::causes::with_causes(&e)
+            )
+        })?;
     let status = response.status();
     let body = response.text().await.map_err(|e| {
         format!(
             "cannot read {url}'s answer: {}",
-            crate::causes::with_causes(&e)
+            frugal_cost::causes::with_causes(&e)
         )
     })?;
     // A refused query is a 400 with the reason in the JSON: let `groups` say it.

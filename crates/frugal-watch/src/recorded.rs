@@ -311,7 +311,7 @@ fn an_error_is_said_with_its_causes() {
         "connection refused",
     ));
     assert_eq!(
-        crate::causes::with_causes(&e),
+        frugal_cost::causes::with_causes(&e),
         "error sending request: connection refused"
     );
 }

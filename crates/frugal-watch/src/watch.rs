@@ -10,10 +10,10 @@ use std::time::Duration;
 use frugal_cost::money::{HourlyRate, Millis};
 use serde::{Deserialize, Serialize};
 
-use crate::causes::with_causes;
 use crate::expo::{Scrape, parse};
 use crate::interval::{Bill, Interval, Snapshot, TargetMeta, bill};
 use crate::reading::{Kind, Reading, detect};
+use frugal_cost::causes::with_causes;
 
 /// A server to watch, as configured.
 #[derive(Debug, Clone)]

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use frugal_cost::Location;
 use frugal_gateway::config::RawServe;
+use frugal_watch::fleet::RawWatch;
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -20,62 +21,6 @@ pub struct RawConfig {
     pub serve: RawServe,
     #[serde(default)]
     pub watch: RawWatch,
-}
-
-/// `[[watch.target]]`: the servers `frugal watch` scrapes.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawWatch {
-    #[serde(default)]
-    pub target: Vec<RawTarget>,
-    /// `[[watch.prometheus]]`: fleets read through a Prometheus server's API.
-    #[serde(default)]
-    pub prometheus: Vec<RawPrometheus>,
-}
-
-/// A Prometheus server whose series stand for many servers, one per `group_by` value.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawPrometheus {
-    /// Its servers are named `<name>/<group_by value>`.
-    pub name: String,
-    /// The server's base URL (`http://prometheus:9090`).
-    pub url: String,
-    /// Matchers narrowing the series (`{job=~"vllm.*"}`).
-    pub selector: Option<String>,
-    /// The label that tells servers apart [default: instance].
-    pub group_by: Option<String>,
-    /// A label naming each server's machine, to join DCGM series to it [default: the
-    /// host of the `group_by` value].
-    pub host_label: Option<String>,
-    /// A label holding each server's instance type, priced by the catalog.
-    pub instance_label: Option<String>,
-    pub instance: Option<String>,
-    pub region: Option<String>,
-    pub price_per_hour: Option<String>,
-    /// [default: the servers' `job` label, else the name]
-    pub workload: Option<String>,
-    pub model: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawTarget {
-    pub name: String,
-    /// Its Prometheus `/metrics` URL.
-    pub url: String,
-    /// `auto` (the default), `vllm`, `tgi`, `llamacpp`, `frugal` or `dcgm`.
-    pub kind: Option<String>,
-    pub instance: Option<String>,
-    pub region: Option<String>,
-    pub price_per_hour: Option<String>,
-    /// [default: the name]
-    pub workload: Option<String>,
-    /// When the server does not say.
-    pub model: Option<String>,
-    /// The machine's name where the URL does not give it (a proxy, a service name): a DCGM
-    /// exporter on this host, or labelling its GPUs `Hostname` = this, is joined to it.
-    pub host: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -129,6 +74,15 @@ impl Config {
                 .as_ref()
                 .map_or_else(PathBuf::new, |h| h.join("frugal")),
         }
+    }
+
+    /// The ledger, its folder made first.
+    pub fn open_ledger(&self) -> Result<frugal_cost::Ledger> {
+        if let Some(dir) = self.ledger.folder() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
+        }
+        Ok(frugal_cost::Ledger::open(&self.ledger)?)
     }
 
     /// Where the gateway's meter spools usage while a PostgreSQL ledger is unreachable:

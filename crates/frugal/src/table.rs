@@ -1,4 +1,6 @@
-//! Terminal tables.
+//! What commands print: terminal tables and JSON.
+
+use std::io::Write;
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
@@ -16,4 +18,17 @@ pub fn new(headers: &[&str]) -> Table {
         }
     }
     table
+}
+
+/// `value` as pretty JSON on stdout, for `--json`.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// A time in milliseconds as a UTC minute: `2026-12-06 17:37 UTC`.
+pub fn date(ms: i64) -> String {
+    frugal_cost::present::utc(ms, "%Y-%m-%d %H:%M UTC")
 }

@@ -52,7 +52,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         backoff: seconds("--backoff", args.backoff)?,
         ..base_plan(&args.supervisor, &args.machine)?
     };
-    let mut ledger = crate::commands::open_for_write(config)?;
+    let mut ledger = config.open_ledger()?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

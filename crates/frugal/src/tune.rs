@@ -83,7 +83,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TuneArgs) -> Result<()> {
         },
         pricing: pricing.share(args.parallel),
     };
-    let mut ledger = crate::commands::open_for_write(config)?;
+    let mut ledger = config.open_ledger()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

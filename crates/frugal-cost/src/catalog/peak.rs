@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::CatalogError;
+use super::error::CatalogError;
 use crate::event::Precision;
 
 const PEAK_CSV: &str = include_str!("../../../../data/accelerators/peak-tflops.csv");

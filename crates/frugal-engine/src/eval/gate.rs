@@ -68,6 +68,15 @@ impl Gate {
         self.failures.is_empty()
     }
 
+    /// `{"passed", "failures"}` when a bound was set, else null.
+    pub fn to_json(&self) -> serde_json::Value {
+        if self.set {
+            serde_json::json!({"passed": self.passed(), "failures": self.failures})
+        } else {
+            serde_json::Value::Null
+        }
+    }
+
     /// The run's outcome: an error naming every bound crossed, if any.
     pub fn outcome(self) -> Result<(), GateFailed> {
         if self.failures.is_empty() {

@@ -18,6 +18,13 @@ use super::{EvalError, scored_per_chunk, short_hex};
 const MAGIC: &[u8; 8] = b"FRGLREF1";
 const HEADER: usize = 8 + 4 * 4 + 32 + 32;
 
+/// Whether `path` is a saved reference rather than a GGUF (the file a live reference loads).
+pub fn is_saved_reference(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    let read = File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+    read.is_ok() && &magic != b"GGUF"
+}
+
 /// What a saved reference was made on, checked before it is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Made {

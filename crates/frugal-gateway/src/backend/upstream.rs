@@ -8,6 +8,7 @@
 //! through as they came. Streams are passed through chunk by chunk, with usage asked for
 //! (`stream_options.include_usage`) so every call is metered.
 
+use frugal_cost::causes::with_causes;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -445,20 +446,8 @@ fn too_large(name: &str, max: usize) -> ApiError {
 fn lost(name: &str, e: &reqwest::Error) -> ApiError {
     ApiError::Upstream {
         status: 502,
-        message: format!("upstream `{name}` is unreachable: {}", error_chain(e)),
+        message: format!("upstream `{name}` is unreachable: {}", with_causes(e)),
     }
-}
-
-/// The error and its causes, joined by ": ".
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// OpenAI's `error.message`, or the body itself (cut short).
@@ -525,7 +514,7 @@ pub fn sse_events(
                     Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
                     Some(Err(e)) => {
                         return Some((
-                            Err(format!("the upstream stream broke: {}", error_chain(&e))),
+                            Err(format!("the upstream stream broke: {}", with_causes(&e))),
                             (body, buf, true),
                         ));
                     }

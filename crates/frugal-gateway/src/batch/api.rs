@@ -18,6 +18,7 @@ use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use frugal_cost::causes::with_causes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
@@ -25,7 +26,7 @@ use tokio::io::AsyncReadExt;
 use super::error::BatchError;
 use super::files::{Delete, UPLOAD_PURPOSE};
 use super::input::Endpoint;
-use super::service::{Batches, COMPLETION_WINDOW, Cancel, NewBatch, describe};
+use super::service::{Batches, COMPLETION_WINDOW, Cancel, NewBatch};
 use crate::http::error::ApiError;
 use crate::request::state::AppState;
 
@@ -403,6 +404,6 @@ fn bad_query(e: QueryRejection) -> ApiError {
 
 /// The cause stays in the server's log; the client is told where to look.
 fn internal(e: BatchError) -> ApiError {
-    tracing::error!("the Batch API failed: {}", describe(&e));
+    tracing::error!("the Batch API failed: {}", with_causes(&e));
     ApiError::Internal("the Batch API failed; the server's log says why".into())
 }

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use frugal_cost::causes::with_causes;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -381,7 +382,7 @@ impl Batches {
                 tracing::error!(
                     batch = %id,
                     "the batch stopped; it goes on at the next start: {}",
-                    describe(&e)
+                    with_causes(&e)
                 );
             }
         });
@@ -410,7 +411,7 @@ impl Batches {
         let store = match self.open_store(&batch, &input_path, &input).await? {
             Ok(s) => s,
             Err(e) => {
-                let errors = error_list("batch_store", &describe(&e));
+                let errors = error_list("batch_store", &with_causes(&e));
                 return self.end(id, Outcome::Failed(errors), None).await;
             }
         };
@@ -436,7 +437,7 @@ impl Batches {
                 Ok(Ended::Stopped) if *shutdown.borrow() => return Ok(()),
                 Ok(_) => {}
                 Err(e) => {
-                    let errors = error_list("batch_store", &describe(&e));
+                    let errors = error_list("batch_store", &with_causes(&e));
                     return self.end(id, Outcome::Failed(errors), Some(&store)).await;
                 }
             }
@@ -910,18 +911,6 @@ fn sweep_uploads(dir: &Path) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
-}
-
-/// The error and its causes, as one line.
-pub fn describe(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// A poisoned lock's data is still consistent here: every write to it is one statement.

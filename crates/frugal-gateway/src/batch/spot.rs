@@ -11,11 +11,11 @@ use axum::Router;
 use frugal_cloud::notice::AnySource;
 use frugal_cloud::store::{CheckpointStore, StoreError as CopyError};
 use frugal_cloud::watch::NoticeWatcher;
+use frugal_cost::causes::with_causes;
 
 use super::input::Input;
 use super::run::{Ended, Progress, RunConfig, run};
 use super::store::{Paths, Store, StoreError, restore_snapshot};
-use crate::backend::upstream::error_chain;
 
 /// Time kept back from a spot notice's deadline to copy the state to the store.
 pub const UPLOAD_MARGIN: Duration = Duration::from_secs(15);
@@ -208,7 +208,7 @@ impl Job<'_> {
                 Ok(()) => last = finished,
                 Err(e) => tracing::warn!(
                     "the batch state was not copied to the store: {}",
-                    error_chain(&e)
+                    with_causes(&e)
                 ),
             }
         }

@@ -14,7 +14,7 @@ use frugal_cost::Money;
 use crate::admit::keys::{Changes, KeyConfig, Keys, Tenant};
 use crate::backend::upstream::Upstream;
 use crate::backend::{Backend, Local};
-use crate::batch::service::{BatchConfig, Batches, describe};
+use crate::batch::service::{BatchConfig, Batches};
 use crate::cache::exact::{self as cache, CachePolicy, ExactCache, Lookup};
 use crate::cache::semantic::SemanticCache;
 use crate::cache::shared::SharedCache;
@@ -24,6 +24,7 @@ use crate::http::validate::Job;
 use crate::meter::Meter;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
+use frugal_cost::causes::with_causes;
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone)]
@@ -169,14 +170,16 @@ impl AppState {
         };
         let opened = Batches::open(config.clone()).map(Arc::new);
         if let Err(e) = &opened {
-            tracing::warn!("{}; this server has no Batch API", describe(e));
+            tracing::warn!("{}; this server has no Batch API", with_causes(e));
         }
-        let opened = opened.map_err(|e| describe(&e));
+        let opened = opened.map_err(|e| with_causes(&e));
         if let Ok(batches) = self.inner.batches.get_or_init(|| opened) {
             match batches.resume(self) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(batches = n, "resuming unfinished batches"),
-                Err(e) => tracing::error!("cannot resume the unfinished batches: {}", describe(&e)),
+                Err(e) => {
+                    tracing::error!("cannot resume the unfinished batches: {}", with_causes(&e))
+                }
             }
         }
     }

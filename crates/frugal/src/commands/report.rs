@@ -1,356 +1,16 @@
-//! One function per command: resolve inputs, call the libraries, print.
+//! `frugal report`: cost per unit of work, savings with the quality kept, pools and servers.
 
 use std::io::Write;
-use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
-use frugal_cost::catalog::{OfferQuery, OfferSort};
-use frugal_cost::import::{Format, ImportOptions, import_file, parse_ts};
-use frugal_cost::ledger::PriorImport;
-use frugal_cost::present::{pct, pct1, thousands, usd, usd_unit, utc};
+use anyhow::{Context, Result};
+use frugal_cost::import::parse_ts;
+use frugal_cost::present::{pct, pct1, thousands, usd, usd_unit};
 use frugal_cost::report::{Options, PoolLine, Report, RightSizing, ServerLine, utilization_note};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
-use crate::cli::{
-    BatchCommand, Cli, Command, DeployCommand, EvalCommand, ImportFormat, KeysCommand,
-    LedgerCommand, NewKeyArgs, PriceSort, PricesArgs, ReportArgs,
-};
-use crate::config::{self, Config, Sources};
-use crate::progress::Bar;
-use crate::table;
-
-pub fn run(cli: Cli) -> Result<()> {
-    let data_home = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")));
-    let config = config::resolve(Sources {
-        config_flag: cli.config.as_deref(),
-        config_env: None,
-        ledger_flag: cli.ledger.as_deref(),
-        ledger_env: None,
-        price_flags: &cli.price_files,
-        data_home,
-    })?;
-    let catalog = Catalog::load(&config.price_files).context("cannot load the price catalog")?;
-    match cli.command {
-        Command::EvalCache(args) => crate::eval_cache::run(&args),
-        Command::EvalRoute(args) => crate::eval_route::run(&args),
-        Command::Eval(EvalCommand::Ppl(args)) => {
-            crate::eval::ppl(&args, config.data_home.as_deref())
-        }
-        Command::Eval(EvalCommand::Tasks(args)) => {
-            crate::eval::tasks(&args, config.data_home.as_deref())
-        }
-        Command::Eval(EvalCommand::Embedder(args)) => crate::eval::embedder(&args),
-        Command::Train(args) => crate::train::run(&config, &catalog, &args),
-        Command::Batch(BatchCommand::Run(args)) => crate::batch::run(&config, &catalog, &args),
-        Command::Plan(args) => crate::plan::run(&config, &catalog, &args),
-        Command::Tune(args) => crate::tune::run(&config, &catalog, &args),
-        Command::Watch(args) => crate::watch::run(&config, &catalog, &args),
-        Command::Prices(args) => prices(&catalog, &args),
-        Command::Ledger(LedgerCommand::Import(args)) => {
-            let ledger = open_for_write(&config)?;
-            import(ledger, &catalog, &args)
-        }
-        Command::Ledger(LedgerCommand::Info(args)) => {
-            let ledger = Ledger::open_existing(&config.ledger)?;
-            let info = ledger.info()?;
-            let check = args.check.then(|| ledger.integrity_check()).transpose()?;
-            if args.json {
-                let mut value = serde_json::to_value(&info)?;
-                if let Some(check) = &check {
-                    value["integrity"] = serde_json::Value::String(check.clone());
-                }
-                return print_json(&value);
-            }
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "ledger    {}", info.path.display())?;
-            writeln!(out, "schema    v{}", info.schema_version)?;
-            writeln!(out, "events    {}", thousands(info.events))?;
-            writeln!(out, "imports   {}", info.imports)?;
-            if let (Some(first), Some(last)) = (info.first_ms, info.last_ms) {
-                writeln!(out, "span      {} .. {}", date(first), date(last))?;
-            }
-            writeln!(out, "cost      {}", usd(info.total_cost))?;
-            writeln!(out, "size      {:.1} MB", info.bytes as f64 / 1e6)?;
-            if let Some(check) = check {
-                writeln!(out, "integrity {check}")?;
-            }
-            print_files(&mut out, &info.files)
-        }
-        Command::Ledger(LedgerCommand::Migrate(args)) => migrate(&args),
-        Command::Report(args) => report(&config, &catalog, &args),
-        Command::Serve(args) => crate::serve::run(&config, &catalog, &args),
-        Command::Quantize(args) => crate::quantize::run(&args),
-        Command::Bench(args) => crate::bench::run(&catalog, &args),
-        Command::Keys(KeysCommand::New(args)) => new_key(&args),
-        Command::Deploy(DeployCommand::Kubernetes(args)) => {
-            crate::deploy::kubernetes(cli.config.as_deref(), &catalog, &args)
-        }
-    }
-}
-
-/// `frugal ledger migrate`: the copy, with a bar of events read, then what it did.
-fn migrate(args: &crate::cli::MigrateArgs) -> Result<()> {
-    let from = Ledger::open_existing(&args.from)?;
-    let to_location = frugal_cost::Location::parse(&args.to);
-    if to_location.path() == Some(args.from.as_path()) {
-        bail!("--from and --to are the same ledger");
-    }
-    let mut to = Ledger::open(to_location)?;
-    let bar = Bar::count("events");
-    let done = frugal_cost::ledger::migrate(&from, &mut to, args.batch, &bar)
-        .with_context(|| format!("cannot copy {} into {}", args.from.display(), to.location()))?;
-    if args.json {
-        return print_json(&done);
-    }
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "{} events read from {} ({}): {} copied, {} already in {}; {} imported files and {} spans recorded",
-        thousands(done.events),
-        args.from.display(),
-        usd(done.cost),
-        thousands(done.copied),
-        thousands(done.skipped),
-        to.location(),
-        thousands(done.files),
-        thousands(done.spans),
-    )?;
-    Ok(())
-}
-
-/// Files imported, newest last; only the latest few, `--json` has them all.
-fn print_files(out: &mut impl Write, files: &[PriorImport]) -> Result<()> {
-    const SHOWN: usize = 10;
-    if files.is_empty() {
-        return Ok(());
-    }
-    let mut t = table::new(&["imported", "sha256", "format", "rows>", "file"]);
-    for f in files.iter().skip(files.len().saturating_sub(SHOWN)) {
-        t.add_row(vec![
-            date(f.at_ms),
-            f.sha256
-                .as_deref()
-                .map_or("-", |s| s.get(..12).unwrap_or(s))
-                .to_owned(),
-            f.format.clone(),
-            thousands(f.rows),
-            f.source.clone(),
-        ]);
-    }
-    writeln!(out, "\nFiles imported\n{t}")?;
-    if files.len() > SHOWN {
-        writeln!(
-            out,
-            "the latest {SHOWN} of {}; --json lists all",
-            files.len()
-        )?;
-    }
-    Ok(())
-}
-
-fn new_key(args: &NewKeyArgs) -> Result<()> {
-    for v in [&args.daily_usd, &args.monthly_usd].into_iter().flatten() {
-        v.parse::<frugal_cost::Money>()
-            .with_context(|| format!("invalid budget {v:?}"))?;
-    }
-    let key =
-        frugal_gateway::admit::keys::new_key().context("cannot get random bytes for the key")?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "key (shown once; frugal keeps only its hash): {key}\n")?;
-    writeln!(out, "[[serve.key]]")?;
-    writeln!(out, "tenant = {:?}", args.tenant)?;
-    writeln!(
-        out,
-        "sha256 = {:?}",
-        frugal_gateway::admit::keys::hash_key(&key)
-    )?;
-    if let Some(v) = &args.daily_usd {
-        writeln!(out, "daily_usd = {v:?}")?;
-    }
-    if let Some(v) = &args.monthly_usd {
-        writeln!(out, "monthly_usd = {v:?}")?;
-    }
-    Ok(())
-}
-
-/// The ledger, its folder made first.
-pub fn open_for_write(config: &Config) -> Result<Ledger> {
-    if let Some(dir) = config.ledger.folder() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the ledger's folder {}", dir.display()))?;
-    }
-    Ok(Ledger::open(&config.ledger)?)
-}
-
-pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
-    writeln!(out)?;
-    Ok(())
-}
-
-fn import(mut ledger: Ledger, catalog: &Catalog, args: &crate::cli::ImportArgs) -> Result<()> {
-    let format = args.format.map(|f| match f {
-        ImportFormat::Csv => Format::Csv,
-        ImportFormat::Jsonl => Format::Jsonl,
-        ImportFormat::Focus => Format::Focus,
-    });
-    let options = ImportOptions {
-        format,
-        skip_invalid: args.skip_invalid,
-        allow_duplicates: args.allow_duplicates,
-    };
-    let mut summaries = Vec::new();
-    for file in &args.files {
-        let bar = Bar::bytes(&file.display().to_string());
-        let started = std::time::Instant::now();
-        let summary = import_file(&mut ledger, catalog, file, options, &bar)?;
-        let secs = started.elapsed().as_secs_f64();
-        tracing::info!(file = %file.display(), rows = summary.imported, secs, "imported");
-        if !args.json {
-            let mut err = std::io::stderr().lock();
-            writeln!(
-                err,
-                "imported {} events ({}) from {} as {} in {:.2}s{}{}{}",
-                thousands(summary.imported),
-                usd(summary.cost),
-                file.display(),
-                summary.format.as_str(),
-                secs,
-                if summary.skipped > 0 {
-                    format!(
-                        "; skipped {} prepaid purchase rows (amortized into usage)",
-                        summary.skipped
-                    )
-                } else {
-                    String::new()
-                },
-                if summary.invalid_total > 0 {
-                    format!("; left out {} bad rows", summary.invalid_total)
-                } else {
-                    String::new()
-                },
-                if summary.duplicates > 0 {
-                    format!(
-                        "; {} of them imported before (--allow-duplicates)",
-                        thousands(summary.duplicates)
-                    )
-                } else {
-                    String::new()
-                },
-            )?;
-            for bad in &summary.invalid {
-                writeln!(err, "  line {}: {}", bad.line, bad.message)?;
-            }
-        }
-        summaries.push(summary);
-    }
-    if args.json {
-        print_json(&summaries)?;
-    }
-    Ok(())
-}
-
-fn prices(catalog: &Catalog, args: &PricesArgs) -> Result<()> {
-    if args.models {
-        let models: Vec<_> = catalog.models().collect();
-        if args.json {
-            return print_json(&models);
-        }
-        if models.is_empty() {
-            writeln!(
-                std::io::stdout(),
-                "no model prices: add [[model]] entries to a price file (--prices FILE)"
-            )?;
-            return Ok(());
-        }
-        let mut t = table::new(&[
-            "model",
-            "provider",
-            "$/1M input>",
-            "$/1M cached input>",
-            "$/1M output>",
-        ]);
-        for m in models {
-            t.add_row(vec![
-                m.name.clone(),
-                m.provider.clone().unwrap_or_default(),
-                m.input.0.to_string(),
-                m.cached_input.map(|c| c.0.to_string()).unwrap_or_default(),
-                m.output.0.to_string(),
-            ]);
-        }
-        writeln!(std::io::stdout(), "{t}")?;
-        return Ok(());
-    }
-    let query = OfferQuery {
-        provider: args.provider.clone(),
-        gpu: args.gpu.clone(),
-        instance: args.instance.clone(),
-        region: args.region.clone(),
-        max_price: args.max_price,
-        sort: match args.sort {
-            PriceSort::PerGpu => OfferSort::PerGpu,
-            PriceSort::OnDemand => OfferSort::OnDemand,
-            PriceSort::Spot => OfferSort::Spot,
-            PriceSort::Saving => OfferSort::Saving,
-        },
-    };
-    let mut offers = catalog.search(&query);
-    if offers.is_empty() {
-        bail!("no instance in the catalog matches these filters");
-    }
-    let total = offers.len();
-    if args.limit > 0 {
-        offers.truncate(args.limit);
-    }
-    if args.json {
-        return print_json(&offers);
-    }
-    let mut t = table::new(&[
-        "provider",
-        "instance",
-        "region",
-        "accelerator",
-        "count>",
-        "on-demand $/h>",
-        "spot $/h>",
-        "spot saves>",
-        "$/accel-h>",
-        "note",
-    ]);
-    for o in &offers {
-        t.add_row(vec![
-            o.provider.clone(),
-            o.instance_type.clone(),
-            o.region.clone(),
-            o.accelerator.clone().unwrap_or_default(),
-            format!("{}", o.accelerator_count),
-            o.on_demand.0.to_string_places(4),
-            o.spot
-                .map(|s| s.0.to_string_places(4))
-                .unwrap_or_else(|| "-".into()),
-            o.spot_saving().map(pct).unwrap_or_else(|| "-".into()),
-            o.per_accelerator_hour()
-                .map(|p| format!("{p:.4}"))
-                .unwrap_or_else(|| "-".into()),
-            o.note.clone().unwrap_or_default(),
-        ]);
-    }
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{t}")?;
-    if total > offers.len() {
-        writeln!(
-            out,
-            "{} of {} offers; --limit 0 shows all",
-            offers.len(),
-            total
-        )?;
-    }
-    Ok(())
-}
+use crate::cli::ReportArgs;
+use crate::config::Config;
+use crate::table::{self, date};
 
 /// `--since`/`--until`: a timestamp, or an age before now such as `7d`, `12h`, `30m`.
 fn parse_bound(text: &str, now_ms: i64) -> Result<i64> {
@@ -370,7 +30,7 @@ fn parse_bound(text: &str, now_ms: i64) -> Result<i64> {
     parse_ts(t).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
+pub fn run(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
     let ledger = Ledger::open_existing(&config.ledger)?;
     let now = chrono::Utc::now().timestamp_millis();
     let window = Window {
@@ -398,7 +58,7 @@ fn report(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
         "report built"
     );
     if args.json {
-        return print_json(&report);
+        return table::print_json(&report);
     }
     if let Some(path) = &args.html {
         let html = frugal_cost::html::render(&report, &ledger.location().to_string());
@@ -844,10 +504,6 @@ fn seconds(ms: i64) -> String {
         ms if ms < 1000 => format!("{:.2} s", ms as f64 / 1000.0),
         ms => format!("{:.1} s", ms as f64 / 1000.0),
     }
-}
-
-fn date(ms: i64) -> String {
-    utc(ms, "%Y-%m-%d %H:%M UTC")
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use frugal_engine::eval::quality::{self, FileId, Record};
 use frugal_engine::eval::{
     self, Gate, Keep, Made, PplBounds, PplOptions, PplReport, Reference, SavedReference,
-    SavedWriter, Stats,
+    SavedWriter,
 };
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::quant::WeightType;
@@ -58,32 +58,6 @@ fn described(m: &EvalModelArgs) -> String {
     what
 }
 
-/// Refuses a reference whose vocabulary differs from the model's.
-fn same_vocabulary(model: &Tokenizer, reference: &Tokenizer) -> Result<[u8; 32]> {
-    let (m, r) = (
-        eval::vocabulary_hash(model),
-        eval::vocabulary_hash(reference),
-    );
-    if m != r {
-        return Err(eval::EvalError::Vocabulary {
-            model: model.vocab_size(),
-            model_hash: eval::short_hex(&m),
-            reference: reference.vocab_size(),
-            reference_hash: eval::short_hex(&r),
-        }
-        .into());
-    }
-    Ok(m)
-}
-
-/// Whether `path` is a saved reference rather than a GGUF.
-fn is_saved_reference(path: &Path) -> bool {
-    let mut magic = [0u8; 4];
-    let read =
-        std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
-    read.is_ok() && &magic != b"GGUF"
-}
-
 pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
     let m = &args.model;
     let text = std::fs::read_to_string(&args.text)
@@ -91,7 +65,9 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
     let (model, tokenizer) = load(&m.model, evaluated(m))?;
     let chunks = eval::chunks(&tokenizer, &text, args.ctx, args.chunks)?;
     let reference_path = args.reference.clone().or_else(|| default_reference(m));
-    let saved = reference_path.as_deref().filter(|p| is_saved_reference(p));
+    let saved = reference_path
+        .as_deref()
+        .filter(|p| eval::is_saved_reference(p));
     if saved.is_some() && args.save_reference.is_some() {
         bail!("--save-reference needs a reference model to run, not a saved reference");
     }
@@ -136,7 +112,7 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
                 kv: KvType::F32,
             };
             let (r, r_tok) = load(path, exact)?;
-            same_vocabulary(&tokenizer, &r_tok)?;
+            eval::same_vocabulary(&tokenizer, &r_tok)?;
             reference_model = r;
             (
                 Reference::Live(&reference_model),
@@ -165,26 +141,17 @@ pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {
     )?;
     bar.finish();
 
-    let mut figures = ppl_json(&report, &reference_words);
+    let mut figures = report.figures(&reference_words);
     figures["weights_bytes"] = json!(model.weight_bytes());
     let gate = bounds.check(&report);
-    let summary = ppl_summary(&report);
-    record(
-        m,
-        data_home,
-        "ppl",
-        &reference_words,
-        &args.text,
-        &summary,
-        &gate,
-        &figures,
-    );
-    if m.json {
-        let mut v = figures;
-        v["model"] = json!(described(m));
-        v["gate"] = gate_json(&gate);
-        crate::commands::print_json(&v)?;
-    } else {
+    let outcome = Outcome {
+        kind: "ppl",
+        reference: &reference_words,
+        data: &args.text,
+        summary: report.summary(),
+        figures,
+    };
+    if !conclude(m, data_home, outcome, &gate)? {
         print_ppl(m, args, &report, &reference_words, model.weight_bytes())?;
         if let Some(path) = &args.save_reference {
             writeln!(std::io::stdout(), "reference saved to {}", path.display())?;
@@ -198,91 +165,47 @@ fn bar_len(bar: &Bar, n: usize) {
     bar.start(n as u64);
 }
 
-fn stats_json(s: &Stats) -> serde_json::Value {
-    json!({"mean": s.mean, "min": s.min, "p1": s.p1, "p5": s.p5, "median": s.median,
-           "p95": s.p95, "p99": s.p99, "max": s.max})
+/// What one evaluation measured, as recorded and as `--json` prints it.
+struct Outcome<'a> {
+    kind: &'a str,
+    reference: &'a str,
+    data: &'a Path,
+    summary: String,
+    figures: serde_json::Value,
 }
 
-fn ppl_json(r: &PplReport, reference: &str) -> serde_json::Value {
-    let mut v = json!({
-        "ppl": r.ppl, "ppl_err": r.ppl_err, "ctx": r.ctx, "chunks": r.chunks,
-        "tokens_scored": r.tokens_scored,
-    });
-    if let Some(c) = &r.reference {
-        v["reference"] = json!({
-            "what": reference,
-            "ppl": c.ppl,
-            "ppl_ratio": c.ppl_ratio,
-            "kld": stats_json(&c.kld),
-            "kld_from_top_k": c.kld_is_top_k,
-            "top_k": c.top_k,
-            "kld_top_k_mean": c.top_k_mean,
-            "top1": c.top1,
-            "dp": stats_json(&c.dp),
-            "dp_rms": c.dp_rms,
+/// Appends the outcome to the store (one that cannot be written is said, never fatal), then
+/// prints it as JSON when `--json` asks; whether it did.
+fn conclude(m: &EvalModelArgs, data_home: Option<&Path>, o: Outcome, gate: &Gate) -> Result<bool> {
+    if let Some(path) = quality::store(m.record.as_deref(), data_home) {
+        let written = FileId::of(&m.model).and_then(|model| {
+            quality::append(
+                &path,
+                &Record {
+                    at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    kind: o.kind.into(),
+                    model,
+                    quant: m.quant.map(|q| q.weight_type().name().to_owned()),
+                    kv: kv_name(m),
+                    reference: (!o.reference.is_empty()).then(|| o.reference.to_owned()),
+                    data: o.data.display().to_string(),
+                    summary: o.summary,
+                    gate: gate.is_set().then_some(gate.passed()),
+                    figures: o.figures.clone(),
+                },
+            )
         });
+        if let Err(e) = written {
+            tracing::warn!(store = %path.display(), error = %e, "cannot record the evaluation");
+        }
     }
-    v
-}
-
-fn ppl_summary(r: &PplReport) -> String {
-    match &r.reference {
-        Some(c) => format!(
-            "PPL {:.3} ({:+.2}% of the reference's {:.3}), mean KLD {:.4}, p99 {:.4}, same top token {:.1}%",
-            r.ppl,
-            (c.ppl_ratio - 1.0) * 100.0,
-            c.ppl,
-            c.kld.mean,
-            c.kld.p99,
-            c.top1 * 100.0
-        ),
-        None => format!("PPL {:.3} ± {:.3}", r.ppl, r.ppl_err),
+    if m.json {
+        let mut v = o.figures;
+        v["model"] = json!(described(m));
+        v["gate"] = gate.to_json();
+        crate::table::print_json(&v)?;
     }
-}
-
-fn gate_json(gate: &Gate) -> serde_json::Value {
-    if gate.is_set() {
-        json!({"passed": gate.passed(), "failures": gate.failures()})
-    } else {
-        serde_json::Value::Null
-    }
-}
-
-/// Appends the result to the store; a store that cannot be written is said, never fatal.
-#[allow(clippy::too_many_arguments)]
-fn record(
-    m: &EvalModelArgs,
-    data_home: Option<&Path>,
-    kind: &str,
-    reference: &str,
-    data: &Path,
-    summary: &str,
-    gate: &Gate,
-    figures: &serde_json::Value,
-) {
-    let Some(path) = quality::store(m.record.as_deref(), data_home) else {
-        return;
-    };
-    let written = FileId::of(&m.model).and_then(|model| {
-        quality::append(
-            &path,
-            &Record {
-                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                kind: kind.into(),
-                model,
-                quant: m.quant.map(|q| q.weight_type().name().to_owned()),
-                kv: kv_name(m),
-                reference: (!reference.is_empty()).then(|| reference.to_owned()),
-                data: data.display().to_string(),
-                summary: summary.to_owned(),
-                gate: gate.is_set().then_some(gate.passed()),
-                figures: figures.clone(),
-            },
-        )
-    });
-    if let Err(e) = written {
-        tracing::warn!(store = %path.display(), error = %e, "cannot record the evaluation");
-    }
+    Ok(m.json)
 }
 
 fn print_ppl(
@@ -382,7 +305,7 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
         ..LoadOptions::default()
     };
     let theirs = Tier::load(&reference_path, as_stored)?;
-    same_vocabulary(&ours.tokenizer, &theirs.tokenizer)?;
+    eval::same_vocabulary(&ours.tokenizer, &theirs.tokenizer)?;
     let answer = |tier: &Tier, what: &str| -> Result<Vec<bool>> {
         let bar = Bar::count(what);
         let got = tier.answer_all(&questions, args.max_tokens, &bar);
@@ -414,22 +337,14 @@ pub fn tasks(args: &EvalTasksArgs, data_home: Option<&Path>) -> Result<()> {
     gate.check("--max-flips", Keep::AtMost, args.max_flips, flips, || {
         format!("{flips} flips")
     });
-    record(
-        m,
-        data_home,
-        "tasks",
-        &reference_words,
-        &args.questions,
-        &summary,
-        &gate,
-        &figures,
-    );
-    if m.json {
-        let mut v = figures;
-        v["model"] = json!(described(m));
-        v["gate"] = gate_json(&gate);
-        crate::commands::print_json(&v)?;
-    } else {
+    let outcome = Outcome {
+        kind: "tasks",
+        reference: &reference_words,
+        data: &args.questions,
+        summary,
+        figures,
+    };
+    if !conclude(m, data_home, outcome, &gate)? {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
@@ -501,7 +416,7 @@ pub fn embedder(args: &EvalEmbedderArgs) -> Result<()> {
         || format!("ROC AUC drop {drop:.5}"),
     );
     if args.json {
-        crate::commands::print_json(&json!({
+        crate::table::print_json(&json!({
             "embedder": args.embedder.display().to_string(),
             "quant": t.name(),
             "pairs": pairs.len(),
@@ -509,7 +424,7 @@ pub fn embedder(args: &EvalEmbedderArgs) -> Result<()> {
             "cosine": {"mean": k.cosine_mean, "p1": k.cosine_p1, "min": k.cosine_min},
             "auc": {"f32": k.auc_exact, "quant": k.auc_quant, "drop": drop},
             "ms_per_embedding": {"f32": k.ms_exact, "quant": k.ms_quant},
-            "gate": gate_json(&gate),
+            "gate": gate.to_json(),
         }))?;
     } else {
         let mut out = std::io::stdout().lock();
