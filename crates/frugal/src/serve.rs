@@ -5,16 +5,17 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use frugal_cloud::notice::Bases;
 use frugal_cloud::price::{self, Found, Pricing, Request, per_hour};
 use frugal_cost::Catalog;
 use frugal_cost::money::HourlyRate;
 use frugal_engine::model::{KvType, LoadOptions, Model};
-use frugal_engine::scheduler::{Batching, Engine, SchedulerConfig};
+use frugal_engine::scheduler::{Batching, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
 use frugal_gateway::Local;
+use frugal_gateway::backend::four_contexts;
 use frugal_gateway::config::RawServe;
 use frugal_gateway::gateway::{Inputs, assemble};
 use frugal_gateway::meter::Machine;
@@ -275,52 +276,29 @@ fn start_local(
     name: String,
     paid: Pricing,
 ) -> Result<Local> {
-    if !path.exists() {
-        bail!(
-            "no model at {}: run `make models` (or scripts/fetch-models.sh) for the default, or pass --model FILE.gguf",
-            path.display()
-        );
-    }
-    let started = std::time::Instant::now();
     let options = LoadOptions {
         requantize: args.quant.map(QuantArg::weight_type),
         threads: args.threads,
         kv: args.kv.kv_type(),
     };
-    let (model, tokenizer, template) = load_model(path, options)?;
-    tracing::info!(
-        model = %name,
-        weights_mb = model.weight_bytes() / 1_000_000,
-        secs = started.elapsed().as_secs_f64(),
-        "model loaded"
-    );
-    let ctx = model.config.ctx_len;
-    // The KV memory of four full contexts (at least 4,096 positions each) in f32: an 8-bit
-    // cache holds that many more positions in the same bytes.
-    let c = &model.config;
-    let kv_positions =
-        ctx.max(4096) * 4 * KvType::F32.bytes_per_position(c) / c.kv.bytes_per_position(c).max(1);
-    let engine = Engine::start(
-        model,
-        SchedulerConfig {
-            batching: match args.batching {
-                BatchingArg::Continuous => Batching::Continuous,
-                BatchingArg::Static => Batching::Static,
-                BatchingArg::Drain => Batching::Drain,
-            },
-            max_batch: serve.max_batch.unwrap_or(16),
-            max_queue: serve.max_queue.unwrap_or(256),
-            kv_positions,
-            ..SchedulerConfig::default()
+    let scheduler = |c: &_| SchedulerConfig {
+        batching: match args.batching {
+            BatchingArg::Continuous => Batching::Continuous,
+            BatchingArg::Static => Batching::Static,
+            BatchingArg::Drain => Batching::Drain,
         },
-    )?;
+        max_batch: serve.max_batch.unwrap_or(16),
+        max_queue: serve.max_queue.unwrap_or(256),
+        kv_positions: four_contexts(c),
+        ..SchedulerConfig::default()
+    };
     let machine = Machine {
         model: name,
         rate: paid.rate,
         on_demand: paid.on_demand_apart(),
         instance_type: paid.instance_type,
     };
-    Ok(Local::new(engine, tokenizer, template, machine))
+    Ok(Local::load(path, options, scheduler, machine)?)
 }
 
 /// A GGUF file's weights, tokenizer and chat template.

@@ -19,7 +19,7 @@ use serde_json::Value;
 use frugal_cost::Money;
 use frugal_cost::money::HourlyRate;
 use frugal_engine::gguf::Gguf;
-use frugal_engine::model::{LoadOptions, Model};
+use frugal_engine::model::{Config as ModelConfig, KvType, LoadOptions, Model, ModelError};
 use frugal_engine::scheduler::{Engine, EngineTime, SchedulerConfig, SubmitError};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
@@ -150,16 +150,31 @@ impl Local {
         }
     }
 
-    /// Loads the GGUF file at `path` and starts its engine, served as `machine.model`.
+    /// Loads the GGUF file at `path` and starts its engine, served as `machine.model`, with
+    /// the scheduler `scheduler` sizes for the loaded model.
     pub fn load(
         path: &std::path::Path,
         options: LoadOptions,
-        scheduler: SchedulerConfig,
+        scheduler: impl FnOnce(&ModelConfig) -> SchedulerConfig,
         machine: Machine,
-    ) -> Result<Local, String> {
-        let (model, tokenizer, template) = load_parts(path, options)
-            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
-        let engine = Engine::start(model, scheduler).map_err(|e| e.to_string())?;
+    ) -> Result<Local, LoadError> {
+        if !path.exists() {
+            return Err(LoadError::Missing(path.to_owned()));
+        }
+        let started = std::time::Instant::now();
+        let (model, tokenizer, template) =
+            load_parts(path, options).map_err(|source| LoadError::Load {
+                path: path.to_owned(),
+                source,
+            })?;
+        tracing::info!(
+            model = %machine.model,
+            weights_mb = model.weight_bytes() / 1_000_000,
+            secs = started.elapsed().as_secs_f64(),
+            "model loaded"
+        );
+        let scheduler = scheduler(&model.config);
+        let engine = Engine::start(model, scheduler).map_err(LoadError::Engine)?;
         Ok(Local::new(engine, tokenizer, template, machine))
     }
 
@@ -173,6 +188,31 @@ impl Local {
             job,
         )
     }
+}
+
+/// Why the local model did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(
+        "no model at {}: run `make models` (or scripts/fetch-models.sh) for the default, or pass --model FILE.gguf",
+        .0.display()
+    )]
+    Missing(std::path::PathBuf),
+    #[error("cannot load {}", .path.display())]
+    Load {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(transparent)]
+    Engine(ModelError),
+}
+
+/// KV positions for `frugal serve`'s engine: the memory of four full contexts (at least
+/// 4,096 positions each) in f32, so an 8-bit cache holds that many more positions in the
+/// same bytes.
+pub fn four_contexts(c: &ModelConfig) -> usize {
+    c.ctx_len.max(4096) * 4 * KvType::F32.bytes_per_position(c) / c.kv.bytes_per_position(c).max(1)
 }
 
 /// A GGUF file's weights, tokenizer and chat template.

@@ -6,6 +6,7 @@
 //! pool has one endpoint that something else scales; it is ready while its health path
 //! answers.
 
+use frugal_cost::causes::with_causes;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -314,7 +315,8 @@ async fn start_local(pool: &PoolConfig, id: u32, model: &Path) -> Result<Serving
         ..SchedulerConfig::default()
     };
     let load = tokio::task::spawn_blocking(move || {
-        Local::load(&path, LoadOptions::default(), scheduler, machine)
+        Local::load(&path, LoadOptions::default(), |_| scheduler, machine)
+            .map_err(|e| with_causes(&e))
     });
     let local = match tokio::time::timeout(pool.cold_start_timeout, load).await {
         Ok(Ok(loaded)) => loaded?,
