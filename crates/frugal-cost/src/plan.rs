@@ -33,8 +33,9 @@ pub use commit::{
 };
 pub use demand::{DemandError, DemandOptions, Gaps, HourlyDemand};
 pub use size::{
-    ColdStart, DEFAULT_MAX_WAITING_SHARE, Measured, RightSizing, SizeError, Slo, ZeroPlan,
-    ZeroPolicy, ledger_arrivals, ledger_cold_start, right_size, scale_to_zero,
+    ColdStart, DEFAULT_COLD_START, DEFAULT_MAX_WAITING_SHARE, Measured, RightSizing, SizeError,
+    Slo, ZeroPlan, ZeroPolicy, ledger_arrivals, ledger_cold_start, ledger_scale_to_zero,
+    right_size, scale_to_zero,
 };
 pub use spot::{
     DeadlinePlan, IntervalCost, Job, Policy, Replay, SpotError, SpotPrices, SpotTrace,

@@ -10,6 +10,7 @@ use frugal_cloud::notice::Bases;
 use frugal_cloud::price::{self, Found, Pricing, Request, per_hour};
 use frugal_cost::Catalog;
 use frugal_cost::money::HourlyRate;
+use frugal_engine::eval::quality::AsRun;
 use frugal_engine::model::{KvType, LoadOptions, Model};
 use frugal_engine::scheduler::{Batching, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
@@ -227,23 +228,14 @@ fn say_quality(path: &Path, args: &ServeArgs, data_home: Option<&Path>) -> Resul
     let Some(store) = frugal_engine::eval::quality::store(None, data_home) else {
         return Ok(());
     };
-    let Ok(file) = frugal_engine::eval::quality::FileId::of(path) else {
-        return Ok(());
-    };
-    let quant = args.quant.map(|q| q.weight_type().name());
     let kv = args.kv.kv_type();
-    let kv_name = (kv != KvType::F32).then(|| kv.name());
-    let found = frugal_engine::eval::quality::latest(&store, &file, quant, kv_name);
-    let mut what = path.display().to_string();
-    let mut flags = String::new();
-    if let Some(q) = quant {
-        what += &format!(" as {q}");
-        flags += &format!(" --quant {}", q.to_lowercase());
-    }
-    if let Some(k) = kv_name {
-        what += &format!(" with a {k} KV cache");
-        flags += &format!(" --kv {k}");
-    }
+    let run = AsRun {
+        path,
+        quant: args.quant.map(|q| q.weight_type().name()),
+        kv: (kv != KvType::F32).then(|| kv.name()),
+    };
+    let found = run.latest(&store);
+    let (what, flags) = (run.words(), run.flags());
     let mut err = std::io::stderr().lock();
     if found.is_empty() && !flags.is_empty() {
         writeln!(

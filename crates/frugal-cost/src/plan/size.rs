@@ -311,6 +311,31 @@ pub fn ledger_arrivals(
     Ok(arrivals)
 }
 
+/// A replica's start where neither the caller nor the ledger says: a model server pulling
+/// its image and loading a few GB of weights.
+pub const DEFAULT_COLD_START: Duration = Duration::from_secs(30);
+
+/// Scale to zero replayed on the ledger's arrivals of `workload` at `rate`: the cold start
+/// `cold_start` where given, else the median of the ledger's, else [`DEFAULT_COLD_START`].
+/// `None` when the ledger holds no request of the workload.
+pub fn ledger_scale_to_zero(
+    ledger: &Ledger,
+    workload: &str,
+    cold_start: Option<Duration>,
+    policy: impl FnOnce(ColdStart) -> ZeroPolicy,
+    rate: HourlyRate,
+) -> Result<Option<ZeroPlan>, LedgerError> {
+    let arrivals = ledger_arrivals(ledger, workload, Window::default())?;
+    if arrivals.is_empty() {
+        return Ok(None);
+    }
+    let cold_start = match cold_start {
+        Some(d) => ColdStart::given(d),
+        None => ledger_cold_start(ledger, workload, DEFAULT_COLD_START)?,
+    };
+    Ok(Some(scale_to_zero(&arrivals, &policy(cold_start), rate)))
+}
+
 /// A cold start and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ColdStart {

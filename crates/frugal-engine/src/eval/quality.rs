@@ -84,6 +84,48 @@ pub fn append(path: &Path, record: &Record) -> std::io::Result<()> {
     f.write_all(&line)
 }
 
+/// A model file as it is run: re-quantized to `quant` at load, with a `kv` KV cache (each
+/// `None` when as stored, exact), as records name them.
+#[derive(Debug, Clone, Copy)]
+pub struct AsRun<'a> {
+    pub path: &'a Path,
+    pub quant: Option<&'a str>,
+    pub kv: Option<&'a str>,
+}
+
+impl AsRun<'_> {
+    /// In words: `model.gguf as Q4_0 with a q8_0 KV cache`.
+    pub fn words(&self) -> String {
+        let mut what = self.path.display().to_string();
+        if let Some(q) = self.quant {
+            what += &format!(" as {q}");
+        }
+        if let Some(kv) = self.kv {
+            what += &format!(" with a {kv} KV cache");
+        }
+        what
+    }
+
+    /// The flags that run it so: ` --quant q4_0 --kv q8_0`.
+    pub fn flags(&self) -> String {
+        let mut flags = String::new();
+        if let Some(q) = self.quant {
+            flags += &format!(" --quant {}", q.to_lowercase());
+        }
+        if let Some(kv) = self.kv {
+            flags += &format!(" --kv {kv}");
+        }
+        flags
+    }
+
+    /// The latest record of each kind in the store at `store` for the file as it is now, run
+    /// this way; none when the file cannot be read.
+    pub fn latest(&self, store: &Path) -> Vec<Record> {
+        FileId::of(self.path)
+            .map_or_else(|_| Vec::new(), |f| latest(store, &f, self.quant, self.kv))
+    }
+}
+
 /// The latest record of each kind for `model` as `quant` and `kv` run it, oldest kind first.
 pub fn latest(path: &Path, model: &FileId, quant: Option<&str>, kv: Option<&str>) -> Vec<Record> {
     all_latest(path)

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use frugal_engine::eval::quality::{self, FileId, Record};
+use frugal_engine::eval::quality::{self, AsRun, FileId, Record};
 use frugal_engine::eval::{
     self, Gate, Keep, Made, PplBounds, PplOptions, PplReport, Reference, SavedReference,
     SavedWriter,
@@ -46,16 +46,15 @@ fn kv_name(m: &EvalModelArgs) -> Option<String> {
     (kv != KvType::F32).then(|| kv.name().to_owned())
 }
 
-/// The model as evaluated, in words: its file and the type it was re-quantized to.
+/// The model as evaluated, in words: its file, the type it was re-quantized to, its cache.
 fn described(m: &EvalModelArgs) -> String {
-    let mut what = m.model.display().to_string();
-    if let Some(q) = m.quant {
-        what += &format!(" as {}", q.weight_type());
-    }
-    if let Some(kv) = kv_name(m) {
-        what += &format!(" with a {kv} KV cache");
-    }
-    what
+    let kv = kv_name(m);
+    let run = AsRun {
+        path: &m.model,
+        quant: m.quant.map(|q| q.weight_type().name()),
+        kv: kv.as_deref(),
+    };
+    run.words()
 }
 
 pub fn ppl(args: &EvalPplArgs, data_home: Option<&Path>) -> Result<()> {

@@ -6,9 +6,9 @@ use std::io::Write;
 use anyhow::{Context, Result, bail};
 use frugal_cost::money::HourlyRate;
 use frugal_cost::plan::{
-    BacktestConfig, ColdStart, DemandOptions, Gaps, HourlyDemand, Job, Measured, Plan, RightSizing,
-    Slo, SpotAsk, SpotTrace, TraceReading, ZeroPlan, ZeroPolicy, html, ledger_arrivals,
-    ledger_cold_start, ledger_demand, right_size, scale_to_zero,
+    BacktestConfig, DemandOptions, Gaps, HourlyDemand, Job, Measured, Plan, RightSizing, Slo,
+    SpotAsk, SpotTrace, TraceReading, ZeroPlan, ZeroPolicy, html, ledger_demand,
+    ledger_scale_to_zero, right_size,
 };
 use frugal_cost::present::{pct, usd_unit, utc};
 use frugal_cost::{Catalog, Ledger, Window};
@@ -118,10 +118,6 @@ fn sizing(catalog: &Catalog, args: &PlanArgs) -> Result<Option<RightSizing>> {
     Ok(Some(right_size(&measured, slo)))
 }
 
-/// A replica's start where neither `--cold-start` nor the ledger says: a model server
-/// pulling its image and loading a few GB of weights.
-const DEFAULT_COLD_START: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Scale to zero replayed on the ledger's arrivals of `workload`, at `rate`.
 fn zero(
     config: &Config,
@@ -130,19 +126,17 @@ fn zero(
     rate: HourlyRate,
 ) -> Result<Option<ZeroPlan>> {
     let ledger = Ledger::open_existing(&config.ledger)?;
-    let arrivals = ledger_arrivals(&ledger, workload, Window::default())?;
-    if arrivals.is_empty() {
-        return Ok(None);
-    }
-    let cold_start = match args.cold_start {
-        Some(d) => ColdStart::given(d),
-        None => ledger_cold_start(&ledger, workload, DEFAULT_COLD_START)?,
-    };
-    let policy = ZeroPolicy {
+    let policy = |cold_start| ZeroPolicy {
         max_waiting_share: args.max_waiting_share,
         ..ZeroPolicy::new(cold_start, args.scale_to_zero_after)
     };
-    Ok(Some(scale_to_zero(&arrivals, &policy, rate)))
+    Ok(ledger_scale_to_zero(
+        &ledger,
+        workload,
+        args.cold_start,
+        policy,
+        rate,
+    )?)
 }
 
 /// The interruptible run to plan on spot, when asked for (`--work`, or `--deadline` with a
