@@ -8,6 +8,7 @@
 
 mod choose;
 mod cost;
+mod figures;
 mod measure;
 mod pairs;
 mod quant;
@@ -16,6 +17,7 @@ pub use choose::{
     Chosen, GUARDED, KindRow, Limits, PLAIN, SWEEP, choose, curve, kind_rows, tuning_errors,
 };
 pub use cost::{OwnCost, Quantiles, guard_cost, own_cost};
+pub use figures::Figures;
 pub use measure::{
     KindRate, Point, best_thresholds, by_kind, hits, lowest_threshold, measure, sweep, veto_counts,
     with_totals,

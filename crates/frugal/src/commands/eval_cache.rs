@@ -6,7 +6,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use frugal_semantic::eval::{self, Chosen, GUARDED, Limits, PLAIN, Point, SWEEP, Scored, Split};
+use frugal_semantic::eval::{
+    self, Chosen, Figures, GUARDED, Limits, PLAIN, Point, SWEEP, Scored, Split,
+};
 use frugal_semantic::{Embedder, Guard};
 
 use crate::cli::EvalCacheArgs;
@@ -124,7 +126,11 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     writeln!(out, "{t}\n")?;
     let at = chosen.last().map_or(Guard::default(), |c| c.guard);
 
-    let mut kinds_json = Vec::new();
+    let kinds = if near_pairs.is_empty() {
+        Vec::new()
+    } else {
+        eval::kind_rows(&at, &near)
+    };
     if !near_pairs.is_empty() {
         let name = near_path
             .as_deref()
@@ -144,7 +150,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             "held-out hits>",
             "plain cosine, held-out>",
         ]);
-        for k in eval::kind_rows(&at, &near) {
+        for k in &kinds {
             t.add_row(vec![
                 k.kind.clone(),
                 if k.paraphrase {
@@ -159,11 +165,6 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
                 pct1(k.held_hit),
                 pct1(k.held_plain_hit),
             ]);
-            kinds_json.push(serde_json::json!({
-                "kind": k.kind, "paraphrase": k.paraphrase,
-                "tuning_pairs": k.tuning_pairs, "tuning_hit": k.tuning_hit,
-                "held_pairs": k.held_pairs, "held_hit": k.held_hit, "held_plain_hit": k.held_plain_hit,
-            }));
         }
         writeln!(out, "{t}\n")?;
     }
@@ -251,27 +252,16 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         write_html(path, (held, &near.held.scored), &chosen, args.max_wrong)?;
     }
     if let Some(path) = &args.json {
-        let points = |pts: &[Point]| -> Vec<serde_json::Value> {
-            pts.iter()
-                .map(|p| serde_json::json!({"threshold": p.threshold, "hit": p.hit_rate, "wrong": p.wrong_rate}))
-                .collect()
-        };
-        let v = serde_json::json!({
-            "pairs": pairs.len(),
-            "held_out": {"duplicates": hd, "others": hn},
-            "plain": points(&plain_pts),
-            "guarded": points(&guarded_pts),
-            "chosen": chosen.iter().map(|c| serde_json::json!({"rule": c.rule, "threshold": c.guard.threshold, "aligned_threshold": c.guard.aligned_threshold, "held_hit": c.held.hit_rate, "held_wrong": c.held.wrong_rate})).collect::<Vec<_>>(),
-            "kinds": kinds_json,
-            "embed_p50_ms": cost.embed.0,
-            "embed_p99_ms": cost.embed.1,
-            "search_ms": cost.search_only_ms,
-            "search_entries": cost.entries,
-            "lookup_p50_ms": cost.lookup.0,
-            "lookup_p99_ms": cost.lookup.1,
-            "lookup_without_guard_p50_ms": cost.search.0,
-            "lookup_without_guard_p99_ms": cost.search.1,
-        });
+        let v = Figures {
+            pairs: pairs.len(),
+            held_out: (hd, hn),
+            plain: &plain_pts,
+            guarded: &guarded_pts,
+            chosen: &chosen,
+            kinds: &kinds,
+            cost: &cost,
+        }
+        .to_json();
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
