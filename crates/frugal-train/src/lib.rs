@@ -6,6 +6,7 @@
 
 pub mod contract;
 pub mod cost;
+pub mod names;
 pub mod orphan;
 pub mod supervisor;
 pub mod tune;

@@ -14,7 +14,6 @@ use frugal_train::cost::RunCost;
 use frugal_train::orphan;
 use frugal_train::supervisor::{Ending, Observer, Plan, Segment, supervise};
 use frugal_train::watchdog::Peak;
-use sha2::{Digest, Sha256};
 
 use crate::cli::{MachineArgs, NoticeArg, SupervisorArgs, TrainArgs};
 use crate::config::Config;
@@ -35,7 +34,10 @@ pub struct Stopped {
 
 pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
     let pricing = machine_pricing(catalog, &args.machine)?;
-    let run_id = args.run.clone().unwrap_or_else(|| default_run_id(args));
+    let run_id = args
+        .run
+        .clone()
+        .unwrap_or_else(|| frugal_train::names::run_id(&args.command));
     let work = std::path::Path::new(".frugal").join(&run_id);
     let checkpoint_dir = args
         .checkpoint_dir
@@ -143,7 +145,8 @@ pub fn base_plan(args: &SupervisorArgs, machine: &MachineArgs) -> Result<Plan> {
         checkpoint_dir: PathBuf::new(),
         metrics: PathBuf::new(),
         peak: Peak::default(),
-        checkpoint_signal: parse_signal(&args.checkpoint_signal)?,
+        checkpoint_signal: frugal_train::names::signal(&args.checkpoint_signal)
+            .map_err(|e| anyhow::anyhow!("--checkpoint-signal: {e}"))?,
         stop_grace: seconds("--stop-grace", args.stop_grace)?,
         term_deadline: seconds("--signal-deadline", args.signal_deadline)?,
         poll: seconds("--poll", machine.poll)?,
@@ -158,33 +161,9 @@ pub fn base_plan(args: &SupervisorArgs, machine: &MachineArgs) -> Result<Plan> {
     })
 }
 
-/// The same command gives the same run id, on any machine.
-fn default_run_id(args: &TrainArgs) -> String {
-    let mut h = Sha256::new();
-    for a in &args.command {
-        h.update(a.as_encoded_bytes());
-        h.update([0]);
-    }
-    let digest = h.finalize();
-    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-    format!("run-{hex}")
-}
-
 pub fn seconds(flag: &str, s: f64) -> Result<Duration> {
     Duration::try_from_secs_f64(s)
         .map_err(|_| anyhow::anyhow!("{flag}: `{s}` is not a duration in seconds"))
-}
-
-fn parse_signal(name: &str) -> Result<nix::sys::signal::Signal> {
-    let upper = name.trim().to_ascii_uppercase();
-    let full = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
-    };
-    full.parse().map_err(|_| {
-        anyhow::anyhow!("--checkpoint-signal: `{name}` is not a signal name (e.g. SIGUSR1)")
-    })
 }
 
 /// A machine's pricing from the flags (spot or on demand, a given price or a catalog

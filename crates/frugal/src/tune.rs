@@ -10,7 +10,6 @@ use frugal_cost::Catalog;
 use frugal_cost::event::Event;
 use frugal_train::tune::Space;
 use frugal_train::tune::run::{Report, Settings, TuneEnding, describe, tune};
-use sha2::{Digest, Sha256};
 
 use crate::cli::TuneArgs;
 use crate::config::Config;
@@ -35,7 +34,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TuneArgs) -> Result<()> {
     let id = args
         .id
         .clone()
-        .unwrap_or_else(|| default_id(&text, &args.command));
+        .unwrap_or_else(|| frugal_train::names::search_id(&text, &args.command));
     let dir = args
         .dir
         .clone()
@@ -114,21 +113,6 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TuneArgs) -> Result<()> {
         }
         .into()),
     }
-}
-
-/// The same space and command give the same id, so running them again resumes.
-fn default_id(space: &str, command: &[String]) -> String {
-    let mut h = Sha256::new();
-    h.update(space.as_bytes());
-    for a in command {
-        h.update([0]);
-        h.update(a.as_bytes());
-    }
-    let hex: String = h.finalize()[..6]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("tune-{hex}")
 }
 
 fn print_report(out: &mut impl Write, r: &Report) -> Result<()> {
