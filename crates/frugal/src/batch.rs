@@ -58,28 +58,20 @@ pub fn run(config: &Config, catalog: &Catalog, args: &BatchRunArgs) -> Result<()
         Some(url) => Some(spot::open_copies(url, &input)?),
         None => None,
     };
-    let relocate = match &copies {
-        Some(c) if !paths.state.join("batch.sqlite").exists() => {
-            match runtime.block_on(spot::restore(c, &paths))? {
-                Some(finished) => {
-                    writeln!(
-                        std::io::stderr(),
-                        "frugal batch: resuming from {} ({finished} lines finished there)",
-                        c.describe(),
-                    )?;
-                    true
-                }
-                None => false,
-            }
-        }
-        _ => false,
-    };
     let options = Options {
         completion_window: args.completion_window,
-        relocate,
         ..Options::default()
     };
-    let store = Arc::new(Store::open(&paths, &args.input, &input, &options)?);
+    let opened = spot::open_job(&paths, &args.input, &input, copies.as_ref(), options);
+    let (store, moved) = runtime.block_on(opened)?;
+    if let (Some(finished), Some(c)) = (moved, &copies) {
+        writeln!(
+            std::io::stderr(),
+            "frugal batch: resuming from {} ({finished} lines finished there)",
+            c.describe(),
+        )?;
+    }
+    let store = Arc::new(store);
     let total = store.counts()?.total;
     writeln!(
         std::io::stderr(),

@@ -3,7 +3,7 @@
 //! job's state is copied to an object store every so often and at the end, and a machine
 //! that finds no state of its own brings the newest copy back and goes on from there.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use frugal_cost::causes::with_causes;
 
 use super::input::Input;
 use super::run::{Ended, Progress, RunConfig, run};
-use super::store::{Paths, Store, StoreError, restore_snapshot};
+use super::store::{Options, Paths, Store, StoreError, restore_snapshot};
 
 /// Time kept back from a spot notice's deadline to copy the state to the store.
 pub const UPLOAD_MARGIN: Duration = Duration::from_secs(15);
@@ -83,6 +83,24 @@ pub async fn restore(copies: &CheckpointStore, paths: &Paths) -> Result<Option<u
     restore_snapshot(&dir, paths)?;
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(Some(manifest.step))
+}
+
+/// The job's durable state in `paths`, brought first from the newest copy in `copies` when
+/// this machine has none (the job moved here); with the lines the copy had finished when it
+/// was one.
+pub async fn open_job(
+    paths: &Paths,
+    input_path: &Path,
+    input: &Input,
+    copies: Option<&CheckpointStore>,
+    mut options: Options,
+) -> Result<(Store, Option<u64>), SpotError> {
+    let moved = match copies {
+        Some(c) if !paths.state.join("batch.sqlite").exists() => restore(c, paths).await?,
+        _ => None,
+    };
+    options.relocate |= moved.is_some();
+    Ok((Store::open(paths, input_path, input, &options)?, moved))
 }
 
 /// A folder beside the job's state for snapshots on their way to or from the store.
