@@ -27,9 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         || frugal_testkit::repo(frugal_engine::DEFAULT_MODEL),
         PathBuf::from,
     );
-    if let Ok(name) = std::env::var("FRUGAL_ISA") {
-        Kernel::from_name(&name)?.select()?;
-    }
+    Kernel::select_from_env()?;
     let requantize = match args
         .iter()
         .position(|a| a == "--quant")

@@ -369,6 +369,16 @@ impl Kernel {
         }
     }
 
+    /// `FRUGAL_ISA=avx512|avx2|scalar`: the kernel it names, [`select`](Kernel::select)ed,
+    /// so each path can be tested and benchmarked on any machine; unset, the fastest the CPU
+    /// has runs.
+    pub fn select_from_env() -> Result<(), QuantError> {
+        match std::env::var_os("FRUGAL_ISA") {
+            Some(name) => Kernel::from_name(&name.to_string_lossy())?.select(),
+            None => Ok(()),
+        }
+    }
+
     /// The kernel for a name as `FRUGAL_ISA` spells it: `avx512`, `avx2` or `scalar`.
     pub fn from_name(name: &str) -> Result<Kernel, QuantError> {
         match name {

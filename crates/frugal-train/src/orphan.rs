@@ -30,6 +30,15 @@ pub fn clear(marker: &Path) {
     let _ = std::fs::remove_file(marker);
 }
 
+/// Marks each segment as running at its path until it is billed (then [`clear`]ed).
+pub struct Marking(pub std::path::PathBuf);
+
+impl crate::supervisor::Observer for Marking {
+    fn started(&mut self, _attempt: u32, pid: u32, resumed_from: Option<u64>) {
+        mark(&self.0, pid, resumed_from);
+    }
+}
+
 /// Where a run's files are, to settle a segment it left.
 pub struct Run<'a> {
     pub id: &'a str,

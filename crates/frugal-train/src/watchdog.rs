@@ -125,6 +125,27 @@ impl Peak {
         }
     }
 
+    /// [`Peak::of`], refusing a given peak that is not a positive number, and saying when no
+    /// peak is known (runs then go without their MFU).
+    pub fn checked(
+        catalog: &Catalog,
+        machine: &Pricing,
+        given_tflops: Option<f64>,
+    ) -> Result<Peak, String> {
+        if let Some(t) = given_tflops.filter(|t| !(t.is_finite() && *t > 0.0)) {
+            return Err(format!(
+                "--peak-tflops: `{t}` is not a positive number of TFLOPS"
+            ));
+        }
+        let peak = Peak::of(catalog, machine, given_tflops);
+        if peak == Peak::default() {
+            tracing::info!(
+                "no peak FLOPS known for this machine: give --peak-tflops (or --instance with a catalog GPU) for its MFU"
+            );
+        }
+        Ok(peak)
+    }
+
     /// The machine's peak FLOP/s at `precision`; `None` when unknown.
     pub fn flops_per_s(&self, precision: Option<Precision>) -> Option<f64> {
         if let Some(t) = self.given_tflops {

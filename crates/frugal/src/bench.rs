@@ -10,9 +10,9 @@ use anyhow::{Context, Result, anyhow};
 use frugal_cost::Catalog;
 use frugal_cost::present::usd;
 use frugal_gateway::loadgen::{self, BenchConfig, Counter, Load, Percentiles, Shot};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::BenchArgs;
+use crate::progress::Bar;
 use crate::serve::machine_rate;
 use crate::table;
 
@@ -64,32 +64,26 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
         distinct: args.distinct,
     };
     let done = Arc::new(Counter::default());
-    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("bench [{bar:30}] {pos}/{len} requests {elapsed} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
+    let bar = Bar::count("requests");
+    frugal_cost::Progress::start(&bar, total as u64);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     let summary = runtime.block_on(async {
-        let watcher = {
-            let (bar, done) = (bar.clone(), done.clone());
-            tokio::spawn(async move {
-                loop {
-                    bar.set_position(done.0.load(Ordering::Relaxed));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            })
+        let tick = async {
+            loop {
+                bar.set(done.0.load(Ordering::Relaxed), String::new());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         };
-        let summary = loadgen::run(&config, load, done).await;
-        watcher.abort();
-        summary
+        tokio::select! {
+            summary = loadgen::run(&config, load, done.clone()) => summary,
+            () = tick => unreachable!("the progress ticker never ends"),
+        }
     });
-    bar.finish_and_clear();
+    bar.finish();
     let s = summary.map_err(|e| anyhow!(e))?;
     if args.json {
         serde_json::to_writer_pretty(std::io::stdout().lock(), &s)?;

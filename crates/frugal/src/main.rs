@@ -49,17 +49,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// `FRUGAL_ISA=avx512|avx2|scalar` runs the local engine's kernels on that instruction set
-/// instead of the fastest the CPU has, so each path can be tested and benchmarked anywhere.
+/// `FRUGAL_ISA` picks the local engine's kernels ([`frugal_engine::quant::Kernel`]).
 fn select_isa() -> anyhow::Result<()> {
     use anyhow::Context;
-    let Some(name) = std::env::var_os("FRUGAL_ISA") else {
-        return Ok(());
-    };
-    let name = name.to_string_lossy();
-    frugal_engine::quant::Kernel::from_name(&name)
-        .and_then(|kernel| kernel.select())
-        .with_context(|| format!("FRUGAL_ISA={name}"))
+    frugal_engine::quant::Kernel::select_from_env().with_context(|| {
+        let name = std::env::var_os("FRUGAL_ISA").unwrap_or_default();
+        format!("FRUGAL_ISA={}", name.to_string_lossy())
+    })
 }
 
 fn init_tracing(verbose: u8) {

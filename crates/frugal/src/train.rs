@@ -5,14 +5,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use frugal_cloud::notice::{AnySource, Choice, choose};
 use frugal_cloud::price::{self, Found, Pricing, Request};
 use frugal_cloud::store::CheckpointStore;
 use frugal_cost::{Capacity, Catalog};
 use frugal_train::cost::RunCost;
 use frugal_train::orphan;
-use frugal_train::supervisor::{Ending, Observer, Plan, Segment, supervise};
+use frugal_train::supervisor::{Ending, Plan, Segment, supervise};
 use frugal_train::watchdog::Peak;
 
 use crate::cli::{MachineArgs, NoticeArg, SupervisorArgs, TrainArgs};
@@ -81,7 +81,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
             orphan::clear(&marker);
             Ok(())
         };
-        let mut marking = Marking(marker.clone());
+        let mut marking = orphan::Marking(marker.clone());
         anyhow::Ok(supervise(&plan, store, source, record, &mut marking).await?)
     })?;
 
@@ -99,30 +99,10 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
     }
 }
 
-/// Marks each segment as running until it is billed ([`orphan`]).
-struct Marking(PathBuf);
-
-impl Observer for Marking {
-    fn started(&mut self, _attempt: u32, pid: u32, resumed_from: Option<u64>) {
-        orphan::mark(&self.0, pid, resumed_from);
-    }
-}
-
 /// The machine's peak FLOPS for the watchdog's MFU: `--peak-tflops`, or the catalog's for
 /// the instance's accelerators.
 pub fn machine_peak(catalog: &Catalog, pricing: &Pricing, args: &SupervisorArgs) -> Result<Peak> {
-    if let Some(t) = args.peak_tflops
-        && !(t.is_finite() && t > 0.0)
-    {
-        bail!("--peak-tflops: `{t}` is not a positive number of TFLOPS");
-    }
-    let peak = Peak::of(catalog, pricing, args.peak_tflops);
-    if peak == Peak::default() {
-        tracing::info!(
-            "no peak FLOPS known for this machine: give --peak-tflops (or --instance with a catalog GPU) for its MFU"
-        );
-    }
-    Ok(peak)
+    Peak::checked(catalog, pricing, args.peak_tflops).map_err(anyhow::Error::msg)
 }
 
 /// The checkpoint store: `--store`, or checkpoints/ beside the ledger.

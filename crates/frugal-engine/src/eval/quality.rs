@@ -134,6 +134,18 @@ pub fn latest(path: &Path, model: &FileId, quant: Option<&str>, kv: Option<&str>
         .collect()
 }
 
+/// The records of the models `served` (by name), each beside the name it matched: a model
+/// is matched by its file's name, which `frugal serve` serves it under unless told otherwise.
+pub fn of_served<'a>(records: &'a [Record], served: &[&str]) -> Vec<(&'a str, &'a Record)> {
+    records
+        .iter()
+        .filter_map(|r| {
+            let stem = r.model.path.file_stem()?.to_str()?;
+            served.contains(&stem).then_some((stem, r))
+        })
+        .collect()
+}
+
 /// The latest record of each kind for every file and way of running it, in the order they
 /// were last measured: what `frugal report` shows beside the savings. Lines that do not parse
 /// (a newer version's, a torn one) are skipped: the store only informs.

@@ -123,27 +123,19 @@ fn print_savings(out: &mut impl Write, r: &Report) -> Result<()> {
     Ok(())
 }
 
-/// Beside the savings, what `frugal eval` last measured of the models served here, run each
-/// way it was measured (a quantization, an 8-bit KV cache): a lever's saving is never shown
-/// without the quality it keeps. A model is matched by its file's name, which `frugal serve`
-/// serves it under unless `--name` says otherwise.
+/// Beside the savings, what `frugal eval` last measured of the models served here, each way
+/// it was run: a lever's saving is never shown without the quality it keeps.
 fn print_quality(
     out: &mut impl Write,
     r: &Report,
     quality: &[frugal_engine::eval::quality::Record],
 ) -> Result<()> {
-    let served: std::collections::BTreeSet<&str> = r
+    let served: Vec<&str> = r
         .inference
         .iter()
         .filter_map(|l| l.model.as_deref())
         .collect();
-    let rows: Vec<_> = quality
-        .iter()
-        .filter_map(|q| {
-            let stem = q.model.path.file_stem()?.to_str()?;
-            served.contains(stem).then_some((stem, q))
-        })
-        .collect();
+    let rows = frugal_engine::eval::quality::of_served(quality, &served);
     if rows.is_empty() {
         return Ok(());
     }
