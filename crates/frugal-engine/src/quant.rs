@@ -30,6 +30,7 @@ mod blocks;
 mod kquants;
 mod out;
 mod packed;
+mod wide;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -43,6 +44,7 @@ use rayon::prelude::*;
 use blocks::{QK, QK_K};
 use out::{Part, StripedOut};
 use packed::{ActRef, AlignedBuf, MAX_NB, PackKind, Packed, TILE};
+pub use wide::Wide;
 
 /// GGML tensor types the engine can load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -310,14 +312,6 @@ enum Isa {
 fn detected() -> &'static (Option<x86::Avx512Vnni>, Option<x86::Avx2>) {
     static DETECTED: OnceLock<(Option<x86::Avx512Vnni>, Option<x86::Avx2>)> = OnceLock::new();
     DETECTED.get_or_init(|| (x86::Avx512Vnni::detect(), x86::Avx2::detect()))
-}
-
-/// Plain f32 loops to compile for wide vectors: [`vectorized`] runs them inside a function
-/// built for AVX-512 or AVX2, into which `run` (mark it `#[inline(always)]`, and what it
-/// calls) is inlined. A closure would not do: it is not reliably inlined, and then runs at
-/// baseline x86-64's width, which the build targets so that one binary runs everywhere.
-pub trait Wide {
-    fn run(self);
 }
 
 /// Runs `work` compiled for the vectors of the [active](Kernel::active) kernel's ISA.

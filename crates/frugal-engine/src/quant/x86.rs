@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 
 use super::blocks::QK;
 use super::packed::{ActRef, MAX_NB, PackKind, TILE, TileGeom};
+use super::wide::Wide;
 
 /// Software prefetch distance, in blocks of the tile being streamed. A decode step streams
 /// each weight once, and on this VM the hardware prefetchers alone got the kernel to 7-11 GB/s
@@ -146,7 +147,7 @@ impl Avx512Vnni {
     /// Runs `work` inside a function compiled for AVX-512, so its plain loops (f32 dots and
     /// sums, inlined there) vectorize 16 lanes wide instead of baseline x86-64's 4.
     #[inline]
-    pub(crate) fn vectorized(self, work: impl super::Wide) {
+    pub(crate) fn vectorized(self, work: impl Wide) {
         // SAFETY: `self` proves the CPU has the features `with_avx512` is compiled for.
         unsafe { with_avx512(work) }
     }
@@ -213,7 +214,7 @@ impl Avx512Vnni {
 impl Avx2 {
     /// As [`Avx512Vnni::vectorized`], 8 lanes wide.
     #[inline]
-    pub(crate) fn vectorized(self, work: impl super::Wide) {
+    pub(crate) fn vectorized(self, work: impl Wide) {
         // SAFETY: `self` proves the CPU has the features `with_avx2` is compiled for.
         unsafe { with_avx2(work) }
     }
@@ -679,14 +680,14 @@ fn prefetch_block(tile: *const u8, geom: TileGeom, kind: PackKind, k: usize) {
 /// # Safety
 /// AVX-512 F/BW/VL must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn with_avx512(work: impl super::Wide) {
+unsafe fn with_avx512(work: impl Wide) {
     work.run();
 }
 
 /// # Safety
 /// AVX2 and FMA must be available.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn with_avx2(work: impl super::Wide) {
+unsafe fn with_avx2(work: impl Wide) {
     work.run();
 }
 
