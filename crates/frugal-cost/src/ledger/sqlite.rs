@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, params};
 
 use super::{
-    Axis, EXPORT, EventIds, EventRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
-    SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
+    Axis, EXPORT, EventIds, EventRow, LedgerError, LedgerInfo, Names, PoolRequests, PriorImport,
+    Row, SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, VisitRollup, Window, clamp,
 };
 use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
@@ -197,10 +197,7 @@ impl SqliteStore {
         let mut rows = rows.map_err(read_err)?;
         let mut n = 0;
         while let Some(r) = rows.next().map_err(read_err)? {
-            let value = row(r).map_err(|e| match e {
-                Unread::Read(source) => read_err(source),
-                Unread::Corrupt(what) => self.corrupt(what),
-            })?;
+            let value = row(r).map_err(|e| e.into_error(read_err, |w| self.corrupt(w)))?;
             visit(value).map_err(|what| self.corrupt(what))?;
             n += 1;
         }
@@ -398,50 +395,25 @@ impl Store for SqliteStore {
         self.in_window(decode::SPANS, window, |r| decode::span(r), visit)
     }
 
-    /// Nearest-rank percentiles (`percents` in 1..=100) of the activator waits of a pool's
-    /// requests that start in the window (inference events of `workload` whose model is
-    /// `pool`, failed ones left out); `None` when it has none. Most requests did not wait:
-    /// one pass counts them, and the ranks among those that did are read off the index of
-    /// waits, so no wait is held in memory.
     fn wait_percentiles(
         &self,
-        window: Window,
-        workload: &str,
-        pool: &str,
+        requests: &PoolRequests<'_>,
         percents: &[u32],
     ) -> Result<Vec<Option<Millis>>, LedgerError> {
         let read_err = self.read_err();
-        const REQUESTS: &str = "FROM events
-             WHERE ts_ms >= ?1 AND ts_ms < ?2 AND kind = ?3
-               AND workload = (SELECT id FROM dims WHERE axis = ?4 AND name = ?5)
-               AND model = (SELECT id FROM dims WHERE axis = ?6 AND name = ?7)
-               AND (outcome IS NULL OR outcome <> ?8)";
-        let (since, until) = window.bounds();
-        let (kind, failed) = (Kind::Inference.code(), Outcome::Failed.code());
-        let (workload_axis, model_axis) = (Axis::Workload as i64, Axis::Model as i64);
-        let args: [&dyn rusqlite::ToSql; 8] = [
-            &since,
-            &until,
-            &kind,
-            &workload_axis,
-            &workload,
-            &model_axis,
-            &pool,
-            &failed,
-        ];
+        let q = requests;
+        let args: [&dyn rusqlite::ToSql; 8] = [&q.0, &q.1, &q.2, &q.3, &q.4, &q.5, &q.6, &q.7];
         let (all, waited): (i64, i64) = self
             .conn
             .query_row(
-                &format!("SELECT count(*), count(CASE WHEN wait_ms > 0 THEN 1 END) {REQUESTS}"),
+                &decode::placeholders(&decode::waits_counted(), "?"),
                 &args[..],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .map_err(read_err)?;
         let mut stmt = self
             .conn
-            .prepare(&format!(
-                "SELECT wait_ms {REQUESTS} AND wait_ms > 0 ORDER BY wait_ms LIMIT 1 OFFSET ?9"
-            ))
+            .prepare(&decode::placeholders(&decode::wait_at(), "?"))
             .map_err(read_err)?;
         decode::wait_ranks(all, waited, percents, |offset| {
             let mut with_offset = args.to_vec();
@@ -451,42 +423,27 @@ impl Store for SqliteStore {
         })
     }
 
-    fn rollups(
-        &self,
-        since_ms: Millis,
-        until_ms: Millis,
-        visit: &mut dyn FnMut(&[i64; rollup::COLUMNS]) -> Result<(), String>,
-    ) -> Result<u64, LedgerError> {
-        let read_err = self.read_err();
+    fn rollups(&self, hours: Window, visit: &mut VisitRollup<'_>) -> Result<u64, LedgerError> {
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT * FROM rollup WHERE hour_ms >= ?1 AND hour_ms < ?2")
-            .map_err(read_err)?;
-        let mut rows = stmt.query(params![since_ms, until_ms]).map_err(read_err)?;
-        let mut n = 0;
-        let mut values = [0i64; rollup::COLUMNS];
-        while let Some(r) = rows.next().map_err(read_err)? {
-            for (i, v) in values.iter_mut().enumerate() {
-                *v = r.get(i).map_err(read_err)?;
-            }
-            visit(&values).map_err(|what| self.corrupt(what))?;
-            n += 1;
-        }
-        Ok(n)
+            .prepare_cached(&decode::placeholders(decode::ROLLUPS, "?"))
+            .map_err(self.read_err())?;
+        let (since, until) = hours.bounds();
+        let rows = stmt.query(params![since, until]);
+        self.each(rows, |r| decode::rollup(r), |values| visit(&values))
     }
 
     fn training_segments(
         &self,
-        since_ms: Millis,
-        until_ms: Millis,
+        hours: Window,
         visit: &mut dyn FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError> {
         let mut stmt = self
             .conn
             .prepare_cached(&decode::placeholders(&decode::segments_query(), "?"))
             .map_err(self.read_err())?;
-        let training = Kind::Training.code();
-        let rows = stmt.query(params![since_ms, until_ms, training]);
+        let (since, until) = hours.bounds();
+        let rows = stmt.query(params![since, until, Kind::Training.code()]);
         self.each(
             rows,
             |r| decode::segment(r),
@@ -531,20 +488,20 @@ impl Store for SqliteStore {
         })
     }
 
-    fn export_events(
-        &self,
-        after_id: i64,
-        limit: i64,
-        visit: &mut dyn FnMut(Stored),
-    ) -> Result<u64, LedgerError> {
+    fn export_events(&self, after_id: i64, limit: i64) -> Result<Vec<Stored>, LedgerError> {
         let sql = EXPORT.replace("{AFTER}", "?1").replace("{LIMIT}", "?2");
         let mut stmt = self.conn.prepare_cached(&sql).map_err(self.read_err())?;
         let rows = stmt.query(params![after_id, limit]);
+        let mut stored = Vec::new();
         self.each(
             rows,
             |r| decode::export(r),
-            |row| row.into_stored().map(&mut *visit),
-        )
+            |row| {
+                stored.push(row.into_stored()?);
+                Ok(())
+            },
+        )?;
+        Ok(stored)
     }
 
     #[cfg(test)]
