@@ -605,7 +605,15 @@ fn simd_tiles_match_scalar() {
             for tile in 0..2 {
                 for (b0, nbat) in [(0, 1), (1, 2), (0, 8), (3, 8), (5, 6)] {
                     let mut want = [0f32; TILE * MAX_NB];
-                    packed::tile_scalar(p.kind, p.tile(tile), p.geom(), &act, b0, nbat, &mut want);
+                    let call = TileCall {
+                        kind: p.kind,
+                        tile: p.tile(tile),
+                        geom: p.geom(),
+                        act,
+                        b0,
+                        nbat,
+                    };
+                    packed::tile_scalar(&call, &mut want);
                     let mut got = [0f32; TILE * MAX_NB];
                     tile_packed(p, tile, &act, b0, nbat, isa, &mut got);
                     for i in 0..nbat * TILE {
