@@ -304,6 +304,31 @@ pub struct LedgerInfo {
     pub bytes: u64,
 }
 
+/// A rollup row's values, handed to a visitor that may find them corrupt.
+type VisitRollup<'a> = dyn FnMut(&[i64; rollup::COLUMNS]) -> Result<(), String> + 'a;
+
+/// The values `#1`..`#8` of `decode::POOL_REQUESTS`, in order: a pool's requests in a
+/// window (inference events of a workload whose model is the pool, failed ones left out).
+struct PoolRequests<'a>(i64, i64, i64, i64, &'a str, i64, &'a str, i64);
+
+impl<'a> PoolRequests<'a> {
+    fn new(window: Window, workload: &'a str, pool: &'a str) -> PoolRequests<'a> {
+        let (since, until) = window.bounds();
+        let (kind, failed) = (Kind::Inference.code(), Outcome::Failed.code());
+        let (workload_axis, model_axis) = (Axis::Workload as i64, Axis::Model as i64);
+        PoolRequests(
+            since,
+            until,
+            kind,
+            workload_axis,
+            workload,
+            model_axis,
+            pool,
+            failed,
+        )
+    }
+}
+
 /// What a backend stores and reads; `Ledger` is the one front for both. Visitors are
 /// `dyn` so a backend is an object.
 trait Store: Send {
@@ -317,35 +342,24 @@ trait Store: Send {
         window: Window,
         visit: &mut dyn FnMut(&ReplicaSpan),
     ) -> Result<u64, LedgerError>;
+    /// See `Ledger::wait_percentiles`.
     fn wait_percentiles(
         &self,
-        window: Window,
-        workload: &str,
-        pool: &str,
+        requests: &PoolRequests<'_>,
         percents: &[u32],
     ) -> Result<Vec<Option<Millis>>, LedgerError>;
-    /// Rollup rows of the hours in `[since, until)`, as `rollup::COLUMNS` values.
-    fn rollups(
-        &self,
-        since_ms: Millis,
-        until_ms: Millis,
-        visit: &mut dyn FnMut(&[i64; rollup::COLUMNS]) -> Result<(), String>,
-    ) -> Result<u64, LedgerError>;
+    /// Rollup rows of the hours in `hours`, as `rollup::COLUMNS` values.
+    fn rollups(&self, hours: Window, visit: &mut VisitRollup<'_>) -> Result<u64, LedgerError>;
+    /// Training segments with watchdog figures that overlap `hours`, in time order.
     fn training_segments(
         &self,
-        since_ms: Millis,
-        until_ms: Millis,
+        hours: Window,
         visit: &mut dyn FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError>;
     fn info(&self) -> Result<LedgerInfo, LedgerError>;
     /// Up to `limit` events whose row id is above `after_id`, in id order, with their
     /// names and keys: what a copy to another ledger reads.
-    fn export_events(
-        &self,
-        after_id: i64,
-        limit: i64,
-        visit: &mut dyn FnMut(Stored),
-    ) -> Result<u64, LedgerError>;
+    fn export_events(&self, after_id: i64, limit: i64) -> Result<Vec<Stored>, LedgerError>;
     fn integrity_check(&self) -> Result<String, LedgerError>;
     #[cfg(test)]
     fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
@@ -668,7 +682,7 @@ impl Ledger {
         percents: &[u32],
     ) -> Result<Vec<Option<Millis>>, LedgerError> {
         self.store
-            .wait_percentiles(window, workload, pool, percents)
+            .wait_percentiles(&PoolRequests::new(window, workload, pool), percents)
     }
 
     /// Calls `visit` for the hourly rollups of the whole hours the window touches (see
@@ -678,8 +692,7 @@ impl Ledger {
         window: Window,
         mut visit: impl FnMut(&Key, &Sums),
     ) -> Result<u64, LedgerError> {
-        let (since, until) = window.whole_hours().bounds();
-        self.store.rollups(since, until, &mut |values| {
+        self.store.rollups(window.whole_hours(), &mut |values| {
             let (key, sums) = rollup::decode(values)?;
             visit(&key, &sums);
             Ok(())
@@ -693,8 +706,8 @@ impl Ledger {
         window: Window,
         mut visit: impl FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError> {
-        let (since, until) = window.whole_hours().bounds();
-        self.store.training_segments(since, until, &mut visit)
+        self.store
+            .training_segments(window.whole_hours(), &mut visit)
     }
 
     pub fn info(&self) -> Result<LedgerInfo, LedgerError> {

@@ -21,13 +21,18 @@ use crate::rollup::{Key, Sums};
 
 mod advisor;
 mod batch;
+mod lever;
 mod pools;
 mod servers;
+mod unit;
 
 pub use advisor::{MFU_CEILING, MIN_STALL, RunAdvice, precision_saving};
 pub use batch::BatchJobLine;
+pub use lever::Lever;
 pub use pools::{PoolLine, RightSizing, Sizing};
 pub use servers::{CONSOLIDATE_TO, ServerLine};
+pub use unit::{InferenceLine, Savings};
+use unit::{UnitAcc, ratio};
 
 const HOUR_MS: Millis = 3_600_000;
 const DAY_MS: Millis = 24 * HOUR_MS;
@@ -35,62 +40,6 @@ const DAY_MS: Millis = 24 * HOUR_MS;
 const SERIES_WORKLOADS: usize = 6;
 /// Share of a dear model's traffic a cascade is assumed to move to a cheaper one.
 const CASCADE_SHARE: f64 = 0.5;
-
-/// Unit costs of inference for one (workload, model) or one model.
-#[derive(Debug, Clone, Serialize)]
-pub struct InferenceLine {
-    pub workload: Option<String>,
-    pub model: Option<String>,
-    pub requests: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    /// Cost of the requests themselves.
-    pub cost: Money,
-    /// Idle capacity of the same workload (and model), paid for these requests.
-    pub idle_cost: Money,
-    /// Waste inside busy capacity (utilization below 1).
-    pub waste: Money,
-    /// (cost + idle) per 1,000 requests.
-    pub per_1k: Option<Money>,
-    pub per_m_input: Option<Money>,
-    pub per_m_output: Option<Money>,
-    /// Cost per million tokens, input and output together, where the price does not split.
-    pub per_m_tokens: Option<Money>,
-    /// Busy share of paid capacity; `None` for pay-per-token models.
-    pub utilization: Option<f64>,
-    /// What the levers saved on these requests, beside what they cost.
-    pub saved: Savings,
-}
-
-/// Money saved by each lever: the calls the caches answered and routing kept from the
-/// dearest tier.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Savings {
-    pub cache: Money,
-    pub semantic_cache: Money,
-    pub routing: Money,
-    pub batching: Money,
-}
-
-impl Savings {
-    pub fn total(&self) -> Money {
-        self.cache + self.semantic_cache + self.routing + self.batching
-    }
-
-    fn add(&mut self, s: &Sums) {
-        self.cache += s.saved_cache;
-        self.semantic_cache += s.saved_semantic;
-        self.routing += s.saved_routing;
-        self.batching += s.saved_batching;
-    }
-
-    fn merge(&mut self, o: &Savings) {
-        self.cache += o.cache;
-        self.semantic_cache += o.semantic_cache;
-        self.routing += o.routing;
-        self.batching += o.batching;
-    }
-}
 
 /// One training run: its segments summed.
 #[derive(Debug, Clone, Serialize)]
@@ -147,16 +96,6 @@ pub struct Item {
     pub share: f64,
 }
 
-/// A lever worth pulling, with the dollars it puts at stake over the report's window.
-#[derive(Debug, Clone, Serialize)]
-pub struct Lever {
-    pub lever: &'static str,
-    pub dollars: Money,
-    /// How the dollars were worked out, and what they assume.
-    pub basis: String,
-    pub action: &'static str,
-}
-
 /// Cost over time by workload, in dollars (floats: for charts only).
 #[derive(Debug, Clone, Serialize)]
 pub struct Series {
@@ -209,94 +148,6 @@ pub struct Report {
     pub servers: Vec<ServerLine>,
     pub levers: Vec<Lever>,
     pub series: Series,
-}
-
-/// Sums of one inference key.
-#[derive(Default)]
-struct UnitAcc {
-    requests: u64,
-    input_tokens: u64,
-    output_tokens: u64,
-    cost: Money,
-    idle: Money,
-    waste: Money,
-    split_input_cost: Money,
-    split_output_cost: Money,
-    split_input_tokens: u64,
-    split_output_tokens: u64,
-    /// Capacity-priced cost and its busy part, for utilization.
-    capacity_cost: Money,
-    busy_cost: Money,
-    saved: Savings,
-}
-
-impl UnitAcc {
-    fn add_requests(&mut self, s: &Sums) {
-        self.requests += s.requests as u64;
-        self.input_tokens += s.input_tokens as u64;
-        self.output_tokens += s.output_tokens as u64;
-        self.cost += s.cost;
-        self.split_input_cost += s.split_input_cost;
-        self.split_output_cost += s.split_cost - s.split_input_cost;
-        self.split_input_tokens += s.split_input_tokens as u64;
-        self.split_output_tokens += s.split_output_tokens as u64;
-        self.waste += s.waste;
-        self.capacity_cost += s.capacity_cost;
-        self.busy_cost += s.capacity_cost - s.waste;
-        self.saved.add(s);
-    }
-
-    fn add_idle(&mut self, cost: Money) {
-        self.idle += cost;
-        self.capacity_cost += cost;
-    }
-
-    fn merge(&mut self, o: &UnitAcc) {
-        self.requests += o.requests;
-        self.input_tokens += o.input_tokens;
-        self.output_tokens += o.output_tokens;
-        self.cost += o.cost;
-        self.idle += o.idle;
-        self.waste += o.waste;
-        self.split_input_cost += o.split_input_cost;
-        self.split_output_cost += o.split_output_cost;
-        self.split_input_tokens += o.split_input_tokens;
-        self.split_output_tokens += o.split_output_tokens;
-        self.capacity_cost += o.capacity_cost;
-        self.busy_cost += o.busy_cost;
-        self.saved.merge(&o.saved);
-    }
-
-    fn line(&self, workload: Option<String>, model: Option<String>) -> InferenceLine {
-        let unsplit_tokens = (self.input_tokens + self.output_tokens)
-            .saturating_sub(self.split_input_tokens + self.split_output_tokens);
-        let unsplit_cost = self.cost - self.split_input_cost - self.split_output_cost + self.idle;
-        InferenceLine {
-            workload,
-            model,
-            requests: self.requests,
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            cost: self.cost,
-            idle_cost: self.idle,
-            waste: self.waste,
-            per_1k: per(self.cost + self.idle, self.requests, 1000),
-            per_m_input: per(self.split_input_cost, self.split_input_tokens, 1_000_000),
-            per_m_output: per(self.split_output_cost, self.split_output_tokens, 1_000_000),
-            per_m_tokens: per(unsplit_cost, unsplit_tokens, 1_000_000),
-            utilization: ratio(self.busy_cost, self.capacity_cost),
-            saved: self.saved,
-        }
-    }
-}
-
-/// `cost` per `unit` of `n` things (1,000 requests, a million tokens); `None` for none.
-fn per(cost: Money, n: u64, unit: i128) -> Option<Money> {
-    (n > 0).then(|| cost.mul_div(unit, i128::from(n))).flatten()
-}
-
-fn ratio(part: Money, whole: Money) -> Option<f64> {
-    (whole.nanos() > 0).then(|| part.as_f64() / whole.as_f64())
 }
 
 #[derive(Default)]

@@ -30,6 +30,7 @@ mod blocks;
 mod kquants;
 mod out;
 mod packed;
+mod wide;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -42,7 +43,8 @@ use rayon::prelude::*;
 
 use blocks::{QK, QK_K};
 use out::{Part, StripedOut};
-use packed::{ActRef, AlignedBuf, MAX_NB, PackKind, Packed, TILE};
+use packed::{ActRef, AlignedBuf, MAX_NB, PackKind, Packed, Sums, TILE, TileCall};
+pub use wide::Wide;
 
 /// GGML tensor types the engine can load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -310,14 +312,6 @@ enum Isa {
 fn detected() -> &'static (Option<x86::Avx512Vnni>, Option<x86::Avx2>) {
     static DETECTED: OnceLock<(Option<x86::Avx512Vnni>, Option<x86::Avx2>)> = OnceLock::new();
     DETECTED.get_or_init(|| (x86::Avx512Vnni::detect(), x86::Avx2::detect()))
-}
-
-/// Plain f32 loops to compile for wide vectors: [`vectorized`] runs them inside a function
-/// built for AVX-512 or AVX2, into which `run` (mark it `#[inline(always)]`, and what it
-/// calls) is inlined. A closure would not do: it is not reliably inlined, and then runs at
-/// baseline x86-64's width, which the build targets so that one binary runs everywhere.
-pub trait Wide {
-    fn run(self);
 }
 
 /// Runs `work` compiled for the vectors of the [active](Kernel::active) kernel's ISA.
@@ -733,21 +727,14 @@ impl Scratch {
 /// Activation blocks below which quantizing on more threads does not pay (~2 us of work).
 const PAR_MIN_QUANT_BLOCKS: usize = 256;
 
-/// Per activation block: the sum of its quants, of the first 16 of them, and `d * sum`.
-pub(crate) struct Sums<'a> {
-    pub(crate) sum: &'a mut [i32],
-    pub(crate) lo: &'a mut [i32],
-    pub(crate) sd: &'a mut [f32],
-}
-
 /// Quantize whole blocks (`x.len() == q.len() == 32 * d.len()`, and so on) with the best
 /// available SIMD, or the bit-identical scalar code.
-fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: Sums<'_>) {
+fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], mut s: Sums<'_>) {
     let done = match Kernel::active().isa() {
         #[cfg(target_arch = "x86_64")]
-        Some(Isa::Avx512(k)) => k.quantize(x, q, d, &mut *s.sum, &mut *s.lo, &mut *s.sd),
+        Some(Isa::Avx512(k)) => k.quantize(x, q, d, s.reborrow()),
         #[cfg(target_arch = "x86_64")]
-        Some(Isa::Avx2(k)) => k.quantize(x, q, d, &mut *s.sum, &mut *s.lo, &mut *s.sd),
+        Some(Isa::Avx2(k)) => k.quantize(x, q, d, s.reborrow()),
         _ => false,
     };
     if !done {
@@ -960,17 +947,23 @@ fn tile_packed(
     isa: Isa,
     buf: &mut [f32; TILE * MAX_NB],
 ) {
-    let tile = p.tile(t);
-    let geom = p.geom();
+    let call = TileCall {
+        kind: p.kind,
+        tile: p.tile(t),
+        geom: p.geom(),
+        act: *act,
+        b0,
+        nbat,
+    };
     let done = match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512(k) => k.tile(p.kind, tile, geom, act, b0, nbat, buf),
+        Isa::Avx512(k) => k.tile(&call, buf),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2(k) => k.tile(p.kind, tile, geom, act, b0, nbat, buf),
+        Isa::Avx2(k) => k.tile(&call, buf),
         Isa::Scalar => false,
     };
     if !done {
-        packed::tile_scalar(p.kind, tile, geom, act, b0, nbat, buf);
+        packed::tile_scalar(&call, buf);
     }
 }
 

@@ -36,19 +36,14 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use serde::Serialize;
 
-use crate::model::{HParams, State};
+use crate::hash::fnv1a64;
+use crate::hparams::HParams;
+use crate::model::State;
 
 const MAGIC: &[u8; 8] = b"FRUGCKPT";
 const VERSION: u32 = 1;
 const MODEL_MAGIC: &[u8; 8] = b"FRUGMLP1";
 const MODEL_VERSION: u32 = 1;
-
-/// FNV-1a, 64-bit: a few lines, and plenty to catch torn or flipped bytes.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
 
 fn put_u32(buf: &mut Vec<u8>, x: u32) {
     buf.extend_from_slice(&x.to_le_bytes());

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
 
-use crate::checkpoint::fnv1a64;
-use crate::model::HParams;
+use crate::hash::fnv1a64;
+use crate::hparams::HParams;
 
 /// Held-out positions in the fixed evaluation set.
 const EVAL_POSITIONS: usize = 2048;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::data::{Batch, Corpus, train_batch};
-use crate::model::HParams;
+use crate::hparams::HParams;
 
 /// How batches are loaded.
 #[derive(Clone, Copy, Debug)]

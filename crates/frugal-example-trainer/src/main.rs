@@ -8,6 +8,8 @@
 
 mod checkpoint;
 mod data;
+mod hash;
+mod hparams;
 mod loader;
 mod model;
 
@@ -26,7 +28,8 @@ use serde::Serialize;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGUSR1, SIGUSR2};
 
 use data::Corpus;
-use model::{HParams, State, Workspace};
+use hparams::HParams;
+use model::{State, Workspace};
 
 const DEFAULT_DATA: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

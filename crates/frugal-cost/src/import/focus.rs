@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::{parse_ts, usd_only};
+use super::row::{parse_ts, usd_only};
 use crate::event::{Capacity, Event, Kind};
 use crate::money::Money;
 

@@ -23,7 +23,6 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -31,20 +30,23 @@ use crate::Progress;
 use crate::catalog::Catalog;
 use crate::event::Event;
 use crate::ledger::{Ledger, LedgerError, PriorImport, RowHash, Sink};
-use crate::money::{Millis, Money};
+use crate::money::Money;
 
+pub use error::{ImportError, RowError};
 use focus::FocusColumns;
 use native::{NativeColumns, read_jsonl};
+pub use row::parse_ts;
+use row::{Accept, Parsed, content_hash};
 
+mod error;
 mod focus;
 mod native;
+mod row;
 
 /// Bad rows named in one error; the rest are counted.
 const MAX_REPORTED: usize = 20;
 /// Lines of rows imported before named in one error.
 const MAX_DUPLICATE_LINES: usize = 5;
-/// The one currency the ledger holds.
-const CURRENCY: &str = "USD";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -71,94 +73,6 @@ impl Format {
             Format::Focus => "focus",
         }
     }
-}
-
-/// A row that could not be imported.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RowError {
-    /// 1-based line in the file (the CSV header is line 1).
-    pub line: u64,
-    pub message: String,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ImportError {
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {message}")]
-    Header { path: PathBuf, message: String },
-    #[error("{path}: {} bad row{}, nothing imported (pass --skip-invalid to import the good rows):\n{}",
-        .total, if *.total == 1 { "" } else { "s" }, list(.rows, *.total))]
-    BadRows {
-        path: PathBuf,
-        rows: Vec<RowError>,
-        total: u64,
-    },
-    #[error(
-        "{path} was already imported on {} from {} (sha256 {}); nothing imported (pass --allow-duplicates to import it again)",
-        utc_minute(.prior.at_ms), .prior.source, short_sha(.prior.sha256.as_deref())
-    )]
-    AlreadyImported {
-        path: PathBuf,
-        prior: Box<PriorImport>,
-    },
-    #[error(
-        "{path}: {} already imported (the first by {} on {}); nothing imported (pass --allow-duplicates to import {} again): {}",
-        rows_text(*.total), .first.source, utc_minute(.first.at_ms),
-        if *.total == 1 { "it" } else { "them" }, lines_text(.lines, *.total)
-    )]
-    DuplicateRows {
-        path: PathBuf,
-        /// Lines of the first rows imported before.
-        lines: Vec<u64>,
-        total: u64,
-        /// The import that stored the first of them.
-        first: Box<PriorImport>,
-    },
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-}
-
-fn rows_text(total: u64) -> String {
-    match total {
-        1 => "1 row was".to_owned(),
-        n => format!("{n} rows were"),
-    }
-}
-
-fn lines_text(lines: &[u64], total: u64) -> String {
-    let named: Vec<String> = lines.iter().map(u64::to_string).collect();
-    let word = if total == 1 { "line" } else { "lines" };
-    let more = total.saturating_sub(lines.len() as u64);
-    let rest = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
-    };
-    format!("{word} {}{rest}", named.join(", "))
-}
-
-fn short_sha(sha256: Option<&str>) -> &str {
-    sha256.map_or("?", |s| s.get(..12).unwrap_or(s))
-}
-
-fn utc_minute(ms: Millis) -> String {
-    crate::present::utc(ms, "%Y-%m-%d %H:%M UTC")
-}
-
-fn list(rows: &[RowError], total: u64) -> String {
-    let mut s: Vec<String> = rows
-        .iter()
-        .map(|r| format!("  line {}: {}", r.line, r.message))
-        .collect();
-    if total as usize > rows.len() {
-        s.push(format!("  ... and {} more", total as usize - rows.len()));
-    }
-    s.join("\n")
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -460,30 +374,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A row as read: where it is, what it holds, and the event it makes.
-struct Parsed {
-    /// 1-based line in the file (the CSV header is line 1).
-    line: u64,
-    /// SHA-256 of the row's content; see `content_hash`.
-    content: [u8; 32],
-    event: Result<Option<Event>, String>,
-}
-
-/// The hash of a row's content: its non-empty fields as (lower-case name, value), in name
-/// order, so neither column order, quoting, line endings nor an added empty column changes it.
-fn content_hash<'a>(fields: impl Iterator<Item = (&'a str, &'a str)>) -> [u8; 32] {
-    let mut fields: Vec<(&str, &str)> = fields.filter(|(_, v)| !v.is_empty()).collect();
-    fields.sort_unstable();
-    let mut sha = Sha256::new();
-    for (name, value) in fields {
-        for part in [name, value] {
-            sha.update((part.len() as u64).to_le_bytes());
-            sha.update(part.as_bytes());
-        }
-    }
-    sha.finalize().into()
-}
-
 /// How often each content was seen so far in one file.
 #[derive(Default)]
 struct Occurrences(HashMap<u64, u32>);
@@ -539,8 +429,6 @@ fn sniff(reader: &mut impl BufRead, path: &Path) -> std::io::Result<Format> {
     Ok(if is_focus { Format::Focus } else { Format::Csv })
 }
 
-type Accept<'a> = dyn FnMut(Parsed) -> Result<(), ImportError> + 'a;
-
 fn read_csv<R: Read>(
     csv: &mut csv::Reader<R>,
     names: &ContentNames,
@@ -585,44 +473,6 @@ fn read_csv<R: Read>(
             }
         }
     }
-}
-
-/// Parses a timestamp: RFC 3339, a UTC date-time without offset, a date, or epoch ms.
-pub fn parse_ts(text: &str) -> Result<Millis, String> {
-    let t = text.trim();
-    if let Ok(dt) = DateTime::parse_from_rfc3339(t) {
-        return Ok(dt.timestamp_millis());
-    }
-    for fmt in [
-        "%Y-%m-%d %H:%M:%S%.f",
-        "%Y-%m-%dT%H:%M:%S%.f",
-        "%Y-%m-%d %H:%M",
-    ] {
-        if let Ok(dt) = NaiveDateTime::parse_from_str(t, fmt) {
-            return Ok(dt.and_utc().timestamp_millis());
-        }
-    }
-    if let Ok(d) = NaiveDate::parse_from_str(t, "%Y-%m-%d") {
-        return Ok(d
-            .and_hms_opt(0, 0, 0)
-            .map_or(0, |dt| dt.and_utc().timestamp_millis()));
-    }
-    if let Ok(ms) = t.parse::<i64>() {
-        return Ok(ms);
-    }
-    Err(format!(
-        "`{text}` is not a timestamp (use RFC 3339, e.g. 2026-11-16T18:17:03Z)"
-    ))
-}
-
-/// The ledger sums dollars; a cost in another currency would be added to them as if it were.
-fn usd_only(column: &str, currency: &str) -> Result<(), String> {
-    if currency.trim().eq_ignore_ascii_case(CURRENCY) {
-        return Ok(());
-    }
-    Err(format!(
-        "{column}: `{currency}`, but the ledger is in {CURRENCY} only; convert the costs to {CURRENCY} (or export them in {CURRENCY}) and import again"
-    ))
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@ use std::io::BufRead;
 use std::path::Path;
 use std::str::FromStr;
 
-use super::{Accept, ImportError, Parsed, content_hash, parse_ts, usd_only};
+use super::error::ImportError;
+use super::row::{Accept, Parsed, content_hash, parse_ts, usd_only};
 use crate::catalog::Catalog;
 use crate::event::{Capacity, Event, Kind, Outcome};
 use crate::money::{Millis, Money};

@@ -4,15 +4,30 @@
 //! `#n` where a backend writes its placeholder `n`.
 
 use super::segments::ADVISED;
-use super::{ExportRow, Row, TrainingSegment, from_code, span_key};
+use super::{ExportRow, LedgerError, Row, TrainingSegment, from_code, span_key};
 use crate::event::{Capacity, Kind, Outcome, Precision, ReplicaSpan, ReplicaState};
 use crate::money::{Millis, Money};
+use crate::rollup;
 
 /// Why a row could not be decoded: the backend could not read a column (`E`), or a stored
 /// value is one the schema does not allow (named).
 pub(super) enum Unread<E> {
     Read(E),
     Corrupt(String),
+}
+
+impl<E> Unread<E> {
+    /// The ledger's error: a read error through `read`, a stored value through `corrupt`.
+    pub(super) fn into_error(
+        self,
+        read: impl FnOnce(E) -> LedgerError,
+        corrupt: impl FnOnce(String) -> LedgerError,
+    ) -> LedgerError {
+        match self {
+            Unread::Read(source) => read(source),
+            Unread::Corrupt(what) => corrupt(what),
+        }
+    }
 }
 
 /// Typed reads of one result row's columns, by index.
@@ -197,6 +212,37 @@ pub(super) fn export<C: Columns>(r: &C) -> Result<ExportRow, Unread<C::Error>> {
         row.floats[slot] = r.opt_real(i)?;
     }
     Ok(row)
+}
+
+/// A pool's requests that start in `[#1, #2)`: events of kind `#3` whose workload (axis
+/// `#4`) is `#5` and model (axis `#6`) is `#7`, those with outcome `#8` left out; the
+/// values are `PoolRequests`.
+const POOL_REQUESTS: &str = "FROM events
+     WHERE ts_ms >= #1 AND ts_ms < #2 AND kind = #3
+       AND workload = (SELECT id FROM dims WHERE axis = #4 AND name = #5)
+       AND model = (SELECT id FROM dims WHERE axis = #6 AND name = #7)
+       AND (outcome IS NULL OR outcome <> #8)";
+
+/// How many of a pool's requests there are, and how many of them waited.
+pub(super) fn waits_counted() -> String {
+    format!("SELECT count(*), count(CASE WHEN wait_ms > 0 THEN 1 END) {POOL_REQUESTS}")
+}
+
+/// The wait at offset `#9` among a pool's requests that waited, shortest first.
+pub(super) fn wait_at() -> String {
+    format!("SELECT wait_ms {POOL_REQUESTS} AND wait_ms > 0 ORDER BY wait_ms LIMIT 1 OFFSET #9")
+}
+
+/// The rollup rows of the hours in `[#1, #2)`, as `rollup` reads them.
+pub(super) const ROLLUPS: &str = "SELECT * FROM rollup WHERE hour_ms >= #1 AND hour_ms < #2";
+
+/// One row of `ROLLUPS`: its `rollup::COLUMNS` values.
+pub(super) fn rollup<C: Columns>(r: &C) -> Result<[i64; rollup::COLUMNS], Unread<C::Error>> {
+    let mut values = [0i64; rollup::COLUMNS];
+    for (i, v) in values.iter_mut().enumerate() {
+        *v = r.int(i)?;
+    }
+    Ok(values)
 }
 
 /// Nearest-rank percentiles (`percents` in 1..=100) of `all` waits of which `waited` are

@@ -61,9 +61,7 @@ pub fn migrate(
     progress.start(from.info()?.events);
     let mut after = i64::MIN;
     loop {
-        let mut rows = Vec::with_capacity(batch);
-        from.store
-            .export_events(after, batch.max(1) as i64, &mut |s| rows.push(s))?;
+        let rows = from.store.export_events(after, batch.max(1) as i64)?;
         let Some(last) = rows.last() else { break };
         after = last.row_id;
         let (copied, ()) = to.import(SOURCE, "api", |sink| {

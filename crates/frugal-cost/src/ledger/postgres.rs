@@ -24,8 +24,8 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::decode::{self, Unread};
 use super::segments;
 use super::{
-    Axis, EXPORT, EventRow, LedgerError, LedgerInfo, Names, PriorImport, Row, SCHEMA_VERSION,
-    SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
+    Axis, EXPORT, EventRow, LedgerError, LedgerInfo, Names, PoolRequests, PriorImport, Row,
+    SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, VisitRollup, Window, clamp,
 };
 use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
@@ -487,10 +487,7 @@ impl PgStore {
         let mut rows = rows.map_err(&read)?;
         let mut n = 0;
         while let Some(r) = rows.next().map_err(&read)? {
-            let value = row(&r).map_err(|e| match e {
-                Unread::Read(source) => read(source),
-                Unread::Corrupt(what) => self.corrupt(what),
-            })?;
+            let value = row(&r).map_err(|e| e.into_error(&read, |w| self.corrupt(w)))?;
             visit(value).map_err(|what| self.corrupt(what))?;
             n += 1;
         }
@@ -669,42 +666,19 @@ impl Store for PgStore {
 
     fn wait_percentiles(
         &self,
-        window: Window,
-        workload: &str,
-        pool: &str,
+        requests: &PoolRequests<'_>,
         percents: &[u32],
     ) -> Result<Vec<Option<Millis>>, LedgerError> {
         let read = self.err("read");
-        const REQUESTS: &str = "FROM events
-             WHERE ts_ms >= $1 AND ts_ms < $2 AND kind = $3
-               AND workload = (SELECT id FROM dims WHERE axis = $4 AND name = $5)
-               AND model = (SELECT id FROM dims WHERE axis = $6 AND name = $7)
-               AND (outcome IS NULL OR outcome <> $8)";
-        let (since, until) = window.bounds();
-        let (kind, failed) = (Kind::Inference.code(), Outcome::Failed.code());
-        let (workload_axis, model_axis) = (Axis::Workload as i64, Axis::Model as i64);
-        let args: [&(dyn ToSql + Sync); 8] = [
-            &since,
-            &until,
-            &kind,
-            &workload_axis,
-            &workload,
-            &model_axis,
-            &pool,
-            &failed,
-        ];
+        let q = requests;
+        let args: [&(dyn ToSql + Sync); 8] = [&q.0, &q.1, &q.2, &q.3, &q.4, &q.5, &q.6, &q.7];
         let mut conn = self.conn()?;
         let counts = conn
-            .query_one(
-                &format!("SELECT count(*), count(CASE WHEN wait_ms > 0 THEN 1 END) {REQUESTS}"),
-                &args,
-            )
+            .query_one(&decode::placeholders(&decode::waits_counted(), "$"), &args)
             .map_err(&read)?;
         let (all, waited): (i64, i64) = (counts.get(0), counts.get(1));
         let stmt = conn
-            .prepare(&format!(
-                "SELECT wait_ms {REQUESTS} AND wait_ms > 0 ORDER BY wait_ms LIMIT 1 OFFSET $9"
-            ))
+            .prepare(&decode::placeholders(&decode::wait_at(), "$"))
             .map_err(&read)?;
         decode::wait_ranks(all, waited, percents, |offset| {
             let mut with_offset = args.to_vec();
@@ -713,42 +687,24 @@ impl Store for PgStore {
         })
     }
 
-    fn rollups(
-        &self,
-        since_ms: Millis,
-        until_ms: Millis,
-        visit: &mut dyn FnMut(&[i64; rollup::COLUMNS]) -> Result<(), String>,
-    ) -> Result<u64, LedgerError> {
-        let read = self.err("read");
+    fn rollups(&self, hours: Window, visit: &mut VisitRollup<'_>) -> Result<u64, LedgerError> {
+        let sql = decode::placeholders(decode::ROLLUPS, "$");
+        let (since, until) = hours.bounds();
         let mut conn = self.conn()?;
-        let mut rows = conn
-            .query_raw(
-                "SELECT * FROM rollup WHERE hour_ms >= $1 AND hour_ms < $2",
-                [&since_ms, &until_ms],
-            )
-            .map_err(&read)?;
-        let mut n = 0;
-        let mut values = [0i64; rollup::COLUMNS];
-        while let Some(r) = rows.next().map_err(&read)? {
-            for (i, v) in values.iter_mut().enumerate() {
-                *v = r.try_get(i).map_err(&read)?;
-            }
-            visit(&values).map_err(|w| self.corrupt(w))?;
-            n += 1;
-        }
-        Ok(n)
+        let rows = conn.query_raw(&sql, [&since, &until]);
+        self.each(rows, decode::rollup, |values| visit(&values))
     }
 
     fn training_segments(
         &self,
-        since_ms: Millis,
-        until_ms: Millis,
+        hours: Window,
         visit: &mut dyn FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError> {
-        let training = Kind::Training.code();
         let sql = decode::placeholders(&decode::segments_query(), "$");
+        let (since, until) = hours.bounds();
+        let training = Kind::Training.code();
         let mut conn = self.conn()?;
-        let rows = conn.query_raw(&sql, [&since_ms, &until_ms, &training]);
+        let rows = conn.query_raw(&sql, [&since, &until, &training]);
         self.each(rows, decode::segment, |segment| {
             visit(&segment);
             Ok(())
@@ -791,18 +747,16 @@ impl Store for PgStore {
         })
     }
 
-    fn export_events(
-        &self,
-        after_id: i64,
-        limit: i64,
-        visit: &mut dyn FnMut(Stored),
-    ) -> Result<u64, LedgerError> {
+    fn export_events(&self, after_id: i64, limit: i64) -> Result<Vec<Stored>, LedgerError> {
         let sql = EXPORT.replace("{AFTER}", "$1").replace("{LIMIT}", "$2");
         let mut conn = self.conn()?;
         let rows = conn.query_raw(&sql, [&after_id, &limit]);
+        let mut stored = Vec::new();
         self.each(rows, decode::export, |row| {
-            row.into_stored().map(&mut *visit)
-        })
+            stored.push(row.into_stored()?);
+            Ok(())
+        })?;
+        Ok(stored)
     }
 
     /// PostgreSQL checks its pages itself; this says the ledger's tables answer.

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, params};
 
 use super::{
-    Axis, EXPORT, EventIds, EventRow, LedgerError, LedgerInfo, Names, PriorImport, Row,
-    SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, Window, clamp,
+    Axis, EXPORT, EventIds, EventRow, LedgerError, LedgerInfo, Names, PoolRequests, PriorImport,
+    Row, SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, VisitRollup, Window, clamp,
 };
 use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
@@ -197,10 +197,7 @@ impl SqliteStore {
         let mut rows = rows.map_err(read_err)?;
         let mut n = 0;
         while let Some(r) = rows.next().map_err(read_err)? {
-            let value = row(r).map_err(|e| match e {
-                Unread::Read(source) => read_err(source),
-                Unread::Corrupt(what) => self.corrupt(what),
-            })?;
+            let value = row(r).map_err(|e| e.into_error(read_err, |w| self.corrupt(w)))?;
             visit(value).map_err(|what| self.corrupt(what))?;
             n += 1;
         }
@@ -398,50 +395,25 @@ impl Store for SqliteStore {
         self.in_window(decode::SPANS, window, |r| decode::span(r), visit)
     }
 
-    /// Nearest-rank percentiles (`percents` in 1..=100) of the activator waits of a pool's
-    /// requests that start in the window (inference events of `workload` whose model is
-    /// `pool`, failed ones left out); `None` when it has none. Most requests did not wait:
-    /// one pass counts them, and the ranks among those that did are read off the index of
-    /// waits, so no wait is held in memory.
     fn wait_percentiles(
         &self,
-        window: Window,
-        workload: &str,
-        pool: &str,
+        requests: &PoolRequests<'_>,
         percents: &[u32],
     ) -> Result<Vec<Option<Millis>>, LedgerError> {
         let read_err = self.read_err();
-        const REQUESTS: &str = "FROM events
-             WHERE ts_ms >= ?1 AND ts_ms < ?2 AND kind = ?3
-               AND workload = (SELECT id FROM dims WHERE axis = ?4 AND name = ?5)
-               AND model = (SELECT id FROM dims WHERE axis = ?6 AND name = ?7)
-               AND (outcome IS NULL OR outcome <> ?8)";
-        let (since, until) = window.bounds();
-        let (kind, failed) = (Kind::Inference.code(), Outcome::Failed.code());
-        let (workload_axis, model_axis) = (Axis::Workload as i64, Axis::Model as i64);
-        let args: [&dyn rusqlite::ToSql; 8] = [
-            &since,
-            &until,
-            &kind,
-            &workload_axis,
-            &workload,
-            &model_axis,
-            &pool,
-            &failed,
-        ];
+        let q = requests;
+        let args: [&dyn rusqlite::ToSql; 8] = [&q.0, &q.1, &q.2, &q.3, &q.4, &q.5, &q.6, &q.7];
         let (all, waited): (i64, i64) = self
             .conn
             .query_row(
-                &format!("SELECT count(*), count(CASE WHEN wait_ms > 0 THEN 1 END) {REQUESTS}"),
+                &decode::placeholders(&decode::waits_counted(), "?"),
                 &args[..],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .map_err(read_err)?;
         let mut stmt = self
             .conn
-            .prepare(&format!(
-                "SELECT wait_ms {REQUESTS} AND wait_ms > 0 ORDER BY wait_ms LIMIT 1 OFFSET ?9"
-            ))
+            .prepare(&decode::placeholders(&decode::wait_at(), "?"))
             .map_err(read_err)?;
         decode::wait_ranks(all, waited, percents, |offset| {
             let mut with_offset = args.to_vec();
@@ -451,42 +423,27 @@ impl Store for SqliteStore {
         })
     }
 
-    fn rollups(
-        &self,
-        since_ms: Millis,
-        until_ms: Millis,
-        visit: &mut dyn FnMut(&[i64; rollup::COLUMNS]) -> Result<(), String>,
-    ) -> Result<u64, LedgerError> {
-        let read_err = self.read_err();
+    fn rollups(&self, hours: Window, visit: &mut VisitRollup<'_>) -> Result<u64, LedgerError> {
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT * FROM rollup WHERE hour_ms >= ?1 AND hour_ms < ?2")
-            .map_err(read_err)?;
-        let mut rows = stmt.query(params![since_ms, until_ms]).map_err(read_err)?;
-        let mut n = 0;
-        let mut values = [0i64; rollup::COLUMNS];
-        while let Some(r) = rows.next().map_err(read_err)? {
-            for (i, v) in values.iter_mut().enumerate() {
-                *v = r.get(i).map_err(read_err)?;
-            }
-            visit(&values).map_err(|what| self.corrupt(what))?;
-            n += 1;
-        }
-        Ok(n)
+            .prepare_cached(&decode::placeholders(decode::ROLLUPS, "?"))
+            .map_err(self.read_err())?;
+        let (since, until) = hours.bounds();
+        let rows = stmt.query(params![since, until]);
+        self.each(rows, |r| decode::rollup(r), |values| visit(&values))
     }
 
     fn training_segments(
         &self,
-        since_ms: Millis,
-        until_ms: Millis,
+        hours: Window,
         visit: &mut dyn FnMut(&TrainingSegment),
     ) -> Result<u64, LedgerError> {
         let mut stmt = self
             .conn
             .prepare_cached(&decode::placeholders(&decode::segments_query(), "?"))
             .map_err(self.read_err())?;
-        let training = Kind::Training.code();
-        let rows = stmt.query(params![since_ms, until_ms, training]);
+        let (since, until) = hours.bounds();
+        let rows = stmt.query(params![since, until, Kind::Training.code()]);
         self.each(
             rows,
             |r| decode::segment(r),
@@ -531,20 +488,20 @@ impl Store for SqliteStore {
         })
     }
 
-    fn export_events(
-        &self,
-        after_id: i64,
-        limit: i64,
-        visit: &mut dyn FnMut(Stored),
-    ) -> Result<u64, LedgerError> {
+    fn export_events(&self, after_id: i64, limit: i64) -> Result<Vec<Stored>, LedgerError> {
         let sql = EXPORT.replace("{AFTER}", "?1").replace("{LIMIT}", "?2");
         let mut stmt = self.conn.prepare_cached(&sql).map_err(self.read_err())?;
         let rows = stmt.query(params![after_id, limit]);
+        let mut stored = Vec::new();
         self.each(
             rows,
             |r| decode::export(r),
-            |row| row.into_stored().map(&mut *visit),
-        )
+            |row| {
+                stored.push(row.into_stored()?);
+                Ok(())
+            },
+        )?;
+        Ok(stored)
     }
 
     #[cfg(test)]
@@ -791,19 +748,21 @@ mod tests {
     use crate::event::ReplicaState;
     use crate::test_events::event;
 
+    /// On both backends (`on_postgres!` below).
     #[test]
-    fn append_then_scan_round_trips() {
+    fn append_then_scan_round_trips_and_reopens() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("l.sqlite");
-        let mut ledger = Ledger::open(&path).unwrap();
+        let mut ledger = crate::ledger::testing::fresh(dir.path());
         let mut e = event(10, 5);
         e.capacity = Some(Capacity::Spot);
         e.outcome = Some(Outcome::Preempted);
         e.utilization = Some(0.5);
         e.list_cost = Some(Money::from_cents(9));
-        assert_eq!(ledger.append("t", &[e.clone(), event(5, 1)]).unwrap(), 2);
+        e.tenant = Some("acme".into());
+        assert_eq!(ledger.append("t", &[e, event(5, 1)]).unwrap(), 2);
+        let location = ledger.location().clone();
         drop(ledger);
-        let ledger = Ledger::open_existing(&path).unwrap();
+        let ledger = Ledger::open_existing(location).unwrap();
         let names = ledger.names().unwrap();
         let mut seen = Vec::new();
         ledger.scan(Window::default(), |r| seen.push(*r)).unwrap();
@@ -820,7 +779,16 @@ mod tests {
             until_ms: Some(11),
         };
         assert_eq!(ledger.scan(window, |_| {}).unwrap(), 1);
-        assert_eq!(ledger.info().unwrap().total_cost, Money::from_cents(6));
+        let info = ledger.info().unwrap();
+        assert_eq!((info.events, info.schema_version), (2, SCHEMA_VERSION));
+        assert_eq!(info.total_cost, Money::from_cents(6));
+        let shown = info.path.display().to_string();
+        assert!(!shown.contains(frugal_testkit::postgres::PASSWORD));
+        assert_eq!(
+            ledger.tenant_spend(0).unwrap(),
+            [("acme".to_owned(), Money::from_cents(5))]
+        );
+        assert_eq!(ledger.integrity_check().unwrap(), "ok");
     }
 
     /// On both backends (`on_postgres!` below).
@@ -845,14 +813,26 @@ mod tests {
         assert_eq!(ledger.info().unwrap().events, 2);
     }
 
-    crate::ledger::testing::on_postgres!(a_failed_import_stores_nothing_and_the_ledger_goes_on);
+    crate::ledger::testing::on_postgres!(
+        append_then_scan_round_trips_and_reopens,
+        a_failed_import_stores_nothing_and_the_ledger_goes_on,
+        row_hashes_and_files_are_found_again
+    );
 
     #[test]
     fn events_cannot_be_changed_or_removed() {
         let dir = tempfile::tempdir().unwrap();
         let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
         ledger.append("ok", &[event(1, 1)]).unwrap();
-        for sql in ["UPDATE events SET cost = 0", "DELETE FROM events"] {
+        refused_as_append_only(
+            &ledger,
+            &["UPDATE events SET cost = 0", "DELETE FROM events"],
+        );
+    }
+
+    /// Each of `statements` fails: the ledger is append-only.
+    fn refused_as_append_only(ledger: &Ledger, statements: &[&str]) {
+        for sql in statements {
             let err = ledger
                 .sqlite_conn()
                 .execute(sql, [])
@@ -862,34 +842,40 @@ mod tests {
         }
     }
 
-    /// A ledger at schema `version`, as frugal wrote it then, holding `rows` (SQL).
-    fn old_ledger(path: &std::path::Path, version: usize, rows: &str) {
-        let conn = Connection::open(path).unwrap();
+    /// The columns of `events` in every schema version, for an old ledger's rows.
+    const OLD_EVENTS: &str = "INSERT INTO events (ts_ms, duration_ms, kind, workload,
+        instances, requests, input_tokens, output_tokens, cached_tokens, cost, lost_ms, import";
+
+    /// A ledger at schema `version`, as frugal wrote it then, holding the workload `chat`
+    /// (dim 1) and `rows` (SQL), opened by this frugal.
+    fn old_ledger(dir: &std::path::Path, version: usize, rows: &str) -> Ledger {
+        let path = dir.join("l.sqlite");
+        let conn = Connection::open(&path).unwrap();
         for m in &MIGRATIONS[..version] {
             conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
                 .unwrap();
         }
         conn.execute_batch(&format!(
-            "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version};\n{rows}"
+            "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version};
+             INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');\n{rows}"
         ))
         .unwrap();
+        drop(conn);
+        Ledger::open(&path).unwrap()
     }
 
     #[test]
     fn a_v1_ledger_is_upgraded_in_place_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("l.sqlite");
         // A ledger as frugal wrote it before savings were kept.
-        old_ledger(
-            &path,
+        let mut ledger = old_ledger(
+            dir.path(),
             1,
-            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
-             INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
-             INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
-                 input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
-                 VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);",
+            &format!(
+                "INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
+                 {OLD_EVENTS}) VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1);"
+            ),
         );
-        let mut ledger = Ledger::open(&path).unwrap();
         let mut hit = event(10, 0);
         hit.saved = Money::from_cents(3);
         hit.lever = Some(crate::event::Lever::Cache);
@@ -932,32 +918,20 @@ mod tests {
     #[test]
     fn a_v3_ledger_gains_row_hashes_and_keeps_its_rows_and_imports() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("l.sqlite");
         // A ledger as frugal wrote it before imports were known again.
-        old_ledger(
-            &path,
+        let mut ledger = old_ledger(
+            dir.path(),
             3,
-            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat');
-             INSERT INTO imports (id, at_ms, source, format, rows)
-                 VALUES (1, 1000, 'old.csv', 'csv', 1), (2, 2000, 'frugal serve', 'api', 1);
-             INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
-                 input_tokens, output_tokens, cached_tokens, cost, lost_ms, import)
-                 VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1),
-                        (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);",
+            &format!(
+                "INSERT INTO imports (id, at_ms, source, format, rows)
+                     VALUES (1, 1000, 'old.csv', 'csv', 1), (2, 2000, 'frugal serve', 'api', 1);
+                 {OLD_EVENTS}) VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1),
+                                      (6, 0, 0, 1, 1, 1, 0, 0, 0, 8, 0, 2);"
+            ),
         );
-        let mut ledger = Ledger::open(&path).unwrap();
         let hash = RowHash([7; 16]);
-        let (rows, stored) = ledger
-            .import("new.csv", "csv", |sink| {
-                sink.set_file_sha256("ab".repeat(32));
-                let first = sink.push_row(&event(10, 1), hash)?;
-                let again = sink.push_row(&event(11, 1), hash)?;
-                sink.push(&event(12, 1))?;
-                Ok::<_, LedgerError>((first, again))
-            })
-            .unwrap();
         assert_eq!(
-            (rows, stored),
+            import_one_hash_twice(&mut ledger, hash, &[event(12, 1)]),
             (2, (true, false)),
             "a row hash is stored once"
         );
@@ -982,21 +956,61 @@ mod tests {
         assert_eq!(hashed, 1, "only imported rows carry a row hash");
         let err = ledger
             .sqlite_conn()
-            .execute("INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
-                          input_tokens, output_tokens, cached_tokens, cost, lost_ms, import, row_hash)
-                      VALUES (1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1, ?1)", [&hash.0[..]])
+            .execute(
+                &format!("{OLD_EVENTS}, row_hash) VALUES (1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1, ?1)"),
+                [&hash.0[..]],
+            )
             .unwrap_err()
             .to_string();
         assert!(err.contains("UNIQUE"), "{err}");
+        found_again(&mut ledger, hash, 2);
+    }
+
+    /// Imports `new.csv` (its SHA-256 "ab" 32 times): `event(10, 1)` and `event(11, 1)`
+    /// under one row `hash`, then `more` without; the rows stored, and whether each of the
+    /// two was.
+    fn import_one_hash_twice(
+        ledger: &mut Ledger,
+        hash: RowHash,
+        more: &[Event],
+    ) -> (u64, (bool, bool)) {
+        ledger
+            .import("new.csv", "csv", |sink| {
+                sink.set_file_sha256("ab".repeat(32));
+                let first = sink.push_row(&event(10, 1), hash)?;
+                let again = sink.push_row(&event(11, 1), hash)?;
+                for e in more {
+                    sink.push(e)?;
+                }
+                Ok::<_, LedgerError>((first, again))
+            })
+            .unwrap()
+    }
+
+    /// The row `hash` and the file `import_one_hash_twice` stored (with its `rows`) are
+    /// known again; another file is not.
+    fn found_again(ledger: &mut Ledger, hash: RowHash, rows: u64) {
         let result: Result<(u64, ()), LedgerError> = ledger.import("look", "csv", |sink| {
-            let by = sink.row_imported(hash)?.unwrap();
-            assert_eq!(by.source, "new.csv");
+            assert_eq!(sink.row_imported(hash)?.unwrap().source, "new.csv");
             let file = sink.file_imported(&"ab".repeat(32))?.unwrap();
-            assert_eq!(file.source, "new.csv");
+            assert_eq!((file.source.as_str(), file.rows), ("new.csv", rows));
             assert!(sink.file_imported("cd")?.is_none());
             Ok(())
         });
         result.unwrap();
+    }
+
+    /// On both backends (`on_postgres!` above).
+    #[test]
+    fn row_hashes_and_files_are_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = crate::ledger::testing::fresh(dir.path());
+        let hash = RowHash([7; 16]);
+        assert_eq!(
+            import_one_hash_twice(&mut ledger, hash, &[]),
+            (1, (true, false))
+        );
+        found_again(&mut ledger, hash, 1);
     }
 
     /// A minute of `replica` of pool `qwen` (of at most 4) in `state`, for 2 cents.
@@ -1013,20 +1027,18 @@ mod tests {
     #[test]
     fn a_v4_ledger_gains_waits_and_replica_spans_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("l.sqlite");
         // A ledger as frugal wrote it before pools.
-        old_ledger(
-            &path,
+        let mut ledger = old_ledger(
+            dir.path(),
             4,
-            "INSERT INTO dims (id, axis, name) VALUES (1, 0, 'chat'), (2, 1, 'qwen');
-             INSERT INTO imports (id, at_ms, source, format, rows, sha256)
-                 VALUES (1, 1000, 'old.csv', 'csv', 1, 'ab');
-             INSERT INTO events (ts_ms, duration_ms, kind, workload, model, instances,
-                 requests, input_tokens, output_tokens, cached_tokens, cost, lost_ms, import,
-                 row_hash)
-                 VALUES (5, 0, 0, 1, 2, 1, 1, 0, 0, 0, 7, 0, 1, x'01');",
+            &format!(
+                "INSERT INTO dims (id, axis, name) VALUES (2, 1, 'qwen');
+                 INSERT INTO imports (id, at_ms, source, format, rows, sha256)
+                     VALUES (1, 1000, 'old.csv', 'csv', 1, 'ab');
+                 {OLD_EVENTS}, model, row_hash)
+                     VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1, 2, x'01');"
+            ),
         );
-        let mut ledger = Ledger::open(&path).unwrap();
         let mut waited = event(10, 1);
         waited.model = Some("qwen".into());
         waited.wait_ms = 1_500;
@@ -1105,17 +1117,13 @@ mod tests {
         };
         assert_eq!(ledger.spans(window, |s| seen.push(s.clone())).unwrap(), 2);
         assert_eq!(seen, [spans[1].clone(), spans[0].clone()], "in time order");
-        for sql in [
-            "UPDATE replica_spans SET cost = 0",
-            "DELETE FROM replica_spans",
-        ] {
-            let err = ledger
-                .sqlite_conn()
-                .execute(sql, [])
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("append-only"), "{err}");
-        }
+        refused_as_append_only(
+            &ledger,
+            &[
+                "UPDATE replica_spans SET cost = 0",
+                "DELETE FROM replica_spans",
+            ],
+        );
     }
 
     #[test]

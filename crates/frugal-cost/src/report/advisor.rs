@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::Lever;
+use super::lever::Lever;
 use crate::catalog::{Catalog, Faster};
 use crate::event::Precision;
 use crate::ledger::{Ledger, LedgerError, TrainingSegment, Window};

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::UnitAcc;
+use super::unit::{UnitAcc, ratio};
 use crate::event::Capacity;
 use crate::ledger::Names;
 use crate::money::Money;
@@ -86,7 +86,7 @@ pub(super) fn lines(
                 input_tokens: s.input_tokens as u64,
                 output_tokens: s.output_tokens as u64,
                 cost: s.cost,
-                spot_share: super::ratio(acc.spot_cost, s.cost).unwrap_or(0.0),
+                spot_share: ratio(acc.spot_cost, s.cost).unwrap_or(0.0),
                 on_demand_cost: on_demand,
                 saving: on_demand.map(|od| od - s.cost),
                 per_1k: per(s.cost, s.requests as u64, 1000),

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{Lever, per};
+use super::lever::Lever;
+use super::unit::per;
 use crate::catalog::Catalog;
 use crate::event::{ReplicaSpan, ReplicaState};
 use crate::ledger::{Ledger, LedgerError, Window};

@@ -10,8 +10,9 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::lever::Lever;
 use super::pools::{Acc, GIB, HOUR_MS, RightSizing, Sizing, oversized};
-use super::{Lever, per};
+use super::unit::per;
 use crate::catalog::Catalog;
 use crate::event::ReplicaSpan;
 use crate::money::{Millis, Money};

@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{
-    DEFAULT_ALIGNMENT, GgmlType, GgufError, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS,
-    MIN_TENSOR_INFO_BYTES, TensorInfo, Value, tensor_range, vtype,
+use super::format::{
+    DEFAULT_ALIGNMENT, GgufError, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, MIN_TENSOR_INFO_BYTES,
 };
+use super::types::{GgmlType, TensorInfo, Value, tensor_range, vtype};
 
 /// The header of a GGUF file: everything but the bytes themselves.
 pub(super) struct Layout {

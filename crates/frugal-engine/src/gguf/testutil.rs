@@ -1,5 +1,6 @@
 //! Test helpers shared by this crate's unit tests: a GGUF writer and the test model.
 
+use super::format::MAGIC;
 use super::write::{put_str, put_value, type_id};
 use super::*;
 use std::sync::OnceLock;

@@ -284,3 +284,11 @@ impl Tensor<'_> {
         self.dims.iter().product()
     }
 }
+
+/// Absolute byte range of a tensor's data, in u128 so that no file contents can overflow it.
+pub(super) fn tensor_range(info: &TensorInfo, data_offset: usize) -> (u128, u128) {
+    let start = data_offset as u128 + u128::from(info.offset);
+    let n_elements: u128 = info.dims.iter().map(|&d| u128::from(d)).product();
+    let n_bytes = n_elements / info.dtype.block_size() as u128 * info.dtype.block_bytes() as u128;
+    (start, start + n_bytes)
+}

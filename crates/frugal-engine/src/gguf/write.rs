@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use super::{DEFAULT_ALIGNMENT, GgmlType, MAGIC, Value, vtype};
+use super::format::{DEFAULT_ALIGNMENT, MAGIC};
+use super::types::{GgmlType, Value, vtype};
 
 /// What can go wrong writing a GGUF file.
 #[derive(Debug, Error)]

@@ -268,6 +268,27 @@ pub(crate) fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Lays a Q6_K block out as ggml stores it: the 6-bit values `l` (offset by 32) as low
+/// nibbles and high pairs, then the 16 sub-block scales and the f16 super-scale.
+pub(crate) fn pack_q6_k(l: &[u8; QK_K], sc: &[i8; QK_K / 16], d16: u16, blk: &mut [u8]) {
+    let (ql, rest) = blk.split_at_mut(QK_K / 2);
+    let (qh, rest) = rest.split_at_mut(QK_K / 4);
+    let (scb, db) = rest.split_at_mut(QK_K / 16);
+    for n in 0..2 {
+        let lb = &l[128 * n..];
+        for i in 0..32 {
+            let (q1, q2, q3, q4) = (lb[i], lb[i + 32], lb[i + 64], lb[i + 96]);
+            ql[64 * n + i] = (q1 & 15) | ((q3 & 15) << 4);
+            ql[64 * n + i + 32] = (q2 & 15) | ((q4 & 15) << 4);
+            qh[32 * n + i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+        }
+    }
+    for (o, &s) in scb.iter_mut().zip(sc) {
+        *o = s as u8;
+    }
+    db.copy_from_slice(&d16.to_le_bytes());
+}
+
 pub(crate) fn quant_f32(x: &[f32], out: &mut [u8]) {
     for (o, v) in out.chunks_exact_mut(4).zip(x) {
         o.copy_from_slice(&v.to_le_bytes());
@@ -438,6 +459,6 @@ pub(crate) fn quant_q6_k(x: &[f32], out: &mut [u8]) {
                 l[16 * j + i] = (q + 32) as u8;
             }
         }
-        super::kquants::pack_q6_k(&l, &sc, d16, blk);
+        pack_q6_k(&l, &sc, d16, blk);
     }
 }

@@ -6,7 +6,9 @@
 //! `llama-quantize` writes when no importance matrix is given. The block layouts are the ones
 //! `blocks` decodes, so every dequantizer and kernel reads them unchanged.
 
-use super::blocks::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K, f16_bits_to_f32, f32_to_f16_bits};
+use super::blocks::{
+    Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K, f16_bits_to_f32, f32_to_f16_bits, pack_q6_k,
+};
 
 /// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below this is all zeros.
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -298,27 +300,6 @@ pub(crate) fn quant_q6_k(x: &[f32], out: &mut [u8]) {
         }
         pack_q6_k(&l, &sc, d16, blk);
     }
-}
-
-/// Lays a Q6_K block out as ggml stores it: the 6-bit values `l` (offset by 32) as low
-/// nibbles and high pairs, then the 16 sub-block scales and the f16 super-scale.
-pub(crate) fn pack_q6_k(l: &[u8; QK_K], sc: &[i8; QK_K / 16], d16: u16, blk: &mut [u8]) {
-    let (ql, rest) = blk.split_at_mut(QK_K / 2);
-    let (qh, rest) = rest.split_at_mut(QK_K / 4);
-    let (scb, db) = rest.split_at_mut(QK_K / 16);
-    for n in 0..2 {
-        let lb = &l[128 * n..];
-        for i in 0..32 {
-            let (q1, q2, q3, q4) = (lb[i], lb[i + 32], lb[i + 64], lb[i + 96]);
-            ql[64 * n + i] = (q1 & 15) | ((q3 & 15) << 4);
-            ql[64 * n + i + 32] = (q2 & 15) | ((q4 & 15) << 4);
-            qh[32 * n + i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
-        }
-    }
-    for (o, &s) in scb.iter_mut().zip(sc) {
-        *o = s as u8;
-    }
-    db.copy_from_slice(&d16.to_le_bytes());
 }
 
 #[cfg(test)]

@@ -479,6 +479,37 @@ impl ActRef<'_> {
     }
 }
 
+/// Per activation block: the sum of its quants, of the first 16 of them, and `d * sum`.
+pub(crate) struct Sums<'a> {
+    pub(crate) sum: &'a mut [i32],
+    pub(crate) lo: &'a mut [i32],
+    pub(crate) sd: &'a mut [f32],
+}
+
+impl Sums<'_> {
+    /// The same arrays, for a call that leaves them to this one afterwards.
+    pub(crate) fn reborrow(&mut self) -> Sums<'_> {
+        Sums {
+            sum: self.sum,
+            lo: self.lo,
+            sd: self.sd,
+        }
+    }
+}
+
+/// One kernel call: a tile of `kind` laid out as `geom` says, against activation rows
+/// `b0 .. b0 + nbat`. The SIMD kernels check it (`x86::check`) before they read through raw
+/// pointers.
+#[derive(Clone, Copy)]
+pub(crate) struct TileCall<'a> {
+    pub(crate) kind: PackKind,
+    pub(crate) tile: &'a [u8],
+    pub(crate) geom: TileGeom,
+    pub(crate) act: ActRef<'a>,
+    pub(crate) b0: usize,
+    pub(crate) nbat: usize,
+}
+
 /// Quantize one block of 32 activations the way the SIMD quantizers do, bit for bit:
 /// d = amax / 127, q = round_ties_even(x * (127 / amax)) (what `vcvtps2dq` does). Returns d,
 /// the sum of the quants and the sum of the first 16.
@@ -501,15 +532,15 @@ pub(crate) fn quantize_act_block(x: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
 /// Scalar kernel: one tile, activation rows `b0 .. b0 + nbat`, writes `out[b * TILE + r]`.
 /// Computes exactly the integers the SIMD kernels compute; only the float rounding of the
 /// scale products and of the accumulation order may differ.
-pub(crate) fn tile_scalar(
-    kind: PackKind,
-    tile: &[u8],
-    geom: TileGeom,
-    act: &ActRef<'_>,
-    b0: usize,
-    nbat: usize,
-    out: &mut [f32; TILE * MAX_NB],
-) {
+pub(crate) fn tile_scalar(call: &TileCall<'_>, out: &mut [f32; TILE * MAX_NB]) {
+    let TileCall {
+        kind,
+        tile,
+        geom,
+        act,
+        b0,
+        nbat,
+    } = *call;
     let nb = geom.nb;
     let qb = kind.qb();
     let off = kind.offset();

@@ -344,17 +344,19 @@ fn dequant_q5_hand_blocks() {
     assert_eq!((out[30], out[31]), (-7.0, 1.0)); // (2 | 16) - 16 = 2 -> 1.0
 }
 
+/// The formats of 32-weight blocks.
+const FORMATS_32: [WeightType; 5] = [
+    WeightType::Q8_0,
+    WeightType::Q4_0,
+    WeightType::Q4_1,
+    WeightType::Q5_0,
+    WeightType::Q5_1,
+];
+
 #[test]
 fn quantizers_round_trip_within_bounds() {
     let x = random_values(4, 256, 5);
-    for t in [
-        WeightType::Q8_0,
-        WeightType::Q4_0,
-        WeightType::Q4_1,
-        WeightType::Q5_0,
-        WeightType::Q5_1,
-        WeightType::F16,
-    ] {
+    for t in FORMATS_32.into_iter().chain([WeightType::F16]) {
         let mut bytes = vec![0u8; t.row_bytes(x.len()).unwrap()];
         quantize_row(t, &x, &mut bytes).unwrap();
         let mut y = vec![0f32; x.len()];
@@ -494,25 +496,27 @@ fn bad_lengths_are_errors() {
     ));
 }
 
+/// `t` against the reference at 1, 3 and 16 rows of activations: one whole tile, a ragged
+/// last tile, and a model's shape.
+fn check_at_model_shapes(t: WeightType) {
+    check_against_reference(t, 64, 256, &[1, 3, 16]);
+    check_against_reference(t, 40, 608, &[1, 3, 16]);
+    check_against_reference(t, 576, 1536, &[1, 3, 16]);
+}
+
 #[test]
 fn matmul_q8_0_matches_reference() {
-    check_against_reference(WeightType::Q8_0, 64, 256, &[1, 3, 16]);
-    check_against_reference(WeightType::Q8_0, 40, 608, &[1, 3, 16]);
-    check_against_reference(WeightType::Q8_0, 576, 1536, &[1, 3, 16]);
+    check_at_model_shapes(WeightType::Q8_0);
 }
 
 #[test]
 fn matmul_q4_0_matches_reference() {
-    check_against_reference(WeightType::Q4_0, 64, 256, &[1, 3, 16]);
-    check_against_reference(WeightType::Q4_0, 40, 608, &[1, 3, 16]);
-    check_against_reference(WeightType::Q4_0, 576, 1536, &[1, 3, 16]);
+    check_at_model_shapes(WeightType::Q4_0);
 }
 
 #[test]
 fn matmul_q4_1_matches_reference() {
-    check_against_reference(WeightType::Q4_1, 64, 256, &[1, 3, 16]);
-    check_against_reference(WeightType::Q4_1, 40, 608, &[1, 3, 16]);
-    check_against_reference(WeightType::Q4_1, 576, 1536, &[1, 3, 16]);
+    check_at_model_shapes(WeightType::Q4_1);
 }
 
 #[test]
@@ -601,7 +605,15 @@ fn simd_tiles_match_scalar() {
             for tile in 0..2 {
                 for (b0, nbat) in [(0, 1), (1, 2), (0, 8), (3, 8), (5, 6)] {
                     let mut want = [0f32; TILE * MAX_NB];
-                    packed::tile_scalar(p.kind, p.tile(tile), p.geom(), &act, b0, nbat, &mut want);
+                    let call = TileCall {
+                        kind: p.kind,
+                        tile: p.tile(tile),
+                        geom: p.geom(),
+                        act,
+                        b0,
+                        nbat,
+                    };
+                    packed::tile_scalar(&call, &mut want);
                     let mut got = [0f32; TILE * MAX_NB];
                     tile_packed(p, tile, &act, b0, nbat, isa, &mut got);
                     for i in 0..nbat * TILE {
@@ -741,13 +753,7 @@ fn simd_integer_dots_are_exact() {
             }
         })
         .collect();
-    for t in [
-        WeightType::Q8_0,
-        WeightType::Q4_0,
-        WeightType::Q4_1,
-        WeightType::Q5_0,
-        WeightType::Q5_1,
-    ] {
+    for t in FORMATS_32 {
         let rb = t.row_bytes(cols).unwrap();
         let mut bytes: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
         for blk in bytes.chunks_exact_mut(t.block_bytes()) {

@@ -12,7 +12,8 @@
 use std::arch::x86_64::*;
 
 use super::blocks::QK;
-use super::packed::{ActRef, MAX_NB, PackKind, TILE, TileGeom};
+use super::packed::{MAX_NB, PackKind, Sums, TILE, TileCall, TileGeom};
+use super::wide::Wide;
 
 /// Software prefetch distance, in blocks of the tile being streamed. A decode step streams
 /// each weight once, and on this VM the hardware prefetchers alone got the kernel to 7-11 GB/s
@@ -67,44 +68,70 @@ const fn has_min(id: u8) -> bool {
     matches!(id, K_Q4_1 | K_Q5_1 | K_Q4_K | K_Q5_K)
 }
 
-/// Everything a kernel call reads, with lengths checked once by [`check`].
-#[derive(Clone, Copy)]
-struct Args<'a> {
-    tile: &'a [u8],
-    geom: TileGeom,
-    act: ActRef<'a>,
-    b0: usize,
-}
-
 /// The preconditions of the raw loops: the geometry is the one `kind` and `nb` define (the
 /// wrappers rebuild it rather than trust the caller's offsets), the tile holds `geom.used`
 /// bytes, the activation arrays hold `act.batch * nb` blocks, and rows `b0 .. b0 + nbat` exist.
-fn check(kind: PackKind, a: &Args<'_>, nbat: usize) -> bool {
+fn check(a: &TileCall<'_>) -> bool {
     let g = a.geom;
-    let want = TileGeom::new(kind, g.nb);
+    let want = TileGeom::new(a.kind, g.nb);
     (g.d_off, g.m_off, g.sc_off, g.used) == (want.d_off, want.m_off, want.sc_off, want.used)
         && a.tile.len() >= g.used
         && a.act.nb == g.nb
         && a.act.is_consistent()
-        && (1..=MAX_NB).contains(&nbat)
-        && a.b0 + nbat <= a.act.batch
+        && (1..=MAX_NB).contains(&a.nbat)
+        && a.b0 + a.nbat <= a.act.batch
+}
+
+/// `a` with the geometry its kind and `nb` define, when [`check`] holds for it.
+fn checked<'a>(a: &TileCall<'a>) -> Option<TileCall<'a>> {
+    let a = TileCall {
+        geom: TileGeom::new(a.kind, a.geom.nb),
+        ..*a
+    };
+    check(&a).then_some(a)
+}
+
+/// The activations' arrays of a call from its row `b0` on, as a tile kernel reads them.
+struct Reads {
+    q: *const i8,
+    d: *const f32,
+    sum: *const i32,
+    lo: *const i32,
+    neg8: *const i32,
+    neg128: *const i32,
+    sd: *const f32,
+}
+
+/// Pointers to `a`'s tile and to its activations from row `b0` on.
+///
+/// # Safety
+/// [`check`] must hold for `a`.
+#[inline(always)]
+unsafe fn reads(a: &TileCall<'_>) -> (*const u8, Reads) {
+    let at = a.b0 * a.geom.nb;
+    // SAFETY: `check` established that the activation arrays hold row `b0`'s blocks.
+    let x = unsafe {
+        Reads {
+            q: a.act.q.as_ptr().add(at * QK),
+            d: a.act.d.as_ptr().add(at),
+            sum: a.act.sum.as_ptr().add(at),
+            lo: a.act.lo.as_ptr().add(at),
+            neg8: a.act.neg8.as_ptr().add(at),
+            neg128: a.act.neg128.as_ptr().add(at),
+            sd: a.act.sd.as_ptr().add(at),
+        }
+    };
+    (a.tile.as_ptr(), x)
 }
 
 /// The blocks of `x` (whole rows of activations, a multiple of 32 long) when `q` holds as
-/// many values and `d`, `sum`, `lo`, `sd` one per block: what `quantize` may write.
+/// many values and `d`, `s.sum`, `s.lo`, `s.sd` one per block: what `quantize` may write.
 #[inline(always)]
-fn act_blocks(
-    x: &[f32],
-    q: &[i8],
-    d: &[f32],
-    sum: &[i32],
-    lo: &[i32],
-    sd: &[f32],
-) -> Option<usize> {
+fn act_blocks(x: &[f32], q: &[i8], d: &[f32], s: &Sums<'_>) -> Option<usize> {
     let n = x.len() / QK;
     let fits = x.len().is_multiple_of(QK)
         && q.len() == x.len()
-        && [d.len(), sum.len(), lo.len(), sd.len()] == [n; 4];
+        && [d.len(), s.sum.len(), s.lo.len(), s.sd.len()] == [n; 4];
     fits.then_some(n)
 }
 
@@ -146,7 +173,7 @@ impl Avx512Vnni {
     /// Runs `work` inside a function compiled for AVX-512, so its plain loops (f32 dots and
     /// sums, inlined there) vectorize 16 lanes wide instead of baseline x86-64's 4.
     #[inline]
-    pub(crate) fn vectorized(self, work: impl super::Wide) {
+    pub(crate) fn vectorized(self, work: impl Wide) {
         // SAFETY: `self` proves the CPU has the features `with_avx512` is compiled for.
         unsafe { with_avx512(work) }
     }
@@ -160,52 +187,26 @@ impl Avx512Vnni {
     }
 
     /// One tile against activation rows `b0 .. b0 + nbat`; `out[b * TILE + r]`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn tile(
-        self,
-        kind: PackKind,
-        tile: &[u8],
-        geom: TileGeom,
-        act: &ActRef<'_>,
-        b0: usize,
-        nbat: usize,
-        out: &mut [f32; TILE * MAX_NB],
-    ) -> bool {
-        let geom = TileGeom::new(kind, geom.nb);
-        let a = Args {
-            tile,
-            geom,
-            act: *act,
-            b0,
-        };
-        if !check(kind, &a, nbat) {
+    pub(crate) fn tile(self, a: &TileCall<'_>, out: &mut [f32; TILE * MAX_NB]) -> bool {
+        let Some(a) = checked(a) else {
             return false;
-        }
+        };
         // SAFETY: `self` proves the CPU has the features `vnni_tile` is compiled for, and
         // `check` established the lengths its pointer arithmetic relies on.
         unsafe {
-            dispatch!(vnni_tile, kind, nbat, &a, out);
+            dispatch!(vnni_tile, a.kind, a.nbat, &a, out);
         }
         true
     }
 
-    /// Quantize whole rows of activations (`x.len()` a multiple of 32) into `q`, `d`, `sum`,
-    /// `lo` (the sum of the first 16), `sd` (`d * sum`). Returns false, writing nothing, if the
-    /// lengths disagree.
-    pub(crate) fn quantize(
-        self,
-        x: &[f32],
-        q: &mut [i8],
-        d: &mut [f32],
-        sum: &mut [i32],
-        lo: &mut [i32],
-        sd: &mut [f32],
-    ) -> bool {
-        let Some(n) = act_blocks(x, q, d, sum, lo, sd) else {
+    /// Quantize whole rows of activations (`x.len()` a multiple of 32) into `q`, `d` and
+    /// `s`'s sums. Returns false, writing nothing, if the lengths disagree.
+    pub(crate) fn quantize(self, x: &[f32], q: &mut [i8], d: &mut [f32], s: Sums<'_>) -> bool {
+        let Some(n) = act_blocks(x, q, d, &s) else {
             return false;
         };
         // SAFETY: features proven by `self`; all six slices hold exactly `n` blocks.
-        unsafe { quantize_avx512(x.as_ptr(), n, q.as_mut_ptr(), d, sum, lo, sd) };
+        unsafe { quantize_avx512(x.as_ptr(), n, q.as_mut_ptr(), d, s) };
         true
     }
 }
@@ -213,7 +214,7 @@ impl Avx512Vnni {
 impl Avx2 {
     /// As [`Avx512Vnni::vectorized`], 8 lanes wide.
     #[inline]
-    pub(crate) fn vectorized(self, work: impl super::Wide) {
+    pub(crate) fn vectorized(self, work: impl Wide) {
         // SAFETY: `self` proves the CPU has the features `with_avx2` is compiled for.
         unsafe { with_avx2(work) }
     }
@@ -225,66 +226,37 @@ impl Avx2 {
         .then_some(Avx2(()))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn tile(
-        self,
-        kind: PackKind,
-        tile: &[u8],
-        geom: TileGeom,
-        act: &ActRef<'_>,
-        b0: usize,
-        nbat: usize,
-        out: &mut [f32; TILE * MAX_NB],
-    ) -> bool {
-        let geom = TileGeom::new(kind, geom.nb);
-        if !check(
-            kind,
-            &Args {
-                tile,
-                geom,
-                act: *act,
-                b0,
-            },
-            nbat,
-        ) {
+    pub(crate) fn tile(self, a: &TileCall<'_>, out: &mut [f32; TILE * MAX_NB]) -> bool {
+        let Some(a) = checked(a) else {
             return false;
-        }
+        };
         // 16 ymm registers hold at most 8 accumulators: do wider batches 8 rows at a time.
         let mut done = 0;
-        while done < nbat {
-            let n = AVX2_NB.min(nbat - done);
-            let a = Args {
-                tile,
-                geom,
-                act: *act,
-                b0: b0 + done,
+        while done < a.nbat {
+            let n = AVX2_NB.min(a.nbat - done);
+            let rows = TileCall {
+                b0: a.b0 + done,
+                nbat: n,
+                ..a
             };
             let o = &mut out[done * TILE..];
             // SAFETY: `self` proves AVX2/FMA/F16C; `check` established the tile and activation
             // lengths for rows b0 .. b0 + nbat, and `o` holds (nbat - done) * TILE >= n * TILE
             // floats.
             unsafe {
-                dispatch!(avx2_tile, kind, n, &a, o);
+                dispatch!(avx2_tile, a.kind, n, &rows, o);
             }
             done += n;
         }
         true
     }
 
-    pub(crate) fn quantize(
-        self,
-        x: &[f32],
-        q: &mut [i8],
-        d: &mut [f32],
-        sum: &mut [i32],
-        lo: &mut [i32],
-        sd: &mut [f32],
-    ) -> bool {
-        let Some(n) = act_blocks(x, q, d, sum, lo, sd) else {
+    pub(crate) fn quantize(self, x: &[f32], q: &mut [i8], d: &mut [f32], s: Sums<'_>) -> bool {
+        let Some(n) = act_blocks(x, q, d, &s) else {
             return false;
         };
         // SAFETY: features proven by `self`; all six slices hold exactly `n` blocks.
-        unsafe { quantize_avx2(x.as_ptr(), n, q.as_mut_ptr(), d, sum, lo, sd) };
+        unsafe { quantize_avx2(x.as_ptr(), n, q.as_mut_ptr(), d, s) };
         true
     }
 }
@@ -296,24 +268,20 @@ impl Avx2 {
 /// the accumulator at `-offset * sum(x)`, so the integer dot is exact.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI must be available and `check(kind, a, NB)` must hold.
+/// AVX-512 F/BW/VL/VNNI must be available and `check(a)` must hold, `a.nbat` being `NB`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f32; TILE * MAX_NB]) {
+unsafe fn vnni_tile<const NB: usize, const KIND: u8>(
+    a: &TileCall<'_>,
+    out: &mut [f32; TILE * MAX_NB],
+) {
     let kind = kind_of(KIND);
     let nb = a.geom.nb;
     let qb = kind.qb();
-    let tile = a.tile.as_ptr();
     // SAFETY (whole body): `check` guarantees tile has `geom.used` bytes, i.e. `nb * qb` quant
     // bytes then the scale arrays `TileGeom` lays out, and the activation arrays hold blocks
     // `b0 * nb .. (b0 + NB) * nb`; every offset below stays inside those ranges.
     unsafe {
-        let xq = a.act.q.as_ptr().add(a.b0 * nb * QK);
-        let xd = a.act.d.as_ptr().add(a.b0 * nb);
-        let xsum = a.act.sum.as_ptr().add(a.b0 * nb);
-        let xlo = a.act.lo.as_ptr().add(a.b0 * nb);
-        let xn8 = a.act.neg8.as_ptr().add(a.b0 * nb);
-        let xn128 = a.act.neg128.as_ptr().add(a.b0 * nb);
-        let xsd = a.act.sd.as_ptr().add(a.b0 * nb);
+        let (tile, act) = reads(a);
         let mask = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); NB];
         for k in 0..nb {
@@ -427,17 +395,17 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
             };
             for (b, accb) in acc.iter_mut().enumerate() {
                 let e = b * nb + k;
-                let xp = xq.add(e * QK).cast::<i32>();
+                let xp = act.q.add(e * QK).cast::<i32>();
                 macro_rules! x {
                     ($i:expr) => {
                         _mm512_set1_epi32(xp.add($i).read_unaligned())
                     };
                 }
-                let dx = _mm512_set1_ps(*xd.add(e));
+                let dx = _mm512_set1_ps(*act.d.add(e));
                 if KIND == K_Q6_K {
-                    let lo = *xlo.add(e);
+                    let lo = *act.lo.add(e);
                     let mut p = _mm512_set1_epi32(-32 * lo);
-                    let mut q = _mm512_set1_epi32(-32 * (*xsum.add(e) - lo));
+                    let mut q = _mm512_set1_epi32(-32 * (*act.sum.add(e) - lo));
                     p = _mm512_dpbusd_epi32(p, w[0], x!(0));
                     q = _mm512_dpbusd_epi32(q, w[4], x!(4));
                     p = _mm512_dpbusd_epi32(p, w[1], x!(1));
@@ -452,9 +420,9 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                     continue;
                 }
                 let init = match KIND {
-                    K_Q8_0 => _mm512_set1_epi32(*xn128.add(e)),
-                    K_Q4_0 => _mm512_set1_epi32(*xn8.add(e)),
-                    K_Q5_0 => _mm512_set1_epi32(-16 * *xsum.add(e)),
+                    K_Q8_0 => _mm512_set1_epi32(*act.neg128.add(e)),
+                    K_Q4_0 => _mm512_set1_epi32(*act.neg8.add(e)),
+                    K_Q5_0 => _mm512_set1_epi32(-16 * *act.sum.add(e)),
                     _ => _mm512_setzero_si512(),
                 };
                 let dot = if NB <= 2 {
@@ -481,7 +449,7 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                 let s = _mm512_mul_ps(dw, dx);
                 *accb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, *accb);
                 if has_min(KIND) {
-                    *accb = _mm512_fmadd_ps(mw, _mm512_set1_ps(*xsd.add(e)), *accb);
+                    *accb = _mm512_fmadd_ps(mw, _mm512_set1_ps(*act.sd.add(e)), *accb);
                 }
             }
         }
@@ -497,24 +465,18 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
 /// 2 * 128 * 127 < 32767. So the integers equal those of the VNNI and scalar kernels.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available and `check(kind, a, NB)` must hold.
+/// AVX2, FMA and F16C must be available and `check(a)` must hold, `a.nbat` being `NB`.
 /// `out` must hold at least `NB * TILE` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f32]) {
+unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &TileCall<'_>, out: &mut [f32]) {
     let kind = kind_of(KIND);
     let nb = a.geom.nb;
     let qb = kind.qb();
-    let tile = a.tile.as_ptr();
     // SAFETY (whole body): as in `vnni_tile`; the half offset `32 * h` stays within each
     // 64-byte vector, `16 * h` within each 32-byte f16 group and `8 * h` within each 16-byte
     // integer scale group.
     unsafe {
-        let xq = a.act.q.as_ptr().add(a.b0 * nb * QK);
-        let xd = a.act.d.as_ptr().add(a.b0 * nb);
-        let xsum = a.act.sum.as_ptr().add(a.b0 * nb);
-        let xlo = a.act.lo.as_ptr().add(a.b0 * nb);
-        let xn8 = a.act.neg8.as_ptr().add(a.b0 * nb);
-        let xsd = a.act.sd.as_ptr().add(a.b0 * nb);
+        let (tile, act) = reads(a);
         let mask = _mm256_set1_epi8(0x0F);
         let flip = _mm256_set1_epi8(-128);
         let ones = _mm256_set1_epi16(1);
@@ -606,8 +568,8 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                 };
                 for (b, accb) in acc.iter_mut().enumerate() {
                     let e = b * nb + k;
-                    let xp = xq.add(e * QK).cast::<i32>();
-                    let dx = _mm256_set1_ps(*xd.add(e));
+                    let xp = act.q.add(e * QK).cast::<i32>();
+                    let dx = _mm256_set1_ps(*act.d.add(e));
                     // Weight vector `$w` against activation bytes `4 * $i .. 4 * $i + 4`.
                     macro_rules! prod {
                         ($w:expr, $i:expr) => {{
@@ -621,9 +583,9 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                         }};
                     }
                     if KIND == K_Q6_K {
-                        let lo = *xlo.add(e);
+                        let lo = *act.lo.add(e);
                         let mut p = _mm256_set1_epi32(-32 * lo);
-                        let mut q = _mm256_set1_epi32(-32 * (*xsum.add(e) - lo));
+                        let mut q = _mm256_set1_epi32(-32 * (*act.sum.add(e) - lo));
                         for i in 0..4 {
                             p = _mm256_add_epi32(p, prod!(w[i], i));
                             q = _mm256_add_epi32(q, prod!(w[4 + i], 4 + i));
@@ -634,8 +596,8 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                         continue;
                     }
                     let mut dot = match KIND {
-                        K_Q4_0 => _mm256_set1_epi32(*xn8.add(e)),
-                        K_Q5_0 => _mm256_set1_epi32(-16 * *xsum.add(e)),
+                        K_Q4_0 => _mm256_set1_epi32(*act.neg8.add(e)),
+                        K_Q5_0 => _mm256_set1_epi32(-16 * *act.sum.add(e)),
                         _ => _mm256_setzero_si256(),
                     };
                     for (i, wi) in w.iter().enumerate() {
@@ -644,7 +606,7 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &Args<'_>, out: &mut [f3
                     let s = _mm256_mul_ps(dw, dx);
                     *accb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, *accb);
                     if has_min(KIND) {
-                        *accb = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xsd.add(e)), *accb);
+                        *accb = _mm256_fmadd_ps(mw, _mm256_set1_ps(*act.sd.add(e)), *accb);
                     }
                 }
             }
@@ -679,14 +641,14 @@ fn prefetch_block(tile: *const u8, geom: TileGeom, kind: PackKind, k: usize) {
 /// # Safety
 /// AVX-512 F/BW/VL must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn with_avx512(work: impl super::Wide) {
+unsafe fn with_avx512(work: impl Wide) {
     work.run();
 }
 
 /// # Safety
 /// AVX2 and FMA must be available.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn with_avx2(work: impl super::Wide) {
+unsafe fn with_avx2(work: impl Wide) {
     work.run();
 }
 
@@ -699,15 +661,8 @@ fn act_scales(amax: f32) -> (f32, f32) {
 /// # Safety
 /// AVX-512 F/BW/VL must be available; `x` and `q` hold `n * 32` elements, the slices `n`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn quantize_avx512(
-    x: *const f32,
-    n: usize,
-    q: *mut i8,
-    d: &mut [f32],
-    sum: &mut [i32],
-    lo: &mut [i32],
-    sd: &mut [f32],
-) {
+unsafe fn quantize_avx512(x: *const f32, n: usize, q: *mut i8, d: &mut [f32], sums: Sums<'_>) {
+    let Sums { sum, lo, sd } = sums;
     for k in 0..n.min(d.len()).min(sum.len()).min(lo.len()).min(sd.len()) {
         // SAFETY: k < n, so the 32 floats at x + 32k and the 32 bytes at q + 32k are in range.
         unsafe {
@@ -746,15 +701,8 @@ unsafe fn hsum_avx2(s: __m256i) -> i32 {
 /// # Safety
 /// AVX2 must be available; `x` and `q` hold `n * 32` elements, the slices `n`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_avx2(
-    x: *const f32,
-    n: usize,
-    q: *mut i8,
-    d: &mut [f32],
-    sum: &mut [i32],
-    lo: &mut [i32],
-    sd: &mut [f32],
-) {
+unsafe fn quantize_avx2(x: *const f32, n: usize, q: *mut i8, d: &mut [f32], sums: Sums<'_>) {
+    let Sums { sum, lo, sd } = sums;
     let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     for k in 0..n.min(d.len()).min(sum.len()).min(lo.len()).min(sd.len()) {
         // SAFETY: k < n, so the 32 floats at x + 32k and the 32 bytes at q + 32k are in range.

@@ -1,6 +1,6 @@
 //! Aligning two questions' words and reading what differs.
 
-use super::Veto;
+use super::veto::Veto;
 use super::words::{COORDINATORS, Content, Modal, RELATIONS, Words, unit};
 use crate::embed::{Embedder, cosine};
 use crate::lexicon::{Lexicon, Relation};

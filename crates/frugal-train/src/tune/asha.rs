@@ -370,18 +370,24 @@ impl Trial {
     }
 }
 
+/// The schedule the tuner's tests share: rungs at 100, 400 and 1600, a quarter promoted.
+#[cfg(test)]
+pub(crate) fn test_config(mode: Mode, max_trials: Option<u32>) -> AshaConfig {
+    AshaConfig {
+        mode,
+        min_resource: 100,
+        max_resource: 1600,
+        reduction_factor: 4,
+        max_trials,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn config(mode: Mode, trials: u32) -> AshaConfig {
-        AshaConfig {
-            mode,
-            min_resource: 100,
-            max_resource: 1600,
-            reduction_factor: 4,
-            max_trials: Some(trials),
-        }
+        test_config(mode, Some(trials))
     }
 
     /// Rung-0 metrics of 16 trials, a permutation of 0..16; later rungs keep the order.

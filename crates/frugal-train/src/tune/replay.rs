@@ -263,13 +263,7 @@ mod tests {
     }
 
     fn config() -> AshaConfig {
-        AshaConfig {
-            mode: Mode::Min,
-            min_resource: 100,
-            max_resource: 1600,
-            reduction_factor: 4,
-            max_trials: None,
-        }
+        crate::tune::asha::test_config(Mode::Min, None)
     }
 
     #[test]

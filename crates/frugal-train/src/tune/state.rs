@@ -600,13 +600,7 @@ mod tests {
     use crate::tune::space::Value;
 
     fn config() -> AshaConfig {
-        AshaConfig {
-            mode: Mode::Min,
-            min_resource: 100,
-            max_resource: 1600,
-            reduction_factor: 4,
-            max_trials: Some(16),
-        }
+        crate::tune::asha::test_config(Mode::Min, Some(16))
     }
 
     fn params(trial: TrialId) -> Params {

@@ -15,36 +15,6 @@ fn raw(url: &str) -> Client {
 }
 
 #[test]
-fn append_then_scan_round_trips_and_reopens() {
-    let (url, mut ledger) = fresh();
-    let mut e = event(10, 5);
-    e.capacity = Some(Capacity::Spot);
-    e.outcome = Some(Outcome::Preempted);
-    e.utilization = Some(0.5);
-    e.tenant = Some("acme".into());
-    assert_eq!(ledger.append("t", &[e, event(5, 1)]).unwrap(), 2);
-    drop(ledger);
-    let ledger = Ledger::open(Location::parse(&url)).unwrap();
-    let names = ledger.names().unwrap();
-    let mut seen = Vec::new();
-    ledger.scan(Window::default(), |r| seen.push(*r)).unwrap();
-    assert_eq!(seen.len(), 2);
-    let r = *seen.iter().find(|r| r.ts_ms == 10).unwrap();
-    assert_eq!(names.get(r.workload), "chat");
-    assert_eq!(r.capacity, Some(Capacity::Spot));
-    assert_eq!(r.waste(), Money::from_nanos(25_000_000));
-    let info = ledger.info().unwrap();
-    assert_eq!((info.events, info.schema_version), (2, SCHEMA_VERSION));
-    assert_eq!(info.total_cost, Money::from_cents(6));
-    assert!(!info.path.display().to_string().contains(PASSWORD));
-    assert_eq!(
-        ledger.tenant_spend(0).unwrap(),
-        [("acme".to_owned(), Money::from_cents(5))]
-    );
-    assert_eq!(ledger.integrity_check().unwrap(), "ok");
-}
-
-#[test]
 fn events_and_spans_cannot_be_changed_or_removed() {
     let (url, mut ledger) = fresh();
     let span = ReplicaSpan {
@@ -129,29 +99,6 @@ fn a_v7_database_gains_span_ids_and_a_span_written_twice_with_its_id_is_stored_o
         .unwrap()
         .get(0);
     assert_eq!(version, SCHEMA_VERSION);
-}
-
-#[test]
-fn row_hashes_and_files_are_found_again() {
-    let (_, mut ledger) = fresh();
-    let hash = RowHash([7; 16]);
-    let (rows, stored) = ledger
-        .import("new.csv", "csv", |sink| {
-            sink.set_file_sha256("ab".repeat(32));
-            let first = sink.push_row(&event(10, 1), hash)?;
-            let again = sink.push_row(&event(11, 1), hash)?;
-            Ok::<_, LedgerError>((first, again))
-        })
-        .unwrap();
-    assert_eq!((rows, stored), (1, (true, false)));
-    let result: Result<(u64, ()), LedgerError> = ledger.import("look", "csv", |sink| {
-        assert_eq!(sink.row_imported(hash)?.unwrap().source, "new.csv");
-        let file = sink.file_imported(&"ab".repeat(32))?.unwrap();
-        assert_eq!((file.source.as_str(), file.rows), ("new.csv", 1));
-        assert!(sink.file_imported("cd")?.is_none());
-        Ok(())
-    });
-    result.unwrap();
 }
 
 /// A batch big enough to be copied through the staging table keeps the rules of a small

@@ -1,0 +1,15 @@
+//! A lever of the report, whichever table found it.
+
+use serde::Serialize;
+
+use crate::money::Money;
+
+/// A lever worth pulling, with the dollars it puts at stake over the report's window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lever {
+    pub lever: &'static str,
+    pub dollars: Money,
+    /// How the dollars were worked out, and what they assume.
+    pub basis: String,
+    pub action: &'static str,
+}
