@@ -52,6 +52,7 @@ test-deps:
 
 lint:
 	$(CARGO) fmt --all -- --check
+	python3 scripts/module-cycles.py
 	$(CARGO) clippy --workspace --all-targets -j $(JOBS) -- -D warnings
 
 fmt:
