@@ -35,13 +35,13 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
     let scraper = Scraper::default();
     let live = !args.once && std::io::stdout().is_terminal();
     let mut out = std::io::stdout().lock();
+    let now = || {
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        i64::try_from(since_epoch.as_millis()).unwrap_or(0)
+    };
     loop {
-        let now = || {
-            let since_epoch = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            i64::try_from(since_epoch.as_millis()).unwrap_or(0)
-        };
         let pass = runtime.block_on(fleet.read(&scraper, args.timeout, &mut state, now))?;
         // Every target's interval in one transaction: a crash leaves all or none.
         ledger.append_with_spans("frugal watch", &pass.events, &pass.spans)?;

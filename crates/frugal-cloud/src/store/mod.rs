@@ -432,6 +432,14 @@ mod tests {
     pub(super) const RUN: &str = "run-1";
 
     /// A checkpoint directory `<root>/<step>` with `model.bin` and `opt/state.json`.
+    /// A store in a folder of a fresh temporary directory: the directory, the folder, the store.
+    fn local_store() -> (tempfile::TempDir, PathBuf, CheckpointStore) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("store");
+        let store = CheckpointStore::open(root.to_str().unwrap(), RUN).unwrap();
+        (tmp, root, store)
+    }
+
     pub(super) fn write_checkpoint(root: &FsPath, step: u64, seed: u8) -> PathBuf {
         let dir = root.join(step.to_string());
         std::fs::create_dir_all(dir.join("opt")).unwrap();
@@ -486,9 +494,7 @@ mod tests {
 
     #[tokio::test]
     async fn local_round_trip_restores_identical_bytes_and_the_newest() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store_root = tmp.path().join("store");
-        let store = CheckpointStore::open(store_root.to_str().unwrap(), RUN).unwrap();
+        let (tmp, _, store) = local_store();
         assert!(
             store.describe().starts_with("file:///"),
             "{}",
@@ -554,9 +560,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_checkpoint_without_manifest_is_not_listed_nor_restored() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store_root = tmp.path().join("store");
-        let store = CheckpointStore::open(store_root.to_str().unwrap(), RUN).unwrap();
+        let (tmp, store_root, store) = local_store();
         let ckpts = tmp.path().join("ckpt");
         let dir100 = write_checkpoint(&ckpts, 100, 1);
         store.upload(100, &dir100).await.unwrap();
@@ -581,9 +585,7 @@ mod tests {
 
     #[tokio::test]
     async fn manifests_that_do_not_fit_are_not_complete() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store_root = tmp.path().join("store");
-        let store = CheckpointStore::open(store_root.to_str().unwrap(), RUN).unwrap();
+        let (tmp, store_root, store) = local_store();
         let ckpts = tmp.path().join("ckpt");
         let manifest = store
             .upload(100, &write_checkpoint(&ckpts, 100, 1))
@@ -615,9 +617,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_corrupt_or_missing_object_skips_to_an_older_checkpoint() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store_root = tmp.path().join("store");
-        let store = CheckpointStore::open(store_root.to_str().unwrap(), RUN).unwrap();
+        let (tmp, store_root, store) = local_store();
         let ckpts = tmp.path().join("ckpt");
         let dir100 = write_checkpoint(&ckpts, 100, 1);
         store.upload(100, &dir100).await.unwrap();

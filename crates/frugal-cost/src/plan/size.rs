@@ -315,14 +315,16 @@ pub fn ledger_arrivals(
 /// its image and loading a few GB of weights.
 pub const DEFAULT_COLD_START: Duration = Duration::from_secs(30);
 
-/// Scale to zero replayed on the ledger's arrivals of `workload` at `rate`: the cold start
-/// `cold_start` where given, else the median of the ledger's, else [`DEFAULT_COLD_START`].
+/// Scale to zero replayed on the ledger's arrivals of `workload` at `rate` ([`ZeroPolicy`]'s
+/// `grace` and `max_waiting_share`): the cold start `cold_start` where given, else the median
+/// of the ledger's, else [`DEFAULT_COLD_START`].
 /// `None` when the ledger holds no request of the workload.
 pub fn ledger_scale_to_zero(
     ledger: &Ledger,
     workload: &str,
     cold_start: Option<Duration>,
-    policy: impl FnOnce(ColdStart) -> ZeroPolicy,
+    grace: Duration,
+    max_waiting_share: f64,
     rate: HourlyRate,
 ) -> Result<Option<ZeroPlan>, LedgerError> {
     let arrivals = ledger_arrivals(ledger, workload, Window::default())?;
@@ -333,7 +335,11 @@ pub fn ledger_scale_to_zero(
         Some(d) => ColdStart::given(d),
         None => ledger_cold_start(ledger, workload, DEFAULT_COLD_START)?,
     };
-    Ok(Some(scale_to_zero(&arrivals, &policy(cold_start), rate)))
+    let policy = ZeroPolicy {
+        max_waiting_share,
+        ..ZeroPolicy::new(cold_start, grace)
+    };
+    Ok(Some(scale_to_zero(&arrivals, &policy, rate)))
 }
 
 /// A cold start and where it came from.

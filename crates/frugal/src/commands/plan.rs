@@ -7,8 +7,8 @@ use anyhow::{Context, Result, bail};
 use frugal_cost::money::HourlyRate;
 use frugal_cost::plan::{
     BacktestConfig, DemandOptions, Gaps, HourlyDemand, Job, Measured, Plan, RightSizing, Slo,
-    SpotAsk, SpotTrace, TraceReading, ZeroPlan, ZeroPolicy, html, ledger_demand,
-    ledger_scale_to_zero, right_size,
+    SpotAsk, SpotTrace, TraceReading, ZeroPlan, html, ledger_demand, ledger_scale_to_zero,
+    right_size,
 };
 use frugal_cost::present::{pct, usd_unit, utc};
 use frugal_cost::{Catalog, Ledger, Window};
@@ -126,15 +126,12 @@ fn zero(
     rate: HourlyRate,
 ) -> Result<Option<ZeroPlan>> {
     let ledger = Ledger::open_existing(&config.ledger)?;
-    let policy = |cold_start| ZeroPolicy {
-        max_waiting_share: args.max_waiting_share,
-        ..ZeroPolicy::new(cold_start, args.scale_to_zero_after)
-    };
     Ok(ledger_scale_to_zero(
         &ledger,
         workload,
         args.cold_start,
-        policy,
+        args.scale_to_zero_after,
+        args.max_waiting_share,
         rate,
     )?)
 }
