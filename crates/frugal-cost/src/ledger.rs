@@ -367,6 +367,10 @@ trait Store: Send {
     }
     /// How long a read or write waits for a connection, where it needs one.
     fn set_connection_wait(&mut self, _wait: std::time::Duration) {}
+    /// See `Ledger::for_meter`.
+    fn for_meter(&mut self, _statement_timeout: std::time::Duration) -> Result<(), LedgerError> {
+        Ok(())
+    }
     /// Whether its client must not run on a thread that drives an async runtime.
     fn blocks_on_own_runtime(&self) -> bool {
         false
@@ -569,6 +573,15 @@ impl Ledger {
     /// what it cannot write rather than hold requests back.
     pub fn set_connection_wait(&mut self, wait: std::time::Duration) {
         self.store.set_connection_wait(wait);
+    }
+
+    /// Sets this handle up for a gateway's meter, which commits small batches often and
+    /// must never wait long: a SQLite ledger commits without an fsync per transaction
+    /// (`synchronous = NORMAL` in WAL mode: a commit survives a killed process, and the
+    /// WAL is synced at each checkpoint, so only a power loss can take the last ones); a
+    /// PostgreSQL ledger's writes end after `statement_timeout` if the server is slow.
+    pub fn for_meter(&mut self, statement_timeout: std::time::Duration) -> Result<(), LedgerError> {
+        self.store.for_meter(statement_timeout)
     }
 
     /// Appends events in one transaction; all of them are stored or none.

@@ -90,7 +90,11 @@ pub struct LedgerHealth {
     /// cost in nano-dollars.
     lost: AtomicU64,
     lost_nanos: AtomicI64,
-    /// Each group commit to the ledger (a replayed batch too), failed ones included.
+    /// Answers that went out before their row was durable (the disk was slow or failing).
+    undurable: AtomicU64,
+    /// When the journal last went from empty to holding rows (ms since the epoch; 0: empty).
+    behind_since_ms: AtomicU64,
+    /// Each group commit to the ledger (a shipped batch too), failed ones included.
     pub commit: Histogram,
 }
 
@@ -102,6 +106,8 @@ impl Default for LedgerHealth {
             replayed: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             lost_nanos: AtomicI64::new(0),
+            undurable: AtomicU64::new(0),
+            behind_since_ms: AtomicU64::new(0),
             commit: Histogram::default(),
         }
     }
@@ -132,6 +138,44 @@ impl LedgerHealth {
         self.replayed.load(Ordering::Relaxed)
     }
 
+    pub fn add_undurable(&self) {
+        self.undurable.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn undurable(&self) -> u64 {
+        self.undurable.load(Ordering::Relaxed)
+    }
+
+    /// Whether the journal holds rows not yet in the ledger; the lag counts from when it
+    /// began to.
+    pub fn set_behind(&self, behind: bool) {
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_millis().max(1) as u64)
+        };
+        match behind {
+            true if self.behind_since_ms.load(Ordering::Relaxed) == 0 => {
+                self.behind_since_ms.store(now(), Ordering::Relaxed);
+            }
+            false => self.behind_since_ms.store(0, Ordering::Relaxed),
+            true => {}
+        }
+    }
+
+    /// Seconds since the journal last held no row waiting for the ledger.
+    pub fn lag_seconds(&self) -> f64 {
+        match self.behind_since_ms.load(Ordering::Relaxed) {
+            0 => 0.0,
+            since => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                now.saturating_sub(since) as f64 / 1000.0
+            }
+        }
+    }
+
     pub fn add_lost(&self, rows: u64, cost: frugal_cost::Money) {
         self.lost.fetch_add(rows, Ordering::Relaxed);
         self.lost_nanos.fetch_add(cost.nanos(), Ordering::Relaxed);
@@ -147,28 +191,40 @@ impl LedgerHealth {
 
     pub fn render(&self, out: &mut String) {
         let (lost, lost_cost) = self.lost();
-        let lines: [(&str, &str, &str, String); 5] = [
+        let lines: [(&str, &str, &str, String); 7] = [
             (
                 "frugal_ledger_up",
-                "Whether the last write to the ledger succeeded (0: rows go to the spool).",
+                "Whether the last write to the ledger succeeded (0: rows wait in the journal).",
                 "gauge",
                 u8::from(self.up()).to_string(),
             ),
             (
                 "frugal_ledger_spooled_events",
-                "Rows (events and replica spans) waiting in the local spool for the ledger.",
+                "Rows (events and replica spans) waiting in the local journal for the ledger.",
                 "gauge",
                 self.spooled().to_string(),
             ),
             (
+                "frugal_ledger_lag_seconds",
+                "Seconds since the journal last held no row waiting for the ledger.",
+                "gauge",
+                format!("{:.3}", self.lag_seconds()),
+            ),
+            (
                 "frugal_ledger_replayed_events_total",
-                "Rows replayed from the spool into the ledger.",
+                "Rows shipped into the ledger after it was away, or left by an earlier run.",
                 "counter",
                 self.replayed().to_string(),
             ),
             (
+                "frugal_ledger_undurable_answers_total",
+                "Answers that completed before their row was on disk (the disk was slow or failing).",
+                "counter",
+                self.undurable().to_string(),
+            ),
+            (
                 "frugal_ledger_lost_events_total",
-                "Rows dropped because neither the ledger nor its spool could take them.",
+                "Rows dropped because neither the ledger nor its journal could take them.",
                 "counter",
                 lost.to_string(),
             ),

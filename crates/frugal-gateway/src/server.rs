@@ -222,16 +222,14 @@ fn start_meter(
             source,
         })?;
     }
+    // Every row goes through the journal of a PostgreSQL ledger: without it, no start.
     if let Location::Postgres(_) = m.ledger
         && let Some(dir) = m.spool.parent().filter(|d| !d.as_os_str().is_empty())
-        && let Err(e) = std::fs::create_dir_all(dir)
     {
-        // Serving works without it until the ledger is unreachable: then the loss is
-        // counted and reported.
-        tracing::warn!(
-            "cannot create {} for the ledger spool ({e}); set `ledger.spool` to a writable file",
-            dir.display()
-        );
+        std::fs::create_dir_all(dir).map_err(|source| BuildError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })?;
     }
     Ok(Meter::start(MeterConfig {
         spool: Some(m.spool.clone()),

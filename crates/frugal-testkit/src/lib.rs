@@ -6,7 +6,7 @@
 //!   axum router on a loopback port, or a port that refuses or never answers.
 //! - Files of the checkout: [`repo`], [`model`], [`test_model`]; [`example_trainer`], the
 //!   `frugal-example-trainer` binary beside the test's own.
-//! - [`free_port`] and [`wait_until`].
+//! - [`free_port`], [`wait_until`], and [`signal_tree`] (freezing a server).
 //! - [`events`] (feature `events`): builders of ledger rows, `frugal_cost::Event` and
 //!   `ReplicaSpan`.
 //!
@@ -45,6 +45,47 @@ pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool, why: impl Fn(
     while !done() {
         assert!(start.elapsed() < limit, "{}", why());
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `signal` (a name `kill` knows: `STOP`, `CONT`, `KILL`) to `pid` and every process
+/// below it, read from /proc: `STOP` on a server freezes it as a hung host looks to its
+/// clients (connections stay open; nothing answers), `CONT` thaws it.
+pub fn signal_tree(pid: u32, signal: &str) -> std::io::Result<()> {
+    let mut pids = vec![pid];
+    let mut i = 0;
+    while i < pids.len() {
+        let parent = pids[i];
+        for entry in std::fs::read_dir("/proc")?.flatten() {
+            let Some(child) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`: the name may hold spaces and parentheses.
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(parent) && !pids.contains(&child) {
+                pids.push(child);
+            }
+        }
+        i += 1;
+    }
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .args(pids.iter().map(u32::to_string))
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "kill -{signal} {pids:?}: {status}"
+        )))
     }
 }
 

@@ -285,6 +285,17 @@ impl Server {
         self.child.wait().map(|_| ())
     }
 
+    /// Freezes every process of the server (SIGSTOP): connections stay open and nothing
+    /// answers, as with a hung host or a network that drops packets.
+    pub fn freeze(&self) -> io::Result<()> {
+        crate::signal_tree(self.child.id(), "STOP")
+    }
+
+    /// Thaws a frozen server (SIGCONT).
+    pub fn thaw(&self) -> io::Result<()> {
+        crate::signal_tree(self.child.id(), "CONT")
+    }
+
     /// Starts a killed server again on its folder and port (recovering from its log),
     /// once the killed one's last processes have gone.
     pub fn restart(&mut self) -> io::Result<()> {

@@ -30,9 +30,11 @@ pub struct RawLedger {
     pub path: Option<PathBuf>,
     /// A `postgres://` URL (or a path, as `path`).
     pub url: Option<String>,
-    /// Where the gateway spools usage while a PostgreSQL ledger is unreachable (a SQLite
-    /// file, relative to the config file); by default `ledger.spool.sqlite` beside the
-    /// ledger (see `Config::beside_ledger`).
+    /// The gateway's journal for a PostgreSQL ledger: every settled row is written there
+    /// first and shipped to the ledger (a SQLite file, relative to the config file); by
+    /// default `ledger.spool.sqlite` beside the ledger (see `Config::beside_ledger`). Named
+    /// `spool` from when it held rows only while the ledger was away; `journal` is the same key.
+    #[serde(alias = "journal")]
     pub spool: Option<PathBuf>,
 }
 
@@ -85,8 +87,8 @@ impl Config {
         Ok(frugal_cost::Ledger::open(&self.ledger)?)
     }
 
-    /// Where the gateway's meter spools usage while a PostgreSQL ledger is unreachable:
-    /// `ledger.spool`, else `ledger.spool.sqlite` beside the ledger.
+    /// The gateway meter's journal for a PostgreSQL ledger: `ledger.spool` (or
+    /// `ledger.journal`), else `ledger.spool.sqlite` beside the ledger.
     pub fn spool(&self) -> PathBuf {
         self.spool
             .clone()

@@ -238,3 +238,111 @@ fn postgres_killed_and_restarted_under_load_every_answered_request_is_in_the_led
         during as f64 / down_for
     );
 }
+
+/// The fault suite's frozen ledger: PostgreSQL stopped with SIGSTOP (connections open,
+/// nothing answers) under load for `FRUGAL_FREEZE_S` seconds (5 by default; the figures in
+/// BENCHMARKS.md use 30), the gateway SIGKILLed while it is still frozen, then PostgreSQL
+/// thawed and the gateway started again on its folder. Requests go on being answered
+/// through the freeze, `/health` answers, and every answered request is in the ledger.
+#[test]
+fn postgres_frozen_under_load_holds_no_answer_and_a_sigkill_during_the_freeze_loses_nothing() {
+    let freeze_for = Duration::from_secs(
+        std::env::var("FRUGAL_FREEZE_S")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5),
+    );
+    let pg = frugal_testkit::postgres::Server::start().unwrap();
+    let url = pg.database().unwrap();
+    let files = config();
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let extra = ["--no-model", "--no-cache"];
+    let server = Server::start_on_ledger_in(tempfile::tempdir().unwrap(), &url, &files, &extra);
+    let stop = Arc::new(AtomicBool::new(false));
+    let frozen = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    // Latencies of the requests sent while the ledger was frozen, in microseconds.
+    let during = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (stop, frozen, answered, during) =
+                (stop.clone(), frozen.clone(), answered.clone(), during.clone());
+            let client = Server::attach(&server.addr);
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let body = json!({
+                        "model": "mock",
+                        "messages": [{ "role": "user", "content": format!("client {c} request {i}") }],
+                    })
+                    .to_string();
+                    let sent = Instant::now();
+                    let in_freeze = frozen.load(Ordering::Relaxed);
+                    let (status, _, _) = client.request("POST", "/v1/chat/completions", &body);
+                    if status == 200 {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        if in_freeze {
+                            during
+                                .lock()
+                                .unwrap()
+                                .push(sent.elapsed().as_micros() as u64);
+                        }
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    pg.freeze().unwrap();
+    frozen.store(true, Ordering::Relaxed);
+    std::thread::sleep(freeze_for);
+    let (status, _, health) = server.request("GET", "/health", "");
+    assert_eq!(
+        status, 200,
+        "/health answers while the ledger is frozen: {health}"
+    );
+    let (_, _, metrics) = server.request("GET", "/metrics", "");
+    // Killed under load, the ledger still frozen: answers in flight may be cut.
+    let dir = server.kill();
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    pg.thaw().unwrap();
+    let answered = answered.load(Ordering::Relaxed);
+    let mut during = during.lock().unwrap().clone();
+    during.sort_unstable();
+    assert!(
+        during.len() as u64 > freeze_for.as_secs(),
+        "serving went on through the freeze: {} answered",
+        during.len()
+    );
+    let p99 = during[(during.len() * 99 / 100).min(during.len() - 1)];
+    let server = Server::start_on_ledger_in(dir, &url, &files, &extra);
+    wait_for(
+        &server.addr,
+        "the journal shipped",
+        Duration::from_secs(60),
+        |m| metric(m, "frugal_ledger_spooled_events") == Some(0.0),
+    );
+    let (status, _dir) = server.stop();
+    assert!(status.success());
+    let (rows, ids, requests) = in_ledger(&url);
+    assert_eq!(rows, ids, "each row once");
+    assert_eq!(rows, requests);
+    // Each answered request is in the ledger; at most the 4 cut by the kill are billed
+    // without their answer (their upstream calls were made).
+    assert!(
+        (answered as i64..=answered as i64 + 4).contains(&rows),
+        "{rows} rows for {answered} answered requests"
+    );
+    eprintln!(
+        "frozen {} s: {} requests answered during the freeze, p99 {:.1} ms; journal held {} rows at the kill; {answered} answered in all, {rows} in the ledger, {} missing",
+        freeze_for.as_secs(),
+        during.len(),
+        p99 as f64 / 1000.0,
+        metric(&metrics, "frugal_ledger_spooled_events").unwrap_or(-1.0),
+        (answered as i64 - rows).max(0)
+    );
+}

@@ -39,6 +39,10 @@ type Manager = PostgresConnectionManager<MakeRustlsConnect>;
 const POOL_SIZE: u32 = 4;
 /// How long a connection (the first, or one from the pool) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long sent data may stay unacknowledged before the connection is dropped.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle time before keepalive probes start, where the URL sets none.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 /// The advisory lock migrations hold: "FRUG".
 const MIGRATION_LOCK: i64 = 0x4652_5547;
 
@@ -382,6 +386,8 @@ pub(super) struct PgStore {
     /// only names it has not seen.
     names: Arc<Mutex<HashMap<(i64, String), i64>>>,
     writer: Option<Writer>,
+    /// Set on the writer's connection (`Ledger::for_meter`).
+    statement_timeout: Option<Duration>,
     /// The URL as messages show it.
     url: String,
 }
@@ -405,6 +411,18 @@ impl PgStore {
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        // A server that stops answering, or a network that drops packets without a reset,
+        // would otherwise hold a write for the kernel's retransmission limit (~15 min):
+        // unacknowledged data, and a silent idle connection, end the connection sooner.
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
+        if config.get_keepalives() && config.get_keepalives_interval().is_none() {
+            config
+                .keepalives_idle(KEEPALIVE_IDLE)
+                .keepalives_interval(KEEPALIVE_IDLE / 3)
+                .keepalives_retries(3);
         }
         config.application_name("frugal");
         let tls = tls::connector(params.roots.as_ref()).map_err(|reason| LedgerError::Pool {
@@ -430,6 +448,7 @@ impl PgStore {
             wait: CONNECT_TIMEOUT * 3,
             names: Arc::default(),
             writer: None,
+            statement_timeout: None,
             url: shown,
         })
     }
@@ -588,14 +607,14 @@ impl Store for PgStore {
         let reused = kept.is_some();
         let mut writer = match kept {
             Some(w) => w,
-            None => Writer::prepare(self.conn()?).map_err(err)?,
+            None => Writer::prepare(self.conn()?, self.statement_timeout).map_err(err)?,
         };
         if let Err(e) = writer.conn.batch_execute("BEGIN") {
             if !reused {
                 return Err(err(e));
             }
             // The server may have restarted since the last write: once more, connected anew.
-            writer = Writer::prepare(self.conn()?).map_err(err)?;
+            writer = Writer::prepare(self.conn()?, self.statement_timeout).map_err(err)?;
             writer.conn.batch_execute("BEGIN").map_err(err)?;
         }
         let dims = DimWriter {
@@ -774,6 +793,13 @@ impl Store for PgStore {
         self.wait = wait;
     }
 
+    fn for_meter(&mut self, statement_timeout: Duration) -> Result<(), LedgerError> {
+        self.statement_timeout = Some(statement_timeout);
+        // The next write connects anew, with the timeout set.
+        self.writer = None;
+        Ok(())
+    }
+
     fn blocks_on_own_runtime(&self) -> bool {
         true
     }
@@ -793,7 +819,16 @@ struct Writer {
 }
 
 impl Writer {
-    fn prepare(mut conn: PooledConnection<Manager>) -> Result<Writer, postgres::Error> {
+    fn prepare(
+        mut conn: PooledConnection<Manager>,
+        statement_timeout: Option<Duration>,
+    ) -> Result<Writer, postgres::Error> {
+        // Pooled connections are shared with reads: the setting is the session's, so it is
+        // set (or reset) each time one becomes the writer.
+        match statement_timeout {
+            Some(t) => conn.batch_execute(&format!("SET statement_timeout = {}", t.as_millis()))?,
+            None => conn.batch_execute("RESET statement_timeout")?,
+        }
         Ok(Writer {
             events: conn.prepare(INSERT_EVENTS)?,
             span: conn.prepare(INSERT_SPAN)?,

@@ -323,6 +323,15 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn for_meter(&mut self, _statement_timeout: std::time::Duration) -> Result<(), LedgerError> {
+        self.conn
+            .execute_batch("PRAGMA synchronous = NORMAL;")
+            .map_err(|source| LedgerError::Write {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
     fn begin(&mut self, source: &str, format: &str) -> Result<Box<dyn Tx + '_>, LedgerError> {
         let path = self.path.clone();
         let write_err = |source| LedgerError::Write {

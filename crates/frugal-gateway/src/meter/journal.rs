@@ -1,23 +1,28 @@
-//! The meter's spool: rows a PostgreSQL ledger could not take, kept in a local SQLite file
-//! until they are replayed into it, oldest first.
+//! The meter's journal: every settled row is written here first, and a shipper moves it to
+//! a PostgreSQL ledger, oldest first (see `ship`). A SQLite ledger is its own journal.
 //!
-//! The file is not a ledger: one table of rows in the order they were spooled, each an
-//! event or a span as JSON with its id beside it (the ledger skips an id it holds, so a
-//! batch replayed twice, after a crash between the ledger's commit and the spool's delete,
-//! is stored once). Its version is in `PRAGMA user_version`, its kind in
-//! `PRAGMA application_id`; a file that is neither empty nor a spool is refused, not
-//! overwritten, since it may hold usage not yet in the ledger. The file is made on the
-//! first row that needs it, so a healthy ledger leaves none behind; every push is one
-//! transaction, synced (WAL, `synchronous = FULL`), so a spooled row survives a kill.
+//! The file is not a ledger: one table of rows in the order they came, each an event or a
+//! span as JSON with its id beside it (the ledger skips an id it holds, so a batch shipped
+//! twice, after a crash between the ledger's commit and the journal's delete, is stored
+//! once). Its version is in `PRAGMA user_version`, its kind in `PRAGMA application_id`; a
+//! file that is neither empty nor a journal is refused, not overwritten, since it may hold
+//! usage not yet in the ledger. Each push is one transaction in WAL mode with
+//! `synchronous = NORMAL`: a committed push survives a killed process without an fsync per
+//! request (the WAL is synced at each checkpoint; only a power loss can take the last
+//! pushes). The writer and the shipper hold a connection each; the row count is shared.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use frugal_cost::{Event, ReplicaSpan};
 use rusqlite::{Connection, OptionalExtension, params};
 
-/// `PRAGMA application_id` of a spool: "FRSP".
+/// `PRAGMA application_id` of a journal: "FRSP" (it began as the spool of an unreachable
+/// ledger; the format is the same, so a spool left by an older frugal is shipped too).
 const APPLICATION_ID: i64 = 0x4652_5350;
-/// The spool's format; a newer one is refused.
+/// The journal's format; a newer one is refused.
 const VERSION: i64 = 1;
 
 const SCHEMA: &str = "
@@ -29,32 +34,38 @@ CREATE TABLE rows (
 );";
 
 #[derive(Debug, thiserror::Error)]
-pub enum SpoolError {
-    #[error("cannot open the ledger spool {path}")]
+pub enum JournalError {
+    #[error("cannot open the ledger journal {path}")]
     Open {
         path: PathBuf,
         #[source]
         source: rusqlite::Error,
     },
-    #[error("{0} is not a frugal ledger spool; move it away or set `ledger.spool` to another file")]
-    NotASpool(PathBuf),
     #[error(
-        "ledger spool {path} has version {found}, newer than this frugal understands ({VERSION}); replay it with a newer frugal"
+        "{0} is not a frugal ledger journal; move it away or set `ledger.spool` to another file"
+    )]
+    NotAJournal(PathBuf),
+    #[error(
+        "ledger journal {path} holds {rows} rows, its limit: the ledger has been away too long"
+    )]
+    Full { path: PathBuf, rows: u64 },
+    #[error(
+        "ledger journal {path} has version {found}, newer than this frugal understands ({VERSION}); replay it with a newer frugal"
     )]
     Newer { path: PathBuf, found: i64 },
-    #[error("cannot write the ledger spool {path}")]
+    #[error("cannot write the ledger journal {path}")]
     Write {
         path: PathBuf,
         #[source]
         source: rusqlite::Error,
     },
-    #[error("cannot read the ledger spool {path}")]
+    #[error("cannot read the ledger journal {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: rusqlite::Error,
     },
-    #[error("ledger spool {path} holds a row this frugal cannot read (seq {seq}): {what}")]
+    #[error("ledger journal {path} holds a row this frugal cannot read (seq {seq}): {what}")]
     Corrupt {
         path: PathBuf,
         seq: i64,
@@ -62,7 +73,16 @@ pub enum SpoolError {
     },
 }
 
-/// The oldest rows of the spool, in order, and the last one's place.
+/// Rows a journal holds at most: past it a push is refused as a full disk would refuse it
+/// (the meter keeps the rows in memory, then counts what it drops). About 1.5 GB of rows,
+/// days of a busy gateway's traffic: a ledger away that long needs a person, not a bigger
+/// file.
+pub const MAX_ROWS: u64 = 4_000_000;
+/// How long a connection waits for the other's transaction (the writer's push, the
+/// shipper's delete): both are short, and the writer must not stall behind a stuck file.
+const BUSY_WAIT: Duration = Duration::from_secs(1);
+
+/// The oldest rows of the journal, in order, and the last one's place.
 #[derive(Debug, Default)]
 pub struct Batch {
     pub events: Vec<Event>,
@@ -77,60 +97,60 @@ impl Batch {
     }
 }
 
-pub struct Spool {
+/// One connection to a journal file.
+pub struct Journal {
     path: PathBuf,
-    /// `None` until a row needs the file (or one was found at start).
-    conn: Option<Connection>,
-    /// Rows in the file.
-    rows: u64,
+    conn: Connection,
+    /// Rows in the file, shared by every connection to it.
+    rows: Arc<AtomicU64>,
 }
 
-impl Spool {
-    /// The spool at `path`: a file left by an earlier run is opened now (and refused with
-    /// the reason if it is not a readable spool); otherwise the file is made when a row
-    /// first needs it.
-    pub fn open(path: &Path) -> Result<Spool, SpoolError> {
-        let mut spool = Spool {
+impl Journal {
+    /// Opens the journal at `path`, making it if there is none (and refusing, with the
+    /// reason, a file that is not a readable journal).
+    pub fn open(path: &Path) -> Result<Journal, JournalError> {
+        let (conn, rows) = prepare(path)?;
+        Ok(Journal {
             path: path.to_owned(),
-            conn: None,
-            rows: 0,
-        };
-        if path.exists() {
-            spool.connect()?;
-        }
-        Ok(spool)
+            conn,
+            rows: Arc::new(AtomicU64::new(rows)),
+        })
+    }
+
+    /// A second connection to the same file, sharing its row count.
+    pub fn another(&self) -> Result<Journal, JournalError> {
+        let (conn, _) = prepare(&self.path)?;
+        Ok(Journal {
+            path: self.path.clone(),
+            conn,
+            rows: self.rows.clone(),
+        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Rows waiting to be replayed.
+    /// Rows waiting to be shipped.
     pub fn rows(&self) -> u64 {
-        self.rows
+        self.rows.load(Ordering::Acquire)
     }
 
-    fn connect(&mut self) -> Result<&mut Connection, SpoolError> {
-        let conn = match self.conn.take() {
-            Some(conn) => conn,
-            None => {
-                let (conn, rows) = prepare(&self.path)?;
-                self.rows = rows;
-                conn
-            }
-        };
-        Ok(self.conn.insert(conn))
-    }
-
-    /// Appends rows in one transaction: all of them are spooled, or none.
-    pub fn push(&mut self, events: &[Event], spans: &[ReplicaSpan]) -> Result<(), SpoolError> {
+    /// Appends rows in one transaction: all of them are in the journal, or none.
+    pub fn push(&mut self, events: &[Event], spans: &[ReplicaSpan]) -> Result<(), JournalError> {
+        let n = (events.len() + spans.len()) as u64;
+        if self.rows() + n > MAX_ROWS {
+            return Err(JournalError::Full {
+                path: self.path.clone(),
+                rows: self.rows(),
+            });
+        }
         let path = self.path.clone();
-        let write = |source| SpoolError::Write {
+        let write = |source| JournalError::Write {
             path: path.clone(),
             source,
         };
-        let conn = self.connect()?;
-        let tx = conn.transaction().map_err(write)?;
+        let tx = self.conn.transaction().map_err(write)?;
         {
             let mut insert = tx
                 .prepare_cached("INSERT INTO rows (span, id, body) VALUES (?1, ?2, ?3)")
@@ -152,23 +172,23 @@ impl Spool {
             }
         }
         tx.commit().map_err(write)?;
-        self.rows += (events.len() + spans.len()) as u64;
+        self.rows.fetch_add(n, Ordering::AcqRel);
         Ok(())
     }
 
     /// Up to `limit` of the oldest rows.
-    pub fn oldest(&mut self, limit: usize) -> Result<Batch, SpoolError> {
+    pub fn oldest(&mut self, limit: usize) -> Result<Batch, JournalError> {
         let path = self.path.clone();
-        let read = |source| SpoolError::Read {
+        let read = |source| JournalError::Read {
             path: path.clone(),
             source,
         };
         let mut batch = Batch::default();
-        if self.rows == 0 {
+        if self.rows() == 0 {
             return Ok(batch);
         }
-        let conn = self.connect()?;
-        let mut stmt = conn
+        let mut stmt = self
+            .conn
             .prepare_cached("SELECT seq, span, id, body FROM rows ORDER BY seq LIMIT ?1")
             .map_err(read)?;
         let mut rows = stmt
@@ -176,7 +196,7 @@ impl Spool {
             .map_err(read)?;
         while let Some(r) = rows.next().map_err(read)? {
             let seq: i64 = r.get(0).map_err(read)?;
-            let corrupt = |what: String| SpoolError::Corrupt {
+            let corrupt = |what: String| JournalError::Corrupt {
                 path: path.clone(),
                 seq,
                 what,
@@ -202,61 +222,69 @@ impl Spool {
             }
             batch.last = seq;
         }
+        if batch.len() == 0 {
+            // Another connection emptied it (a shipper left behind at a shutdown that
+            // caught up later): the count follows the file.
+            self.rows.store(0, Ordering::Release);
+        }
         Ok(batch)
     }
 
     /// Drops the rows up to `last` (a batch the ledger has committed).
-    pub fn remove_through(&mut self, last: i64) -> Result<(), SpoolError> {
+    pub fn remove_through(&mut self, last: i64) -> Result<(), JournalError> {
         let path = self.path.clone();
-        let write = |source| SpoolError::Write {
+        let write = |source| JournalError::Write {
             path: path.clone(),
             source,
         };
-        let conn = self.connect()?;
-        conn.execute("DELETE FROM rows WHERE seq <= ?1", params![last])
+        let removed = self
+            .conn
+            .execute("DELETE FROM rows WHERE seq <= ?1", params![last])
             .map_err(write)?;
-        self.rows = conn
-            .query_row("SELECT count(*) FROM rows", [], |r| r.get::<_, i64>(0))
-            .map_err(write)?
-            .max(0) as u64;
+        let _ = self
+            .rows
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(removed as u64))
+            });
         Ok(())
     }
 }
 
-/// Opens (creating) the file at `path` as a spool; returns it and the rows it holds.
-fn prepare(path: &Path) -> Result<(Connection, u64), SpoolError> {
-    let open = |source| SpoolError::Open {
+/// Opens (creating) the file at `path` as a journal; returns it and the rows it holds.
+fn prepare(path: &Path) -> Result<(Connection, u64), JournalError> {
+    let open = |source| JournalError::Open {
         path: path.to_owned(),
         source,
     };
     let conn = Connection::open(path).map_err(open)?;
-    let not_spool = |e: rusqlite::Error| match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::NotADatabase) => SpoolError::NotASpool(path.to_owned()),
+    let not_journal = |e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => JournalError::NotAJournal(path.to_owned()),
         _ => open(e),
     };
-    let pragma = |name: &str| -> Result<i64, SpoolError> {
+    let pragma = |name: &str| -> Result<i64, JournalError> {
         conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
-            .map_err(not_spool)
+            .map_err(not_journal)
     };
     let (app, version) = (pragma("application_id")?, pragma("user_version")?);
     let tables: i64 = conn
         .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-        .map_err(not_spool)?;
+        .map_err(not_journal)?;
     if app != APPLICATION_ID && (tables > 0 || app != 0) {
-        return Err(SpoolError::NotASpool(path.to_owned()));
+        return Err(JournalError::NotAJournal(path.to_owned()));
     }
     if version > VERSION {
-        return Err(SpoolError::Newer {
+        return Err(JournalError::Newer {
             path: path.to_owned(),
             found: version,
         });
     }
-    let write = |source| SpoolError::Write {
+    let write = |source| JournalError::Write {
         path: path.to_owned(),
         source,
     };
-    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")
         .map_err(write)?;
+    conn.busy_timeout(BUSY_WAIT).map_err(write)?;
     if version == 0 {
         conn.execute_batch(&format!(
             "BEGIN; {SCHEMA} PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {VERSION}; COMMIT;"
@@ -266,7 +294,7 @@ fn prepare(path: &Path) -> Result<(Connection, u64), SpoolError> {
     let rows: Option<i64> = conn
         .query_row("SELECT count(*) FROM rows", [], |r| r.get(0))
         .optional()
-        .map_err(|source| SpoolError::Read {
+        .map_err(|source| JournalError::Read {
             path: path.to_owned(),
             source,
         })?;
@@ -308,20 +336,21 @@ mod tests {
     #[test]
     fn rows_come_back_oldest_first_exactly_and_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("spool.sqlite");
-        let mut spool = Spool::open(&path).unwrap();
-        assert!(!path.exists(), "no file until a row needs one");
+        let path = dir.path().join("journal.sqlite");
+        let mut journal = Journal::open(&path).unwrap();
         let first = [event(1, 7, 1), event(2, 8, 2)];
-        spool.push(&first, &[span(3)]).unwrap();
-        spool.push(&[event(3, 9, 4)], &[]).unwrap();
-        drop(spool);
-        let mut spool = Spool::open(&path).unwrap();
+        journal.push(&first, &[span(3)]).unwrap();
+        journal.push(&[event(3, 9, 4)], &[]).unwrap();
+        drop(journal);
+        let journal = Journal::open(&path).unwrap();
+        // The shipper reads on a connection of its own; the writer goes on pushing.
+        let mut spool = journal.another().unwrap();
         assert_eq!(spool.rows(), 4);
         let batch = spool.oldest(3).unwrap();
         assert_eq!(batch.events, first, "ids, floats and money round-trip");
         assert_eq!(batch.spans, [span(3)]);
         spool.remove_through(batch.last).unwrap();
-        assert_eq!(spool.rows(), 1);
+        assert_eq!((spool.rows(), journal.rows()), (1, 1), "one count for both");
         let rest = spool.oldest(10).unwrap();
         assert_eq!(rest.events, [event(3, 9, 4)]);
         spool.remove_through(rest.last).unwrap();
@@ -329,48 +358,61 @@ mod tests {
     }
 
     #[test]
-    fn a_full_spool_stores_nothing_of_the_push_and_says_so() {
+    fn a_full_journal_stores_nothing_of_the_push_and_says_so() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("spool.sqlite");
-        let mut spool = Spool::open(&path).unwrap();
+        let path = dir.path().join("journal.sqlite");
+        let mut spool = Journal::open(&path).unwrap();
         spool.push(&[event(1, 1, 1)], &[]).unwrap();
         // The file may not grow past its size now: as a full disk.
         let pages: i64 = spool
-            .connect()
-            .unwrap()
+            .conn
             .query_row("PRAGMA page_count", [], |r| r.get(0))
             .unwrap();
         spool
-            .connect()
-            .unwrap()
+            .conn
             .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
             .unwrap();
         let many: Vec<Event> = (0..2000).map(|i| event(i, 1, (i % 250) as u8)).collect();
         let err = spool.push(&many, &[]).unwrap_err();
         assert!(
-            err.to_string().contains("cannot write the ledger spool"),
+            err.to_string().contains("cannot write the ledger journal"),
             "{err}"
         );
         assert_eq!(spool.rows(), 1);
         drop(spool);
-        assert_eq!(Spool::open(&path).unwrap().rows(), 1, "nothing partial");
+        assert_eq!(Journal::open(&path).unwrap().rows(), 1, "nothing partial");
     }
 
     #[test]
-    fn other_files_and_newer_spools_are_refused_and_left_alone() {
+    fn past_its_bound_a_journal_refuses_the_push_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(&dir.path().join("journal.sqlite")).unwrap();
+        journal.rows.store(MAX_ROWS - 1, Ordering::Release);
+        let err = journal
+            .push(&[event(1, 1, 1), event(2, 1, 2)], &[])
+            .unwrap_err();
+        assert!(matches!(err, JournalError::Full { .. }), "{err}");
+        journal.push(&[event(1, 1, 1)], &[]).unwrap();
+    }
+
+    #[test]
+    fn other_files_and_newer_journals_are_refused_and_left_alone() {
         let dir = tempfile::tempdir().unwrap();
         let text = dir.path().join("notes.txt");
         std::fs::write(&text, "not a database, and longer than a header would be ........................................................................................").unwrap();
-        let err = Spool::open(&text).err().unwrap().to_string();
-        assert!(err.contains("is not a frugal ledger spool"), "{err}");
+        let err = Journal::open(&text).err().unwrap().to_string();
+        assert!(err.contains("is not a frugal ledger journal"), "{err}");
         let other = dir.path().join("other.sqlite");
         Connection::open(&other)
             .unwrap()
             .execute_batch("CREATE TABLE t (x INTEGER)")
             .unwrap();
-        assert!(matches!(Spool::open(&other), Err(SpoolError::NotASpool(_))));
+        assert!(matches!(
+            Journal::open(&other),
+            Err(JournalError::NotAJournal(_))
+        ));
         let newer = dir.path().join("newer.sqlite");
-        Spool::open(&newer)
+        Journal::open(&newer)
             .unwrap()
             .push(&[event(1, 1, 1)], &[])
             .unwrap();
@@ -378,7 +420,7 @@ mod tests {
             .unwrap()
             .execute_batch("PRAGMA user_version = 2")
             .unwrap();
-        let err = Spool::open(&newer).err().unwrap().to_string();
+        let err = Journal::open(&newer).err().unwrap().to_string();
         assert!(err.contains("version 2, newer"), "{err}");
         assert!(std::fs::read(&text).unwrap().starts_with(b"not a database"));
     }
