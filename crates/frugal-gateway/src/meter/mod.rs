@@ -675,6 +675,30 @@ mod tests {
     }
 
     #[test]
+    fn a_ledger_held_by_a_lock_times_out_its_writes_and_gets_every_row_once_released() {
+        let (url, dir) = postgres_and_dir();
+        let meter = on_postgres(&url, dir.path().join("journal.sqlite"));
+        meter.record(row("m", Money::from_nanos(1), None, None));
+        wait_until("the first row shipped", || stored(&url).0 == 1);
+        // Another session holds the table: inserts wait on the lock, as on a slow ledger.
+        let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut tx = db.transaction().unwrap();
+        tx.batch_execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+            .unwrap();
+        for _ in 0..200 {
+            meter.record(row("m", Money::from_nanos(1), None, None));
+        }
+        // The shipper's write ends at its statement timeout, not at the lock's release.
+        let health = meter.health();
+        wait_until("a write timed out", || !health.up());
+        assert_eq!(health.undurable(), 0, "no answer waited on the ledger");
+        tx.rollback().unwrap();
+        wait_until("every row shipped", || stored(&url).0 == 201);
+        meter.close();
+        assert_eq!(stored(&url), (201, Money::from_nanos(201)));
+    }
+
+    #[test]
     fn machine_time_is_priced_to_the_microsecond() {
         let m = Machine {
             model: "m".into(),
