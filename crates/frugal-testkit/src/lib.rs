@@ -6,7 +6,7 @@
 //!   axum router on a loopback port, or a port that refuses or never answers.
 //! - Files of the checkout: [`repo`], [`model`], [`test_model`]; [`example_trainer`], the
 //!   `frugal-example-trainer` binary beside the test's own.
-//! - [`free_port`] and [`wait_until`].
+//! - [`free_port`] and [`wait_until`]; [`secrets`], passwords for property tests.
 //! - [`events`] (feature `events`): builders of ledger rows, `frugal_cost::Event` and
 //!   `ReplicaSpan`.
 //!
@@ -28,6 +28,7 @@ pub mod loopback;
 pub mod postgres;
 pub mod prometheus;
 pub mod redis;
+pub mod secrets;
 pub mod upstream;
 
 use std::net::TcpListener;
