@@ -324,6 +324,24 @@ impl Event {
     }
 }
 
+/// An id (for `Event::id`, `ReplicaSpan::id`) made of what identifies a row to its writer:
+/// `what` names the kind of row, `parts` what tells one from another (a run and its
+/// segment's start, a watched server and its interval's start). Writing the same row again,
+/// after a crash between the ledger's commit and the writer's own bookkeeping, gives the
+/// same id, and the ledger stores it once.
+pub fn derived_id(what: &str, parts: &[&[u8]]) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in std::iter::once(what.as_bytes()).chain(parts.iter().copied()) {
+        // Length-prefixed, so that no two lists of parts hash alike.
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&h.finalize()[..16]);
+    id
+}
+
 /// The part of `cost` that bought nothing: all of it when idle, the unused share otherwise.
 pub fn waste(kind: Kind, utilization: Option<f64>, cost: Money) -> Money {
     match (kind, utilization) {

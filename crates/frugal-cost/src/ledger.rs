@@ -27,6 +27,7 @@ use serde::Serialize;
 use crate::event::{Event, ReplicaSpan, waste};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Ids, Key, Pending, Sums};
+use crate::secret_url::{Hide, SecretUrl};
 use crate::{Capacity, Kind, Outcome};
 
 mod decode;
@@ -84,6 +85,15 @@ impl Location {
         match self {
             Location::Sqlite(path) => path.display().to_string(),
             Location::Postgres(url) => postgres::redact(url),
+        }
+    }
+
+    /// Whether the location holds a password (in a URL's user part or its query): what
+    /// must be kept in a secret store, never in a plain file.
+    pub fn has_credentials(&self) -> bool {
+        match self {
+            Location::Sqlite(_) => false,
+            Location::Postgres(url) => SecretUrl::parse(url).has_secret(Hide::Password),
         }
     }
 }

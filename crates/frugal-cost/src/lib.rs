@@ -4,7 +4,8 @@
 //! append-only SQLite ledger (`ledger`), importers for CSV, JSONL and FOCUS billing
 //! exports (`import`), the unit-cost report (`report`, rendered by `html`), with how
 //! figures read and charts draw wherever they are shown (`present`), and capacity planning
-//! from demand and spot traces (`plan`). It knows nothing of HTTP or models.
+//! from demand and spot traces (`plan`), and URLs that carry secrets, as shown without them
+//! (`secret_url`: the ledger's, and the gateway's Redis). It knows nothing of HTTP or models.
 
 pub mod catalog;
 pub mod causes;
@@ -18,6 +19,7 @@ pub mod plan;
 pub mod present;
 pub mod report;
 pub mod rollup;
+pub mod secret_url;
 
 // The testkit's ledger row builders, compiled into this crate's unit tests so that they
 // build its own types (a testkit depending on this crate would bring a second copy).

@@ -42,7 +42,7 @@ pub use spot::{
     TraceReading, TraceStats, plan_deadline, replay, sweep_intervals, young_daly_interval,
 };
 
-pub use whole::{Plan, PlanError, Recommended, SpotAsk, SpotPlan, ledger_demand};
+pub use whole::{LedgerDemand, Plan, PlanError, Recommended, SpotAsk, SpotPlan, ledger_demand};
 
 use crate::money::{HourlyRate, Millis, Money};
 

@@ -29,7 +29,7 @@ use thiserror::Error;
 use crate::assemble::ConfigError;
 use crate::config::{PoolBackend, RawServe};
 use crate::pool::settings::{self, Kind, PoolConfig};
-use crate::redis_conn::redact_url;
+use crate::redis_conn::{has_credentials, redact_url};
 
 /// The gateway's Deployment, Service, ConfigMap and (for upstreams' API keys) Secret.
 pub const GATEWAY: &str = "frugal-gateway";
@@ -112,9 +112,9 @@ pub const LEDGER_ENV: &str = "FRUGAL_LEDGER";
 pub const CACHE_REDIS_ENV: &str = "FRUGAL_CACHE_REDIS";
 pub const BUDGET_REDIS_ENV: &str = "FRUGAL_BUDGET_REDIS";
 
-/// A URL that shows differently with its credentials masked carries some.
-fn has_credentials(url: &str) -> bool {
-    redact_url(url) != url || frugal_cost::Location::parse(url).redacted() != url
+/// Whether the ledger's URL holds a password.
+fn ledger_has_credentials(url: &str) -> bool {
+    frugal_cost::Location::parse(url).has_credentials()
 }
 
 impl Target {
@@ -152,7 +152,10 @@ pub fn secret_keys(serve: &RawServe, target: &Target) -> Vec<SecretKey> {
             holds: "the API key".to_owned(),
         })
         .collect();
-    if let Some(url) = target.postgres_ledger().filter(|u| has_credentials(u)) {
+    if let Some(url) = target
+        .postgres_ledger()
+        .filter(|u| ledger_has_credentials(u))
+    {
         keys.push(SecretKey {
             key: LEDGER_ENV.to_owned(),
             holds: frugal_cost::Location::parse(url).redacted(),
@@ -456,7 +459,7 @@ fn gateway_objects(serve: &RawServe, config: &str, target: &Target) -> Vec<Value
         .collect();
     let from_secret = |var: &str| json!({"name": var, "valueFrom": {"secretKeyRef": {"name": GATEWAY, "key": var}}});
     let mut env = match target.postgres_ledger() {
-        Some(url) if has_credentials(url) => vec![from_secret(LEDGER_ENV)],
+        Some(url) if ledger_has_credentials(url) => vec![from_secret(LEDGER_ENV)],
         Some(url) => vec![json!({"name": LEDGER_ENV, "value": url})],
         None => vec![json!({"name": LEDGER_ENV, "value": format!("{LEDGER_DIR}/ledger.sqlite")})],
     };
@@ -947,6 +950,34 @@ mod tests {
                 .any(|e| e["name"] == LEDGER_ENV && e["value"] == "/var/lib/frugal/ledger.sqlite"),
             "one gateway keeps its SQLite ledger in the pod"
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Issue 31: a password pasted unencoded (a base64 one holds `/`) reaches no
+        /// manifest: the ledger's and Redis' URLs go to the Secret, never to a plain value.
+        #[test]
+        fn no_password_reaches_a_manifest(pw in frugal_testkit::secrets::url_password()) {
+            let mut raw = serve(CONFIG);
+            raw.cache_redis = Some(format!("redis://:{pw}@redis:6379/0"));
+            raw.budget_redis = Some(format!("rediss://frugal:{pw}@redis:6379/1"));
+            let t = Target {
+                ledger: Some(format!("postgres://frugal:{pw}@db.data:5432/ledger")),
+                ..target()
+            };
+            let files = manifests(&raw, &Catalog::default(), &t).unwrap();
+            let all = files.iter().map(Manifest::yaml).collect::<String>();
+            proptest::prop_assert!(!all.contains(&pw), "{pw} in\n{all}");
+            let vars = env(&files);
+            for var in [LEDGER_ENV, CACHE_REDIS_ENV, BUDGET_REDIS_ENV] {
+                proptest::prop_assert!(
+                    vars.iter().any(|e| e["name"] == var && e["valueFrom"]["secretKeyRef"]["key"] == var),
+                    "{var} from the Secret"
+                );
+            }
+            let keys = secret_keys(&raw, &t);
+            proptest::prop_assert!(keys.iter().all(|k| !k.holds.contains(&pw)));
+        }
     }
 
     fn build(text: &str) -> Result<Vec<Manifest>, KubeError> {

@@ -6,7 +6,8 @@
 //!   axum router on a loopback port, or a port that refuses or never answers.
 //! - Files of the checkout: [`repo`], [`model`], [`test_model`]; [`example_trainer`], the
 //!   `frugal-example-trainer` binary beside the test's own.
-//! - [`free_port`], [`wait_until`], and [`signal_tree`] (freezing a server).
+//! - [`free_port`], [`wait_until`], and [`signal_tree`] (freezing a server); [`secrets`],
+//!   passwords for property tests.
 //! - [`events`] (feature `events`): builders of ledger rows, `frugal_cost::Event` and
 //!   `ReplicaSpan`.
 //!
@@ -28,6 +29,7 @@ pub mod loopback;
 pub mod postgres;
 pub mod prometheus;
 pub mod redis;
+pub mod secrets;
 pub mod upstream;
 
 use std::net::TcpListener;

@@ -5,7 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use frugal_cloud::price::Pricing;
 use frugal_cost::Money;
-use frugal_cost::event::{Event, Kind, Outcome};
+use frugal_cost::event::{Event, Kind, Outcome, derived_id};
 
 use crate::supervisor::Segment;
 
@@ -27,6 +27,13 @@ impl Segment {
         let ts_ms = ms(self.started.duration_since(UNIX_EPOCH).unwrap_or_default());
         let cost = pricing.rate.cost(duration_ms, 1).unwrap_or(Money::ZERO);
         let mut e = Event::new(ts_ms, Kind::Training, run_id, cost);
+        // A run's segments start one after another, so the start tells them apart; a segment
+        // billed by its supervisor and again from its marker (a crash between the two) has
+        // the same start and is stored once.
+        e.id = Some(derived_id(
+            "training segment",
+            &[run_id.as_bytes(), &ts_ms.to_le_bytes()],
+        ));
         e.duration_ms = duration_ms;
         e.run_id = Some(run_id.to_owned());
         e.instance_type.clone_from(&pricing.instance_type);
@@ -138,5 +145,86 @@ mod tests {
         };
         let total = RunCost::of(&unknown, "r1", &[segment(1, Outcome::Completed, 0)]);
         assert_eq!(total.on_demand, None);
+    }
+
+    fn pricing() -> Pricing {
+        Pricing {
+            capacity: Capacity::OnDemand,
+            rate: HourlyRate(m("3.00")),
+            on_demand: None,
+            instance_type: None,
+            region: None,
+        }
+    }
+
+    /// Issue 31: a supervisor that bills a segment and dies before clearing its marker
+    /// left the next start to bill it again from the marker. Billed from the marker the
+    /// segment has the same start, so the same id: the ledger stores it once.
+    #[test]
+    fn a_training_segment_billed_twice_is_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = frugal_cost::Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        let p = pricing();
+        // Billed from the end of the one before: a start with a part of a millisecond.
+        let mut billed = segment(30, Outcome::Completed, 0);
+        billed.started += Duration::from_nanos(123_456);
+        let marker = dir.path().join("segment");
+        crate::orphan::mark(&marker, 0, None, billed.started);
+        assert_eq!(
+            ledger
+                .append("frugal train", &[billed.event("r1", &p)])
+                .unwrap(),
+            1
+        );
+        let run = crate::orphan::Run {
+            id: "r1",
+            metrics: &dir.path().join("metrics.jsonl"),
+            checkpoint_dir: &dir.path().join("checkpoints"),
+            log: None,
+        };
+        let left = crate::orphan::settle(&marker, &run).unwrap();
+        assert_eq!(
+            ledger
+                .append("frugal train", &[left.event("r1", &p)])
+                .unwrap(),
+            0
+        );
+        // The next segment, and another run's segment at the same start, are their own.
+        let mut next = segment(10, Outcome::Completed, 0);
+        next.started = billed.ended;
+        assert_eq!(
+            ledger
+                .append("frugal train", &[next.event("r1", &p)])
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            ledger
+                .append("frugal train", &[billed.event("r2", &p)])
+                .unwrap(),
+            1
+        );
+        assert_eq!(ledger.info().unwrap().events, 3);
+    }
+
+    /// The tuner bills each trial's segment under the trial's run id (`{tune}-t{trial}`)
+    /// and the search's workload: the same segment twice (billed, then again from its pid
+    /// file after a crash) is stored once, and two trials' segments with the same start
+    /// are both stored.
+    #[test]
+    fn a_tune_trial_segment_billed_twice_is_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = frugal_cost::Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        let p = pricing();
+        let s = segment(5, Outcome::Completed, 0);
+        let trial = |run: &str| {
+            let mut e = s.event(run, &p);
+            e.workload = "tune-a".into();
+            e
+        };
+        for run in ["tune-a-t001", "tune-a-t001", "tune-a-t002"] {
+            ledger.append("frugal tune", &[trial(run)]).unwrap();
+        }
+        assert_eq!(ledger.info().unwrap().events, 2);
     }
 }

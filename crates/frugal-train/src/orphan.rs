@@ -13,14 +13,16 @@ use frugal_cost::event::Outcome;
 use crate::contract;
 use crate::supervisor::Segment;
 
-/// Marks a segment as running: `pid started_ms resumed_from` (-1 for none).
-pub fn mark(marker: &Path, pid: u32, resumed_from: Option<u64>) {
-    let now_ms = SystemTime::now()
+/// Marks a segment as running: `pid started_ms resumed_from` (-1 for none), where
+/// `started_ms` is `since`, the start the supervisor bills it from: billed from the marker
+/// too, the segment has the same start, so the same ledger id, and is stored once.
+pub fn mark(marker: &Path, pid: u32, resumed_from: Option<u64>, since: SystemTime) {
+    let since_ms = since
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_millis();
     let resumed = resumed_from.map_or(-1, i128::from);
-    if let Err(e) = std::fs::write(marker, format!("{pid} {now_ms} {resumed}")) {
+    if let Err(e) = std::fs::write(marker, format!("{pid} {since_ms} {resumed}")) {
         tracing::warn!("cannot write {}: {e}", marker.display());
     }
 }
@@ -34,8 +36,8 @@ pub fn clear(marker: &Path) {
 pub struct Marking(pub std::path::PathBuf);
 
 impl crate::supervisor::Observer for Marking {
-    fn started(&mut self, _attempt: u32, pid: u32, resumed_from: Option<u64>) {
-        mark(&self.0, pid, resumed_from);
+    fn started(&mut self, _attempt: u32, pid: u32, resumed_from: Option<u64>, since: SystemTime) {
+        mark(&self.0, pid, resumed_from, since);
     }
 }
 

@@ -65,8 +65,15 @@ pub struct Plan {
 /// Watches a run from outside (a tuner) and may end it early.
 pub trait Observer {
     /// A segment's command started as process (and group) `pid`, resuming from a checkpoint
-    /// at `resumed_from`.
-    fn started(&mut self, _attempt: u32, _pid: u32, _resumed_from: Option<u64>) {}
+    /// at `resumed_from`; the segment is billed from `since` (its [`Segment::started`]).
+    fn started(
+        &mut self,
+        _attempt: u32,
+        _pid: u32,
+        _resumed_from: Option<u64>,
+        _since: SystemTime,
+    ) {
+    }
     /// The metrics lines since the last call, every tick (often none): `true` asks the
     /// command to checkpoint and stop, and the run ends [`Ending::Paused`].
     fn watch(&mut self, _steps: &[StepMetrics]) -> bool {
@@ -234,7 +241,12 @@ pub async fn supervise<S: NoticeSource + 'static>(
         clear_partial(&plan.checkpoint_dir);
         let resume = resume_point(&plan.checkpoint_dir, &store, &bad).await?;
         let mut life = Life::start(plan, attempt, resume.as_ref(), &mut watchdog)?;
-        observer.started(attempt, life.pid.as_raw().unsigned_abs(), life.resumed_from);
+        observer.started(
+            attempt,
+            life.pid.as_raw().unsigned_abs(),
+            life.resumed_from,
+            started,
+        );
         let status = life
             .run(
                 plan,

@@ -6,7 +6,9 @@
 //! counter gone, a clock that went back, a kind that changed) is a [`Gap`]: the interval
 //! is not billed rather than billed wrong.
 
-use frugal_cost::event::{Capacity, Event, Kind as EventKind, ReplicaSpan, ReplicaState};
+use frugal_cost::event::{
+    Capacity, Event, Kind as EventKind, ReplicaSpan, ReplicaState, derived_id,
+};
 use frugal_cost::money::{HourlyRate, Millis};
 
 use crate::reading::Reading;
@@ -213,8 +215,23 @@ pub fn bill(
         None => total,
     };
     let model = target.model.clone().or_else(|| interval.model.clone());
+    // A server's intervals chain (each starts at the reading the last one ended on), so its
+    // name and the start tell a row apart: an interval billed again after a crash before
+    // the state was saved has the same start, and the ledger stores it once (the time from
+    // the crash to the next reading is then not billed, as a gap is not).
+    let id = |row: &str| {
+        derived_id(
+            "frugal watch",
+            &[
+                target.name.as_bytes(),
+                &start_ms.to_le_bytes(),
+                row.as_bytes(),
+            ],
+        )
+    };
     let row = |kind: EventKind, cost| {
         let mut e = Event::new(start_ms, kind, target.workload.clone(), cost);
+        e.id = Some(id(kind.as_str()));
         e.duration_ms = interval.duration_ms;
         e.model = model.clone();
         e.instance_type = target.instance_type.clone();
@@ -228,7 +245,7 @@ pub fn bill(
     work.output_tokens = interval.output_tokens;
     let share = interval.busy_share.map_or(1.0, |s| s.clamp(0.0, 1.0));
     let span = ReplicaSpan {
-        id: None,
+        id: Some(id("span")),
         ts_ms: start_ms,
         duration_ms: interval.duration_ms,
         workload: target.workload.clone(),
@@ -491,6 +508,32 @@ mod tests {
         assert_eq!(ev[0].utilization, None);
         assert_eq!(ev[0].model.as_deref(), Some("configured"));
         assert_eq!((span.pool.as_str(), span.busy_ms), ("configured", 60_000));
+    }
+
+    /// Issue 31: an interval billed, then billed again after a crash left the state file
+    /// unsaved (the same start, a later end), is stored once: its events and its span.
+    #[test]
+    fn an_interval_billed_twice_is_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = frugal_cost::Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        let rate = HourlyRate(Money::from_cents(360));
+        let billed = bill(&target(), rate, 42, &interval(60_000, Some(0.5))).unwrap();
+        let again = bill(&target(), rate, 42, &interval(90_000, Some(0.25))).unwrap();
+        let next = bill(&target(), rate, 60_042, &interval(60_000, Some(0.5))).unwrap();
+        let mut other = target();
+        other.name = "vllm-2".into();
+        let elsewhere = bill(&other, rate, 42, &interval(60_000, Some(0.5))).unwrap();
+        let stored: Vec<u64> = [&billed, &again, &next, &elsewhere]
+            .iter()
+            .map(|b| {
+                ledger
+                    .append_with_spans("frugal watch", &b.events, std::slice::from_ref(&b.span))
+                    .unwrap()
+            })
+            .collect();
+        // Two events and a span each; none of the repeat.
+        assert_eq!(stored, [3, 0, 3, 3]);
+        assert_eq!(ledger.info().unwrap().events, 6);
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //! `/metrics` body ([`expo`]), tells which engine wrote it and reads its counters into one
 //! shape ([`reading`]), differences two readings into the work between them and bills
 //! that interval's capacity as inference and idle events ([`interval`]). [`watch`] keeps
-//! each target's last snapshot in a state file and fetches bodies; [`fleet`] reads
+//! each target's last snapshot in a state file and fetches bodies (bounded: [`body`]); [`fleet`] reads
 //! `[watch]` into priced targets and turns one pass's answers into ledger rows and a line
 //! per server. The schedule and the printing belong to the binary.
 
+pub mod body;
 pub mod expo;
 pub mod fleet;
 pub mod interval;

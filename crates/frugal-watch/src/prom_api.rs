@@ -174,12 +174,7 @@ pub async fn fetch(
             )
         })?;
     let status = response.status();
-    let body = response.text().await.map_err(|e| {
-        format!(
-            "cannot read {url}'s answer: {}",
-            frugal_cost::causes::with_causes(&e)
-        )
-    })?;
+    let body = crate::body::bounded_text(response, &format!("{url}'s answer")).await?;
     // A refused query is a 400 with the reason in the JSON: let `groups` say it.
     if !status.is_success() && !body.trim_start().starts_with('{') {
         return Err(format!("{url} answered {status}"));

@@ -276,9 +276,6 @@ impl Scraper {
         if !status.is_success() {
             return Err(format!("{url} answered {status}"));
         }
-        response
-            .text()
-            .await
-            .map_err(|e| format!("cannot read {url}'s body: {}", with_causes(&e)))
+        crate::body::bounded_text(response, &format!("{url}'s body")).await
     }
 }

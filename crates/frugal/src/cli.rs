@@ -138,8 +138,8 @@ pub struct PlanArgs {
     /// (times --scale)
     #[arg(long, value_name = "FILE.csv", conflicts_with = "workload")]
     pub demand: Option<PathBuf>,
-    /// Demand from the ledger: the instance-hours this workload's requests and training held
-    /// each hour
+    /// Demand from the ledger: the machine time this workload's requests and training held
+    /// each hour (calls to per-token APIs left out)
     #[arg(long, value_name = "NAME")]
     pub workload: Option<String>,
     /// The instance type, priced from the catalog (reserved prices from a price file)

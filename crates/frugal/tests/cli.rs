@@ -299,6 +299,24 @@ fn missing_ledgers_and_bad_config_are_clear_errors() {
     );
 }
 
+/// Issue 31: a base64 password holds a `/`, which ended the URL's user part when it was
+/// redacted, so the unreachable ledger's error printed the password.
+#[test]
+fn a_password_with_a_slash_is_not_printed() {
+    let env = Env::new();
+    let url = "postgres://user:Zm9v/YmFy@127.0.0.1:1/db";
+    for args in [&["report", "--ledger", url][..], &["report"][..]] {
+        let o = env.frugal_with_ledger(url, args);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        let said = format!("{}{}", stdout(&o), stderr(&o));
+        assert!(
+            said.contains("postgres://user:***@127.0.0.1:1/db"),
+            "{said}"
+        );
+        assert!(!said.contains("Zm9v") && !said.contains("YmFy"), "{said}");
+    }
+}
+
 /// `FRUGAL_ISA` names the engine's kernels: an unknown name (or one the CPU lacks) stops
 /// the command with the name in the error; `scalar` runs everywhere.
 #[test]

@@ -119,6 +119,16 @@ fn bad_demand_and_impossible_windows_are_clear_errors() {
             "no sample",
         ),
         ("timestamp,value\n2999-01-01 00:00:00,3\n", "future"),
+        // Issue 31: a far-past first line (a 20 GB allocation, then an abort), and
+        // `i64::MIN` (which wrapped).
+        (
+            "timestamp,value\n0001-01-01 00:00:00,3\n2024-01-01 00:00:00,2\n",
+            "line 3: timestamp `2024-01-01 00:00:00` is more than 10 years after line 2's",
+        ),
+        (
+            "-9223372036854775808,3\n2024-01-01 00:00:00,2\n",
+            "line 1: timestamp `-9223372036854775808` is not a date",
+        ),
     ];
     for (text, says) in bad {
         std::fs::write(&csv, text).unwrap();
@@ -241,12 +251,13 @@ fn the_cheapest_type_per_token_within_the_ttft_slo_is_recommended() {
 #[test]
 fn scale_to_zero_replays_the_ledgers_arrivals() {
     let dir = tempfile::tempdir().unwrap();
-    // Ten requests a minute apart from 00:00, ten from 02:00, one at 04:00.
+    // Ten requests a minute apart from 00:00, ten from 02:00, one at 04:00, on a machine
+    // (requests to a per-token API would be no demand for one).
     let minutes = (0..10).chain(120..130).chain([240]);
     let jsonl: String = minutes
         .map(|m| {
             format!(
-                "{{\"ts\": \"2025-01-06T{:02}:{:02}:00Z\", \"kind\": \"inference\", \"workload\": \"chat\", \"cost_usd\": 0.01}}\n",
+                "{{\"ts\": \"2025-01-06T{:02}:{:02}:00Z\", \"kind\": \"inference\", \"workload\": \"chat\", \"instance_type\": \"p3.2xlarge\", \"cost_usd\": 0.01}}\n",
                 m / 60,
                 m % 60
             )

@@ -198,3 +198,89 @@ fn a_fleet_is_read_through_a_real_prometheus() {
         said(&third)
     );
 }
+
+/// Issue 31: a target whose body never ends was read whole, for as long as `--timeout`
+/// allowed. It is a gap named with the bound, and the watcher runs within a data limit
+/// (`ulimit -d`, 256 MiB) that reading on would break.
+#[test]
+fn an_endless_body_is_a_gap_within_bounded_memory() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let base = runtime.block_on(frugal_testkit::loopback::endless_body());
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[watch.target]]\nname = \"endless\"\nurl = \"{base}/metrics\"\nprice_per_hour = \"1\"\n"
+    );
+    std::fs::write(dir.path().join("frugal.toml"), config).unwrap();
+    let out = Command::new("sh")
+        .current_dir(dir.path())
+        .args(["-c", "ulimit -d 262144 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_frugal"))
+        .args(["--config", "frugal.toml", "--ledger", "watch.sqlite"])
+        .args(["watch", "--once", "--timeout", "10m"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(
+        said(&out).contains(&format!(
+            "endless: a gap, not billed: {base}/metrics's body is larger than 16 MiB"
+        )),
+        "{}",
+        said(&out)
+    );
+}
+
+/// Issue 31: a crash between the ledger's commit and the state file's save left the old
+/// snapshot, and the next pass billed the same interval again (its events had no id). The
+/// state is put back after a billed pass, as such a crash leaves it: the next pass's
+/// interval starts where the billed one did, has its ids, and is stored once.
+#[test]
+fn an_interval_billed_before_a_crash_is_not_billed_again() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let body = "vllm:request_success_total{finished_reason=\"stop\",model_name=\"m\"} 7\n\
+                vllm:prompt_tokens_total{model_name=\"m\"} 1200\n\
+                vllm:generation_tokens_total{model_name=\"m\"} 300\n\
+                vllm:num_requests_running{model_name=\"m\"} 1\n";
+    let router =
+        axum::Router::new().route("/metrics", axum::routing::get(move || async move { body }));
+    let base = runtime.block_on(frugal_testkit::loopback::serve(router));
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[watch.target]]\nname = \"vllm\"\nurl = \"{base}/metrics\"\nprice_per_hour = \"3.60\"\nworkload = \"chat\"\n"
+    );
+    let rows = || {
+        let db = rusqlite::Connection::open(dir.path().join("watch.sqlite")).unwrap();
+        let events: (i64, i64) = db
+            .query_row(
+                "SELECT count(*), coalesce(sum(cost), 0) FROM events",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        let spans: i64 = db
+            .query_row("SELECT count(*) FROM replica_spans", [], |r| r.get(0))
+            .unwrap();
+        (events, spans)
+    };
+    let state = dir.path().join("watch.watch.json");
+    let first = watch(dir.path(), &config);
+    assert!(
+        said(&first).contains("vllm: first reading (vllm)"),
+        "{}",
+        said(&first)
+    );
+    let baseline = std::fs::read(&state).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let second = watch(dir.path(), &config);
+    assert!(second.status.success(), "{}", said(&second));
+    let billed = rows();
+    assert!(
+        billed.0.0 >= 1 && billed.1 == 1,
+        "{billed:?}: {}",
+        said(&second)
+    );
+    std::fs::write(&state, baseline).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let again = watch(dir.path(), &config);
+    assert!(again.status.success(), "{}", said(&again));
+    assert_eq!(rows(), billed, "billed once: {}", said(&again));
+}

@@ -3,7 +3,7 @@
 //! (a newer one refused, migrations under an advisory lock so two starting processes do
 //! not race), triggers that refuse UPDATE, DELETE and TRUNCATE on events and spans, a pool
 //! of connections, and TLS when the URL's `sslmode` asks for it (see `tls`). A URL's
-//! password never reaches a message: see `redact`.
+//! password never reaches a message: see `redact` (and `crate::secret_url`).
 //!
 //! The client is the blocking one (`postgres`), as the ledger's API is; it drives a small
 //! runtime of its own, so `Ledger` moves its writes off a thread that drives another.
@@ -30,6 +30,7 @@ use super::{
 use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Pending};
+use crate::secret_url::{Hide, SecretUrl};
 
 mod tls;
 
@@ -301,28 +302,7 @@ ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING";
 
 /// `url` with its password (in the user part, or a `password=` parameter) as `***`.
 pub(super) fn redact(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some(scheme_end) = out.find("://") {
-        let rest = scheme_end + 3;
-        let authority_end = out[rest..].find(['/', '?']).map_or(out.len(), |i| rest + i);
-        if let Some(at) = out[rest..authority_end].rfind('@').map(|i| rest + i)
-            && let Some(colon) = out[rest..at].find(':').map(|i| rest + i)
-        {
-            out.replace_range(colon + 1..at, "***");
-        }
-    }
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q + 1);
-        let query: Vec<String> = query
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => kv.to_owned(),
-            })
-            .collect();
-        out = format!("{head}{}", query.join("&"));
-    }
-    out
+    SecretUrl::parse(url).shown(Hide::Password)
 }
 
 /// Why a connection was refused, where PostgreSQL says it plainly.

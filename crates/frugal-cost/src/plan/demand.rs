@@ -18,6 +18,13 @@ use crate::money::Millis;
 /// instances: a scale of 0.1 turns 30 into 3.0000000000000004, which is three instances.
 const WHOLE_TOLERANCE: f64 = 1e-9;
 
+/// The longest demand series read, in years, and so the most hours held per series (three
+/// `Vec`s of ~88,000 values, about 2 MB). A commitment runs three years at most and its
+/// backtest wants as much history; a span past ten years is a wrong timestamp (a year 1,
+/// seconds read as milliseconds), and every hour of it would be allocated.
+pub const MAX_YEARS: i64 = 10;
+pub const MAX_HOURS: usize = MAX_YEARS as usize * 366 * 24;
+
 #[derive(Debug, thiserror::Error)]
 pub enum DemandError {
     #[error("cannot read demand file {path}")]
@@ -51,6 +58,17 @@ pub enum DemandError {
     Gaps {
         missing: usize,
         first_missing: String,
+    },
+    #[error(
+        "demand line {line}: timestamp `{timestamp}` is more than {MAX_YEARS} years after \
+         line {first}'s `{first_timestamp}`; a timestamp is wrong, or the file holds more \
+         history than a plan reads"
+    )]
+    Span {
+        line: u64,
+        timestamp: String,
+        first: u64,
+        first_timestamp: String,
     },
     #[error("demand has no samples")]
     Empty,
@@ -245,6 +263,8 @@ fn samples(text: &str, options: &DemandOptions) -> Result<Vec<(Millis, f64)>, De
     let mut first_line = HashMap::<Millis, u64>::new();
     // (ms, line, text) of the latest sample, for the unsorted error.
     let mut previous: Option<(Millis, u64, String)> = None;
+    // (its hour's start, line, text) of the first sample, for the span.
+    let mut earliest: Option<(Millis, u64, String)> = None;
     for (index, record) in reader.records().enumerate() {
         let line_error = |line: u64, message: String| DemandError::Line { line, message };
         let record = record.map_err(|e| {
@@ -265,6 +285,13 @@ fn samples(text: &str, options: &DemandOptions) -> Result<Vec<(Millis, f64)>, De
             continue; // the header
         }
         let ts = ts.map_err(|e| line_error(line, e))?;
+        // A date, so that whole hours and spans of it cannot overflow.
+        if chrono::DateTime::from_timestamp_millis(ts).is_none() {
+            return Err(line_error(
+                line,
+                format!("timestamp `{ts_text}` is not a date (out of range)"),
+            ));
+        }
         let value =
             value.map_err(|_| line_error(line, format!("value `{value_text}` is not a number")))?;
         if !value.is_finite() || value < 0.0 {
@@ -294,6 +321,18 @@ fn samples(text: &str, options: &DemandOptions) -> Result<Vec<(Millis, f64)>, De
                 timestamp: ts_text.to_owned(),
                 previous: prev_line,
                 previous_timestamp: prev_text,
+            });
+        }
+        // Sorted, so the first sample is the earliest: the span is checked as it grows,
+        // before anything is allocated for it.
+        let (first_hour, first, first_text) =
+            earliest.get_or_insert_with(|| (ts - ts.rem_euclid(HOUR_MS), line, ts_text.to_owned()));
+        if i128::from(ts) - i128::from(*first_hour) >= MAX_HOURS as i128 * i128::from(HOUR_MS) {
+            return Err(DemandError::Span {
+                line,
+                timestamp: ts_text.to_owned(),
+                first: *first,
+                first_timestamp: first_text.clone(),
             });
         }
         first_line.insert(ts, line);
@@ -440,6 +479,55 @@ mod tests {
             err.to_string(),
             "demand line 3: timestamp `2014-07-01 01:00:01` is in the future"
         );
+    }
+
+    /// Issue 31: a far-past timestamp made an hourly series of the whole span (a 20 GB
+    /// allocation), and `i64::MIN` wrapped. Absurd spans are refused, naming the lines, before
+    /// anything is allocated for them, with or without gaps filled.
+    #[test]
+    fn absurd_timestamps_are_refused_before_any_allocation() {
+        let fill = DemandOptions {
+            gaps: Gaps::CarryForward,
+            ..opts()
+        };
+        for (text, says) in [
+            (
+                "0001-01-01 00:00:00,1\n2014-07-01 00:00:00,1\n",
+                "demand line 2: timestamp `2014-07-01 00:00:00` is more than 10 years after \
+                 line 1's `0001-01-01 00:00:00`",
+            ),
+            (
+                "-9223372036854775808,1\n2014-07-01 00:00:00,1\n",
+                "demand line 1: timestamp `-9223372036854775808` is not a date (out of range)",
+            ),
+            (
+                "-9000000000000000,1\n1404172800000,1\n",
+                "demand line 1: timestamp `-9000000000000000` is not a date (out of range)",
+            ),
+            (
+                "2014-07-01 00:00:00,1\n9223372036854775807,1\n",
+                "demand line 2: timestamp `9223372036854775807` is not a date (out of range)",
+            ),
+            // Seconds since the epoch read as milliseconds: January 1970, then 2014.
+            (
+                "1404172800,1\n1404172800000,1\n",
+                "demand line 2: timestamp `1404172800000` is more than 10 years after line 1's",
+            ),
+        ] {
+            for options in [opts(), fill] {
+                let err = HourlyDemand::from_csv(text, &options).unwrap_err();
+                assert!(err.to_string().starts_with(says), "{err}");
+            }
+        }
+        // Just inside the limit is read, every hour of it.
+        let last = JULY_1 + (MAX_HOURS as Millis - 1) * HOUR_MS;
+        let options = DemandOptions {
+            now_ms: last,
+            ..fill
+        };
+        let d = HourlyDemand::from_csv(&format!("{JULY_1},1\n{last},2\n"), &options).unwrap();
+        assert_eq!(d.len(), MAX_HOURS);
+        assert_eq!(d.filled_hours(), MAX_HOURS - 2);
     }
 
     #[test]

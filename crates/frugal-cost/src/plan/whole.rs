@@ -2,17 +2,20 @@
 //! did on the months it was not fitted on, and what interruptible work costs on spot. What
 //! `frugal plan` prints, writes as JSON and draws.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+
 use serde::Serialize;
 
 use super::backtest::{Backtest, BacktestConfig, BacktestError, backtest};
 use super::commit::{CommitPlan, CommitPrices, Sizing, plan_commitments};
-use super::demand::HourlyDemand;
+use super::demand::{HourlyDemand, MAX_HOURS};
 use super::size::{RightSizing, ZeroPlan};
 use super::spot::{
     DeadlinePlan, Job, Policy, Replay, SpotError, SpotPrices, SpotTrace, TraceStats, plan_deadline,
     replay, young_daly_interval,
 };
 use crate::catalog::InstanceOffer;
+use crate::event::Kind;
 use crate::ledger::{Ledger, LedgerError, Window};
 use crate::money::Millis;
 
@@ -177,53 +180,117 @@ fn spot_plan(ask: SpotAsk<'_>, offer: &InstanceOffer) -> Result<SpotPlan, PlanEr
     })
 }
 
-/// A workload's hourly demand from the ledger: the instance-hours its requests and training
-/// segments held in each hour (idle time left out: autoscaling removes it, and committing
-/// to it would pay for it for years), from its first hour to its last.
+/// A workload's demand as the ledger holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerDemand {
+    /// Instances busy each hour; `None` when the workload held no machine time.
+    pub demand: Option<HourlyDemand>,
+    /// Requests to per-token APIs (rows with no instance type): they hold no instance, so
+    /// they are no demand for one, and are left out.
+    pub per_token_requests: u64,
+}
+
+/// A workload's hourly demand from the ledger, in machine time, not request time: what
+/// its machines were busy each hour, from its first hour to its last (idle time left out:
+/// autoscaling removes it, and committing to it would pay for it for years).
+///
+/// - Replicas that write spans (pools, watched servers): the spans' busy time, replica by
+///   replica, so concurrent requests on one replica count once.
+/// - Requests on a machine without spans (the gateway's own engine), by machine (model and
+///   instance type) and hour: summed, but never past the machine's instances, as a batched
+///   server's overlapping requests share it.
+/// - Training segments: their instances for their duration.
+/// - Requests to per-token APIs hold no instance: counted apart, not demand.
+///
+/// Only the latest [`MAX_HOURS`] are kept: an event at an absurd time would otherwise size
+/// the series by the whole span.
 pub fn ledger_demand(
     ledger: &Ledger,
     workload: &str,
     window: Window,
-) -> Result<Option<HourlyDemand>, LedgerError> {
+) -> Result<LedgerDemand, LedgerError> {
+    let hour = super::HOUR_MS;
     let names = ledger.names()?;
-    let mut hours: std::collections::BTreeMap<Millis, Millis> = Default::default();
-    ledger.rollups(window, |k, s| {
-        let busy = matches!(
-            k.kind,
-            crate::event::Kind::Inference | crate::event::Kind::Training
-        );
-        if busy && names.get(k.workload) == workload {
-            *hours.entry(k.hour_ms).or_default() += s.instance_ms;
+    let mut hours: BTreeMap<Millis, Millis> = BTreeMap::new();
+    // The served names whose replicas write spans: their requests are in the spans.
+    let mut spanned: HashSet<String> = HashSet::new();
+    ledger.spans(window, |s| {
+        if s.workload == workload {
+            spanned.insert(s.pool.clone());
+            *hours.entry(s.ts_ms - s.ts_ms.rem_euclid(hour)).or_default() += s.busy_ms.max(0);
         }
     })?;
-    let (Some(&first), Some(&last)) = (hours.keys().next(), hours.keys().next_back()) else {
-        return Ok(None);
-    };
-    let n = ((last - first) / super::HOUR_MS + 1) as usize;
-    let mut series = vec![0.0; n];
-    for (hour, ms) in hours {
-        series[((hour - first) / super::HOUR_MS) as usize] = ms as f64 / super::HOUR_MS as f64;
+    // (hour, model, instance) -> (instance-ms, ms) of requests on machines without spans.
+    let mut machines: HashMap<(Millis, u32, u32), (Millis, Millis)> = HashMap::new();
+    let mut per_token_requests = 0u64;
+    ledger.rollups(window, |k, s| {
+        if names.get(k.workload) != workload {
+            return;
+        }
+        match k.kind {
+            Kind::Training => *hours.entry(k.hour_ms).or_default() += s.instance_ms,
+            Kind::Inference if k.instance == 0 => {
+                per_token_requests += u64::try_from(s.requests).unwrap_or(0);
+            }
+            Kind::Inference if !spanned.contains(names.get(k.model)) => {
+                let m = machines
+                    .entry((k.hour_ms, k.model, k.instance))
+                    .or_default();
+                m.0 = m.0.saturating_add(s.instance_ms);
+                m.1 = m.1.saturating_add(s.duration_ms);
+            }
+            _ => {}
+        }
+    })?;
+    for ((hour_ms, _, _), (instance_ms, ms)) in machines {
+        // The machine's instances: what its rows ran on (1 for a server's requests).
+        let instances = if ms > 0 {
+            (instance_ms.saturating_add(ms - 1) / ms).max(1)
+        } else {
+            1
+        };
+        *hours.entry(hour_ms).or_default() += instance_ms.min(hour.saturating_mul(instances));
     }
-    Ok(HourlyDemand::from_hourly(first, series).ok())
+    let demand = match hours.keys().next_back() {
+        None => None,
+        Some(&last) => {
+            let oldest = last.saturating_sub((MAX_HOURS as Millis - 1) * hour);
+            hours.retain(|&h, _| h >= oldest);
+            let first = hours.keys().next().copied().unwrap_or(last);
+            let mut series = vec![0.0; ((last - first) / hour + 1) as usize];
+            for (h, ms) in hours {
+                series[((h - first) / hour) as usize] = ms as f64 / hour as f64;
+            }
+            HourlyDemand::from_hourly(first, series).ok()
+        }
+    };
+    Ok(LedgerDemand {
+        demand,
+        per_token_requests,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Event, Kind};
+    use crate::event::{Event, Kind, ReplicaSpan};
     use crate::money::Money;
 
     const T0: Millis = 1_792_998_000_000;
+
+    fn event(ts: Millis, kind: Kind, workload: &str, minutes: i64) -> Event {
+        let mut e = Event::new(ts, kind, workload, Money::from_cents(1));
+        e.duration_ms = minutes * 60_000;
+        e.instance_type = Some("g5.xlarge".into());
+        e.model = Some("m".into());
+        e.requests = 1;
+        e
+    }
 
     #[test]
     fn ledger_demand_is_the_busy_instance_hours_of_the_workload_each_hour() {
         let dir = tempfile::tempdir().unwrap();
         let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
-        let event = |ts: Millis, kind: Kind, workload: &str, minutes: i64| {
-            let mut e = Event::new(ts, kind, workload, Money::from_cents(1));
-            e.duration_ms = minutes * 60_000;
-            e
-        };
         let hour = super::super::HOUR_MS;
         ledger
             .append(
@@ -240,14 +307,60 @@ mod tests {
             .unwrap();
         let d = ledger_demand(&ledger, "chat", Window::default())
             .unwrap()
+            .demand
             .unwrap();
         assert_eq!(d.start_ms(), T0);
         assert_eq!(d.peak(), [1.0, 0.0, 0.25]);
         assert_eq!(d.instances(), [1, 0, 1]);
-        assert!(
-            ledger_demand(&ledger, "nobody", Window::default())
-                .unwrap()
-                .is_none()
-        );
+        let nobody = ledger_demand(&ledger, "nobody", Window::default()).unwrap();
+        assert_eq!(nobody.demand, None);
+    }
+
+    /// Issue 31: demand summed request wall time, so 8 streams batched on one server were 8
+    /// instances, and calls to a per-token API counted though they hold none. It is machine
+    /// time now: the server's overlapping requests count once, a pool's by its replicas'
+    /// busy time, and per-token calls are counted apart.
+    #[test]
+    fn ledger_demand_counts_machines_not_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = Ledger::open(dir.path().join("l.sqlite")).unwrap();
+        let hour = super::super::HOUR_MS;
+        let mut events: Vec<Event> = (0..8)
+            .map(|i| event(T0 + i * 1_000, Kind::Inference, "chat", 55))
+            .collect();
+        let mut api = event(T0 + hour, Kind::Inference, "chat", 60);
+        (api.instance_type, api.model) = (None, Some("gpt-4o".into()));
+        events.push(api);
+        // A pool of two replicas, each busy 45 minutes of the third hour, serving 6 requests
+        // of 30 minutes: 1.5 instances.
+        let pool_request = |i: i64| {
+            let mut e = event(T0 + 2 * hour + i * 1_000, Kind::Inference, "chat", 30);
+            e.model = Some("pool".into());
+            e
+        };
+        events.extend((0..6).map(pool_request));
+        let replica = |n: u32| ReplicaSpan {
+            duration_ms: hour,
+            busy_ms: 45 * 60_000,
+            pool: "pool".into(),
+            replica: n,
+            ..crate::test_events::span(T0 + 2 * hour, Money::from_cents(100))
+        };
+        ledger
+            .append_with_spans("test", &events, &[replica(1), replica(2)])
+            .unwrap();
+        let d = ledger_demand(&ledger, "chat", Window::default()).unwrap();
+        assert_eq!(d.per_token_requests, 1);
+        let demand = d.demand.unwrap();
+        assert_eq!(demand.peak(), [1.0, 0.0, 1.5], "not [7.33, 1, 3]");
+        assert_eq!(demand.instances(), [1, 0, 2]);
+
+        let only_api = ledger_demand(&ledger, "api", Window::default()).unwrap();
+        assert_eq!(only_api.demand, None);
+        let mut api = event(T0, Kind::Inference, "api", 60);
+        api.instance_type = None;
+        ledger.append("test", &[api]).unwrap();
+        let only_api = ledger_demand(&ledger, "api", Window::default()).unwrap();
+        assert_eq!((only_api.demand, only_api.per_token_requests), (None, 1));
     }
 }

@@ -224,9 +224,9 @@ struct TrialWatch {
 }
 
 impl Observer for TrialWatch {
-    fn started(&mut self, _attempt: u32, pid: u32, resumed_from: Option<u64>) {
+    fn started(&mut self, _attempt: u32, pid: u32, resumed_from: Option<u64>, since: SystemTime) {
         // Until the segment is billed, this file says it runs (see `settle_orphans`).
-        orphan::mark(&self.dir.join(PID_FILE), pid, resumed_from);
+        orphan::mark(&self.dir.join(PID_FILE), pid, resumed_from, since);
         self.resumed_from = resumed_from;
         self.checked_resume = false;
         self.last_progress = Instant::now();

@@ -87,13 +87,22 @@ fn demand(config: &Config, args: &PlanArgs) -> Result<(HourlyDemand, String)> {
         bail!("give --demand FILE.csv or --workload NAME (the ledger's demand)");
     };
     let ledger = Ledger::open_existing(&config.ledger)?;
-    let demand = ledger_demand(&ledger, workload, Window::default())?.with_context(|| {
+    let found = ledger_demand(&ledger, workload, Window::default())?;
+    // Calls to per-token APIs hold no instance: the plan says it left them out.
+    let per_token = match found.per_token_requests {
+        0 => String::new(),
+        n => format!("; {n} requests to per-token APIs left out, as they hold no instance"),
+    };
+    let demand = found.demand.with_context(|| {
         format!(
-            "the ledger {} holds no busy time of workload `{workload}`",
+            "the ledger {} holds no machine time of workload `{workload}`{per_token}",
             config.ledger
         )
     })?;
-    Ok((demand, format!("the ledger's workload {workload}")))
+    Ok((
+        demand,
+        format!("the ledger's workload {workload} (machine time{per_token})"),
+    ))
 }
 
 /// The right size among the instance types of `--bench`, when given.

@@ -279,6 +279,27 @@ fn passwords_are_redacted() {
     );
 }
 
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    /// Issue 31: a password pasted unencoded (`/`, `?`, `#`, `@`, `:` and the rest) never
+    /// reaches the error of a ledger that cannot be opened, nor how the location shows.
+    #[test]
+    fn no_password_reaches_a_connection_error(pw in frugal_testkit::secrets::url_password()) {
+        let port = frugal_testkit::free_port().unwrap();
+        let url = format!("postgres://frugal:{pw}@127.0.0.1:{port}/ledger?sslmode=disable");
+        let location = Location::parse(&url);
+        proptest::prop_assert!(location.has_credentials());
+        let err = Ledger::open(location.clone()).err().unwrap();
+        let mut shown = format!("{location} {location:?} {err} {err:?}");
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            shown.push_str(&s.to_string());
+            source = s.source();
+        }
+        proptest::prop_assert!(!shown.contains(&pw), "{url}: {shown}");
+    }
+}
+
 /// Two writers (as two gateways' meters) on one ledger at once, each retrying a batch the
 /// way the meter does, one of them resending every batch as after a lost acknowledgement:
 /// every event is stored exactly once and the rollups add up to the events.

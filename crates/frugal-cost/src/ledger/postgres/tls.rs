@@ -29,7 +29,9 @@ pub(super) struct TlsParams {
 
 /// Splits libpq's TLS parameters out of a URL's query.
 pub(super) fn params(url: &str) -> TlsParams {
-    let Some((head, query)) = url.split_once('?') else {
+    // The query starts after the user part: a password may hold a raw `?`.
+    let (head, query) = crate::secret_url::SecretUrl::parse(url).split_query();
+    let Some(query) = query else {
         return TlsParams {
             url: url.to_owned(),
             asked: false,
