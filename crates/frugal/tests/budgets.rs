@@ -559,3 +559,191 @@ fn absurd_max_tokens_cannot_buy_past_a_budget() {
     assert!(body.contains("may cost up to $8.232000"), "{body}");
     assert!(server.stop().0.success());
 }
+
+/// The day's total of `acme` in the Redis at `url`, in nanodollars.
+fn redis_day_total(url: &str) -> i64 {
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-u",
+            url,
+            "--scan",
+            "--pattern",
+            "frugal:budget:v1:{acme}:day:*",
+        ])
+        .output()
+        .unwrap();
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let out = std::process::Command::new("redis-cli")
+        .args(["-u", url, "GET", &key])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Issue 31, the fault suite's "Redis frozen under shared budgets": Redis paused past the
+/// 250 ms timeout while requests hold and settle, then resumed. Requests are answered
+/// meanwhile on the gateway's view; after, Redis's total is the true cost, each request
+/// once, no hold is left, and the tenant is admitted while budget remains.
+#[test]
+fn redis_frozen_under_shared_budgets() {
+    let redis = Redis::start().unwrap();
+    let (upstream, _) = mock_upstream();
+    let text = config(
+        &upstream,
+        &format!("budget_redis = \"{}\"\n", redis.url),
+        &[("acme", "fk-acme", "2.00")],
+    );
+    let server = Server::start_with_files(
+        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
+        &["--no-model", "--no-cache"],
+    );
+    assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    redis.pause();
+    let started = std::time::Instant::now();
+    let mut during = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let (status, _, body) = ask(&server.addr, "fk-acme");
+        assert_eq!(status, 200, "{body}");
+        during += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    redis.resume();
+    wait_for("Redis to take it all back", || {
+        metric(&server.addr, "fk-acme", "frugal_budget_shared") == 1.0
+            && metric(&server.addr, "fk-acme", "frugal_budget_unsettled") == 0.0
+            && metric(&server.addr, "fk-acme", "frugal_budget_unreleased") == 0.0
+    });
+    let answered = metric(
+        &server.addr,
+        "fk-acme",
+        "frugal_requests_total{status=\"ok\"}",
+    );
+    let truth = Money::from_nanos(Money::from_cents(2).nanos() * answered as i64);
+    let total = Money::from_nanos(redis_day_total(&redis.url));
+    eprintln!(
+        "Redis frozen 3 s: {during} requests answered during the freeze; Redis's total ${} after, true cost ${} ({answered} requests)",
+        total.to_string_places(2),
+        truth.to_string_places(2)
+    );
+    assert_eq!(total, truth);
+    let out = std::process::Command::new("redis-cli")
+        .args(["-u", &redis.url, "ZCARD", "frugal:budget:v1:{acme}:holds"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        "0",
+        "no hold left"
+    );
+    // Budget remains: admitted until it is spent, and only then refused.
+    let mut more = 0;
+    loop {
+        let (status, head, body) = ask(&server.addr, "fk-acme");
+        if status != 200 {
+            refused_for_budget(status, &head, &body);
+            break;
+        }
+        more += 1;
+    }
+    let spent = Money::from_nanos(Money::from_cents(2).nanos() * (answered as i64 + more));
+    assert!(
+        spent > Money::from_cents(200) - HOLD && spent <= Money::from_cents(200),
+        "admitted up to the budget: ${}",
+        spent.to_string_places(2)
+    );
+    assert!(server.stop().0.success());
+}
+
+/// Issue 31: what a gateway spent while Redis did not answer was dropped when it stopped.
+/// Now it waits a little for Redis to take it.
+#[test]
+fn a_gateway_stopping_while_redis_is_paused_settles_into_it_once_it_answers() {
+    let redis = Redis::start().unwrap();
+    let (upstream, _) = mock_upstream();
+    let text = config(
+        &upstream,
+        &format!("budget_redis = \"{}\"\n", redis.url),
+        &[("acme", "fk-acme", "100.00")],
+    );
+    let server = Server::start_with_files(
+        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
+        &["--no-model", "--no-cache"],
+    );
+    assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    redis.pause();
+    for _ in 0..3 {
+        assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    }
+    let unsettled = metric(&server.addr, "fk-acme", "frugal_budget_unsettled");
+    assert!(unsettled >= 1.0, "{unsettled}");
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    std::thread::sleep(Duration::from_millis(500));
+    redis.resume();
+    assert!(server.stop().0.success());
+    assert_eq!(
+        Money::from_nanos(redis_day_total(&redis.url)),
+        Money::from_cents(8),
+        "4 requests at $0.02"
+    );
+}
+
+/// Issue 31: a gateway that started without keys and was given some by SIGHUP never read
+/// the other replicas' spend from the shared ledger.
+#[test]
+fn keys_added_by_sighup_catch_up_with_the_other_replicas_spend() {
+    let ledger = frugal_testkit::postgres::database();
+    let (upstream, _) = mock_upstream();
+    let keyed = config(&upstream, "", &[("acme", "fk-acme", "0.20")]);
+    let flags = ["--no-model", "--no-cache"];
+    let a = Server::start_on_ledger_in(
+        tempfile::tempdir().unwrap(),
+        &ledger,
+        &[("prices.toml", PRICES), ("frugal.toml", keyed.as_str())],
+        &flags,
+    );
+    let b = Server::start_on_ledger_in(
+        tempfile::tempdir().unwrap(),
+        &ledger,
+        &[
+            ("prices.toml", PRICES),
+            ("frugal.toml", &config(&upstream, "", &[])),
+        ],
+        &flags,
+    );
+    std::fs::write(b.dir().join("frugal.toml"), &keyed).unwrap();
+    hup(&b);
+    wait_for("B's reload", || {
+        metric(
+            &b.addr,
+            "fk-acme",
+            "frugal_config_reloads_total{result=\"ok\"}",
+        ) == 1.0
+    });
+    // A spends the budget after B took the key: only B's catch-up can see it.
+    let mut spent_at_a = 0;
+    loop {
+        let (status, head, body) = ask(&a.addr, "fk-acme");
+        if status != 200 {
+            refused_for_budget(status, &head, &body);
+            break;
+        }
+        spent_at_a += 1;
+    }
+    assert_eq!(spent_at_a, 8);
+    std::thread::sleep(Duration::from_secs(6));
+    let (status, head, body) = ask(&b.addr, "fk-acme");
+    refused_for_budget(status, &head, &body);
+    assert!(
+        body.contains("the $0.040000 left"),
+        "B counts A's spend: {body}"
+    );
+    assert!(a.stop().0.success() && b.stop().0.success());
+}

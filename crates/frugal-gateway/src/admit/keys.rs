@@ -5,9 +5,10 @@
 //! belongs to a tenant: the tenant namespaces the cache (one tenant's answer never reaches
 //! another) and carries optional daily and monthly budgets in dollars. At admission a
 //! request reserves its worst-case cost (its prompt and `max_tokens` at the model's prices,
-//! see [`crate::backend::Plan`]), and is refused once spend plus reservations reach a budget;
-//! when it settles, the reservation becomes its real cost. So a tenant overshoots a budget by
-//! at most the one reservation that found room last. Failed and abandoned requests are charged
+//! see [`crate::backend::Plan`]), and is refused once spend plus reservations reach a budget,
+//! or when its worst case alone is more than what is left unspent (an absurd `max_tokens`:
+//! worst cases saturate, never wrap to $0); when it settles, the reservation becomes its real
+//! cost. So a tenant overshoots a budget by at most the one reservation that found room last. Failed and abandoned requests are charged
 //! what they spent, as the ledger records them. Spend is kept in memory per period (UTC day,
 //! UTC month) and preloaded from the ledger at start.
 //!
