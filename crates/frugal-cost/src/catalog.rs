@@ -114,6 +114,16 @@ impl ModelPrice {
         let input_cost = self.input.cost(input - cached)? + cached_rate.cost(cached)?;
         Some((input_cost, self.output.cost(output)?))
     }
+
+    /// [`ModelPrice::cost`] for a bound: saturating at [`Money::MAX`], so a count of tokens
+    /// past the range (an absurd `max_tokens`) is the dearest call there is, never $0.
+    pub fn saturating_cost(&self, input: u64, cached: u64, output: u64) -> Money {
+        let cached = cached.min(input);
+        let cached_rate = self.cached_input.unwrap_or(self.input);
+        self.input.saturating_cost(input - cached)
+            + cached_rate.saturating_cost(cached)
+            + self.output.saturating_cost(output)
+    }
 }
 
 #[derive(Debug, Clone, Default)]

@@ -38,6 +38,8 @@ pub enum ParseMoneyError {
 
 impl Money {
     pub const ZERO: Money = Money(0);
+    /// The most there is: where a bound (a worst case) past the range saturates.
+    pub const MAX: Money = Money(i64::MAX);
 
     pub const fn from_nanos(nanos: i64) -> Money {
         Money(nanos)
@@ -75,6 +77,23 @@ impl Money {
         let product = i128::from(self.0).checked_mul(num)?;
         let rounded = div_round(product, den);
         i64::try_from(rounded).ok().map(Money)
+    }
+
+    /// [`Money::mul_div`] for a bound (a budget's worst case): past the range it is the
+    /// range's end, never an error that a caller could turn into $0.
+    pub fn saturating_mul_div(self, num: i128, den: i128) -> Money {
+        if let Some(m) = self.mul_div(num, den) {
+            return m;
+        }
+        if self.0 == 0 || num == 0 {
+            return Money::ZERO;
+        }
+        let negative = (self.0 < 0) ^ (num < 0) ^ (den < 0);
+        if negative {
+            Money(i64::MIN)
+        } else {
+            Money::MAX
+        }
     }
 
     /// Share of this amount, `fraction` in [0, 1]; for waste and savings estimates.
@@ -237,6 +256,12 @@ impl TokenRate {
     pub fn cost(self, tokens: u64) -> Option<Money> {
         self.0.mul_div(i128::from(tokens), TOKENS_PER_MILLION)
     }
+
+    /// [`TokenRate::cost`], saturating at [`Money::MAX`]: any count of tokens has a price.
+    pub fn saturating_cost(self, tokens: u64) -> Money {
+        self.0
+            .saturating_mul_div(i128::from(tokens), TOKENS_PER_MILLION)
+    }
 }
 
 /// Milliseconds of wall time, the unit every duration in the ledger is kept in.
@@ -248,6 +273,24 @@ mod tests {
 
     fn m(s: &str) -> Money {
         s.parse().unwrap_or_else(|e| unreachable!("{s}: {e}"))
+    }
+
+    #[test]
+    fn bounds_saturate_instead_of_wrapping() {
+        let rate = TokenRate(m("2000"));
+        // 10^15 tokens at $2,000 per million is $2e12, past the range: the most there is.
+        assert_eq!(rate.cost(1_000_000_000_000_000), None);
+        assert_eq!(rate.saturating_cost(1_000_000_000_000_000), Money::MAX);
+        assert_eq!(rate.saturating_cost(u64::MAX), Money::MAX);
+        assert_eq!(rate.saturating_cost(5), m("0.01"));
+        assert_eq!(
+            TokenRate(Money::ZERO).saturating_cost(u64::MAX),
+            Money::ZERO
+        );
+        assert_eq!(m("-1").saturating_mul_div(i128::MAX, 1), Money(i64::MIN));
+        assert_eq!(m("1").saturating_mul_div(1, 0), Money::MAX);
+        // Sums of bounds stay at the end of the range.
+        assert_eq!(Money::MAX + m("1"), Money::MAX);
     }
 
     #[test]

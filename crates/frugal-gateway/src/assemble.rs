@@ -14,7 +14,7 @@ use frugal_cost::{Catalog, Money};
 use frugal_semantic::{EmbedError, Embedder};
 use thiserror::Error;
 
-use crate::admit::keys::KeyConfig;
+use crate::admit::keys::{KeyConfig, KeySet};
 use crate::backend::upstream::{Pricing, Upstream, UpstreamConfig};
 use crate::cache::exact::{CacheConfig, CachePolicy};
 use crate::cache::semantic::SemanticConfig;
@@ -200,6 +200,9 @@ pub fn upstream(
     if let Some(r) = raw.retries {
         config.retries = r;
     }
+    if let Some(n) = raw.max_output_tokens {
+        config.max_output_tokens = n.max(1);
+    }
     Upstream::new(config).map_err(|e| invalid(what(), e.to_string()))
 }
 
@@ -344,12 +347,20 @@ pub fn read_skip_examples(path: &Path) -> Result<Vec<SkipExample>, SkipExamplesE
     Ok(examples)
 }
 
-/// A key from its `[[serve.key]]` entry: the hash must be hex SHA-256, the budgets dollars.
-/// `[[serve.key]]`, checked: what [`assemble`] uses, and a reload swaps in.
+/// `[[serve.key]]`, checked: what [`assemble`] uses.
 pub fn keys(raw: &RawServe) -> Result<Vec<KeyConfig>, ConfigError> {
     raw.key.iter().map(key).collect()
 }
 
+/// `[[serve.key]]` and `allow_open`, checked: what a reload swaps in.
+pub fn key_set(raw: &RawServe) -> Result<KeySet, ConfigError> {
+    Ok(KeySet {
+        keys: keys(raw)?,
+        allow_open: raw.allow_open.unwrap_or(false),
+    })
+}
+
+/// A key from its `[[serve.key]]` entry: the hash must be hex SHA-256, the budgets dollars.
 pub fn key(raw: &RawKey) -> Result<KeyConfig, ConfigError> {
     let what = || format!("serve.key of tenant `{}`", raw.tenant);
     let hex = raw.sha256.trim();

@@ -53,6 +53,9 @@ pub struct RawServe {
     /// OpenAI-compatible servers served beside the local model.
     #[serde(default)]
     pub upstream: Vec<RawUpstream>,
+    /// A reload (SIGHUP) may remove every key, opening the API [default: false: such a
+    /// reload is refused and the keys stay].
+    pub allow_open: Option<bool>,
     /// API keys; with none, the API is open.
     #[serde(default)]
     pub key: Vec<RawKey>,
@@ -194,6 +197,9 @@ pub struct RawUpstream {
     pub instance: Option<String>,
     pub timeout_s: Option<u64>,
     pub retries: Option<u32>,
+    /// The most tokens the model answers with: what a request without `max_tokens` holds
+    /// of a tenant's budget [default: 4,096].
+    pub max_output_tokens: Option<u64>,
     /// The semantic cache's least cosine for this model [default: `[serve]`'s].
     pub semantic_threshold: Option<f32>,
     /// One cache for every tenant on this model [default: false].

@@ -277,6 +277,8 @@ pub struct Metrics {
     /// Keys reloaded (SIGHUP), and reloads refused (a config that did not parse or check).
     pub reloads_ok: AtomicU64,
     pub reloads_failed: AtomicU64,
+    /// Of those, reloads that would have dropped every key (opened the API).
+    pub reloads_refused_open: AtomicU64,
     /// Budgets without Redis on a shared ledger: when they last read the other replicas'
     /// spend from it (epoch ms; 0: never), and whether the last try did.
     pub catch_up_at_ms: AtomicI64,
@@ -334,19 +336,25 @@ impl Metrics {
         self.render_requests(&mut out);
         let _ = writeln!(
             out,
-            "# HELP frugal_config_reloads_total Reloads of the keys and budgets from the config file (SIGHUP).\n# TYPE frugal_config_reloads_total counter\nfrugal_config_reloads_total{{result=\"ok\"}} {}\nfrugal_config_reloads_total{{result=\"error\"}} {}",
+            "# HELP frugal_config_reloads_total Reloads of the keys and budgets from the config file (SIGHUP).\n# TYPE frugal_config_reloads_total counter\nfrugal_config_reloads_total{{result=\"ok\"}} {}\nfrugal_config_reloads_total{{result=\"error\"}} {}\n# HELP frugal_key_reloads_refused_total Reloads refused because they would drop every key and open the API (no `allow_open`).\n# TYPE frugal_key_reloads_refused_total counter\nfrugal_key_reloads_refused_total {}",
             self.reloads_ok.load(Ordering::Relaxed),
-            self.reloads_failed.load(Ordering::Relaxed)
+            self.reloads_failed.load(Ordering::Relaxed),
+            self.reloads_refused_open.load(Ordering::Relaxed)
         );
         out
     }
 
     /// Whether budgets are shared (`frugal_budget_shared`: 1 while the last call reached
     /// Redis, 0 while admission is on the local view) and how many admissions fell back.
-    pub fn render_budgets(out: &mut String, shared: bool, fallbacks: u64, unsettled: usize) {
+    pub fn render_budgets(
+        out: &mut String,
+        shared: bool,
+        fallbacks: u64,
+        (unsettled, unreleased): (usize, usize),
+    ) {
         let _ = writeln!(
             out,
-            "# HELP frugal_budget_shared 1 when the last budget call reached Redis, 0 when admission uses this gateway's local view.\n# TYPE frugal_budget_shared gauge\nfrugal_budget_shared {}\n# HELP frugal_budget_fallbacks_total Admissions decided on this gateway's local view because Redis was unreachable or slow.\n# TYPE frugal_budget_fallbacks_total counter\nfrugal_budget_fallbacks_total {fallbacks}\n# HELP frugal_budget_unsettled Requests' costs not yet added to the shared totals in Redis.\n# TYPE frugal_budget_unsettled gauge\nfrugal_budget_unsettled {unsettled}",
+            "# HELP frugal_budget_shared 1 when the last budget call reached Redis, 0 when admission uses this gateway's local view.\n# TYPE frugal_budget_shared gauge\nfrugal_budget_shared {}\n# HELP frugal_budget_fallbacks_total Admissions decided on this gateway's local view because Redis was unreachable or slow.\n# TYPE frugal_budget_fallbacks_total counter\nfrugal_budget_fallbacks_total {fallbacks}\n# HELP frugal_budget_unsettled Requests' costs not yet added to the shared totals in Redis.\n# TYPE frugal_budget_unsettled gauge\nfrugal_budget_unsettled {unsettled}\n# HELP frugal_budget_unreleased Holds in Redis of requests that are over (or never placed for sure: the call timed out), not yet removed.\n# TYPE frugal_budget_unreleased gauge\nfrugal_budget_unreleased {unreleased}",
             u8::from(shared)
         );
     }

@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::Signal;
 
 use crate::admit::budget::SharedBudgets;
-use crate::admit::keys::{Changes, KeyConfig};
+use crate::admit::keys::{Changes, KeySet};
 use crate::backend::Local;
 use crate::backend::upstream::Upstream;
 use crate::batch::service::BatchConfig;
@@ -137,9 +137,10 @@ impl Gateway {
             None => None,
         };
         let ledger = setup.metering.map(|m| m.ledger);
-        let catch_up = matches!(ledger, Some(Location::Postgres(_)))
-            && assembly.budget_redis.is_none()
-            && !assembly.keys.is_empty();
+        // Started with no keys too: a reload may add tenants with budgets (the catch-up
+        // reads nothing while none has one).
+        let catch_up =
+            matches!(ledger, Some(Location::Postgres(_))) && assembly.budget_redis.is_none();
         let mut parts = assembly.into_parts(local, meter, shared, budgets);
         if let Some(location) = &ledger {
             // Budgets count what the ledger already has for this day and month.
@@ -191,11 +192,17 @@ impl Gateway {
         Ok(served?)
     }
 
-    /// Stops the pools, lets what was cut off settle as its tasks are dropped with the
-    /// runtime, then has the meter write every settled row before the process exits.
+    /// Stops the pools, settles into Redis the spend it has not taken yet, lets what was
+    /// cut off settle as its tasks are dropped with the runtime, then has the meter write
+    /// every settled row before the process exits.
     pub fn close(self) {
         let meter = self.state.meter();
-        self.runtime.block_on(self.state.stop_pools());
+        self.runtime.block_on(async {
+            self.state.stop_pools().await;
+            if let Some(budgets) = self.state.inner.keys.shared() {
+                budgets.flush(BUDGETS_FLUSH).await;
+            }
+        });
         self.runtime.shutdown_timeout(Duration::from_secs(5));
         if let Some(meter) = meter {
             meter.close();
@@ -254,6 +261,10 @@ fn start_meter(
     })?)
 }
 
+/// How long a gateway that stops waits for Redis to take the spend it has not settled
+/// there (the ledger has it either way: a gateway that starts counts it).
+const BUDGETS_FLUSH: Duration = Duration::from_secs(5);
+
 /// How often budgets on a PostgreSQL ledger without Redis catch up with the spend the
 /// other replicas wrote: between two catch-ups, N replicas can overshoot a budget by what
 /// they spend in that time, besides the holds in flight (`budget_redis` bounds it by one
@@ -301,8 +312,8 @@ fn catch_up_budgets(state: AppState, location: Location) -> Result<(), ServeErro
 /// How a running gateway reloads its keys: the caller reads the config again and says
 /// what came of it.
 pub struct KeysReload {
-    /// The checked `[[serve.key]]` entries, read again.
-    pub read: Box<dyn Fn() -> Result<Vec<KeyConfig>, String> + Send + Sync>,
+    /// The checked `[[serve.key]]` entries and `allow_open`, read again.
+    pub read: Box<dyn Fn() -> Result<KeySet, String> + Send + Sync>,
     /// Told what changed, or why the reload was refused (the keys then stay as they were).
     pub told: Box<dyn Fn(Result<Changes, String>) + Send + Sync>,
 }

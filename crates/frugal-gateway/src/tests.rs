@@ -17,7 +17,7 @@ use tower::ServiceExt;
 use frugal_cost::ledger::{Row, Window};
 use frugal_cost::{Kind as EventKind, Ledger, Money, Outcome};
 
-use crate::admit::keys::{KeyConfig, Keys, hash_key};
+use crate::admit::keys::{KeyConfig, KeySet, Keys, hash_key};
 use crate::backend::{Backend, Output, Plan, Priced, Work};
 use crate::batch::service::BatchConfig;
 use crate::cache::exact::{CacheConfig, ExactCache};

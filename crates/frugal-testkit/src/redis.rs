@@ -1,6 +1,6 @@
 //! A throwaway `redis-server` for tests: a free loopback port, nothing saved to disk,
 //! killed when dropped; it can be killed and started again on the same port (empty, as a
-//! Redis without persistence comes back).
+//! Redis without persistence comes back), or paused and resumed.
 
 use std::io;
 use std::net::TcpStream;
@@ -31,6 +31,26 @@ impl Redis {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Pauses the server (SIGSTOP): connections stay open and commands wait, unanswered,
+    /// until [`Redis::resume`], as in a long GC pause or a stalled host.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT): it runs the commands that waited.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        if let Some(child) = &self.child {
+            let sent = Command::new("kill")
+                .args([which, &child.id().to_string()])
+                .status();
+            assert!(sent.is_ok_and(|s| s.success()), "kill {which} redis-server");
         }
     }
 

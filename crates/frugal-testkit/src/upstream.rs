@@ -1,7 +1,7 @@
 //! A mock OpenAI-compatible upstream for the end-to-end tests: a real HTTP server on
 //! loopback (axum, on a thread of its own). What it does depends on the request's message,
 //! so each test sentence picks a behaviour; any other message is echoed, with usage of 10
-//! prompt and 5 completion tokens.
+//! prompt and 5 completion tokens (none for a message that starts "no usage").
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,7 +59,12 @@ async fn answer(body: Value, call: usize) -> Response {
         "the upstream's own model name is sent"
     );
     let text = format!("echo: {prompt}");
-    let usage = json!({ "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15 });
+    // "no usage...": answered, streamed or whole, with no usage at all (some servers).
+    let usage = if prompt.starts_with("no usage") {
+        Value::Null
+    } else {
+        json!({ "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15 })
+    };
     match prompt.as_str() {
         "fail twice" if call < 2 => {
             return (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response();
@@ -100,7 +105,7 @@ async fn answer(body: Value, call: usize) -> Response {
             json!({ "id": "up-1", "object": "chat.completion.chunk", "model": "upstream-name",
                     "choices": [{ "index": 0, "delta": {}, "finish_reason": "stop" }] })
         ));
-        if body["stream_options"]["include_usage"] == true {
+        if body["stream_options"]["include_usage"] == true && !usage.is_null() {
             sse.push_str(&format!(
                 "data: {}\n\n",
                 json!({ "id": "up-1", "object": "chat.completion.chunk", "choices": [], "usage": usage })

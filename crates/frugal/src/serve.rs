@@ -175,12 +175,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ServeArgs) -> Result<()> {
     served
 }
 
-/// The checked `[[serve.key]]` entries of the config file at `path`.
-fn read_keys(path: &Path) -> Result<Vec<frugal_gateway::admit::keys::KeyConfig>> {
+/// The checked `[[serve.key]]` entries and `allow_open` of the config file at `path`.
+fn read_keys(path: &Path) -> Result<frugal_gateway::admit::keys::KeySet> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
     let raw = crate::config::parse(&text, path)?;
-    Ok(frugal_gateway::assemble::keys(&raw.serve)?)
+    Ok(frugal_gateway::assemble::key_set(&raw.serve)?)
 }
 
 /// `[serve]` with the command line's flags laid over it: a flag given wins over the file.

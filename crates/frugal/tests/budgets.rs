@@ -67,10 +67,20 @@ fn wait_for(what: &str, done: impl FnMut() -> bool) {
     frugal_testkit::wait_until(Duration::from_secs(20), done, why);
 }
 
+fn hup(s: &Server) {
+    let ok = std::process::Command::new("kill")
+        .args(["-HUP", &s.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
 fn refused_for_budget(status: u16, head: &str, body: &str) {
     assert_eq!(status, 429, "{body}");
+    // Spent (with the holds in flight), or too little left for this request's hold.
     assert!(
-        body.contains("the daily budget of `acme` is spent"),
+        body.contains("the daily budget of `acme` is spent")
+            || body.contains("left of the daily budget of `acme`"),
         "{body}"
     );
     assert!(header(head, "retry-after").is_some(), "{head}");
@@ -199,14 +209,15 @@ fn without_budget_redis_gateways_on_one_postgresql_ledger_catch_up_with_each_oth
         }
         spent_at_a += 1;
     }
-    assert_eq!(spent_at_a, 10, "$0.20 at $0.02 a request");
+    // $0.02 a request, each holding $0.05: the ninth's hold is more than the $0.04 left.
+    assert_eq!(spent_at_a, 8, "$0.20 at $0.02 a request");
     // B reads the ledger every 5 s (A's meter writes within 250 ms); asking B meanwhile
     // would spend B's own view of the budget, so it is asked once, after.
     std::thread::sleep(Duration::from_secs(6));
     let (status, head, body) = ask(&b.addr, "fk-acme");
     refused_for_budget(status, &head, &body);
     assert!(
-        body.contains("$0.200000 of $0.20"),
+        body.contains("the $0.040000 left"),
         "B counts A's spend: {body}"
     );
     assert_eq!(metric(&b.addr, "fk-acme", "frugal_budget_shared"), 1.0);
@@ -332,13 +343,6 @@ fn sighup_reloads_keys_and_budgets_and_refuses_a_bad_config() {
         &["--no-model", "--no-cache"],
     );
     let file = server.dir().join("frugal.toml");
-    let hup = |s: &Server| {
-        let ok = std::process::Command::new("kill")
-            .args(["-HUP", &s.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    };
     let reloads = |result: &str| {
         metric(
             &server.addr,
@@ -406,4 +410,340 @@ fn sighup_reloads_keys_and_budgets_and_refuses_a_bad_config() {
     });
     assert_eq!(ask(&server.addr, "fk-acme").0, 401);
     assert!(server.stop().0.success());
+}
+
+/// Issue 31: a SIGHUP to a config without keys would open the API (every route answered
+/// without a key): it is refused, as an error that says why, counted, and the old keys stay;
+/// `allow_open = true` lets it through.
+#[test]
+fn sighup_to_a_config_without_keys_keeps_the_api_closed_unless_it_allows_open() {
+    let (upstream, _) = mock_upstream();
+    let server = Server::start_with_files(
+        &[
+            ("prices.toml", PRICES),
+            (
+                "frugal.toml",
+                &config(&upstream, "", &[("acme", "fk-acme", "1.00")]),
+            ),
+        ],
+        &["--no-model", "--no-cache"],
+    );
+    let file = server.dir().join("frugal.toml");
+    let keyless =
+        |method: &str, path: &str, body: &str| request_at(&server.addr, method, path, body, "").0;
+    let chat = r#"{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#;
+    assert_eq!(keyless("POST", "/v1/chat/completions", chat), 401);
+
+    std::fs::write(&file, config(&upstream, "", &[])).unwrap();
+    hup(&server);
+    wait_for("the refused reload", || {
+        metric(&server.addr, "fk-acme", "frugal_key_reloads_refused_total") == 1.0
+    });
+    assert_eq!(
+        metric(
+            &server.addr,
+            "fk-acme",
+            "frugal_config_reloads_total{result=\"error\"}"
+        ),
+        1.0
+    );
+    for (method, path, body) in [
+        ("POST", "/v1/chat/completions", chat),
+        ("GET", "/v1/files", ""),
+        ("GET", "/v1/batches", ""),
+        ("GET", "/v1/models", ""),
+    ] {
+        assert_eq!(keyless(method, path, body), 401, "{method} {path}");
+    }
+    assert_eq!(ask(&server.addr, "fk-acme").0, 200, "the old key stays");
+    wait_for("the refusal's log", || {
+        server
+            .logs()
+            .contains("config reload refused, the keys stay as they were")
+    });
+    let logs = server.logs();
+    assert!(logs.contains("ERROR"), "{logs}");
+    assert!(logs.contains("open the API to anyone"), "{logs}");
+
+    std::fs::write(&file, config(&upstream, "allow_open = true\n", &[])).unwrap();
+    hup(&server);
+    wait_for("the allowed reload", || {
+        keyless("POST", "/v1/chat/completions", chat) == 200
+    });
+    wait_for("the reload's log", || {
+        server
+            .logs()
+            .contains("keys reloaded: 0 keys (were 1); tenants removed: acme")
+    });
+    assert!(server.stop().0.success());
+}
+
+/// Issue 31: `max_tokens` 10^15 overflowed the reservation into $0, and 8 of 8 concurrent
+/// requests were admitted on a $0.01 budget. Now 32 at once are all refused, by the
+/// worst case they say, and hold nothing back from a request that fits; a request without
+/// `max_tokens` holds the upstream's `max_output_tokens`, 4,096 tokens where none is set.
+#[test]
+fn absurd_max_tokens_cannot_buy_past_a_budget() {
+    let (upstream, _) = mock_upstream();
+    let text = config(&upstream, "", &[("acme", "fk-acme", "0.10")])
+        .replace("timeout_s = 5\n", "timeout_s = 5\nmax_output_tokens = 10\n");
+    let server = Server::start_with_files(
+        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
+        &["--no-model", "--no-cache"],
+    );
+    let absurd = |extra: &str| {
+        format!(
+            r#"{{"model":"mock","messages":[{{"role":"user","content":"{QUESTION}"}}],"max_tokens":1000000000000000{extra}}}"#
+        )
+    };
+    let statuses: Vec<(u16, String)> = std::thread::scope(|s| {
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let (addr, body) = (
+                    &server.addr,
+                    absurd(if i % 2 == 0 { "" } else { r#","n":128"# }),
+                );
+                s.spawn(move || {
+                    let (status, _, body) = request_at(
+                        addr,
+                        "POST",
+                        "/v1/chat/completions",
+                        &body,
+                        "Authorization: Bearer fk-acme\r\n",
+                    );
+                    (status, body)
+                })
+            })
+            .collect();
+        tasks.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let admitted = statuses.iter().filter(|(s, _)| *s == 200).count();
+    eprintln!("32 requests with max_tokens 10^15 on a $0.10 budget: {admitted} admitted");
+    assert_eq!(admitted, 0, "{statuses:?}");
+    for (status, body) in &statuses {
+        assert_eq!(*status, 429, "{body}");
+        assert!(
+            body.contains("more than the $0.100000 left of the daily budget of `acme`"),
+            "{body}"
+        );
+    }
+    // Nothing held back, nothing spent: a request that fits is answered.
+    assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    // Without max_tokens: the upstream's 10 output tokens held ($0.04 + $0.02), not 4,096.
+    let bare =
+        format!(r#"{{"model":"mock","messages":[{{"role":"user","content":"{QUESTION}"}}]}}"#);
+    let (status, _, body) = request_at(
+        &server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &bare,
+        "Authorization: Bearer fk-acme\r\n",
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(server.stop().0.success());
+
+    // Where the upstream says nothing, 4,096 tokens ($8.19) are more than a $0.10 budget.
+    let text = config(&upstream, "", &[("acme", "fk-acme", "0.10")]);
+    let server = Server::start_with_files(
+        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
+        &["--no-model", "--no-cache"],
+    );
+    let (status, _, body) = request_at(
+        &server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &bare,
+        "Authorization: Bearer fk-acme\r\n",
+    );
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("may cost up to $8.232000"), "{body}");
+    assert!(server.stop().0.success());
+}
+
+/// The day's total of `acme` in the Redis at `url`, in nanodollars.
+fn redis_day_total(url: &str) -> i64 {
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-u",
+            url,
+            "--scan",
+            "--pattern",
+            "frugal:budget:v1:{acme}:day:*",
+        ])
+        .output()
+        .unwrap();
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let out = std::process::Command::new("redis-cli")
+        .args(["-u", url, "GET", &key])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Issue 31, the fault suite's "Redis frozen under shared budgets": Redis paused past the
+/// 250 ms timeout while requests hold and settle, then resumed. Requests are answered
+/// meanwhile on the gateway's view; after, Redis's total is the true cost, each request
+/// once, no hold is left, and the tenant is admitted while budget remains.
+#[test]
+fn redis_frozen_under_shared_budgets() {
+    let redis = Redis::start().unwrap();
+    let (upstream, _) = mock_upstream();
+    let text = config(
+        &upstream,
+        &format!("budget_redis = \"{}\"\n", redis.url),
+        &[("acme", "fk-acme", "2.00")],
+    );
+    let server = Server::start_with_files(
+        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
+        &["--no-model", "--no-cache"],
+    );
+    assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    redis.pause();
+    let started = std::time::Instant::now();
+    let mut during = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let (status, _, body) = ask(&server.addr, "fk-acme");
+        assert_eq!(status, 200, "{body}");
+        during += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    redis.resume();
+    wait_for("Redis to take it all back", || {
+        metric(&server.addr, "fk-acme", "frugal_budget_shared") == 1.0
+            && metric(&server.addr, "fk-acme", "frugal_budget_unsettled") == 0.0
+            && metric(&server.addr, "fk-acme", "frugal_budget_unreleased") == 0.0
+    });
+    let answered = metric(
+        &server.addr,
+        "fk-acme",
+        "frugal_requests_total{status=\"ok\"}",
+    );
+    let truth = Money::from_nanos(Money::from_cents(2).nanos() * answered as i64);
+    let total = Money::from_nanos(redis_day_total(&redis.url));
+    eprintln!(
+        "Redis frozen 3 s: {during} requests answered during the freeze; Redis's total ${} after, true cost ${} ({answered} requests)",
+        total.to_string_places(2),
+        truth.to_string_places(2)
+    );
+    assert_eq!(total, truth);
+    let out = std::process::Command::new("redis-cli")
+        .args(["-u", &redis.url, "ZCARD", "frugal:budget:v1:{acme}:holds"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        "0",
+        "no hold left"
+    );
+    // Budget remains: admitted until it is spent, and only then refused.
+    let mut more = 0;
+    loop {
+        let (status, head, body) = ask(&server.addr, "fk-acme");
+        if status != 200 {
+            refused_for_budget(status, &head, &body);
+            break;
+        }
+        more += 1;
+    }
+    let spent = Money::from_nanos(Money::from_cents(2).nanos() * (answered as i64 + more));
+    assert!(
+        spent > Money::from_cents(200) - HOLD && spent <= Money::from_cents(200),
+        "admitted up to the budget: ${}",
+        spent.to_string_places(2)
+    );
+    assert!(server.stop().0.success());
+}
+
+/// Issue 31: what a gateway spent while Redis did not answer was dropped when it stopped.
+/// Now it waits a little for Redis to take it.
+#[test]
+fn a_gateway_stopping_while_redis_is_paused_settles_into_it_once_it_answers() {
+    let redis = Redis::start().unwrap();
+    let (upstream, _) = mock_upstream();
+    let text = config(
+        &upstream,
+        &format!("budget_redis = \"{}\"\n", redis.url),
+        &[("acme", "fk-acme", "100.00")],
+    );
+    let server = Server::start_with_files(
+        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
+        &["--no-model", "--no-cache"],
+    );
+    assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    redis.pause();
+    for _ in 0..3 {
+        assert_eq!(ask(&server.addr, "fk-acme").0, 200);
+    }
+    let unsettled = metric(&server.addr, "fk-acme", "frugal_budget_unsettled");
+    assert!(unsettled >= 1.0, "{unsettled}");
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    std::thread::sleep(Duration::from_millis(500));
+    redis.resume();
+    assert!(server.stop().0.success());
+    assert_eq!(
+        Money::from_nanos(redis_day_total(&redis.url)),
+        Money::from_cents(8),
+        "4 requests at $0.02"
+    );
+}
+
+/// Issue 31: a gateway that started without keys and was given some by SIGHUP never read
+/// the other replicas' spend from the shared ledger.
+#[test]
+fn keys_added_by_sighup_catch_up_with_the_other_replicas_spend() {
+    let ledger = frugal_testkit::postgres::database();
+    let (upstream, _) = mock_upstream();
+    let keyed = config(&upstream, "", &[("acme", "fk-acme", "0.20")]);
+    let flags = ["--no-model", "--no-cache"];
+    let a = Server::start_on_ledger_in(
+        tempfile::tempdir().unwrap(),
+        &ledger,
+        &[("prices.toml", PRICES), ("frugal.toml", keyed.as_str())],
+        &flags,
+    );
+    let b = Server::start_on_ledger_in(
+        tempfile::tempdir().unwrap(),
+        &ledger,
+        &[
+            ("prices.toml", PRICES),
+            ("frugal.toml", &config(&upstream, "", &[])),
+        ],
+        &flags,
+    );
+    std::fs::write(b.dir().join("frugal.toml"), &keyed).unwrap();
+    hup(&b);
+    wait_for("B's reload", || {
+        metric(
+            &b.addr,
+            "fk-acme",
+            "frugal_config_reloads_total{result=\"ok\"}",
+        ) == 1.0
+    });
+    // A spends the budget after B took the key: only B's catch-up can see it.
+    let mut spent_at_a = 0;
+    loop {
+        let (status, head, body) = ask(&a.addr, "fk-acme");
+        if status != 200 {
+            refused_for_budget(status, &head, &body);
+            break;
+        }
+        spent_at_a += 1;
+    }
+    assert_eq!(spent_at_a, 8);
+    std::thread::sleep(Duration::from_secs(6));
+    let (status, head, body) = ask(&b.addr, "fk-acme");
+    refused_for_budget(status, &head, &body);
+    assert!(
+        body.contains("the $0.040000 left"),
+        "B counts A's spend: {body}"
+    );
+    assert!(a.stop().0.success() && b.stop().0.success());
 }

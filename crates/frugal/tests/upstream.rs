@@ -807,3 +807,50 @@ fn a_batch_on_an_upstream_answers_what_it_can_and_files_the_rest_with_the_reason
     // tries each.
     assert_eq!(calls.load(Ordering::SeqCst), 3 + 3 + 3 + 3);
 }
+
+/// Issue 31: an upstream that answered whole without `usage` was billed $0, while the same
+/// answer streamed was estimated. Both are estimated now, alike.
+#[test]
+fn an_answer_without_usage_is_estimated_alike_streamed_or_whole() {
+    let (url, _) = mock_upstream();
+    let config = format!(
+        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 5\n"
+    );
+    let server = Server::start_with_files(
+        &[
+            (
+                "prices.toml",
+                "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n",
+            ),
+            ("frugal.toml", &config),
+        ],
+        &["--no-model", "--no-cache"],
+    );
+    let question = "no usage for this answer, please";
+    let (status, _, body) = server.request("POST", "/v1/chat/completions", &chat(question, ""));
+    assert_eq!(status, 200, "{body}");
+    let (status, _, sse) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &chat(question, r#","stream":true"#),
+    );
+    assert_eq!(status, 200, "{sse}");
+    assert_eq!(streamed_text(&sse).0, format!("echo: {question}"));
+    let (_, dir) = server.stop();
+    let db = rusqlite::Connection::open(dir.path().join("ledger.sqlite")).unwrap();
+    let rows: Vec<(i64, i64, i64)> = db
+        .prepare(
+            "SELECT input_tokens, output_tokens, cost FROM events WHERE requests = 1 ORDER BY id",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    // "user", the question and 8 bytes of framing: 44 bytes, 11 tokens; "echo: " and the
+    // question: 38 bytes, 10 tokens. At $1 and $2 per million: $0.000031.
+    eprintln!("whole and streamed without usage: {rows:?}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0], (11, 10, 31_000), "whole");
+    assert_eq!(rows[1], rows[0], "streamed: the same text, the same bill");
+}

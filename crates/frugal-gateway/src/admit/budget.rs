@@ -2,21 +2,24 @@
 //!
 //! Each tenant has its spend this UTC day and this UTC month (integer nanodollars, expiring a
 //! day after their period ends), a sorted set of holds, one per request in flight on any
-//! replica (`id:nanos`, scored by when it expires, [`HOLD_TTL`]), and an epoch, new whenever
-//! Redis starts empty (a retried settle whose hold is gone added its cost already only if the
-//! hold was placed in the same epoch). Admission is one
+//! replica (`id:nanos`, scored by when it expires, [`HOLD_TTL`]), and a sorted set of the
+//! settles it took (by id, for [`SETTLED_TTL`]). Admission is one
 //! Lua script, atomic in Redis: drop expired holds, start the totals from this gateway's
 //! view if Redis has none (`SET NX`: this gateway's view starts from the ledger, so a fresh
-//! Redis does not hand out a budget again), refuse once spend plus holds reach a limit, else
-//! add the hold. Settling is another: remove the hold, add the real cost to both totals. The
-//! rule is the single gateway's ([`crate::admit::keys`]), so N replicas overshoot a budget by at most
-//! the one hold that found room last, not N budgets.
+//! Redis does not hand out a budget again), refuse once spend plus holds reach a limit (or
+//! the hold alone is more than what is left), else add the hold. Settling is another: remove
+//! the hold, and add the real cost to both totals unless a settle of the same id already
+//! did. The rule is the single gateway's ([`crate::admit::keys`]), so N replicas overshoot a
+//! budget by at most the one hold that found room last, not N budgets.
 //!
 //! Redis is not needed to serve. A call that fails or takes longer than
 //! [`CALL_TIMEOUT`](crate::redis_conn::CALL_TIMEOUT) leaves admission on the local view (this
 //! gateway's spend and the shared totals it last saw), counted in `/metrics`, and Redis is
 //! tried again a second later. What is spent meanwhile is kept and settled into Redis once it
-//! answers again, so the shared totals do not miss it.
+//! answers again, so the shared totals do not miss it. A call that timed out may still run
+//! (a Redis that was only slow, or paused): so a hold whose placement timed out is released
+//! by its id, and a settle is retried under its own id, which Redis takes once, so a retry
+//! never adds a cost twice and no hold outlives its request by 15 minutes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -47,13 +50,19 @@ const GRACE_S: i64 = 86_400;
 /// How often spend that Redis missed is offered to it again while nothing else calls.
 const REPLAY_EVERY: Duration = Duration::from_secs(2);
 
-/// KEYS: holds, day, month, epoch. ARGV: day base, day expiry (unix s), month base, month
-/// expiry, daily limit, monthly limit (-1: none), the hold (`id:nanos`), its TTL in ms, an
-/// epoch should the tenant have none. Returns {admitted, day total, month total, held by
-/// others, epoch}.
+/// How long Redis remembers a settle's id (so that a retry of a settle whose answer was
+/// lost does not add its cost again) and a released hold's (so that a reservation that
+/// runs late does not place it). Retries come within seconds of Redis answering again; one
+/// that comes later than this after a try that ran would count twice.
+const SETTLED_TTL: Duration = Duration::from_secs(3600);
+
+/// KEYS: holds, day, month, settled. ARGV: day base, day expiry (unix s), month base, month
+/// expiry, daily limit, monthly limit (-1: none), the hold (`id:nanos`), its TTL in ms.
+/// Refused as [`crate::admit::keys`] refuses: spend and holds reach a limit, or the hold
+/// alone is more than what is left of it. A hold already released (this call timed out,
+/// and the gateway gave it back first) is not placed. Returns {admitted, day total, month
+/// total, held by others}.
 const RESERVE: &str = r"
-redis.call('SET', KEYS[4], ARGV[9], 'NX')
-local epoch = redis.call('GET', KEYS[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -66,27 +75,31 @@ end
 local day = tonumber(redis.call('GET', KEYS[2]))
 local month = tonumber(redis.call('GET', KEYS[3]))
 local dl, ml = tonumber(ARGV[5]), tonumber(ARGV[6])
-if (dl >= 0 and day + held >= dl) or (ml >= 0 and month + held >= ml) then
-  return {0, day, month, held, epoch}
+local amount = tonumber(string.match(ARGV[7], ':(%d+)$'))
+if (dl >= 0 and (day + held >= dl or day + amount > dl))
+  or (ml >= 0 and (month + held >= ml or month + amount > ml)) then
+  return {0, day, month, held}
 end
+if redis.call('ZSCORE', KEYS[4], ARGV[7]) then return {0, day, month, held} end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[8]), ARGV[7])
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
-return {1, day, month, held, epoch}
+return {1, day, month, held}
 ";
 
-/// KEYS: holds, day, month, epoch. ARGV: day base, day expiry, month base, month expiry,
-/// the hold ('' for none), the cost, '1' to add the cost only if the hold is still there (a
-/// retry of a settle that may have run), the epoch the hold was placed in, an epoch should
-/// the tenant have none. A hold of another epoch (Redis lost its data since) proves nothing:
-/// the cost is added. A period already over is left alone.
-/// Returns {day total, month total}, -1 for a period over.
+/// KEYS: holds, day, month, settled. ARGV: day base, day expiry, month base, month expiry,
+/// the hold ('' for none), the cost, the settle's id, how long its id is kept (ms). The
+/// cost is added once per id: a retry of a settle that ran (its answer lost to a timeout)
+/// only removes the hold again. A Redis that lost its data since has no record of it, and
+/// its totals start from this gateway's view without the cost: added. A period already
+/// over is left alone. Returns {day total, month total}, -1 for a period over.
 const SETTLE: &str = r"
-redis.call('SET', KEYS[4], ARGV[9], 'NX')
-local same = redis.call('GET', KEYS[4]) == ARGV[8]
-local now = tonumber(redis.call('TIME')[1])
-local removed = 1
-if ARGV[5] ~= '' then removed = redis.call('ZREM', KEYS[1], ARGV[5]) end
-local add = removed == 1 or ARGV[7] ~= '1' or not same
+local t = redis.call('TIME')
+local now = tonumber(t[1])
+local now_ms = now * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now_ms)
+if ARGV[5] ~= '' then redis.call('ZREM', KEYS[1], ARGV[5]) end
+local add = redis.call('ZADD', KEYS[4], 'NX', now_ms + tonumber(ARGV[8]), ARGV[7]) == 1
+redis.call('PEXPIRE', KEYS[4], ARGV[8])
 local out = {-1, -1}
 for i = 1, 2 do
   local exat = tonumber(ARGV[2 * i])
@@ -97,6 +110,17 @@ for i = 1, 2 do
   end
 end
 return out
+";
+
+/// KEYS: holds, settled. ARGV: the hold, how long its release is remembered (ms): removes
+/// it, and keeps it from being placed by a reservation that runs late.
+const RELEASE: &str = r"
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], now_ms + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
 ";
 
 /// What Redis said to a reservation.
@@ -110,12 +134,10 @@ pub(crate) struct Verdict {
     pub hold: Hold,
 }
 
-/// A request's hold in Redis: its member of the holds set, and the epoch of the tenant's
-/// keys it was placed in (a new one each time Redis starts empty).
+/// A request's hold in Redis: its member of the holds set.
 #[derive(Debug, Clone)]
 pub(crate) struct Hold {
     member: String,
-    epoch: String,
 }
 
 /// A cost not yet added to the shared totals: being settled, or waiting for Redis.
@@ -125,9 +147,10 @@ struct Pending {
     at: DateTime<Utc>,
     cost: Money,
     hold: Option<Hold>,
-    /// A settle of it failed after it may have run: add it only if its hold is still there.
-    only_if_held: bool,
     in_flight: bool,
+    /// A settle of it was sent: Redis may have taken it under its id, so nothing more is
+    /// added to it.
+    tried: bool,
 }
 
 pub struct SharedBudgets {
@@ -141,6 +164,9 @@ pub struct SharedBudgets {
     /// Admissions decided on the local view.
     pub fallbacks: AtomicU64,
     pending: Mutex<Vec<Pending>>,
+    /// Holds to remove that Redis has not confirmed removed (tenant, member): placed by a
+    /// call that timed out, or given back while Redis did not answer.
+    releases: Mutex<Vec<(String, String)>>,
     /// Makes hold and pending ids unique: a random prefix per process, then a count.
     prefix: String,
     next: AtomicU64,
@@ -172,7 +198,7 @@ fn script(source: &str, tenant: &str, at: DateTime<Utc>, bases: [Money; 2]) -> r
     cmd
 }
 
-/// A tenant's keys at `at` (holds, day, month, epoch), and when each total expires.
+/// A tenant's keys at `at` (holds, day, month, settled), and when each total expires.
 fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 4], [i64; 2]) {
     // The hash tag keeps a tenant's keys in one slot of a Redis Cluster.
     let base = format!("frugal:budget:v1:{{{tenant}}}");
@@ -181,7 +207,7 @@ fn keys(tenant: &str, at: DateTime<Utc>) -> ([String; 4], [i64; 2]) {
             format!("{base}:holds"),
             format!("{base}:day:{}", at.format("%Y-%m-%d")),
             format!("{base}:month:{}", at.format("%Y-%m")),
-            format!("{base}:epoch"),
+            format!("{base}:settled"),
         ],
         [
             next_day(at).timestamp() + GRACE_S,
@@ -212,6 +238,7 @@ impl SharedBudgets {
             retry_at: Mutex::new(None),
             fallbacks: AtomicU64::new(0),
             pending: Mutex::new(Vec::new()),
+            releases: Mutex::new(Vec::new()),
             prefix: random.iter().map(|b| format!("{b:02x}")).collect(),
             next: AtomicU64::new(0),
             wake: Arc::new(tokio::sync::Notify::new()),
@@ -231,8 +258,42 @@ impl SharedBudgets {
         self.lock_pending().len()
     }
 
+    /// Holds waiting to be removed from Redis.
+    pub fn unreleased(&self) -> usize {
+        self.lock_releases().len()
+    }
+
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<Pending>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_releases(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
+        self.releases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// At shutdown: settles into Redis what it has not taken yet, and removes the holds
+    /// it still has, for up to `wait`; what is left then is said, not silently dropped.
+    pub async fn flush(&self, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        loop {
+            if self.worth_trying() {
+                self.replay_pending().await;
+            }
+            let (unsettled, unreleased) = (self.unsettled(), self.unreleased());
+            if unsettled + unreleased == 0 {
+                return;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    redis = %self.shown,
+                    unsettled,
+                    unreleased,
+                    "budgets: Redis did not take every cost before shutdown; the ledger has them, and a gateway starting from it counts them"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Whether to call Redis now: it answered last time, or the pause after a failure is over.
@@ -333,20 +394,24 @@ impl SharedBudgets {
         cmd.arg(limit(limits.daily))
             .arg(limit(limits.monthly))
             .arg(&member)
-            .arg(self.hold_ttl.as_millis() as u64)
-            .arg(self.new_id().1);
-        match self.call::<(i64, i64, i64, i64, String)>(cmd).await {
-            Ok((admitted, day, month, held, epoch)) => {
+            .arg(self.hold_ttl.as_millis() as u64);
+        match self.call::<(i64, i64, i64, i64)>(cmd).await {
+            Ok((admitted, day, month, held)) => {
                 self.reached_it();
                 Some(Verdict {
                     admitted: admitted == 1,
                     day: Money::from_nanos(day),
                     month: Money::from_nanos(month),
                     held: Money::from_nanos(held),
-                    hold: Hold { member, epoch },
+                    hold: Hold { member },
                 })
             }
             Err(why) => {
+                // The script may yet run (a Redis that was slow, or paused): its hold would
+                // fill the budget for 15 minutes. It is released by its id once Redis
+                // answers, which also keeps a late run from placing it.
+                self.lock_releases()
+                    .push((tenant.name().to_owned(), member));
                 self.missed_it(&why);
                 self.fallbacks.fetch_add(1, Ordering::Relaxed);
                 None
@@ -378,6 +443,7 @@ impl SharedBudgets {
                             && p.at.date_naive() == now.date_naive()
                             && p.hold.is_none()
                             && !p.in_flight
+                            && !p.tried
                     })
                 })
                 .flatten();
@@ -391,8 +457,8 @@ impl SharedBudgets {
                 at: now,
                 cost,
                 hold,
-                only_if_held: false,
                 in_flight: attempt,
+                tried: false,
             });
         }
         if attempt {
@@ -401,36 +467,65 @@ impl SharedBudgets {
         }
     }
 
-    /// Gives back a hold whose request settled nothing (refused before any work, or dropped).
+    /// Gives back a hold whose request settled nothing (refused before any work, or
+    /// dropped); retried until Redis answers, so the hold does not block the tenant until
+    /// it expires.
     pub(crate) fn release(self: &Arc<Self>, tenant: &str, hold: Hold) {
         if tokio::runtime::Handle::try_current().is_err() {
             return; // It expires.
         }
-        let (keys, _) = keys(tenant, Utc::now());
-        let this = self.clone();
+        let (tenant, this) = (tenant.to_owned(), self.clone());
         tokio::spawn(async move {
-            let mut cmd = redis::cmd("ZREM");
-            cmd.arg(&keys[0]).arg(hold.member);
-            if let Err(why) = this.call::<i64>(cmd).await {
+            if let Err(why) = this.remove_hold(&tenant, &hold.member).await {
+                this.lock_releases().push((tenant, hold.member));
                 this.missed_it(&why);
             }
         });
     }
 
+    async fn remove_hold(&self, tenant: &str, member: &str) -> Result<(), String> {
+        let (keys, _) = keys(tenant, Utc::now());
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RELEASE)
+            .arg(2)
+            .arg(&keys[0])
+            .arg(&keys[3])
+            .arg(member)
+            .arg(SETTLED_TTL.as_millis() as u64);
+        self.call::<i64>(cmd).await.map(drop)
+    }
+
+    /// Removes the holds Redis has not confirmed removed; stops at the first failure.
+    async fn release_pending(&self) -> bool {
+        loop {
+            let Some((tenant, member)) = self.lock_releases().first().cloned() else {
+                return true;
+            };
+            if let Err(why) = self.remove_hold(&tenant, &member).await {
+                self.missed_it(&why);
+                return false;
+            }
+            self.reached_it();
+            self.lock_releases()
+                .retain(|(t, m)| (t, m) != (&tenant, &member));
+        }
+    }
+
     /// Adds pending cost `id` to the shared totals; false when Redis did not take it.
     async fn settle(&self, id: u64) -> bool {
         let (cmd, tenant, at) = {
-            let pending = self.lock_pending();
-            let Some(p) = pending.iter().find(|p| p.id == id) else {
+            let mut pending = self.lock_pending();
+            let Some(i) = pending.iter().position(|p| p.id == id) else {
                 return true;
             };
+            pending[i].tried = true;
+            let p = &pending[i];
             let bases = self.bases(&pending, &p.tenant, p.at);
             let mut cmd = script(SETTLE, p.tenant.name(), p.at, bases);
             cmd.arg(p.hold.as_ref().map_or("", |h| &h.member))
                 .arg(p.cost.nanos())
-                .arg(if p.only_if_held { "1" } else { "0" })
-                .arg(p.hold.as_ref().map_or("", |h| &h.epoch))
-                .arg(self.new_id().1);
+                .arg(format!("{}-s{id}", self.prefix))
+                .arg(SETTLED_TTL.as_millis() as u64);
             (cmd, p.tenant.clone(), p.at)
         };
         let result = self.call::<(i64, i64)>(cmd).await;
@@ -447,9 +542,8 @@ impl SharedBudgets {
                 true
             }
             Err(why) => {
-                let p = &mut pending[i];
-                p.in_flight = false;
-                p.only_if_held = p.hold.is_some();
+                // It may have run: the retry carries the same id, which Redis takes once.
+                pending[i].in_flight = false;
                 drop(pending);
                 self.missed_it(&why);
                 false
@@ -457,8 +551,12 @@ impl SharedBudgets {
         }
     }
 
-    /// Settles, oldest first, what Redis has not taken yet; stops at the first failure.
+    /// Removes the holds and settles, oldest first, what Redis has not taken yet; stops at
+    /// the first failure.
     async fn replay_pending(&self) {
+        if !self.release_pending().await {
+            return;
+        }
         let ids: Vec<u64> = {
             let mut pending = self.lock_pending();
             pending
@@ -602,11 +700,12 @@ mod tests {
         settled(&[&a, &b]).await;
         assert_eq!(a.fallbacks.load(Ordering::Relaxed), 0);
         let (day, month, holds) = in_redis(&redis.url).await;
-        // Admitted while spend + holds < $1.00, each settling at its whole hold: the total
-        // reaches the limit and passes it by less than one hold.
+        // Admitted while spend + holds < $1.00 and the hold fits what is unspent, each
+        // settling at its whole hold: the total stops within one hold of the limit, short of
+        // it or (holds in flight together) past it.
         let day = day.unwrap();
         assert!(
-            day >= limit.nanos() && day < (limit + hold).nanos(),
+            day > (limit - hold).nanos() && day < (limit + hold).nanos(),
             "{day} after {admitted} requests"
         );
         assert_eq!(day, admitted * hold.nanos());
@@ -666,7 +765,17 @@ mod tests {
         })
         .unwrap();
         let t = keys.tenant("t").unwrap();
-        let r = t.reserve(Money::from_cents(60), Utc::now()).await.unwrap();
+        // $0.20 more than the $0.15 left: refused, by Redis.
+        let Err(ApiError::Budget { message, .. }) =
+            t.reserve(Money::from_cents(20), Utc::now()).await
+        else {
+            panic!("a hold past what is left is refused")
+        };
+        assert!(
+            message.contains("more than the $0.150000 left"),
+            "{message}"
+        );
+        let r = t.reserve(Money::from_cents(15), Utc::now()).await.unwrap();
         assert_eq!(
             in_redis(&redis.url).await,
             (Some(30 * 10_000_000), Some(50 * 10_000_000), 1)
@@ -727,5 +836,67 @@ mod tests {
             in_redis(&redis.url).await,
             (Some(37 * 10_000_000), Some(37 * 10_000_000), 0)
         );
+    }
+
+    /// Issue 31, the fault suite's "Redis frozen under shared budgets": calls that timed
+    /// out left their holds for 15 minutes, or added a cost twice. Redis paused past the
+    /// timeout while a cost settles and while a hold is placed, then resumed: every cost
+    /// is added once, no hold is left, and the tenant is admitted while budget remains.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_redis_keeps_no_hold_and_counts_each_cost_once() {
+        let redis = Redis::start().unwrap();
+        let budgets = SharedBudgets::connect(&redis.url).await.unwrap();
+        let keys = replica(&budgets, Money::from_cents(30), None);
+        let t = keys.tenant("t").unwrap();
+        let cents = Money::from_cents;
+        let first = t.reserve(cents(5), Utc::now()).await.unwrap();
+        first.settle(cents(4), Utc::now());
+        settled(&[&budgets]).await;
+        let held = t.reserve(cents(5), Utc::now()).await.unwrap();
+        assert_eq!(in_redis(&redis.url).await.2, 1);
+
+        redis.pause();
+        // Spent without a hold, and settled with one: both calls time out, their scripts
+        // wait in Redis.
+        t.spend(cents(6), Utc::now());
+        held.settle(cents(5), Utc::now());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while budgets
+            .lock_pending()
+            .iter()
+            .any(|p| p.in_flight || !p.tried)
+            || budgets.is_shared()
+        {
+            assert!(Instant::now() < deadline, "the settles did not time out");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Placed once Redis is tried again: that call times out too, and the request is
+        // admitted on this gateway's view ($0.15 spent, $0.15 held).
+        while !budgets.worth_trying() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let late = t.reserve(cents(15), Utc::now()).await.unwrap();
+        assert!(budgets.fallbacks.load(Ordering::Relaxed) >= 1);
+        assert_eq!(budgets.unreleased(), 1, "its hold may yet be placed");
+        late.settle(cents(3), Utc::now());
+        assert_eq!(budgets.unsettled(), 3);
+
+        redis.resume();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while budgets.unsettled() + budgets.unreleased() > 0 || !budgets.is_shared() {
+            assert!(Instant::now() < deadline, "Redis did not take it all back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // $0.04 + $0.06 + $0.05 + $0.03, each once; the late hold released (placed late,
+        // or kept from being placed).
+        let (day, month, holds) = in_redis(&redis.url).await;
+        assert_eq!(day, Some(cents(18).nanos()), "the day's total");
+        assert_eq!(month, Some(cents(18).nanos()));
+        assert_eq!(holds, 0, "no hold outlives its request");
+        // $0.12 left: a hold of $0.12 fits (the late one of $0.15 would have refused it).
+        let again = t.reserve(cents(12), Utc::now()).await.unwrap();
+        again.settle(cents(1), Utc::now());
+        settled(&[&budgets]).await;
+        assert_eq!(in_redis(&redis.url).await.0, Some(cents(19).nanos()));
     }
 }

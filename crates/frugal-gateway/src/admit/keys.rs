@@ -5,9 +5,10 @@
 //! belongs to a tenant: the tenant namespaces the cache (one tenant's answer never reaches
 //! another) and carries optional daily and monthly budgets in dollars. At admission a
 //! request reserves its worst-case cost (its prompt and `max_tokens` at the model's prices,
-//! see [`crate::backend::Plan`]), and is refused once spend plus reservations reach a budget;
-//! when it settles, the reservation becomes its real cost. So a tenant overshoots a budget by
-//! at most the one reservation that found room last. Failed and abandoned requests are charged
+//! see [`crate::backend::Plan`]), and is refused once spend plus reservations reach a budget,
+//! or when its worst case alone is more than what is left unspent (an absurd `max_tokens`:
+//! worst cases saturate, never wrap to $0); when it settles, the reservation becomes its real
+//! cost. So a tenant overshoots a budget by at most the one reservation that found room last. Failed and abandoned requests are charged
 //! what they spent, as the ledger records them. Spend is kept in memory per period (UTC day,
 //! UTC month) and preloaded from the ledger at start.
 //!
@@ -73,10 +74,17 @@ struct Spend {
     day_total: Money,
     month: Option<(i32, u32)>,
     month_total: Money,
-    reserved: Money,
+    /// In nanodollars, wide: holds that saturated (an absurd `max_tokens`) add up and come
+    /// off exactly.
+    reserved: i128,
 }
 
 impl Spend {
+    /// What requests in flight here hold.
+    fn held(&self) -> Money {
+        Money::from_nanos(i64::try_from(self.reserved).unwrap_or(i64::MAX))
+    }
+
     /// Starts a new period's total when `now` has left the one on record.
     fn roll(&mut self, now: DateTime<Utc>) {
         let day = now.date_naive();
@@ -92,13 +100,15 @@ impl Spend {
     }
 }
 
-/// Refuses a request once `spent` plus `held` (by requests in flight) reaches a budget,
-/// naming it and when it resets.
+/// Refuses a request once `spent` plus `held` (by requests in flight) reaches a budget, or
+/// when its own `worst` case is more than what is left of it (an absurd `max_tokens`),
+/// naming the budget and when it resets.
 fn check(
     name: &str,
     limits: Limits,
     (day, month): (Money, Money),
     held: Money,
+    worst: Money,
     now: DateTime<Utc>,
 ) -> Result<(), ApiError> {
     let checks = [
@@ -106,6 +116,18 @@ fn check(
         ("monthly", limits.monthly, month, next_month(now)),
     ];
     for (period, limit, spent, resets) in checks {
+        let retry_after_s = (resets - now).num_seconds().max(1) as u64;
+        if let Some(limit) = limit.filter(|l| spent + held < *l && spent + worst > *l) {
+            return Err(ApiError::Budget {
+                message: format!(
+                    "this request may cost up to ${} (its prompt and max_tokens at the model's prices), more than the ${} left of the {period} budget of `{name}`; ask for fewer max_tokens, or wait until it resets at {}",
+                    worst.to_string_places(6),
+                    (limit - spent).max(Money::ZERO).to_string_places(6),
+                    resets.format("%Y-%m-%dT%H:%MZ")
+                ),
+                retry_after_s,
+            });
+        }
         if let Some(limit) = limit.filter(|l| spent + held >= *l) {
             let held = if held > Money::ZERO {
                 format!(
@@ -122,7 +144,7 @@ fn check(
                     limit.to_string_places(2),
                     resets.format("%Y-%m-%dT%H:%MZ")
                 ),
-                retry_after_s: (resets - now).num_seconds().max(1) as u64,
+                retry_after_s,
             });
         }
     }
@@ -150,12 +172,13 @@ impl Tenant {
     }
 
     /// [`check`] on this gateway's view of the tenant's spend.
-    fn check_local(&self, spend: &Spend, now: DateTime<Utc>) -> Result<(), ApiError> {
+    fn check_local(&self, spend: &Spend, worst: Money, now: DateTime<Utc>) -> Result<(), ApiError> {
         check(
             &self.name,
             spend.limits,
             (spend.day_total, spend.month_total),
-            spend.reserved,
+            spend.held(),
+            worst,
             now,
         )
     }
@@ -166,7 +189,7 @@ impl Tenant {
     pub fn admit(&self, now: DateTime<Utc>) -> Result<(), ApiError> {
         let mut spend = self.lock();
         spend.roll(now);
-        self.check_local(&spend, now)
+        self.check_local(&spend, Money::ZERO, now)
     }
 
     /// Admits a request whose cost can reach `worst`, holding that much of the budgets until
@@ -185,15 +208,20 @@ impl Tenant {
             spend.roll(now);
             spend.seen(now, v.day.nanos(), v.month.nanos());
             if !v.admitted {
-                return Err(
-                    check(&self.name, spend.limits, (v.day, v.month), v.held, now)
-                        .err()
-                        .unwrap_or_else(|| {
-                            ApiError::Internal("the shared budget check disagreed".into())
-                        }),
-                );
+                return Err(check(
+                    &self.name,
+                    spend.limits,
+                    (v.day, v.month),
+                    v.held,
+                    worst,
+                    now,
+                )
+                .err()
+                .unwrap_or_else(|| {
+                    ApiError::Internal("the shared budget check disagreed".into())
+                }));
             }
-            spend.reserved += worst;
+            spend.reserved += i128::from(worst.nanos());
             return Ok(Reservation {
                 tenant: self.clone(),
                 held: worst,
@@ -202,8 +230,8 @@ impl Tenant {
         }
         let mut spend = self.lock();
         spend.roll(now);
-        self.check_local(&spend, now)?;
-        spend.reserved += worst;
+        self.check_local(&spend, worst, now)?;
+        spend.reserved += i128::from(worst.nanos());
         Ok(Reservation {
             tenant: self.clone(),
             held: worst,
@@ -296,7 +324,7 @@ impl Reservation {
     fn release_here(&mut self) {
         let held = std::mem::replace(&mut self.held, Money::ZERO);
         let mut spend = self.tenant.lock();
-        spend.reserved = (spend.reserved - held).max(Money::ZERO);
+        spend.reserved = (spend.reserved - i128::from(held.nanos())).max(0);
     }
 }
 
@@ -307,6 +335,23 @@ impl Drop for Reservation {
             shared.release(&self.tenant.name, hold);
         }
     }
+}
+
+/// `[[serve.key]]` and `[serve] allow_open`, checked: what a reload swaps in.
+#[derive(Debug, Clone, Default)]
+pub struct KeySet {
+    pub keys: Vec<KeyConfig>,
+    /// A reload may remove every key, opening the API.
+    pub allow_open: bool,
+}
+
+/// A reload refused because it would remove every key and open the API.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the config has no [[serve.key]] any more: reloading it would drop all {keys} keys and open the API to anyone; `allow_open = true` under [serve] allows it"
+)]
+pub struct WouldOpen {
+    pub keys: usize,
 }
 
 /// The configured keys; empty means the API is open. Swapped whole by [`Keys::reload`].
@@ -370,6 +415,23 @@ impl Keys {
     /// tenant removed is refused from now on (its requests in flight settle as usual).
     pub fn reload(&self, configs: &[KeyConfig]) -> Changes {
         let mut by_hash = self.by_hash.write().unwrap_or_else(|p| p.into_inner());
+        self.swap(&mut by_hash, configs)
+    }
+
+    /// [`Keys::reload`] from a re-read config, unless it would drop every key of a gateway
+    /// that has some: that opens the API to anyone (a config emptied by mistake, a
+    /// truncated file), so it takes `[serve] allow_open = true`; else the keys stay.
+    pub fn reload_set(&self, set: &KeySet) -> Result<Changes, WouldOpen> {
+        let mut by_hash = self.by_hash.write().unwrap_or_else(|p| p.into_inner());
+        if set.keys.is_empty() && !by_hash.is_empty() && !set.allow_open {
+            return Err(WouldOpen {
+                keys: by_hash.len(),
+            });
+        }
+        Ok(self.swap(&mut by_hash, &set.keys))
+    }
+
+    fn swap(&self, by_hash: &mut HashMap<String, Arc<Tenant>>, configs: &[KeyConfig]) -> Changes {
         let before: HashMap<&str, &Arc<Tenant>> =
             by_hash.values().map(|t| (t.name.as_str(), t)).collect();
         let mut changes = Changes {
@@ -643,8 +705,82 @@ mod tests {
         // Dropped unsettled (a task that died): the hold goes, nothing is spent.
         drop(c);
         let spend = t.spend.lock().unwrap();
-        assert_eq!(spend.reserved, Money::ZERO);
+        assert_eq!(spend.reserved, 0);
         assert_eq!(spend.day_total, Money::from_cents(25));
+    }
+
+    /// Issue 31: `max_tokens` 10^15 overflowed the reservation into $0, and 8 of 8
+    /// requests were admitted on a $0.01 budget. A worst case saturates, and one more than
+    /// what is left of a budget is refused.
+    #[test]
+    fn a_saturated_reservation_is_refused_and_holds_add_up_exactly() {
+        let keys = Keys::new(&[
+            KeyConfig {
+                tenant: "a".into(),
+                sha256: hash_key("ka"),
+                daily: Some(Money::from_cents(1)),
+                monthly: None,
+            },
+            KeyConfig {
+                tenant: "free".into(),
+                sha256: hash_key("kf"),
+                daily: None,
+                monthly: None,
+            },
+        ]);
+        let now = at("2026-12-03T10:00:00Z");
+        let a = keys.tenant("a").unwrap();
+        for _ in 0..32 {
+            let Err(ApiError::Budget { message, .. }) =
+                a.reserve(Money::MAX, now).now_or_never().unwrap()
+            else {
+                panic!("a worst case past the budget is refused")
+            };
+            assert!(
+                message.contains("more than the $0.010000 left of the daily budget of `a`"),
+                "{message}"
+            );
+        }
+        // What fits is admitted; the next that does not fit what is left is refused.
+        let r = a
+            .reserve(Money::from_cents(1), now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        r.settle(Money::from_nanos(6_000_000), now);
+        assert!(
+            a.reserve(Money::from_nanos(5_000_000), now)
+                .now_or_never()
+                .unwrap()
+                .is_err()
+        );
+        a.reserve(Money::from_nanos(4_000_000), now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        // Without a limit, two saturated holds add up and come off exactly.
+        let free = keys.tenant("free").unwrap();
+        let x = free
+            .reserve(Money::MAX, now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        let y = free
+            .reserve(Money::MAX, now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        let small = free
+            .reserve(Money::from_cents(1), now)
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        assert_eq!(free.lock().held(), Money::MAX);
+        drop(x);
+        drop(y);
+        assert_eq!(free.lock().held(), Money::from_cents(1));
+        drop(small);
+        assert_eq!(free.lock().reserved, 0);
     }
 
     #[test]
@@ -691,12 +827,42 @@ mod tests {
         assert_eq!(keys.authenticate(&h).unwrap().unwrap().name, "c");
         held.settle(Money::from_cents(5), now);
         assert_eq!(a.totals(now).0, Money::from_cents(95));
-        assert_eq!(a.lock().reserved, Money::ZERO);
+        assert_eq!(a.lock().reserved, 0);
         a.admit(now).unwrap();
         assert_eq!(
             keys.reload(&[]).to_string(),
             "0 keys (were 3); tenants removed: a, c"
         );
         assert!(keys.is_open());
+    }
+
+    /// Issue 31: a config emptied of keys does not open the API on a reload unless it
+    /// says so.
+    #[test]
+    fn a_reload_that_would_drop_every_key_needs_allow_open() {
+        let key = KeyConfig {
+            tenant: "a".into(),
+            sha256: hash_key("ka"),
+            daily: None,
+            monthly: None,
+        };
+        let keys = Keys::new(std::slice::from_ref(&key));
+        let mut set = KeySet::default();
+        let refused = keys.reload_set(&set).unwrap_err();
+        assert!(refused.to_string().contains("drop all 1 keys"), "{refused}");
+        assert!(
+            refused.to_string().contains("allow_open = true"),
+            "{refused}"
+        );
+        assert!(!keys.is_open());
+        assert!(keys.tenant("a").is_some());
+        set.allow_open = true;
+        keys.reload_set(&set).unwrap();
+        assert!(keys.is_open());
+        // An open gateway given no keys again stays open, as it started.
+        keys.reload_set(&KeySet::default()).unwrap();
+        set.keys = vec![key];
+        keys.reload_set(&set).unwrap();
+        assert!(!keys.is_open());
     }
 }

@@ -17,6 +17,7 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use frugal_cost::Money;
+use frugal_cost::catalog::ModelPrice;
 use frugal_cost::money::HourlyRate;
 use frugal_engine::gguf::Gguf;
 use frugal_engine::model::{Config as ModelConfig, KvType, LoadOptions, Model, ModelError};
@@ -29,10 +30,6 @@ use crate::backend::upstream::{Pricing, Reply, Ticket, Upstream};
 use crate::http::error::ApiError;
 use crate::http::validate::{self, EngineRun, Job};
 use crate::meter::Machine;
-
-/// What an upstream may answer when a request names no `max_tokens`, for the worst case a
-/// budget holds back (hosted APIs default to the model's whole output window).
-const ASSUMED_MAX_TOKENS: u64 = 4096;
 
 pub trait Backend: Send + Sync {
     /// The name clients ask for and the ledger records.
@@ -79,9 +76,14 @@ impl Plan {
     }
 
     /// The plan of a call to a machine paid by the hour: it cannot hold the machine longer
-    /// than `held` (its timeout, times its tries), so that time at `rate` is its worst case.
-    pub(crate) fn hourly(rate: Option<HourlyRate>, held: Duration) -> Plan {
-        Plan::costing(rate.map_or(Money::ZERO, |r| r.cost_of(held).unwrap_or(Money::ZERO)))
+    /// than `timeout` on each of its `tries`, so that time at `rate` is its worst case
+    /// (saturating: a timeout past the range holds the most there is, not $0).
+    pub(crate) fn hourly(rate: Option<HourlyRate>, timeout: Duration, tries: u32) -> Plan {
+        let micros = timeout.as_micros().saturating_mul(u128::from(tries));
+        let micros = i128::try_from(micros).unwrap_or(i128::MAX);
+        Plan::costing(rate.map_or(Money::ZERO, |r| {
+            r.0.saturating_mul_div(micros, 3_600_000_000)
+        }))
     }
 }
 
@@ -295,6 +297,16 @@ impl Backend for Local {
     }
 }
 
+/// The most a call priced per token can cost: every prompt byte a token, every alternative
+/// its whole `max_tokens` (or the model's `max_output` where it names none), saturating: an
+/// absurd `max_tokens` holds the most there is, never $0.
+pub(crate) fn token_worst_case(price: &ModelPrice, job: &Job, max_output: u64) -> Money {
+    let output = job
+        .n()
+        .saturating_mul(job.max_tokens().unwrap_or(max_output));
+    price.saturating_cost(job.prompt_bytes(), 0, output)
+}
+
 impl Upstream {
     /// Sends `job` as the client asked it (whole or streamed), once or with retries as
     /// configured.
@@ -319,18 +331,14 @@ impl Backend for Upstream {
 
     fn prepare(&self, job: &Job) -> Result<Plan, ApiError> {
         Ok(match &self.config.pricing {
-            // Every prompt byte a token, every alternative its whole max_tokens.
             Some(Pricing::Tokens(price)) => {
-                let output = job.n() * job.max_tokens().unwrap_or(ASSUMED_MAX_TOKENS);
-                Plan::costing(
-                    price
-                        .cost(job.prompt_bytes(), 0, output)
-                        .map_or(Money::ZERO, |(i, o)| i + o),
-                )
+                Plan::costing(token_worst_case(price, job, self.config.max_output_tokens))
             }
-            Some(Pricing::Hourly { rate, .. }) => {
-                Plan::hourly(Some(*rate), self.config.timeout * (self.config.retries + 1))
-            }
+            Some(Pricing::Hourly { rate, .. }) => Plan::hourly(
+                Some(*rate),
+                self.config.timeout,
+                self.config.retries.saturating_add(1),
+            ),
             None => Plan::costing(Money::ZERO),
         })
     }

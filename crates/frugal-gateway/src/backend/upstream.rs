@@ -28,6 +28,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const MAX_BODY: usize = 32 << 20;
 /// Largest single SSE event by default; past it the stream is broken off.
 const MAX_EVENT: usize = 4 << 20;
+/// What a model answers at most when its `[[serve.upstream]]` says no `max_output_tokens`:
+/// the only place a request's worst case is a guess (many hosted models stop at 4,096 or
+/// 8,192 tokens, some go to 100,000: set it for those).
+pub const ASSUMED_MAX_OUTPUT_TOKENS: u64 = 4096;
 
 #[derive(Clone)]
 pub struct UpstreamConfig {
@@ -51,6 +55,9 @@ pub struct UpstreamConfig {
     pub max_backoff: Duration,
     /// Largest answer body (and SSE event) read from the upstream.
     pub max_body: usize,
+    /// The most tokens the model answers with, for the worst case of a request that names
+    /// no `max_tokens` (hosted APIs then allow the model's whole output window).
+    pub max_output_tokens: u64,
 }
 
 /// Written out by hand: the API key must never reach a log through `{:?}`.
@@ -82,6 +89,7 @@ impl UpstreamConfig {
             backoff: Duration::from_millis(200),
             max_backoff: MAX_BACKOFF,
             max_body: MAX_BODY,
+            max_output_tokens: ASSUMED_MAX_OUTPUT_TOKENS,
         }
     }
 }
@@ -289,17 +297,17 @@ impl Upstream {
     /// time at its hourly price.
     pub fn cost(&self, usage: &Usage, cached: u64, share: Duration) -> Option<Money> {
         match self.config.pricing.as_ref()? {
-            Pricing::Tokens(price) => {
-                let (input, output) = price.cost(
-                    usage.prompt_tokens as u64,
-                    cached,
-                    usage.completion_tokens as u64,
-                )?;
-                Some(input + output)
-            }
-            Pricing::Hourly { rate, .. } => {
-                rate.0.mul_div(share.as_micros() as i128, 3_600_000_000)
-            }
+            // Saturating: usage past the range (an upstream's absurd count) is the most
+            // there is, not $0.
+            Pricing::Tokens(price) => Some(price.saturating_cost(
+                usage.prompt_tokens as u64,
+                cached,
+                usage.completion_tokens as u64,
+            )),
+            Pricing::Hourly { rate, .. } => Some(
+                rate.0
+                    .saturating_mul_div(share.as_micros() as i128, 3_600_000_000),
+            ),
         }
     }
 

@@ -112,15 +112,36 @@ pub(super) fn insert_file(
     Ok(())
 }
 
+/// Whose files and batches a lookup sees.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Whose<'a> {
+    /// The service's own work: every one.
+    Any,
+    /// A request's: its tenant's; with no key (an open API), only those made with no key,
+    /// so an API opened later does not show the tenants' files and outputs.
+    Caller(Option<&'a str>),
+}
+
+impl Whose<'_> {
+    /// The SQL parameters of `(?A OR tenant IS ?T)`.
+    pub(super) fn params(&self) -> (bool, Option<&str>) {
+        match self {
+            Whose::Any => (true, None),
+            Whose::Caller(t) => (false, *t),
+        }
+    }
+}
+
 pub(super) fn file_row(
     db: &Connection,
     id: &str,
-    tenant: Option<&str>,
+    whose: Whose<'_>,
 ) -> rusqlite::Result<Option<FileRow>> {
+    let (any, tenant) = whose.params();
     db.query_row(
         "SELECT id, filename, purpose, bytes, created_at, path FROM files
-         WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)",
-        params![id, tenant],
+         WHERE id = ?1 AND (?2 OR tenant IS ?3)",
+        params![id, any, tenant],
         read_file_row,
     )
     .optional()

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::error::BatchError;
-use super::files::{self, FileObject, FileRow, OUTPUT_PURPOSE, UPLOAD_PREFIX};
+use super::files::{self, FileObject, FileRow, OUTPUT_PURPOSE, UPLOAD_PREFIX, Whose};
 use super::input::{self, Endpoint, Input, InputError, Limits};
 use super::now_s;
 use super::run::{self, Ended, Progress, RunConfig};
@@ -270,7 +270,7 @@ impl Batches {
                         new.metadata.map(|m| m.to_string()),
                     ],
                 )?;
-                b.object(&row_id, None)
+                b.object(&row_id, Whose::Any)
             })
             .await?
             .ok_or_else(|| BatchError::Task("a new batch was not recorded".into()))?;
@@ -278,14 +278,14 @@ impl Batches {
         Ok(object)
     }
 
-    /// The batch `id`, if it is `tenant`'s (any batch where `tenant` is `None`).
+    /// The batch `id`, if it is `tenant`'s (with no tenant, if it was made with no key).
     pub async fn batch(
         self: &Arc<Self>,
         id: &str,
         tenant: Option<String>,
     ) -> Result<Option<BatchObject>, BatchError> {
         let id = id.to_owned();
-        self.blocking(move |b| b.object(&id, tenant.as_deref()))
+        self.blocking(move |b| b.object(&id, Whose::Caller(tenant.as_deref())))
             .await
     }
 
@@ -301,7 +301,7 @@ impl Batches {
                 let db = b.db();
                 let mut select = db.prepare(
                     "SELECT * FROM batches
-                     WHERE (?1 IS NULL OR tenant = ?1)
+                     WHERE tenant IS ?1
                        AND (?2 IS NULL OR seq < (SELECT seq FROM batches WHERE id = ?2))
                      ORDER BY seq DESC LIMIT ?3",
                 )?;
@@ -328,7 +328,7 @@ impl Batches {
             let status = b
                 .db()
                 .query_row(
-                    "SELECT status FROM batches WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)",
+                    "SELECT status FROM batches WHERE id = ?1 AND tenant IS ?2",
                     params![id, tenant],
                     |r| r.get::<_, String>(0),
                 )
@@ -351,7 +351,7 @@ impl Batches {
             if let Some(r) = lock(&b.running).get(&id) {
                 r.cancel.send_replace(true);
             }
-            Ok(match b.object(&id, None)? {
+            Ok(match b.object(&id, Whose::Any)? {
                 Some(o) if o.status == JobStatus::Cancelling => Cancel::Cancelling(Box::new(o)),
                 Some(o) => Cancel::Finished(o.status),
                 None => Cancel::NotFound,
@@ -398,7 +398,10 @@ impl Batches {
     ) -> Result<(), BatchError> {
         let shutdown = self.shutdown.subscribe();
         let row_id = id.to_owned();
-        let Some(batch) = self.blocking(move |b| b.object(&row_id, None)).await? else {
+        let Some(batch) = self
+            .blocking(move |b| b.object(&row_id, Whose::Any))
+            .await?
+        else {
             return Ok(());
         };
         let (input_path, input) = match self.input(&batch).await? {
@@ -454,7 +457,7 @@ impl Batches {
         let file_id = batch.input_file_id.clone();
         let path = self
             .blocking(move |b| {
-                let row = files::file_row(&b.db(), &file_id, None)?;
+                let row = files::file_row(&b.db(), &file_id, Whose::Any)?;
                 Ok(row.map(|r| b.dir().join(r.path)))
             })
             .await?;
@@ -694,13 +697,14 @@ impl Batches {
         Ok(Some(to))
     }
 
-    /// The batch `id` (if `tenant`'s, when given), with live counts while it runs.
-    fn object(&self, id: &str, tenant: Option<&str>) -> Result<Option<BatchObject>, BatchError> {
+    /// The batch `id`, if `whose` sees it, with live counts while it runs.
+    fn object(&self, id: &str, whose: Whose<'_>) -> Result<Option<BatchObject>, BatchError> {
+        let (any, tenant) = whose.params();
         let row = self
             .db()
             .query_row(
-                "SELECT * FROM batches WHERE id = ?1 AND (?2 IS NULL OR tenant = ?2)",
-                params![id, tenant],
+                "SELECT * FROM batches WHERE id = ?1 AND (?2 OR tenant IS ?3)",
+                params![id, any, tenant],
                 read_batch,
             )
             .optional()?;

@@ -8,8 +8,8 @@ use rusqlite::{OptionalExtension, params};
 
 use super::error::BatchError;
 use super::files::{
-    Delete, FileObject, FileRow, UPLOAD_PREFIX, UPLOAD_PURPOSE, Upload, file_row, insert_file,
-    path_text, read_file_row,
+    Delete, FileObject, FileRow, UPLOAD_PREFIX, UPLOAD_PURPOSE, Upload, Whose, file_row,
+    insert_file, path_text, read_file_row,
 };
 use super::now_s;
 use super::service::Batches;
@@ -84,15 +84,17 @@ impl Batches {
         Ok(object)
     }
 
-    /// The file `id`, if it is `tenant`'s (any file where `tenant` is `None`).
+    /// The file `id`, if it is `tenant`'s (with no tenant, if it was made with no key).
     pub async fn file(
         self: &Arc<Self>,
         id: &str,
         tenant: Option<String>,
     ) -> Result<Option<FileObject>, BatchError> {
         let id = id.to_owned();
-        self.blocking(move |b| Ok(file_row(&b.db(), &id, tenant.as_deref())?.map(|r| r.object)))
-            .await
+        self.blocking(move |b| {
+            Ok(file_row(&b.db(), &id, Whose::Caller(tenant.as_deref()))?.map(|r| r.object))
+        })
+        .await
     }
 
     /// Newest first: up to `limit` files after the file `after`, and whether more follow.
@@ -107,7 +109,7 @@ impl Batches {
             let db = b.db();
             let mut select = db.prepare(
                 "SELECT id, filename, purpose, bytes, created_at, path FROM files
-                 WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR purpose = ?2)
+                 WHERE tenant IS ?1 AND (?2 IS NULL OR purpose = ?2)
                    AND (?3 IS NULL OR rowid < (SELECT rowid FROM files WHERE id = ?3))
                  ORDER BY rowid DESC LIMIT ?4",
             )?;
@@ -135,7 +137,7 @@ impl Batches {
         self.blocking(move |b| {
             let path = {
                 let db = b.db();
-                let Some(row) = file_row(&db, &id, tenant.as_deref())? else {
+                let Some(row) = file_row(&db, &id, Whose::Caller(tenant.as_deref()))? else {
                     return Ok(Delete::NotFound);
                 };
                 let user: Option<String> = db
@@ -172,7 +174,7 @@ impl Batches {
         let id = id.to_owned();
         let path = self
             .blocking(move |b| {
-                let row = file_row(&b.db(), &id, tenant.as_deref())?;
+                let row = file_row(&b.db(), &id, Whose::Caller(tenant.as_deref()))?;
                 Ok(row.map(|r| b.dir().join(r.path)))
             })
             .await?;

@@ -93,19 +93,19 @@ pub struct CompletionRequest {
 }
 
 impl ChatMessage {
-    /// `text()`'s length, counted without joining the parts (0 where `text()` refuses them).
+    /// The length of its text parts, counted without joining them (parts of other kinds
+    /// are counted from the body: [`crate::http::validate::Job::prompt_bytes`]).
     pub fn text_len(&self) -> usize {
         match &self.content {
             None => 0,
             Some(Content::Text(t)) => t.len(),
             Some(Content::Parts(parts)) => parts
                 .iter()
-                .map(|p| match (p.kind.as_str(), &p.text) {
+                .filter_map(|p| match (p.kind.as_str(), &p.text) {
                     ("text", Some(t)) => Some(t.len()),
                     _ => None,
                 })
-                .sum::<Option<usize>>()
-                .unwrap_or(0),
+                .sum(),
         }
     }
 

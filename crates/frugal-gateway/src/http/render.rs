@@ -48,7 +48,7 @@ pub(crate) async fn answer(
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        return stream(started, usage, job.prompt_bytes());
+        return stream(started, usage);
     }
     match pipeline::finish(started).await {
         Ok(f) => json(f, job.kind, backend.name()),
@@ -299,12 +299,13 @@ pub fn replay_stream(f: Finished, kind: Kind, model: &str, include_usage: bool) 
 
 /// A started answer as an SSE stream; the stream owns the bill, so a client that leaves
 /// drops it and the request settles as cancelled.
-pub fn stream(started: Started, include_usage: bool, prompt_bytes: u64) -> Response {
+pub fn stream(started: Started, include_usage: bool) -> Response {
     let Started {
         bill,
         output,
         id,
         kind,
+        prompt_bytes,
     } = started;
     let headers = Costed {
         cost: None,
@@ -326,6 +327,7 @@ pub fn stream(started: Started, include_usage: bool, prompt_bytes: u64) -> Respo
                 events,
                 kind,
                 content_chunks: 0,
+                answer_bytes: 0,
                 prompt_bytes,
                 usage: None,
                 reason: None,
@@ -338,7 +340,7 @@ pub fn stream(started: Started, include_usage: bool, prompt_bytes: u64) -> Respo
         Output::Json(v) => {
             // Asked to stream, the upstream answered whole: settled, then sent as one chunk.
             let mut bill = bill;
-            let (usage, cached) = upstream::usage_of(&v).unwrap_or_default();
+            let (usage, cached) = pipeline::usage_or_estimate(&v, kind, prompt_bytes);
             bill.count(usage, cached);
             let cost = bill.settle(End::Completed {
                 reason: FinishReason::Stop,
@@ -417,6 +419,8 @@ struct Pass {
     /// Chunks with content: the completion tokens of a stream cut short, as most servers
     /// stream a token a chunk.
     content_chunks: u64,
+    /// Bytes the model wrote in every choice, for the same estimate.
+    answer_bytes: u64,
     prompt_bytes: u64,
     usage: Option<(Usage, u64)>,
     reason: Option<FinishReason>,
@@ -433,11 +437,11 @@ impl Pass {
         match self.usage {
             Some((usage, cached)) => self.bill.count(usage, cached),
             None => {
-                let usage = Usage {
-                    prompt_tokens: pipeline::estimate_tokens(self.prompt_bytes) as usize,
-                    completion_tokens: self.content_chunks as usize,
-                    total_tokens: 0,
-                };
+                let usage = pipeline::estimated_usage(
+                    self.prompt_bytes,
+                    self.answer_bytes,
+                    self.content_chunks,
+                );
                 self.bill.count(usage, 0);
             }
         }
@@ -477,6 +481,13 @@ impl Pass {
         if choices.len() > 1 {
             self.plain = false;
         }
+        self.answer_bytes += choices
+            .iter()
+            .map(|c| match self.kind {
+                Kind::Chat => pipeline::answer_bytes(&c["delta"]),
+                Kind::Text => c["text"].as_str().map_or(0, str::len) as u64,
+            })
+            .sum::<u64>();
         let mut finish = false;
         if let Some(c) = choices.first() {
             let text = match self.kind {

@@ -214,7 +214,7 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
             &mut text,
             b.is_shared(),
             b.fallbacks.load(Ordering::Relaxed),
-            b.unsettled(),
+            (b.unsettled(), b.unreleased()),
         ),
         None => s
             .inner

@@ -170,18 +170,68 @@ impl Job {
         self.common.n.map_or(1, |n| n.max(1) as u64)
     }
 
-    /// Bytes of text the request sends to a model: an upper bound of its prompt tokens on
-    /// any byte-level tokenizer.
+    /// Bytes the request sends to a model: an upper bound of its prompt tokens on any
+    /// byte-level tokenizer. Every part counts: text, and as written (JSON) each part of
+    /// another kind (an image's URL or base64 data, audio, a file), each message's other
+    /// fields (tool calls and results) and the tools offered; an image a model reads as
+    /// tiles costs no more tokens than its bytes.
     pub fn prompt_bytes(&self) -> u64 {
         let text: usize = match &self.input {
-            Input::Chat(messages) => messages
-                .iter()
-                .map(|m| m.role.len() + m.text_len() + 8)
-                .sum(),
+            Input::Chat(messages) => {
+                messages
+                    .iter()
+                    .map(|m| m.role.len() + m.text_len() + 8)
+                    .sum::<usize>()
+                    + beyond_text(&self.body)
+            }
             Input::Prompt(p) => p.iter().map(String::len).sum(),
         };
         text as u64
     }
+}
+
+/// What a chat body sends besides its messages' roles and text parts: the JSON of every
+/// other content part and message field, and of the tools, functions and response format.
+fn beyond_text(body: &Value) -> usize {
+    let messages = body["messages"].as_array().map_or(&[][..], Vec::as_slice);
+    let in_messages: usize = messages
+        .iter()
+        .filter_map(Value::as_object)
+        .flat_map(|m| m.iter())
+        .map(|(field, v)| match (field.as_str(), v) {
+            ("role", _) | ("content", Value::String(_) | Value::Null) => 0,
+            ("content", Value::Array(parts)) => parts
+                .iter()
+                .filter(|p| !(p["type"] == "text" && p["text"].is_string()))
+                .map(json_len)
+                .sum(),
+            (_, v) => field.len() + json_len(v),
+        })
+        .sum();
+    let offered: usize = ["tools", "functions", "response_format"]
+        .iter()
+        .filter_map(|k| body.get(*k))
+        .map(json_len)
+        .sum();
+    in_messages + offered
+}
+
+/// The length of `v` written as JSON, counted without writing it anywhere.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Writing to memory that only counts cannot fail.
+    let _ = serde_json::to_writer(&mut n, v);
+    n.0
 }
 
 /// The body as JSON (the cache key reads it) and as the endpoint's request type.
@@ -406,5 +456,37 @@ mod tests {
             (Some(7), 3, 3)
         );
         assert_eq!(job.model(), None);
+    }
+
+    /// Issue 31: an image part counted 0 bytes, so a prompt of megabytes held nothing of a
+    /// budget.
+    #[test]
+    fn every_part_of_a_message_counts_toward_the_prompt() {
+        let text = Job::chat(&bytes(
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"what is this"}]}]}"#,
+        ))
+        .unwrap();
+        assert_eq!(text.prompt_bytes(), 4 + 12 + 8);
+        let image = "A".repeat(100_000);
+        let job = Job::chat(&bytes(&format!(
+            r#"{{"messages":[{{"role":"user","content":[{{"type":"text","text":"what is this"}},{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{image}"}}}}]}}]}}"#
+        )))
+        .unwrap();
+        assert!(job.prompt_bytes() > 100_000 + 24, "{}", job.prompt_bytes());
+        let audio = Job::chat(&bytes(
+            r#"{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"UklGRiQAAABXQVZF","format":"wav"}}]}]}"#,
+        ))
+        .unwrap();
+        assert!(
+            audio.prompt_bytes() > 4 + 8 + 16,
+            "{}",
+            audio.prompt_bytes()
+        );
+        // A tool call and its result, and the tools offered.
+        let tools = Job::chat(&bytes(
+            r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]}"#,
+        ))
+        .unwrap();
+        assert!(tools.prompt_bytes() > 150, "{}", tools.prompt_bytes());
     }
 }

@@ -894,7 +894,8 @@ impl Backend for Pool {
         // A request cannot hold a replica longer than its timeout, on each try.
         Ok(Plan::hourly(
             self.config.rate,
-            self.config.timeout * (RETRIES + 1),
+            self.config.timeout,
+            RETRIES + 1,
         ))
     }
 

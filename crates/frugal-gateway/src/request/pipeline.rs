@@ -33,6 +33,8 @@ pub struct Started {
     /// The response id, in OpenAI's style.
     pub id: String,
     pub kind: Kind,
+    /// What the request sends, for its tokens when an upstream reports no usage.
+    pub prompt_bytes: u64,
 }
 
 /// An answer run to its end and settled.
@@ -122,6 +124,7 @@ pub async fn start(
             output: Output::Pieces(Source::Replay(replay)),
             id,
             kind: job.kind,
+            prompt_bytes: job.prompt_bytes(),
         });
     }
     let produced = backend.produce(job, plan, &mut bill.work).await;
@@ -131,6 +134,7 @@ pub async fn start(
             output,
             id,
             kind: job.kind,
+            prompt_bytes: job.prompt_bytes(),
         }),
         Err(e) if refused(&e) => {
             bill.discard();
@@ -174,6 +178,52 @@ fn refused(e: &ApiError) -> bool {
 /// as OpenAI's tokenizers average on English text.
 pub fn estimate_tokens(bytes: u64) -> u64 {
     bytes.div_ceil(4)
+}
+
+/// The tokens of an upstream's answer that came without usage, as both paths bill them:
+/// the prompt from what was sent, the completion a token per content chunk streamed or per
+/// four bytes of the answer's text (`answer_bytes`), whichever is more. A stream and a
+/// whole answer of the same text cost the same.
+pub fn estimated_usage(prompt_bytes: u64, answer_bytes: u64, chunks: u64) -> Usage {
+    let prompt_tokens = estimate_tokens(prompt_bytes) as usize;
+    let completion_tokens = chunks.max(estimate_tokens(answer_bytes)) as usize;
+    Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+    }
+}
+
+/// A whole answer's usage (and cached prompt tokens), or [`estimated_usage`] when the
+/// upstream sent none: never $0 for an answer that has text.
+pub fn usage_or_estimate(v: &Value, kind: Kind, prompt_bytes: u64) -> (Usage, u64) {
+    upstream::usage_of(v).unwrap_or_else(|| {
+        let choices = v["choices"].as_array().map_or(&[][..], Vec::as_slice);
+        let text: u64 = choices
+            .iter()
+            .map(|c| match kind {
+                Kind::Chat => answer_bytes(&c["message"]),
+                Kind::Text => c["text"].as_str().map_or(0, str::len) as u64,
+            })
+            .sum();
+        (estimated_usage(prompt_bytes, text, 0), 0)
+    })
+}
+
+/// The bytes a model wrote in a message or a stream's delta: its content, and its tool
+/// calls' names and arguments.
+pub fn answer_bytes(message: &Value) -> u64 {
+    let content = message["content"].as_str().map_or(0, str::len);
+    let calls: usize = message["tool_calls"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .map(|c| {
+            let f = &c["function"];
+            f["name"].as_str().map_or(0, str::len) + f["arguments"].as_str().map_or(0, str::len)
+        })
+        .sum();
+    (content + calls) as u64
 }
 
 fn response_id(kind: Kind, started: Instant) -> String {
@@ -323,6 +373,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
         output,
         id,
         kind,
+        prompt_bytes,
     } = started;
     let cache = bill.cache.label();
     let saved = bill.cache.saved().map(|(m, _)| m);
@@ -375,7 +426,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
             }
         }
         Output::Json(v) => {
-            let (usage, cached) = upstream::usage_of(&v).unwrap_or_default();
+            let (usage, cached) = usage_or_estimate(&v, kind, prompt_bytes);
             bill.count(usage, cached);
             let plain = plain_answer(&v, kind);
             if let Some((text, _)) = &plain {

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, header};
 use chrono::{DateTime, Utc};
 use frugal_cost::Money;
 
-use crate::admit::keys::{Changes, KeyConfig, Keys, Tenant};
+use crate::admit::keys::{Changes, KeySet, Keys, Tenant};
 use crate::backend::upstream::Upstream;
 use crate::backend::{Backend, Local};
 use crate::batch::service::{BatchConfig, Batches};
@@ -266,10 +266,6 @@ impl AppState {
         self.inner.policies.get(name).copied().unwrap_or_default()
     }
 
-    /// Swaps in the keys and budgets of a re-read config (`Err`: why it was refused; the
-    /// keys stay as they are), counted in `frugal_config_reloads_total`, and starts tenants
-    /// new to this gateway from their spend this day and month by `spent_since` (the
-    /// ledger's). What changed (or why not), for the caller to say.
     /// Brings each tenant's spend up to what `spent_since` (a ledger other gateways write
     /// too) says: budgets without Redis see the other replicas' spend, late.
     /// `/metrics` says whether it did (`frugal_budget_shared`) and how long ago.
@@ -288,16 +284,27 @@ impl AppState {
         read
     }
 
+    /// Swaps in the keys and budgets of a re-read config (`Err`: why it was refused; the
+    /// keys stay as they are), counted in `frugal_config_reloads_total`, and starts tenants
+    /// new to this gateway from their spend this day and month by `spent_since` (the
+    /// ledger's). What changed (or why not), for the caller to say. A config that would
+    /// drop every key is refused unless it says `allow_open` (logged as an error, counted
+    /// in `frugal_key_reloads_refused_total` too).
     pub fn reload_keys<E: std::fmt::Display>(
         &self,
-        keys: Result<Vec<KeyConfig>, String>,
+        keys: Result<KeySet, String>,
         spent_since: impl Fn(DateTime<Utc>) -> Result<Vec<(String, Money)>, E>,
     ) -> Result<Changes, String> {
         let m = &self.inner.metrics;
         let keys = keys.inspect_err(|_| {
             m.reloads_failed.fetch_add(1, Ordering::Relaxed);
         })?;
-        let changes = self.inner.keys.reload(&keys);
+        let changes = self.inner.keys.reload_set(&keys).map_err(|e| {
+            m.reloads_failed.fetch_add(1, Ordering::Relaxed);
+            m.reloads_refused_open.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("refused to open the API on a config reload: {e}");
+            e.to_string()
+        })?;
         m.reloads_ok.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = crate::admit::keys::preload(&changes.new_tenants, Utc::now(), spent_since) {
             tracing::warn!(

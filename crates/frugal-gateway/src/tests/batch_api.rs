@@ -511,6 +511,31 @@ async fn files_and_batches_belong_to_the_tenant_that_made_them() {
     assert_eq!(files["data"], json!([]));
     let (_, ours) = g.api("GET", "/v1/batches", None, Some("fk-a")).await;
     assert_eq!(ours["data"][0]["id"], id);
+    // Issue 31: the keys dropped (a reload that allows it) open the API, but what the
+    // tenants made stays theirs: no key sees none of it.
+    let open = KeySet {
+        keys: Vec::new(),
+        allow_open: true,
+    };
+    g.state
+        .reload_keys(Ok(open), |_| Ok::<_, String>(Vec::new()))
+        .unwrap();
+    let (_, all) = g.api("GET", "/v1/batches", None, None).await;
+    assert_eq!(all["data"], json!([]), "{all}");
+    let (_, files) = g.api("GET", "/v1/files", None, None).await;
+    assert_eq!(files["data"], json!([]), "{files}");
+    for path in [
+        format!("/v1/batches/{id}"),
+        format!("/v1/files/{output}"),
+        format!("/v1/files/{output}/content"),
+    ] {
+        let (status, _) = g.send("GET", &path, "", Vec::new(), None).await;
+        assert_eq!(status, 404, "{path}");
+    }
+    let (status, _) = g
+        .send("DELETE", &format!("/v1/files/{file}"), "", Vec::new(), None)
+        .await;
+    assert_eq!(status, 404);
     // The lines spent the budget of the tenant that made the batch.
     g.state.stop_batches().await;
     g.meter.close();
@@ -670,7 +695,7 @@ async fn a_batch_whose_tenant_lost_its_keys_fails_at_the_restart_and_keeps_its_r
     let batches = g.state.batches().unwrap().clone();
     let started = Instant::now();
     let done = loop {
-        let b = batches.batch(&id, None).await.unwrap().unwrap();
+        let b = batches.batch(&id, Some("a".into())).await.unwrap().unwrap();
         if b.status == crate::batch::store::JobStatus::Failed {
             break b;
         }
