@@ -140,8 +140,7 @@ impl Gateway {
         let catch_up = matches!(ledger, Some(Location::Postgres(_)))
             && assembly.budget_redis.is_none()
             && !assembly.keys.is_empty();
-        let (max_active, upload_quota) =
-            (assembly.batch_max_active, assembly.batch_upload_quota);
+        let (max_active, upload_quota) = (assembly.batch_max_active, assembly.batch_upload_quota);
         let mut parts = assembly.into_parts(local, meter, shared, budgets);
         if let Some(location) = &ledger {
             // Budgets count what the ledger already has for this day and month.

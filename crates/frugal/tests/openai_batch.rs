@@ -114,7 +114,10 @@ fn upload_lines(addr: &str, lines: usize, width: usize, line: impl Fn(usize) -> 
     let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     let file: serde_json::Value =
         serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {out}"));
-    file["id"].as_str().unwrap_or_else(|| panic!("{out}")).to_owned()
+    file["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_owned()
 }
 
 /// Issue 31, item 2: a 2 MB file of a million bad lines took the gateway to 1.7 GB of
@@ -138,7 +141,9 @@ fn a_200_mb_file_of_bad_lines_fails_its_batch_for_little_memory() {
     let (lines, width) = (1 << 20, 200);
     let file = upload_lines(&server.addr, lines, width, |i| {
         if i % 2 == 0 {
-            format!("{{\"custom_id\": \"r{i}\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": {{\"model\": \"mock\", \"messages\": [")
+            format!(
+                "{{\"custom_id\": \"r{i}\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": {{\"model\": \"mock\", \"messages\": ["
+            )
         } else {
             format!("{{\"custom_id\": \"r{i}\"}}")
         }
@@ -164,7 +169,11 @@ fn a_200_mb_file_of_bad_lines_fails_its_batch_for_little_memory() {
     assert_eq!(failed["status"], "failed", "{failed}");
     let errors = &failed["errors"];
     assert_eq!(errors["data"].as_array().unwrap().len(), 100);
-    assert_eq!(errors["total"], lines / 2 + 3 * (lines / 2) + 1, "and too_many_tasks");
+    assert_eq!(
+        errors["total"],
+        lines / 2 + 3 * (lines / 2) + 1,
+        "and too_many_tasks"
+    );
     assert!(answer.len() < 64 << 10, "{} bytes", answer.len());
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
     eprintln!(

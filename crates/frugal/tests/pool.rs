@@ -332,7 +332,12 @@ fn replicas_do_not_outlive_a_gateway_killed_with_sigkill() {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
             .and_then(|stat| {
-                let state = stat.rsplit_once(')')?.1.split_whitespace().next()?.to_owned();
+                let state = stat
+                    .rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .to_owned();
                 (state != "Z").then_some(())
             })
             .is_some()

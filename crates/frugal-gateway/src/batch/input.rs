@@ -270,11 +270,7 @@ fn scan(mut reader: impl BufRead, limits: &Limits) -> std::io::Result<Result<Inp
     if errors.total > 0 {
         return Ok(Err(errors));
     }
-    let sha256 = hash
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha256 = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
     Ok(Ok(Input {
         lines,
         sha256,
@@ -777,7 +773,10 @@ mod tests {
         assert_eq!(errors.data[0].line, Some(2));
         assert_eq!(errors.data[MAX_ERRORS - 1].line, Some(MAX_ERRORS + 1));
         let shown = errors.to_string();
-        assert!(shown.ends_with(&format!("... and {} more\n", MAX_ERRORS * 10 - 20)), "{shown}");
+        assert!(
+            shown.ends_with(&format!("... and {} more\n", MAX_ERRORS * 10 - 20)),
+            "{shown}"
+        );
     }
 
     #[test]

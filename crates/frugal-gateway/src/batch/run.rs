@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use frugal_cost::causes::with_causes;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use frugal_cost::causes::with_causes;
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -263,7 +263,10 @@ async fn durably(
         match tried {
             Ok(()) => {
                 if failed {
-                    tracing::info!(line = line.number, "the batch's store took the result; going on");
+                    tracing::info!(
+                        line = line.number,
+                        "the batch's store took the result; going on"
+                    );
                 }
                 return Ok(());
             }

@@ -436,7 +436,9 @@ impl Batches {
         let validating = batch.status == JobStatus::Validating;
         if validating {
             let row_id = id.to_owned();
-            let tries = self.blocking(move |b| b.validation_started(&row_id)).await?;
+            let tries = self
+                .blocking(move |b| b.validation_started(&row_id))
+                .await?;
             if tries > MAX_VALIDATIONS {
                 let message = format!(
                     "Validating the input file stopped the server {MAX_VALIDATIONS} times; it is not tried again."
@@ -454,10 +456,8 @@ impl Batches {
                 // It finished: a stop, not a crash.
                 let row_id = id.to_owned();
                 self.blocking(move |b| {
-                    b.db().execute(
-                        "UPDATE batches SET validations = 0 WHERE id = ?1",
-                        [row_id],
-                    )?;
+                    b.db()
+                        .execute("UPDATE batches SET validations = 0 WHERE id = ?1", [row_id])?;
                     Ok(())
                 })
                 .await?;
@@ -601,9 +601,11 @@ impl Batches {
             "UPDATE batches SET validations = validations + 1 WHERE id = ?1",
             [id],
         )?;
-        Ok(db.query_row("SELECT validations FROM batches WHERE id = ?1", [id], |r| {
-            r.get(0)
-        })?)
+        Ok(
+            db.query_row("SELECT validations FROM batches WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })?,
+        )
     }
 
     /// Moves a validated batch to in_progress with its line count; returns its status then.

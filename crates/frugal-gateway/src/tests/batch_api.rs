@@ -800,7 +800,10 @@ async fn uploads_past_the_tenants_quota_are_refused() {
     assert_eq!(status, 429, "{refused}");
     assert_eq!(refused["error"]["code"], "storage_quota_exceeded");
     let why = refused["error"]["message"].as_str().unwrap();
-    assert!(why.contains("tenant `a`") && why.contains("1000 bytes"), "{why}");
+    assert!(
+        why.contains("tenant `a`") && why.contains("1000 bytes"),
+        "{why}"
+    );
     let on_disk = std::fs::read_dir(dir.path().join("files")).unwrap().count();
     assert_eq!(on_disk, 1, "the refused upload left nothing");
     let (status, other) = g.upload(&text, "batch", Some("fk-b")).await;
@@ -878,7 +881,10 @@ async fn a_disk_that_fills_mid_batch_pauses_the_batch_and_loses_no_line() {
     let mut last = None;
     let full = loop {
         let b = g.batch(&id, None).await;
-        let now = (b["request_counts"].clone(), fake.calls.load(Ordering::Relaxed));
+        let now = (
+            b["request_counts"].clone(),
+            fake.calls.load(Ordering::Relaxed),
+        );
         if last.as_ref() == Some(&now) {
             break b;
         }
