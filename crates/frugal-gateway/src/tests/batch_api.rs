@@ -914,3 +914,33 @@ async fn a_disk_that_fills_mid_batch_pauses_the_batch_and_loses_no_line() {
     );
     g.state.stop_batches().await;
 }
+
+/// The database of a server from before `validations` (schema 1) is taken as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_database_of_schema_1_is_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let g = start(vec![Fake::new("fake", Act::Whole)], &[], c.clone());
+    let old = g.submit(&lines(2, |_| "fake"), None).await;
+    g.finished(old["id"].as_str().unwrap(), None).await;
+    g.state.stop_batches().await;
+    drop(g);
+    let db = rusqlite::Connection::open(dir.path().join("batches.sqlite")).unwrap();
+    db.execute_batch("ALTER TABLE batches DROP COLUMN validations; PRAGMA user_version = 1;")
+        .unwrap();
+    drop(db);
+
+    let g = start(vec![Fake::new("fake", Act::Whole)], &[], c);
+    assert_eq!(
+        g.batch(old["id"].as_str().unwrap(), None).await["status"],
+        "completed"
+    );
+    let new = g.submit(&lines(2, |_| "fake"), None).await;
+    let done = g.finished(new["id"].as_str().unwrap(), None).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let db = rusqlite::Connection::open(dir.path().join("batches.sqlite")).unwrap();
+    let version: i64 = db
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+}
