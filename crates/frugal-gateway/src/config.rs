@@ -40,6 +40,12 @@ pub struct RawServe {
     /// Batch jobs' lines use the semantic cache too [default: false, the exact cache only:
     /// an offline job has time to have each answer made for it].
     pub batch_semantic_cache: Option<bool>,
+    /// Unfinished batches at once at most; past it, `POST /v1/batches` answers 429
+    /// [default: 16].
+    pub batch_max_active: Option<usize>,
+    /// Megabytes of Batch API files each tenant (with no keys, everyone) may keep; past it,
+    /// `POST /v1/files` answers 429 [default: 10240].
+    pub batch_upload_quota_mb: Option<u64>,
     pub semantic_threshold: Option<f32>,
     /// The threshold for pairs whose content words all align [default: the built-in one, or
     /// as far below `semantic_threshold` as the built-in ones are apart].

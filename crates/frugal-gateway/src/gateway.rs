@@ -66,6 +66,10 @@ pub struct Assembly {
     /// Pools of replicas, not yet started.
     pub pools: Vec<Arc<Pool>>,
     pub batch_semantic: bool,
+    /// `[serve] batch_max_active`.
+    pub batch_max_active: usize,
+    /// `[serve] batch_upload_quota_mb`, in bytes.
+    pub batch_upload_quota: u64,
 }
 
 impl Assembly {
@@ -163,6 +167,14 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         semantic,
         pools,
         batch_semantic: raw.batch_semantic_cache.unwrap_or(false),
+        batch_max_active: raw
+            .batch_max_active
+            .unwrap_or(crate::batch::service::DEFAULT_MAX_ACTIVE),
+        batch_upload_quota: raw
+            .batch_upload_quota_mb
+            .map_or(crate::batch::service::DEFAULT_UPLOAD_QUOTA, |mb| {
+                mb.saturating_mul(1 << 20)
+            }),
     })
 }
 

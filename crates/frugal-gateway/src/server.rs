@@ -141,6 +141,7 @@ impl Gateway {
         // reads nothing while none has one).
         let catch_up =
             matches!(ledger, Some(Location::Postgres(_))) && assembly.budget_redis.is_none();
+        let (max_active, upload_quota) = (assembly.batch_max_active, assembly.batch_upload_quota);
         let mut parts = assembly.into_parts(local, meter, shared, budgets);
         if let Some(location) = &ledger {
             // Budgets count what the ledger already has for this day and month.
@@ -149,7 +150,11 @@ impl Gateway {
                 ledger.tenant_spend(start.timestamp_millis())
             })?;
         }
-        parts.batches = setup.batches.map(BatchConfig::new);
+        parts.batches = setup.batches.map(|dir| BatchConfig {
+            max_active,
+            upload_quota,
+            ..BatchConfig::new(dir)
+        });
         Ok(Gateway {
             state: AppState::new(parts),
             runtime,

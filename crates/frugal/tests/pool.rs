@@ -316,6 +316,42 @@ fn a_replica_killed_under_load_is_replaced_and_every_request_gets_an_answer() {
     assert!(s >= 3, "the killed replica was replaced");
 }
 
+/// Issue 31, item 12: replicas are in process groups of their own, so a gateway killed
+/// with SIGKILL (which runs no Drop) left them serving, holding their memory and ports.
+#[test]
+fn replicas_do_not_outlive_a_gateway_killed_with_sigkill() {
+    let server = gateway(&process_pool("p", "min_replicas = 2\nmax_replicas = 2"));
+    wait_for(&server, "p", Duration::from_secs(120), |s| {
+        s["ready"].as_u64() == Some(2)
+    });
+    let replicas = children(&server);
+    assert_eq!(replicas.len(), 2, "{replicas:?}");
+    let _dir = server.kill();
+    // Gone, or a zombie waiting for init to reap it.
+    let alive = |pid: &String| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let state = stat
+                    .rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .to_owned();
+                (state != "Z").then_some(())
+            })
+            .is_some()
+    };
+    frugal_testkit::wait_until(
+        Duration::from_secs(10),
+        || !replicas.iter().any(alive),
+        || {
+            let left: Vec<_> = replicas.iter().filter(|p| alive(p)).collect();
+            format!("replicas outlived the gateway: {left:?}")
+        },
+    );
+}
+
 #[test]
 fn crash_loops_back_off_and_starts_that_hang_or_cannot_run_are_clear_503s() {
     let hang = "python3 -c \"import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(60)\" {port}";

@@ -85,6 +85,8 @@ async fn upload(
         ))
     })?;
     let max = b.config().max_file_bytes;
+    let quota = b.config().upload_quota;
+    let stored = b.stored(tenant.clone()).await.map_err(internal)?;
     let (mut purpose, mut upload) = (None, None);
     while let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? {
         match field.name() {
@@ -104,8 +106,17 @@ async fn upload(
                 let filename = field.file_name().unwrap_or("upload.jsonl").to_owned();
                 let mut file = b.begin_upload().await.map_err(internal)?;
                 while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
-                    if file.bytes() + chunk.len() as u64 > max {
+                    let bytes = file.bytes() + chunk.len() as u64;
+                    if bytes > max {
                         return Err(too_large(max));
+                    }
+                    // Refused as it passes the quota, not once it is all on disk.
+                    if stored + bytes > quota {
+                        return Err(refused(BatchError::QuotaExceeded {
+                            tenant,
+                            stored,
+                            quota,
+                        }));
                     }
                     file.write(&chunk).await.map_err(internal)?;
                 }
@@ -124,7 +135,7 @@ async fn upload(
     let object = b
         .commit_upload(file, filename, tenant)
         .await
-        .map_err(internal)?;
+        .map_err(refused)?;
     Ok(Json(object).into_response())
 }
 
@@ -241,7 +252,7 @@ async fn create_batch(State(s): State<AppState>, headers: HeaderMap, body: Bytes
         metadata,
         tenant,
     };
-    let batch = b.create(&s, new).await.map_err(internal)?;
+    let batch = b.create(&s, new).await.map_err(refused)?;
     Ok(Json(batch).into_response())
 }
 
@@ -400,6 +411,19 @@ fn multipart_error(e: MultipartError) -> ApiError {
 
 fn bad_query(e: QueryRejection) -> ApiError {
     ApiError::BadRequest(e.body_text())
+}
+
+/// A bound reached is the client's to hear (429); any other failure is [`internal`].
+fn refused(e: BatchError) -> ApiError {
+    let code = match &e {
+        BatchError::TooManyBatches { .. } => "too_many_batches",
+        BatchError::QuotaExceeded { .. } => "storage_quota_exceeded",
+        _ => return internal(e),
+    };
+    ApiError::Quota {
+        message: e.to_string(),
+        code,
+    }
 }
 
 /// The cause stays in the server's log; the client is told where to look.

@@ -35,6 +35,19 @@ pub enum BatchError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "This server runs at most {max} unfinished batches at once (`[serve] batch_max_active`); wait for one to finish or cancel one."
+    )]
+    TooManyBatches { max: usize },
+    #[error(
+        "This upload would take the files stored{} to over {quota} bytes (`[serve] batch_upload_quota_mb`); {stored} are stored. Delete files you no longer need.",
+        tenant.as_deref().map(|t| format!(" by the tenant `{t}`")).unwrap_or_default()
+    )]
+    QuotaExceeded {
+        tenant: Option<String>,
+        stored: u64,
+        quota: u64,
+    },
     #[error("a batch task stopped: {0}")]
     Task(String),
 }

@@ -1,9 +1,12 @@
 //! A batch input file in OpenAI's format, read and validated whole before any line runs.
 //!
-//! Each non-blank line is `{"custom_id", "method": "POST", "url", "body"}`. Every problem is
+//! Each non-blank line is `{"custom_id", "method": "POST", "url", "body"}`. Problems are
 //! collected, each naming its line, in the batch object's `errors` shape
-//! (`{"object": "list", "data": [{"code", "message", "param", "line"}]}`), so one run of the
-//! validator shows all that must be fixed. A body is checked by the gateway's own parser
+//! (`{"object": "list", "data": [{"code", "message", "param", "line"}], "total"}`), so one run
+//! of the validator shows what must be fixed: the first [`MAX_ERRORS`] of them, and how many
+//! there are in all. The file is read a line at a time and its valid lines are dropped at
+//! the first problem, so a hostile file of a million bad lines costs the validator as much
+//! memory as its longest line, not as its size. A body is checked by the gateway's own parser
 //! ([`Job::chat`], [`Job::completion`]): a line the endpoint would refuse fails the batch
 //! before anything is spent.
 //!
@@ -16,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use axum::body::Bytes;
@@ -32,7 +36,10 @@ pub const MAX_LINES: usize = 50_000;
 /// gives as 209715200 bytes.
 pub const MAX_BYTES: u64 = 200 * 1024 * 1024;
 
-/// Problems listed at most in an error's text (the [`Errors`] value keeps them all).
+/// Problems kept at most (OpenAI's batch object lists errors, not every one of a file of
+/// a million bad lines: that list was 110 MB); [`Errors::total`] counts them all.
+pub const MAX_ERRORS: usize = 100;
+/// Problems listed at most in an error's text.
 const SHOWN: usize = 20;
 
 /// The endpoints a batch line may name.
@@ -124,18 +131,29 @@ pub struct BatchError {
     pub line: Option<usize>,
 }
 
-/// The batch object's `errors`: every problem found, in line order.
+/// The batch object's `errors`: the first [`MAX_ERRORS`] problems found, in line order,
+/// and how many were found in all.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Errors {
     pub object: &'static str,
     pub data: Vec<BatchError>,
+    pub total: usize,
 }
 
 impl Errors {
     fn new(data: Vec<BatchError>) -> Errors {
         Errors {
             object: "list",
+            total: data.len(),
             data,
+        }
+    }
+
+    /// Counts `e`, keeping it while fewer than [`MAX_ERRORS`] are kept.
+    fn push(&mut self, e: BatchError) {
+        self.total += 1;
+        if self.data.len() < MAX_ERRORS {
+            self.data.push(e);
         }
     }
 }
@@ -148,8 +166,9 @@ impl fmt::Display for Errors {
                 None => writeln!(f, "  {} ({})", e.message, e.code)?,
             }
         }
-        if self.data.len() > SHOWN {
-            writeln!(f, "  ... and {} more", self.data.len() - SHOWN)?;
+        let listed = self.data.len().min(SHOWN);
+        if self.total > listed {
+            writeln!(f, "  ... and {} more", self.total - listed)?;
         }
         Ok(())
     }
@@ -163,18 +182,19 @@ pub enum InputError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the batch input {} has {} problem(s); nothing ran:\n{errors}", path.display(), errors.data.len())]
+    #[error("the batch input {} has {} problem(s); nothing ran:\n{errors}", path.display(), errors.total)]
     Invalid { path: PathBuf, errors: Errors },
 }
 
-/// Reads and validates the batch input at `path`.
+/// Reads and validates the batch input at `path`, a line at a time.
 pub fn read(path: &Path, limits: &Limits) -> Result<Input, InputError> {
     let read_err = |source| InputError::Read {
         path: path.to_owned(),
         source,
     };
-    // An oversized file is refused before it is read into memory.
-    let size = std::fs::metadata(path).map_err(read_err)?.len();
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    // An oversized file is refused before it is read.
+    let size = file.metadata().map_err(read_err)?.len();
     let invalid = |errors| InputError::Invalid {
         path: path.to_owned(),
         errors,
@@ -182,22 +202,40 @@ pub fn read(path: &Path, limits: &Limits) -> Result<Input, InputError> {
     if size > limits.max_bytes {
         return Err(invalid(Errors::new(vec![too_large(size, limits)])));
     }
-    let data = std::fs::read(path).map_err(read_err)?;
-    parse(&data, limits).map_err(invalid)
+    match scan(BufReader::new(file), limits) {
+        Ok(r) => r.map_err(invalid),
+        Err(source) => Err(read_err(source)),
+    }
 }
 
-/// Validates a batch input already in memory (an uploaded file).
+/// Validates a batch input already in memory.
 pub fn parse(data: &[u8], limits: &Limits) -> Result<Input, Errors> {
-    let size = data.len() as u64;
-    if size > limits.max_bytes {
-        return Err(Errors::new(vec![too_large(size, limits)]));
-    }
-    let mut errors = Vec::new();
+    // Reading from memory cannot fail.
+    scan(data, limits).unwrap_or_else(|e| Err(Errors::new(vec![unreadable(&e)])))
+}
+
+/// Validates the lines `reader` gives; the outer error is one reading it.
+fn scan(mut reader: impl BufRead, limits: &Limits) -> std::io::Result<Result<Input, Errors>> {
+    let mut errors = Errors::new(Vec::new());
     let mut lines = Vec::new();
-    let mut seen: HashMap<String, usize> = HashMap::new();
+    // custom_ids by their hash: a line's id may be as long as the file.
+    let mut seen: HashMap<[u8; 32], usize> = HashMap::new();
     let mut requests = 0;
-    for (i, raw) in data.split(|b| *b == b'\n').enumerate() {
-        let number = i + 1;
+    let mut hash = Sha256::new();
+    let (mut size, mut number) = (0u64, 0usize);
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        let n = reader.read_until(b'\n', &mut raw)?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        if size > limits.max_bytes {
+            return Ok(Err(Errors::new(vec![too_large(size, limits)])));
+        }
+        hash.update(&raw);
+        number += 1;
         if raw.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
@@ -213,57 +251,12 @@ pub fn parse(data: &[u8], limits: &Limits) -> Result<Input, Errors> {
                 line: Some(number),
             });
         }
-        let mut problem = |code, message: String, param: Option<&str>| {
-            errors.push(BatchError {
-                code,
-                message,
-                param: param.map(str::to_owned),
-                line: Some(number),
-            })
-        };
-        let Ok(value) = serde_json::from_slice::<Value>(raw) else {
-            problem(
-                "invalid_json_line",
-                "This line is not parseable as valid JSON.".into(),
-                None,
-            );
-            continue;
-        };
-        let Value::Object(fields) = value else {
-            problem(
-                "invalid_request",
-                format!(
-                    "Each line must be a JSON object, not {}.",
-                    type_name(&value)
-                ),
-                None,
-            );
-            continue;
-        };
-        let (custom_id, request) = check_fields(fields, limits.endpoint, &mut problem);
-        // A duplicate is named even when its line has other problems.
-        let Some(custom_id) = custom_id else {
-            continue;
-        };
-        if let Some(first) = seen.get(&custom_id) {
-            problem(
-                "duplicate_custom_id",
-                format!(
-                    "The custom_id '{custom_id}' is a duplicate of line {first}'s; the custom_id must be unique for each request in a batch."
-                ),
-                Some("custom_id"),
-            );
-            continue;
-        }
-        seen.insert(custom_id.clone(), number);
-        if let Some(Request { url, body, bytes }) = request {
-            lines.push(Line {
-                number,
-                custom_id,
-                url,
-                body,
-                bytes,
-            });
+        let request = check_line(&raw, number, limits, &mut seen, &mut errors);
+        // A batch with a problem runs nothing: its lines need not be kept.
+        if errors.total > 0 {
+            lines = Vec::new();
+        } else if let Some(line) = request {
+            lines.push(line);
         }
     }
     if requests == 0 {
@@ -274,18 +267,87 @@ pub fn parse(data: &[u8], limits: &Limits) -> Result<Input, Errors> {
             line: None,
         });
     }
-    if !errors.is_empty() {
-        return Err(Errors::new(errors));
+    if errors.total > 0 {
+        return Ok(Err(errors));
     }
-    let sha256 = Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(Input {
+    let sha256 = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Ok(Input {
         lines,
         sha256,
         size,
+    }))
+}
+
+/// Checks line `number`; its request when it is right. Each problem goes to `errors`.
+fn check_line(
+    raw: &[u8],
+    number: usize,
+    limits: &Limits,
+    seen: &mut HashMap<[u8; 32], usize>,
+    errors: &mut Errors,
+) -> Option<Line> {
+    let mut problem = |code, message: String, param: Option<&str>| {
+        errors.push(BatchError {
+            code,
+            message,
+            param: param.map(str::to_owned),
+            line: Some(number),
+        })
+    };
+    let Ok(value) = serde_json::from_slice::<Value>(raw) else {
+        problem(
+            "invalid_json_line",
+            "This line is not parseable as valid JSON.".into(),
+            None,
+        );
+        return None;
+    };
+    let Value::Object(fields) = value else {
+        problem(
+            "invalid_request",
+            format!(
+                "Each line must be a JSON object, not {}.",
+                type_name(&value)
+            ),
+            None,
+        );
+        return None;
+    };
+    let (custom_id, request) = check_fields(fields, limits.endpoint, &mut problem);
+    // A duplicate is named even when its line has other problems.
+    let custom_id = custom_id?;
+    let key: [u8; 32] = Sha256::digest(custom_id.as_bytes()).into();
+    if let Some(first) = seen.get(&key) {
+        problem(
+            "duplicate_custom_id",
+            format!(
+                "The custom_id '{custom_id}' is a duplicate of line {first}'s; the custom_id must be unique for each request in a batch."
+            ),
+            Some("custom_id"),
+        );
+        return None;
+    }
+    // Past the most lines a batch holds, the batch has failed: the ids need not be kept.
+    if seen.len() < limits.max_lines {
+        seen.insert(key, number);
+    }
+    let Request { url, body, bytes } = request?;
+    Some(Line {
+        number,
+        custom_id,
+        url,
+        body,
+        bytes,
     })
+}
+
+fn unreadable(e: &std::io::Error) -> BatchError {
+    BatchError {
+        code: "file_not_found",
+        message: format!("The input file cannot be read: {e}"),
+        param: None,
+        line: None,
+    }
 }
 
 /// A line's request, when every field is right.
@@ -686,7 +748,7 @@ mod tests {
                 "message": "This line is not parseable as valid JSON.",
                 "param": null,
                 "line": 1
-            }]})
+            }], "total": 1})
         );
         let text = (0..30).map(|_| "x").collect::<Vec<_>>().join("\n");
         let shown = parse(text.as_bytes(), &Limits::default())
@@ -694,6 +756,27 @@ mod tests {
             .to_string();
         assert!(shown.starts_with("  line 1: This line"), "{shown}");
         assert!(shown.ends_with("... and 10 more\n"), "{shown}");
+    }
+
+    /// Issue 31, item 2: a file of a million bad lines kept every error (110 MB of them).
+    #[test]
+    fn errors_past_the_cap_are_counted_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        let text = format!("{}\n{}", chat("a"), "x\n".repeat(MAX_ERRORS * 10));
+        std::fs::write(&path, &text).unwrap();
+        let Err(InputError::Invalid { errors, .. }) = read(&path, &Limits::default()) else {
+            panic!("a file of bad lines was read");
+        };
+        assert_eq!(errors.data.len(), MAX_ERRORS);
+        assert_eq!(errors.total, MAX_ERRORS * 10);
+        assert_eq!(errors.data[0].line, Some(2));
+        assert_eq!(errors.data[MAX_ERRORS - 1].line, Some(MAX_ERRORS + 1));
+        let shown = errors.to_string();
+        assert!(
+            shown.ends_with(&format!("... and {} more\n", MAX_ERRORS * 10 - 20)),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -7,6 +7,11 @@
 //! backoff and jitter, honouring Retry-After, up to a per-line budget; other answers are
 //! final (a 4xx goes to the error file as OpenAI writes it). Lines past the job's
 //! completion window fail as `batch_expired`.
+//!
+//! A result the store cannot write for a reason that passes (a full disk) is tried again
+//! with backoff, held in memory meanwhile; each line in flight holds its place until its
+//! result is written, so the job pauses, at most `concurrency` results held, and goes on
+//! when the disk has room again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use frugal_cost::causes::with_causes;
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -27,6 +33,9 @@ use crate::backend::upstream::retry_after;
 
 /// Largest answer body read for one line.
 const MAX_ANSWER: usize = 32 << 20;
+/// First wait before a store write that failed is tried again; doubled each try up to
+/// the second.
+const STORE_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -167,7 +176,7 @@ async fn run_line(
                 message: "the line did not finish within the batch's completion window".into(),
             });
             progress.failed.fetch_add(1, Ordering::Relaxed);
-            return blocking(store, move |s, id| s.record_failed(id, &failure), line).await;
+            return durably(store, move |s, id| s.record_failed(id, &failure), line).await;
         }
         let answer = send(app.clone(), line, body.clone(), tag.clone()).await;
         let retryable = match &answer {
@@ -187,7 +196,7 @@ async fn run_line(
                 )
                 .min(config.max_backoff)
             });
-            blocking(
+            durably(
                 store,
                 move |s, id| s.record_attempt(id, &what).map(drop),
                 line,
@@ -215,11 +224,11 @@ async fn run_line(
                 };
                 if status.is_success() {
                     progress.done.fetch_add(1, Ordering::Relaxed);
-                    blocking(store, move |s, id| s.record_done(id, &response), line).await
+                    durably(store, move |s, id| s.record_done(id, &response), line).await
                 } else {
                     progress.failed.fetch_add(1, Ordering::Relaxed);
                     let failure = Failure::Response(response);
-                    blocking(store, move |s, id| s.record_failed(id, &failure), line).await
+                    durably(store, move |s, id| s.record_failed(id, &failure), line).await
                 }
             }
             Answer::Broken(message) => {
@@ -228,22 +237,55 @@ async fn run_line(
                     code: "invalid_response".into(),
                     message,
                 });
-                blocking(store, move |s, id| s.record_failed(id, &failure), line).await
+                durably(store, move |s, id| s.record_failed(id, &failure), line).await
             }
         };
     }
 }
 
-/// The store's writes fsync: off the async threads.
-async fn blocking<T: Send + 'static>(
+/// Writes the line's result (or attempt) with `f`, off the async threads (the store's
+/// writes fsync), until it is written: a transient failure is tried again with backoff.
+/// A try that put the line in its file before the commit failed finds it recorded at the
+/// next: that is its success, so the line is written once.
+async fn durably(
     store: &Arc<Store>,
-    f: impl FnOnce(&Store, &str) -> Result<T, StoreError> + Send + 'static,
+    f: impl Fn(&Store, &str) -> Result<(), StoreError> + Send + Sync + 'static,
     line: &Line,
-) -> Result<T, StoreError> {
-    let (store, id) = (store.clone(), line.custom_id.clone());
-    tokio::task::spawn_blocking(move || f(&store, &id))
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
+) -> Result<(), StoreError> {
+    let f = Arc::new(f);
+    let (mut wait, max) = STORE_BACKOFF;
+    let mut failed = false;
+    loop {
+        let (store, id, f) = (store.clone(), line.custom_id.clone(), f.clone());
+        let tried = tokio::task::spawn_blocking(move || f(&store, &id))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())));
+        match tried {
+            Ok(()) => {
+                if failed {
+                    tracing::info!(
+                        line = line.number,
+                        "the batch's store took the result; going on"
+                    );
+                }
+                return Ok(());
+            }
+            Err(StoreError::AlreadyRecorded { .. }) if failed => return Ok(()),
+            Err(e) if e.is_transient() => {
+                if !failed {
+                    tracing::warn!(
+                        line = line.number,
+                        "the batch pauses: {}; the result is kept and written when it can be",
+                        with_causes(&e)
+                    );
+                }
+                failed = true;
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(max);
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The line's body, with `model` put in its place when the run names one.

@@ -35,7 +35,17 @@ use crate::admit::keys::{Keys, Tenant};
 /// The only completion window OpenAI takes.
 pub const COMPLETION_WINDOW: &str = "24h";
 
-const SCHEMA_VERSION: i64 = 1;
+/// Unfinished batches at once, by default: each holds its input's lines in memory.
+pub const DEFAULT_MAX_ACTIVE: usize = 16;
+/// Bytes a tenant may keep in files, by default (10 GiB).
+pub const DEFAULT_UPLOAD_QUOTA: u64 = 10 << 30;
+/// Validations a batch may start without finishing: one that took the process down this
+/// often would take it down at every start.
+const MAX_VALIDATIONS: i64 = 2;
+
+const SCHEMA_VERSION: i64 = 2;
+/// Version 1 lacked `validations`.
+const MIGRATE_1: &str = "ALTER TABLE batches ADD COLUMN validations INTEGER NOT NULL DEFAULT 0;";
 const SCHEMA: &str = r#"
 CREATE TABLE files (
     id         TEXT PRIMARY KEY,
@@ -69,7 +79,8 @@ CREATE TABLE batches (
     total             INTEGER NOT NULL DEFAULT 0,
     completed         INTEGER NOT NULL DEFAULT 0,
     failed            INTEGER NOT NULL DEFAULT 0,
-    metadata          TEXT
+    metadata          TEXT,
+    validations       INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX batches_status ON batches (status);
 "#;
@@ -96,6 +107,11 @@ pub struct BatchConfig {
     /// How long a shutdown waits for lines in flight; lines still running then are sent
     /// again after the next start.
     pub drain: Duration,
+    /// Unfinished batches at most; past it, creating one is refused (429).
+    pub max_active: usize,
+    /// Bytes of files a tenant (or, with no keys, everyone) may keep; past it, an upload
+    /// is refused (429).
+    pub upload_quota: u64,
 }
 
 impl BatchConfig {
@@ -106,6 +122,8 @@ impl BatchConfig {
             max_file_bytes: input::MAX_BYTES,
             run: RunConfig::default(),
             drain: Duration::from_secs(30),
+            max_active: DEFAULT_MAX_ACTIVE,
+            upload_quota: DEFAULT_UPLOAD_QUOTA,
         }
     }
 }
@@ -243,7 +261,8 @@ impl Batches {
         }
     }
 
-    /// Records a new batch (validating) and starts its task.
+    /// Records a new batch (validating) and starts its task; refused while
+    /// [`BatchConfig::max_active`] batches are unfinished.
     pub async fn create(
         self: &Arc<Self>,
         app: &impl Host,
@@ -253,9 +272,21 @@ impl Batches {
         let created = now_s();
         let expires = created + self.config.completion_window.as_secs() as i64;
         let row_id = id.clone();
+        let max = self.config.max_active;
         let object = self
             .blocking(move |b| {
-                b.db().execute(
+                let db = b.db();
+                // Counted and inserted under one lock: two creates cannot both take the
+                // last place.
+                let active: i64 = db.query_row(
+                    &format!("SELECT count(*) FROM batches WHERE status IN {UNFINISHED}"),
+                    [],
+                    |r| r.get(0),
+                )?;
+                if usize::try_from(active).unwrap_or(usize::MAX) >= max {
+                    return Err(BatchError::TooManyBatches { max });
+                }
+                db.execute(
                     "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window,
                                           status, created_at, expires_at, metadata)
                      VALUES (?1, ?2, ?3, ?4, ?5, 'validating', ?6, ?7, ?8)",
@@ -270,6 +301,7 @@ impl Batches {
                         new.metadata.map(|m| m.to_string()),
                     ],
                 )?;
+                drop(db);
                 b.object(&row_id, Whose::Any)
             })
             .await?
@@ -404,11 +436,35 @@ impl Batches {
         else {
             return Ok(());
         };
+        let validating = batch.status == JobStatus::Validating;
+        if validating {
+            let row_id = id.to_owned();
+            let tries = self
+                .blocking(move |b| b.validation_started(&row_id))
+                .await?;
+            if tries > MAX_VALIDATIONS {
+                let message = format!(
+                    "Validating the input file stopped the server {MAX_VALIDATIONS} times; it is not tried again."
+                );
+                let errors = error_list("validation_crashed", &message);
+                return self.end(id, Outcome::Failed(errors), None).await;
+            }
+        }
         let (input_path, input) = match self.input(&batch).await? {
             Ok(found) => found,
             Err(errors) => return self.end(id, Outcome::Failed(errors), None).await,
         };
         if *shutdown.borrow() {
+            if validating {
+                // It finished: a stop, not a crash.
+                let row_id = id.to_owned();
+                self.blocking(move |b| {
+                    b.db()
+                        .execute("UPDATE batches SET validations = 0 WHERE id = ?1", [row_id])?;
+                    Ok(())
+                })
+                .await?;
+            }
             return Ok(());
         }
         let store = match self.open_store(&batch, &input_path, &input).await? {
@@ -538,6 +594,21 @@ impl Batches {
         })
         .await
         .map_err(|e| BatchError::Task(e.to_string()))
+    }
+
+    /// Counts a validation of the batch as started, durably before it runs; returns how
+    /// many have started.
+    fn validation_started(&self, id: &str) -> Result<i64, BatchError> {
+        let db = self.db();
+        db.execute(
+            "UPDATE batches SET validations = validations + 1 WHERE id = ?1",
+            [id],
+        )?;
+        Ok(
+            db.query_row("SELECT validations FROM batches WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })?,
+        )
     }
 
     /// Moves a validated batch to in_progress with its line count; returns its status then.
@@ -896,6 +967,10 @@ fn open_db(path: &Path) -> Result<Connection, BatchError> {
     if version == 0 {
         db.execute_batch(&format!(
             "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))?;
+    } else if version == 1 {
+        db.execute_batch(&format!(
+            "BEGIN; {MIGRATE_1} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         ))?;
     }
     Ok(db)

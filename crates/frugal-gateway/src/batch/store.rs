@@ -388,6 +388,21 @@ pub enum StoreError {
     Task(String),
 }
 
+impl StoreError {
+    /// A write that may go through if tried again later (a full disk, a failed I/O): the
+    /// line it was for stays pending meanwhile.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Write { .. } => true,
+            StoreError::Db { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure)
+            ),
+            _ => false,
+        }
+    }
+}
+
 fn db_hint(e: &rusqlite::Error) -> &'static str {
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::DiskFull) => " (the disk is full)",

@@ -1,5 +1,6 @@
-//! The Files API on the batch directory: an upload written under a temporary name, made
-//! durable and listed; files listed, read and deleted (not while a batch reads them).
+//! The Files API on the batch directory: an upload streamed to disk under a temporary name
+//! (never held whole in memory), made durable and listed within its tenant's quota; files
+//! listed, read and deleted (not while a batch reads them).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -34,7 +35,14 @@ impl Batches {
         })
     }
 
-    /// Makes the upload durable under its id and lists it.
+    /// Bytes of files `tenant` keeps (with no keys, `None`: everyone's).
+    pub async fn stored(self: &Arc<Self>, tenant: Option<String>) -> Result<u64, BatchError> {
+        self.blocking(move |b| Ok(stored(&b.db(), tenant.as_deref())?))
+            .await
+    }
+
+    /// Makes the upload durable under its id and lists it; refused when it would take its
+    /// tenant's files over [`upload_quota`](super::service::BatchConfig::upload_quota).
     pub async fn commit_upload(
         self: &Arc<Self>,
         mut upload: Upload,
@@ -71,13 +79,26 @@ impl Batches {
             object: object.clone(),
             path: path_text(&name),
         };
+        let quota = self.config().upload_quota;
         self.blocking(move |b| {
             // The new name must survive a crash as the row does.
             let dir = b.files_dir();
             std::fs::File::open(&dir)
                 .and_then(|d| d.sync_all())
                 .map_err(io("sync the files folder", &dir))?;
-            insert_file(&b.db(), &row, tenant.as_deref())?;
+            // Summed and inserted under one lock: two uploads cannot both take the room left.
+            let db = b.db();
+            let before = stored(&db, tenant.as_deref())?;
+            if before + row.object.bytes > quota {
+                drop(db);
+                let _ = std::fs::remove_file(&path);
+                return Err(BatchError::QuotaExceeded {
+                    tenant,
+                    stored: before,
+                    quota,
+                });
+            }
+            insert_file(&db, &row, tenant.as_deref())?;
             Ok(())
         })
         .await?;
@@ -190,4 +211,14 @@ impl Batches {
         let len = file.metadata().await.map_err(io)?.len();
         Ok(Some((file, len)))
     }
+}
+
+/// Bytes of the files `tenant` keeps (`None`: every file, as an open API has one quota).
+fn stored(db: &rusqlite::Connection, tenant: Option<&str>) -> rusqlite::Result<u64> {
+    let sum: i64 = db.query_row(
+        "SELECT coalesce(sum(bytes), 0) FROM files WHERE ?1 IS NULL OR tenant = ?1",
+        params![tenant],
+        |r| r.get(0),
+    )?;
+    Ok(u64::try_from(sum).unwrap_or(0))
 }

@@ -41,6 +41,10 @@ pub enum ApiError {
     /// Nothing can serve the request now (a pool could not start a replica in time).
     #[error("{message}")]
     Unavailable { message: String, retry_after_s: u64 },
+    /// A bound on what a client may hold is reached (batches at once, bytes stored); `code`
+    /// names which.
+    #[error("{message}")]
+    Quota { message: String, code: &'static str },
     /// An upstream failed (502, 504), refused (429), or refused the request (its 4xx).
     #[error("{message}")]
     Upstream { status: u16, message: String },
@@ -116,6 +120,12 @@ impl ApiError {
                 "server_error",
                 None,
                 Some("unavailable"),
+            ),
+            ApiError::Quota { code, .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "insufficient_quota",
+                None,
+                Some(code),
             ),
             ApiError::Upstream { status, .. } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);

@@ -2,7 +2,8 @@
 //!
 //! A `process` replica is a child in its own process group (so SIGTERM and SIGKILL reach
 //! whatever it forks), its output appended to a log file of its own, ready once its health
-//! path answers 2xx. A `local` replica is an engine loaded in this process. An `external`
+//! path answers 2xx. It is SIGKILLed by the kernel if the gateway dies, `kill -9` included
+//! (a parent-death signal: see [`die_with_parent`]). A `local` replica is an engine loaded in this process. An `external`
 //! pool has one endpoint that something else scales; it is ready while its health path
 //! answers.
 
@@ -100,8 +101,7 @@ impl Process {
 
 impl Drop for Process {
     /// A replica never outlives the handle that owns it (a gateway that panics included;
-    /// one that is SIGKILLed cannot take its replicas along: they are in groups of their
-    /// own, and setting a parent-death signal would need `unsafe` in `pre_exec`).
+    /// one that is SIGKILLed takes its replicas along by their parent-death signal).
     fn drop(&mut self) {
         // Only while the leader lives: long after its exit, its id could name a new group.
         if !self.has_exited() {
@@ -197,13 +197,16 @@ async fn start_process(
     let err = out
         .try_clone()
         .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
-    let mut child = tokio::process::Command::new(&args[0])
+    let mut command = tokio::process::Command::new(&args[0]);
+    command
         .args(&args[1..])
         .env(super::REPLICA_ENV, format!("{}/{id}", pool.name))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
-        .process_group(0)
+        .process_group(0);
+    die_with_parent(&mut command);
+    let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start `{}`: {e}", args[0]))?;
     let pid = child
@@ -232,6 +235,37 @@ async fn start_process(
         clock: Clock::shared(),
         process: Some(process),
     })
+}
+
+/// Has the kernel SIGKILL the child when the gateway dies, however it dies: a gateway
+/// that is SIGKILLed runs no Drop, and its replicas (in groups of their own, out of reach
+/// of a signal to the gateway's group) would serve on, holding their GPU and port.
+///
+/// The signal comes when the *thread* that forked the child exits, not the process. The
+/// replicas are spawned from the runtime's async tasks, so from its worker threads (or the
+/// thread blocked on it), which live as long as the runtime and so as the gateway; never
+/// from `spawn_blocking`, whose threads exit when idle. What the replica forks in turn is
+/// in its group: a gateway that stops or panics reaches it by `killpg`, but the kernel's
+/// signal reaches the replica only, so the workers of a replica that forks must watch
+/// their own parent to go with it. SIGKILL, not SIGTERM: a replica that hangs on SIGTERM
+/// would outlive the gateway that was to escalate.
+#[allow(unsafe_code)]
+fn die_with_parent(command: &mut tokio::process::Command) {
+    let gateway = nix::unistd::getpid();
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are sound: prctl(2) and getppid(2) are system calls, and
+    // the errors are made from raw codes, with no allocation.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+            // The gateway died before the signal was asked for: none will come.
+            if nix::unistd::getppid() != gateway {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
 }
 
 /// A status for a child whose wait itself failed: it is gone either way.
