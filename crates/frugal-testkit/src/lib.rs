@@ -7,6 +7,8 @@
 //! - Files of the checkout: [`repo`], [`model`], [`test_model`]; [`example_trainer`], the
 //!   `frugal-example-trainer` binary beside the test's own.
 //! - [`free_port`] and [`wait_until`].
+//! - [`fuzz`]: case counts of the fuzz targets, and an allocator that caps what a parser
+//!   under test may allocate.
 //! - [`events`] (feature `events`): builders of ledger rows, `frugal_cost::Event` and
 //!   `ReplicaSpan`.
 //!
@@ -24,6 +26,7 @@
 
 #[cfg(feature = "events")]
 pub mod events;
+pub mod fuzz;
 pub mod loopback;
 pub mod postgres;
 pub mod prometheus;
