@@ -18,8 +18,12 @@ crates=(frugal-gateway frugal-watch frugal-cost frugal-engine)
 extra=()
 [[ "${FUZZ_IGNORED:-}" == 1 ]] && extra=(--include-ignored)
 
-cargo test --release --no-run --lib "${crates[@]/#/-p}" >/dev/null 2>&1 ||
-    cargo test --release --no-run --lib "${crates[@]/#/-p}" || exit 1
+# One crate at a time, as the targets run below (`-p` of several crates at once unifies
+# their dependencies' features differently, which rebuilds most of them).
+for crate in "${crates[@]}"; do
+    cargo test --release -q --no-run -p "$crate" --lib 2>/dev/null ||
+        cargo test --release --no-run -p "$crate" --lib || exit 1
+done
 
 summary=()
 failed=0
