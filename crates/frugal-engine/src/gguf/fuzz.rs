@@ -104,16 +104,19 @@ proptest! {
     }
 }
 
-/// Where each count, length, type, dimension and offset of a GGUF header is: (offset,
-/// width in bytes). Walks a valid file.
-fn fields(buf: &[u8]) -> Vec<(usize, usize)> {
+/// (offset, width in bytes) of each field found.
+type Fields = Vec<(usize, usize)>;
+
+/// Where each count, length, type, dimension and offset of a GGUF header is. Walks a valid
+/// file.
+fn fields(buf: &[u8]) -> Fields {
     let u32_at = |at: usize| u32::from_le_bytes(buf[at..at + 4].try_into().unwrap());
     let u64_at = |at: usize| u64::from_le_bytes(buf[at..at + 8].try_into().unwrap()) as usize;
     let mut out = vec![(4, 4), (8, 8), (16, 8)];
     let n_tensors = u64_at(8);
     let n_kv = u64_at(16);
     let mut at = 24;
-    let string = |at: &mut usize, out: &mut Vec<(usize, usize)>| {
+    let string = |at: &mut usize, out: &mut Fields| {
         out.push((*at, 8));
         *at += 8 + u64_at(*at);
     };
@@ -121,8 +124,8 @@ fn fields(buf: &[u8]) -> Vec<(usize, usize)> {
         buf: &[u8],
         t: u32,
         at: &mut usize,
-        out: &mut Vec<(usize, usize)>,
-        string: &dyn Fn(&mut usize, &mut Vec<(usize, usize)>),
+        out: &mut Fields,
+        string: &dyn Fn(&mut usize, &mut Fields),
     ) {
         match t {
             vtype::STRING => string(at, out),
