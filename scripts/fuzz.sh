@@ -38,6 +38,7 @@ for crate in "${crates[@]}"; do
         secs=$(echo "$(date +%s.%N) - $start" | bc)
         n=$(echo "$log" | sed -n 's/^fuzz: .*: \([0-9]*\) cases$/\1/p' | tail -n1)
         status=ok
+        grep -q ' 1 ignored' <<<"$log" && status=ignored
         if [[ $rc -ne 0 ]]; then
             status=FAILED
             failed=$((failed + 1))
