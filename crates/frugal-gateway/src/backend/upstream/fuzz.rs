@@ -152,9 +152,10 @@ fn fuzz_sse_real_stream_cut_everywhere() {
     }
 }
 
-/// Found by `fuzz_sse_chunking` (minimal: one event `data: 0123456789`, a limit of 10 bytes,
-/// one cut): an event over the limit passed whole and failed cut, and one at the limit
-/// failed when its blank line came in a later chunk. The limit is the event's own size now.
+/// An event over the limit used to pass when it came in one chunk and fail when cut (one
+/// event `data: 0123456789`, a limit of 10 bytes, a cut at byte 12), and one at the limit
+/// failed when its blank line came in a later chunk; `fuzz_sse_chunking` checks the same for
+/// any stream. The limit is the event's own size now.
 #[test]
 fn fuzz_sse_found_limit_is_the_same_however_cut() {
     let body = b"data: 0123456789\n\n";
