@@ -30,6 +30,11 @@ extern crate self as frugal_cost;
 #[path = "../../frugal-testkit/src/events.rs"]
 mod test_events;
 
+/// The fuzz targets (`fuzz_*`) cap what a parser may allocate; other tests are unaffected.
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: frugal_testkit::fuzz::Capped = frugal_testkit::fuzz::Capped;
+
 pub use catalog::Catalog;
 pub use event::{Capacity, Event, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
 pub use ledger::{Ledger, Location, Window};

@@ -94,3 +94,6 @@ impl TestRng {
         ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
     }
 }
+
+#[cfg(test)]
+mod fuzz;

@@ -23,3 +23,8 @@ pub mod sampling;
 pub mod scheduler;
 pub mod template;
 pub mod tokenizer;
+
+/// The fuzz targets (`fuzz_*`) cap what a parser may allocate; other tests are unaffected.
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: frugal_testkit::fuzz::Capped = frugal_testkit::fuzz::Capped;

@@ -474,7 +474,9 @@ impl Model {
             })?;
             Ok(out)
         };
-        let mut layers = Vec::with_capacity(c.n_layer);
+        // Each layer is tensors of the file, so a count past the file's tensors fails on the
+        // first missing one: reserve no more than that (block_count = 2^31 asked for 773 GB).
+        let mut layers = Vec::with_capacity(c.n_layer.min(g.tensors.len()));
         for i in 0..c.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
             let (q, k, v) = (n("attn_q.weight"), n("attn_k.weight"), n("attn_v.weight"));

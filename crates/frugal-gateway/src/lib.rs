@@ -45,6 +45,11 @@ pub mod server;
 #[cfg(test)]
 mod tests;
 
+/// The fuzz targets (`fuzz_*`) cap what a parser may allocate; other tests are unaffected.
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: frugal_testkit::fuzz::Capped = frugal_testkit::fuzz::Capped;
+
 pub use backend::Local;
 pub use http::router::{router, serve, serve_metrics};
 pub use request::state::{AppState, Parts};

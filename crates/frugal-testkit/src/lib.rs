@@ -8,6 +8,8 @@
 //!   `frugal-example-trainer` binary beside the test's own.
 //! - [`free_port`], [`wait_until`], and [`signal_tree`] (freezing a server); [`secrets`],
 //!   passwords for property tests.
+//! - [`fuzz`]: case counts of the fuzz targets, and an allocator that caps what a parser
+//!   under test may allocate.
 //! - [`events`] (feature `events`): builders of ledger rows, `frugal_cost::Event` and
 //!   `ReplicaSpan`.
 //!
@@ -25,6 +27,7 @@
 
 #[cfg(feature = "events")]
 pub mod events;
+pub mod fuzz;
 pub mod loopback;
 pub mod postgres;
 pub mod prometheus;

@@ -264,9 +264,28 @@ fn read_quoted(s: &str) -> Option<(String, &str)> {
     None
 }
 
-/// HELP text escapes only `\\` and `\n`; anything else is kept as written.
+/// HELP text escapes only `\\` and `\n`; anything else is kept as written. One pass, left to
+/// right: replacing `\n` first would read the escaped backslash of `\\n` (a backslash, then
+/// `n`) as the start of a newline.
 fn unescape_help(s: &str) -> String {
-    s.replace("\\n", "\n").replace("\\\\", "\\")
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('\\') => out.push('\\'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 /// Go's `ParseFloat`, as the format specifies: decimals, exponents, `+Inf`, `-Inf`, `NaN`.
@@ -461,6 +480,16 @@ mod tests {
         );
     }
 
+    /// Found by `fuzz_expo_round_trip`: an escaped backslash before `n` is a backslash and
+    /// an `n`, not a backslash and a newline.
+    #[test]
+    fn help_escapes_read_left_to_right() {
+        let help = |body: &str| parse(body).unwrap().help["x"].clone();
+        assert_eq!(help("# HELP x a\\\\nb\n"), "a\\nb");
+        assert_eq!(help("# HELP x a\\nb\\\\\n"), "a\nb\\");
+        assert_eq!(help("# HELP x C:\\dir \\\n"), "C:\\dir \\");
+    }
+
     #[test]
     fn empty_bodies_and_crlf_parse() {
         assert_eq!(parse("").unwrap().samples, vec![]);
@@ -469,3 +498,6 @@ mod tests {
         assert_eq!(parse("x 1e3\n").unwrap().sum("x"), Some(1000.0));
     }
 }
+
+#[cfg(test)]
+mod fuzz;

@@ -50,6 +50,10 @@ impl FocusColumns {
         if end_ms < ts_ms {
             return Err("ChargePeriodEnd: before ChargePeriodStart".to_owned());
         }
+        // Epoch milliseconds span all of i64: the period's length may not fit in one.
+        let duration_ms = end_ms
+            .checked_sub(ts_ms)
+            .ok_or("ChargePeriodEnd: the charge period is too long to be a duration")?;
         let money = |name: &str| {
             get(name)
                 .map(|v| parse_decimal(v).map_err(|e| format!("{name}: {e}")))
@@ -108,7 +112,7 @@ impl FocusColumns {
         })
         .unwrap_or_else(|| "unattributed".to_owned());
         let mut e = Event::new(ts_ms, kind, workload, cost);
-        e.duration_ms = end_ms - ts_ms;
+        e.duration_ms = duration_ms;
         e.model = tag(&["frugal-model", "frugal:model", "model"]);
         e.run_id = tag(&["frugal-run", "frugal:run", "run_id"]);
         e.instance_type = tag(&["frugal-instance", "instance_type"])

@@ -276,12 +276,29 @@ fn parse_file(
         }
         Ok(())
     };
+    parse_rows(&mut reader, path, format, catalog, &mut accept)?;
+    if !batch.is_empty() {
+        send.send(batch).map_err(|_| stopped())?;
+    }
+    // The file's hash covers all of it, read or not (a broken CSV stops the parse).
+    std::io::copy(&mut reader, &mut std::io::sink()).map_err(read_err)?;
+    Ok(hex(&reader.get_mut().sha256.finalize_reset()))
+}
+
+/// Reads every row of `reader` in `format`, handing each to `accept`.
+fn parse_rows(
+    reader: &mut impl BufRead,
+    path: &Path,
+    format: Format,
+    catalog: &Catalog,
+    accept: &mut Accept<'_>,
+) -> Result<(), ImportError> {
     match format {
-        Format::Jsonl => read_jsonl(&mut reader, path, catalog, &mut accept)?,
+        Format::Jsonl => read_jsonl(reader, path, catalog, accept)?,
         Format::Csv | Format::Focus => {
             let mut csv = csv::ReaderBuilder::new()
                 .flexible(false)
-                .from_reader(&mut reader);
+                .from_reader(reader);
             let headers = csv
                 .headers()
                 .map_err(|e| ImportError::Header {
@@ -297,19 +314,14 @@ fn parse_file(
             if format == Format::Csv {
                 let columns = NativeColumns::new(&headers).map_err(header_err)?;
                 let parse = |rec: &_| columns.event(rec, catalog);
-                read_csv(&mut csv, &names, parse, &mut accept)?;
+                read_csv(&mut csv, &names, parse, accept)?;
             } else {
                 let columns = FocusColumns::new(&headers).map_err(header_err)?;
-                read_csv(&mut csv, &names, |rec| columns.event(rec), &mut accept)?;
+                read_csv(&mut csv, &names, |rec| columns.event(rec), accept)?;
             }
         }
     }
-    if !batch.is_empty() {
-        send.send(batch).map_err(|_| stopped())?;
-    }
-    // The file's hash covers all of it, read or not (a broken CSV stops the parse).
-    std::io::copy(&mut reader, &mut std::io::sink()).map_err(read_err)?;
-    Ok(hex(&reader.get_mut().sha256.finalize_reset()))
+    Ok(())
 }
 
 /// Rows stored at once: a backend stores them in one statement (PostgreSQL: one `COPY`
@@ -475,5 +487,7 @@ fn read_csv<R: Read>(
     }
 }
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;

@@ -191,9 +191,11 @@ fn native_event(f: &dyn Fields, catalog: &Catalog) -> Result<Event, String> {
         (Some(end), None) => {
             let end = parse_ts(&end).map_err(|e| format!("end: {e}"))?;
             if end < ts_ms {
-                return Err(format!("end: before ts by {} ms", ts_ms - end));
+                return Err(format!("end: before ts by {} ms", ts_ms.abs_diff(end)));
             }
-            end - ts_ms
+            // Epoch milliseconds span all of i64: the difference may not fit in one.
+            end.checked_sub(ts_ms)
+                .ok_or_else(|| "end: too far after ts to be a duration".to_owned())?
         }
         (None, d) => d.unwrap_or(0),
         (Some(_), Some(_)) => return Err("give `end` or `duration_s`, not both".to_owned()),

@@ -227,7 +227,7 @@ fn bad_headers_and_files_are_clear_errors() {
 /// A FOCUS 1.x export: usage on three pricing categories, a prepaid commitment purchase
 /// (EffectiveCost 0, amortized into the usage it covers), its unused part, a credit and a
 /// tax row, and a correction.
-const FOCUS: &str = r#"BilledCost,EffectiveCost,ListCost,ChargeCategory,ChargeClass,ChargeDescription,ChargePeriodStart,ChargePeriodEnd,CommitmentDiscountId,CommitmentDiscountName,CommitmentDiscountStatus,ConsumedQuantity,ConsumedUnit,PricingCategory,ResourceId,ResourceName,ServiceName,Tags
+pub(super) const FOCUS: &str = r#"BilledCost,EffectiveCost,ListCost,ChargeCategory,ChargeClass,ChargeDescription,ChargePeriodStart,ChargePeriodEnd,CommitmentDiscountId,CommitmentDiscountName,CommitmentDiscountStatus,ConsumedQuantity,ConsumedUnit,PricingCategory,ResourceId,ResourceName,ServiceName,Tags
 24.48,24.48,24.48,Usage,,p3.2xlarge on demand,2026-11-01T00:00:00Z,2026-11-01T08:00:00Z,,,,8,Hours,Standard,i-1,trainer-1,Amazon EC2,"{""frugal-kind"": ""training"", ""frugal-workload"": ""pretrain"", ""frugal-run"": ""run-7""}"
 7.34,7.34,24.48,Usage,,p3.2xlarge spot,2026-11-01T08:00:00Z,2026-11-01T16:00:00Z,,,,8,Hours,Dynamic,i-2,trainer-2,Amazon EC2,"{""frugal-kind"": ""training"", ""frugal-workload"": ""pretrain"", ""frugal-run"": ""run-7""}"
 0,15.00,24.48,Usage,,g5 serving under a savings plan,2026-11-01T00:00:00Z,2026-11-02T00:00:00Z,sp-1,serving-sp,Used,24,Hours,Committed,i-3,server-1,Amazon EC2,"{""frugal-kind"": ""inference"", ""frugal-workload"": ""chat""}"

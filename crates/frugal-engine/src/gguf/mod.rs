@@ -344,4 +344,6 @@ fn in_file(path: &Path, e: GgufError) -> GgufError {
 pub(crate) mod testutil;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;

@@ -489,47 +489,69 @@ pub fn sse_events(
     resp: reqwest::Response,
     max_event: usize,
 ) -> impl Stream<Item = Result<String, String>> {
-    let body = resp.bytes_stream();
+    let body = resp
+        .bytes_stream()
+        .map(|chunk| chunk.map_err(|e| format!("the upstream stream broke: {}", with_causes(&e))));
+    sse_frames(body, max_event)
+}
+
+/// The events of an SSE body that arrives in `body`'s chunks, cut wherever the network cut
+/// it; see `sse_events`.
+pub(crate) fn sse_frames<B: AsRef<[u8]>>(
+    body: impl Stream<Item = Result<B, String>> + Unpin,
+    max_event: usize,
+) -> impl Stream<Item = Result<String, String>> {
     futures_util::stream::unfold(
-        (body, Vec::<u8>::new(), false),
-        move |(mut body, mut buf, ended)| async move {
+        (body, Vec::<u8>::new(), 0, false),
+        move |(mut body, mut buf, mut scanned, ended)| async move {
             if ended {
                 return None;
             }
+            let too_large = || {
+                Err(format!(
+                    "the upstream sent an event larger than {max_event} bytes"
+                ))
+            };
             loop {
                 // A complete event ends with a blank line.
-                if let Some(at) = find_event_end(&buf) {
+                if let Some(at) = find_event_end(&buf, scanned) {
+                    // Judged whole, so that the same stream passes or fails however the
+                    // network cut it.
+                    if at.0 > max_event {
+                        return Some((too_large(), (body, buf, 0, true)));
+                    }
                     let event: Vec<u8> = buf.drain(..at.0 + at.1).collect();
+                    scanned = 0;
                     let text = String::from_utf8_lossy(&event[..at.0]).into_owned();
                     let data: Vec<&str> = text
                         .lines()
-                        .filter_map(|l| l.strip_prefix("data:").map(str::trim_start))
+                        // One space after the colon is the separator (as the SSE spec says);
+                        // any other leading blank is the payload's.
+                        .filter_map(|l| {
+                            l.strip_prefix("data:")
+                                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                        })
                         .collect();
                     if data.is_empty() {
                         continue;
                     }
-                    return Some((Ok(data.join("\n")), (body, buf, false)));
+                    return Some((Ok(data.join("\n")), (body, buf, 0, false)));
                 }
-                if buf.len() > max_event {
-                    return Some((
-                        Err(format!(
-                            "the upstream sent an event larger than {max_event} bytes"
-                        )),
-                        (body, buf, true),
-                    ));
+                // Up to 3 bytes of an unfinished event may be the start of its blank line:
+                // past the limit by more, the event is too large whatever follows.
+                if buf.len() > max_event.saturating_add(MAX_SEPARATOR - 1) {
+                    return Some((too_large(), (body, buf, 0, true)));
                 }
+                // Searched already, but for a blank line the next chunk completes: each chunk
+                // is scanned once, not the whole event again (quadratic in small chunks).
+                scanned = buf.len().saturating_sub(MAX_SEPARATOR - 1);
                 match body.next().await {
-                    Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
-                    Some(Err(e)) => {
-                        return Some((
-                            Err(format!("the upstream stream broke: {}", with_causes(&e))),
-                            (body, buf, true),
-                        ));
-                    }
+                    Some(Ok(chunk)) => buf.extend_from_slice(chunk.as_ref()),
+                    Some(Err(e)) => return Some((Err(e), (body, buf, 0, true))),
                     None => {
                         return Some((
                             Err("the upstream closed the stream before [DONE]".into()),
-                            (body, buf, true),
+                            (body, buf, 0, true),
                         ));
                     }
                 }
@@ -538,18 +560,29 @@ pub fn sse_events(
     )
 }
 
-/// Where the first event in `buf` ends: (its length, the separator's length).
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buf
+/// The longest blank line that ends an event (`\r\n\r\n`).
+const MAX_SEPARATOR: usize = 4;
+
+/// Where the first event in `buf` ends, looking from `from` on: (its length, the
+/// separator's length).
+fn find_event_end(buf: &[u8], from: usize) -> Option<(usize, usize)> {
+    let rest = buf.get(from..)?;
+    let lf = rest
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|i| (from + i, 2));
+    let crlf = rest
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
+        .map(|i| (from + i, 4));
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
         (a, b) => a.or(b),
     }
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

@@ -54,3 +54,6 @@ pub(crate) fn now_s() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
 }
+
+#[cfg(test)]
+mod fuzz;

@@ -412,6 +412,9 @@ pub fn engine_request(
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
