@@ -30,63 +30,37 @@
 //! happening.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use frugal_cost::ledger::{LedgerError, Location};
-use frugal_cost::money::HourlyRate;
-use frugal_cost::{Capacity, Ledger, Lever, Money, Outcome, ReplicaSpan};
+use frugal_cost::{Ledger, Money, ReplicaSpan};
 
 pub use crate::metrics::LedgerHealth;
 use journal::Journal;
 pub use journal::JournalError;
+pub use parts::{BATCH_WORKLOAD, Machine, MeterConfig, Row, Saving};
+use parts::{Durable, Record};
 use ship::{Shipper, Wake};
-use writer::{Sink, Target, Writer};
+use target::Target;
+use writer::{Sink, Writer};
 
 mod journal;
+mod parts;
 mod ship;
+mod target;
 mod writer;
 
-const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// Rows queued for the writer at most; past it, settling waits (back-pressure).
 const QUEUE: usize = 16_384;
-/// Rows kept in memory at most while neither the ledger nor the journal takes them.
-const PENDING_MAX: usize = 100_000;
-/// How long after a failed write the ledger is tried again.
-const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// How long a write waits for a connection to a PostgreSQL ledger.
 const CONNECTION_WAIT: Duration = Duration::from_secs(1);
 /// A PostgreSQL ledger's statement timeout for the meter's writes: a group commit takes
 /// milliseconds; one held by a lock or a starved server is ended and tried again.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a settling request waits for its row's group commit (milliseconds when the
-/// disk is well): a bound, so that a disk that stalls cannot hold the answers.
-const DURABLE_WAIT: Duration = Duration::from_millis(50);
 /// How long `close` gives the shipper to empty the journal into the ledger.
 const SHIP_AT_CLOSE: Duration = Duration::from_secs(5);
-/// The workload batch jobs' lines are recorded under, beside interactive traffic.
-pub const BATCH_WORKLOAD: &str = "batch";
-
-/// What the meter needs to write rows.
-#[derive(Debug, Clone)]
-pub struct MeterConfig {
-    /// A SQLite file or a PostgreSQL URL.
-    pub ledger: frugal_cost::Location,
-    pub workload: String,
-    pub capacity: Option<Capacity>,
-    /// Machines paid by the hour (the local engine's, self-hosted upstreams'), whose idle
-    /// time is recorded.
-    pub machines: Vec<Machine>,
-    /// Pools' replicas, by pool: their requests' rows name the instance type; their idle
-    /// time comes with their spans ([`Meter::record_span`]).
-    pub pools: Vec<Machine>,
-    /// The journal of a PostgreSQL ledger (a SQLite file, made at start; what it holds at
-    /// start is shipped first); unused with a SQLite ledger. `None`: rows are written to
-    /// the ledger directly and wait in memory while it is away.
-    pub spool: Option<PathBuf>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MeterError {
@@ -96,113 +70,6 @@ pub enum MeterError {
     Journal(#[from] JournalError),
     #[error("cannot start the ledger writer")]
     Start(#[source] std::io::Error),
-}
-
-/// A machine frugal pays for by the hour: the local engine's, or a self-hosted upstream's.
-#[derive(Debug, Clone)]
-pub struct Machine {
-    /// The model it serves, as its requests are recorded.
-    pub model: String,
-    pub rate: HourlyRate,
-    pub instance_type: Option<String>,
-    /// What it would cost an hour on demand, where `rate` is a spot or committed one: its
-    /// rows carry the on-demand price of their time as the list cost.
-    pub on_demand: Option<HourlyRate>,
-}
-
-impl Machine {
-    /// `time` on this machine, priced to the microsecond.
-    pub fn cost(&self, time: Duration) -> Money {
-        self.rate.cost_of(time).unwrap_or(Money::ZERO)
-    }
-
-    /// `time` on this machine at its on-demand price, where it has one.
-    pub fn list_cost(&self, time: Duration) -> Option<Money> {
-        self.on_demand.and_then(|r| r.cost_of(time))
-    }
-}
-
-/// One settled request (or call): what it spent and how it ended.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub started: SystemTime,
-    pub duration: Duration,
-    /// The served name it was billed under.
-    pub model: String,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
-    pub completion_tokens: u64,
-    pub cost: Money,
-    /// Time it held a machine paid by the hour (the engine's share, an upstream's share).
-    pub busy: Option<Duration>,
-    /// `None`: answered in full. `Failed` rows serve no request; `Cancelled` ones were left
-    /// by their client part-way, billed for what was produced.
-    pub outcome: Option<Outcome>,
-    /// What a lever saved on it, once.
-    pub saved: Option<(Money, Lever)>,
-    /// The API key's tenant, for budgets that outlive a restart.
-    pub tenant: Option<String>,
-    /// Time a pool's activator held it.
-    pub wait: Duration,
-    /// The batch job it was a line of: recorded as workload `batch`, the job as its run.
-    pub batch: Option<Arc<str>>,
-}
-
-/// A saving apart from any call: a cascade's cheap tier answered, so its dearest tier's
-/// call (`saved`, priced on the same tokens) was not made.
-#[derive(Debug, Clone)]
-pub struct Saving {
-    pub started: SystemTime,
-    /// The route.
-    pub model: String,
-    pub saved: Money,
-    pub tenant: Option<String>,
-}
-
-enum Record {
-    Row(Row),
-    Saving(Saving),
-    /// A pool replica's span, and the part of its cost no request paid (idle).
-    Span(ReplicaSpan, Money),
-}
-
-/// How far rows are durable, for the requests waiting on theirs.
-#[derive(Default)]
-struct Durable {
-    /// The sequence number of the last record written (to the journal or the ledger).
-    through: Mutex<u64>,
-    cond: Condvar,
-    /// The last write failed: requests do not wait until one succeeds.
-    failing: AtomicBool,
-}
-
-impl Durable {
-    fn advance(&self, through: u64) {
-        *self.through.lock().unwrap_or_else(|p| p.into_inner()) = through;
-        self.failing.store(false, Ordering::Relaxed);
-        self.cond.notify_all();
-    }
-
-    fn failing(&self) {
-        if !self.failing.swap(true, Ordering::Relaxed) {
-            self.cond.notify_all();
-        }
-    }
-
-    /// Waits until record `seq` is written, at most `DURABLE_WAIT`; returns whether it is.
-    fn wait(&self, seq: u64) -> bool {
-        if self.failing.load(Ordering::Relaxed) {
-            return false;
-        }
-        let through = self.through.lock().unwrap_or_else(|p| p.into_inner());
-        let (through, _) = self
-            .cond
-            .wait_timeout_while(through, DURABLE_WAIT, |t| {
-                *t < seq && !self.failing.load(Ordering::Relaxed)
-            })
-            .unwrap_or_else(|p| p.into_inner());
-        *through >= seq
-    }
 }
 
 /// A cheap, cloneable handle to the ledger writer.
@@ -377,8 +244,12 @@ impl Meter {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use frugal_cost::{Event, Kind};
+    use std::time::SystemTime;
 
+    use frugal_cost::money::HourlyRate;
+    use frugal_cost::{Capacity, Event, Kind, Outcome};
+
+    use super::parts::PENDING_MAX;
     use super::*;
 
     fn row(model: &str, cost: Money, busy: Option<Duration>, outcome: Option<Outcome>) -> Row {

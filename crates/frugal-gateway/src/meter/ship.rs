@@ -9,8 +9,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::journal::Journal;
-use super::writer::Target;
-use super::{FLUSH_EVERY, LedgerHealth};
+use super::parts::FLUSH_EVERY;
+use super::target::Target;
+use crate::metrics::LedgerHealth;
 
 /// Journaled rows shipped per transaction.
 const SHIP_BATCH: usize = 5_000;
