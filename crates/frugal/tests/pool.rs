@@ -479,7 +479,8 @@ tick = "100ms"
 name = "gone"
 backend = "external"
 url = "http://127.0.0.1:9/v1"
-cold_start_timeout = "1s"
+# Long enough that a loaded machine's status polls see the held request.
+cold_start_timeout = "3s"
 tick = "100ms"
 "#,
         model = model().display(),
@@ -500,7 +501,7 @@ tick = "100ms"
     assert_eq!(code, 503, "{body}");
     assert!(header(&head, "retry-after").is_some());
     assert!(
-        started.elapsed() >= Duration::from_millis(900),
+        started.elapsed() >= Duration::from_millis(2_900),
         "held while nothing was ready"
     );
     // Queued requests count as demand, for KEDA to wake a Deployment at zero.
@@ -510,7 +511,7 @@ tick = "100ms"
             .request("POST", "/v1/chat/completions", &chat("gone", "Hi", 4))
             .0
     });
-    // The thread's request may start late on a busy machine; once in, it is held ~1 s.
+    // The thread's request may start late on a busy machine; once in, it is held ~3 s.
     let s = wait_for(&server, "gone", Duration::from_secs(10), |s| {
         s["queued"] == 1
     });
