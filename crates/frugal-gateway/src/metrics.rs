@@ -79,6 +79,13 @@ impl Histogram {
     }
 }
 
+/// Milliseconds since the epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The ledger writer's health: updated by the meter, read by `/metrics`.
 pub struct LedgerHealth {
     /// Whether the last write to the ledger succeeded.
@@ -149,14 +156,11 @@ impl LedgerHealth {
     /// Whether the journal holds rows not yet in the ledger; the lag counts from when it
     /// began to.
     pub fn set_behind(&self, behind: bool) {
-        let now = || {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_millis().max(1) as u64)
-        };
         match behind {
             true if self.behind_since_ms.load(Ordering::Relaxed) == 0 => {
-                self.behind_since_ms.store(now(), Ordering::Relaxed);
+                // Never 0, which means "not behind".
+                self.behind_since_ms
+                    .store(now_ms().max(1), Ordering::Relaxed);
             }
             false => self.behind_since_ms.store(0, Ordering::Relaxed),
             true => {}
@@ -167,12 +171,7 @@ impl LedgerHealth {
     pub fn lag_seconds(&self) -> f64 {
         match self.behind_since_ms.load(Ordering::Relaxed) {
             0 => 0.0,
-            since => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64);
-                now.saturating_sub(since) as f64 / 1000.0
-            }
+            since => now_ms().saturating_sub(since) as f64 / 1000.0,
         }
     }
 

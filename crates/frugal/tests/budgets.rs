@@ -35,6 +35,21 @@ fn config(upstream: &str, extra: &str, keys: &[(&str, &str, &str)]) -> String {
     text
 }
 
+/// A gateway on a mock upstream whose budgets are held in Redis at `url`, with one tenant,
+/// `acme` (key `fk-acme`), of `daily` dollars a day.
+fn on_redis(url: &str, daily: &str) -> Server {
+    let (upstream, _) = mock_upstream();
+    let text = config(
+        &upstream,
+        &format!("budget_redis = \"{url}\"\n"),
+        &[("acme", "fk-acme", daily)],
+    );
+    Server::start_with_files(
+        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
+        &["--no-model", "--no-cache"],
+    )
+}
+
 fn ask(addr: &str, key: &str) -> (u16, String, String) {
     let body = format!(
         r#"{{"model":"mock","messages":[{{"role":"user","content":"{QUESTION}"}}],"max_tokens":5}}"#
@@ -229,16 +244,7 @@ fn without_budget_redis_gateways_on_one_postgresql_ledger_catch_up_with_each_oth
 #[test]
 fn without_redis_requests_are_served_on_the_local_view_and_settled_when_it_returns() {
     let mut redis = Redis::start().unwrap();
-    let (upstream, _) = mock_upstream();
-    let text = config(
-        &upstream,
-        &format!("budget_redis = \"{}\"\n", redis.url),
-        &[("acme", "fk-acme", "100.00")],
-    );
-    let server = Server::start_with_files(
-        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
-        &["--no-model", "--no-cache"],
-    );
+    let server = on_redis(&redis.url, "100.00");
     let shared = |s: &Server| metric(&s.addr, "fk-acme", "frugal_budget_shared");
     assert_eq!(ask(&server.addr, "fk-acme").0, 200);
     assert_eq!(shared(&server), 1.0);
@@ -260,6 +266,7 @@ fn without_redis_requests_are_served_on_the_local_view_and_settled_when_it_retur
     // said.
     let dir = tempfile::tempdir().unwrap();
     let secret = redis.url.replace("redis://", "redis://:hunter2@");
+    let (upstream, _) = mock_upstream();
     std::fs::write(dir.path().join("prices.toml"), PRICES).unwrap();
     std::fs::write(
         dir.path().join("frugal.toml"),
@@ -591,16 +598,7 @@ fn redis_day_total(url: &str) -> i64 {
 #[test]
 fn redis_frozen_under_shared_budgets() {
     let redis = Redis::start().unwrap();
-    let (upstream, _) = mock_upstream();
-    let text = config(
-        &upstream,
-        &format!("budget_redis = \"{}\"\n", redis.url),
-        &[("acme", "fk-acme", "2.00")],
-    );
-    let server = Server::start_with_files(
-        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
-        &["--no-model", "--no-cache"],
-    );
+    let server = on_redis(&redis.url, "2.00");
     assert_eq!(ask(&server.addr, "fk-acme").0, 200);
     redis.pause();
     let started = std::time::Instant::now();
@@ -663,16 +661,7 @@ fn redis_frozen_under_shared_budgets() {
 #[test]
 fn a_gateway_stopping_while_redis_is_paused_settles_into_it_once_it_answers() {
     let redis = Redis::start().unwrap();
-    let (upstream, _) = mock_upstream();
-    let text = config(
-        &upstream,
-        &format!("budget_redis = \"{}\"\n", redis.url),
-        &[("acme", "fk-acme", "100.00")],
-    );
-    let server = Server::start_with_files(
-        &[("prices.toml", PRICES), ("frugal.toml", text.as_str())],
-        &["--no-model", "--no-cache"],
-    );
+    let server = on_redis(&redis.url, "100.00");
     assert_eq!(ask(&server.addr, "fk-acme").0, 200);
     redis.pause();
     for _ in 0..3 {
