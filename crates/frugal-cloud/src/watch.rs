@@ -4,16 +4,19 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::notice::{Action, Notice, NoticeSource};
+
+/// An acknowledgement to send, and who waits for it to have gone out.
+type Ack = (Notice, Option<oneshot::Sender<()>>);
 
 /// The notice that stands, kept current by a polling task; the task ends once the watcher
 /// and every receiver it gave out are dropped.
 #[derive(Debug)]
 pub struct NoticeWatcher {
     current: watch::Receiver<Option<Notice>>,
-    acks: mpsc::UnboundedSender<Notice>,
+    acks: mpsc::UnboundedSender<Ack>,
 }
 
 impl NoticeWatcher {
@@ -22,7 +25,7 @@ impl NoticeWatcher {
     /// answers again.
     pub fn spawn<S: NoticeSource + 'static>(mut source: S, poll: Duration) -> NoticeWatcher {
         let (tx, current) = watch::channel(None);
-        let (acks, mut ack_rx) = mpsc::unbounded_channel::<Notice>();
+        let (acks, mut ack_rx) = mpsc::unbounded_channel::<Ack>();
         tokio::spawn(async move {
             let mut failing = 0u32;
             loop {
@@ -61,12 +64,15 @@ impl NoticeWatcher {
                 loop {
                     tokio::select! {
                         () = &mut pause => break,
-                        Some(n) = ack_rx.recv() => {
+                        Some((n, sent)) = ack_rx.recv() => {
                             if let Err(e) = source.acknowledge(&n).await {
                                 tracing::warn!(
                                     "cannot acknowledge the {} notice: {e}",
                                     source.cloud()
                                 );
+                            }
+                            if let Some(sent) = sent {
+                                let _ = sent.send(());
                             }
                         }
                     }
@@ -85,7 +91,16 @@ impl NoticeWatcher {
     /// Tells the platform we are ready for `notice` (Azure proceeds early; a no-op
     /// elsewhere).
     pub fn acknowledge(&self, notice: Notice) {
-        let _ = self.acks.send(notice);
+        let _ = self.acks.send((notice, None));
+    }
+
+    /// [`acknowledge`](Self::acknowledge), then waits until the acknowledgement has gone out
+    /// (or failed), at most until `until`: a process about to exit must not drop it.
+    pub async fn acknowledge_before(&self, notice: Notice, until: Instant) {
+        let (sent, gone) = oneshot::channel();
+        if self.acks.send((notice, Some(sent))).is_ok() {
+            let _ = tokio::time::timeout_at(until.into(), gone).await;
+        }
     }
 
     /// The first notice of any kind, acknowledged at once; never, when the watcher's task has
@@ -105,18 +120,19 @@ impl NoticeWatcher {
         }
     }
 
-    /// Returns once no termination notice stands: at once when none does, else when it
-    /// clears (the machine stays after all) or the task ends.
-    pub async fn cleared(&self) {
+    /// Whether no termination notice stands by `until`: `true` at once when none does, or
+    /// as soon as it is withdrawn; `false` when it still stands at `until` (or the task has
+    /// ended with it standing). The wait never outlasts `until`, so it cannot hold a process
+    /// past a notice's deadline.
+    pub async fn withdrawn_by(&self, until: Instant) -> bool {
         let mut rx = self.subscribe();
         let standing =
             |n: &Option<Notice>| n.as_ref().is_some_and(|n| n.action == Action::Terminate);
-        if !standing(&rx.borrow_and_update()) {
-            return;
-        }
-        tracing::info!("waiting for the machine to go, or the notice to clear");
-        while rx.changed().await.is_ok() && standing(&rx.borrow_and_update()) {}
-        tracing::info!("the notice cleared: the machine stays, restarting here");
+        let withdrawn = rx.wait_for(|n| !standing(n));
+        matches!(
+            tokio::time::timeout_at(until.into(), withdrawn).await,
+            Ok(Ok(_))
+        )
     }
 }
 
@@ -210,6 +226,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_acknowledgement_waited_for_has_gone_out_when_the_wait_returns() {
+        let source = Scripted::default();
+        *source.notice.lock().unwrap() = Some(notice(Action::Terminate));
+        let watcher = NoticeWatcher::spawn(source.clone(), Duration::from_secs(30));
+        let first = tokio::time::timeout(Duration::from_secs(5), watcher.first())
+            .await
+            .unwrap();
+        // In order after the one `first` sent, however long the pause between polls.
+        watcher
+            .acknowledge_before(first.clone(), Instant::now() + Duration::from_secs(5))
+            .await;
+        assert_eq!(*source.acked.lock().unwrap(), vec![first.clone(), first]);
+    }
+
+    #[tokio::test]
     async fn a_termination_notice_stands_until_it_clears() {
         let source = Scripted::default();
         *source.fail.lock().unwrap() = true;
@@ -218,20 +249,33 @@ mod tests {
         // No notice while the source fails, nor while there is none: cleared at once.
         tokio::time::sleep(POLL * 3).await;
         assert!(watcher.subscribe().borrow().is_none());
-        watcher.cleared().await;
+        assert!(watcher.withdrawn_by(Instant::now()).await, "none stands");
 
         *source.fail.lock().unwrap() = false;
         *source.notice.lock().unwrap() = Some(notice(Action::Terminate));
         let seen = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
         assert_eq!(seen.unwrap().map(|n| n.action), Some(Action::Terminate));
-        let cleared = tokio::spawn(async move { watcher.cleared().await });
+        // A standing notice is not withdrawn: the wait ends at its bound, no later.
+        let looked = Instant::now();
+        assert!(!watcher.withdrawn_by(looked + POLL * 3).await, "it stands");
+        assert!(
+            looked.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            looked.elapsed()
+        );
+        let cleared = tokio::spawn(async move {
+            watcher
+                .withdrawn_by(Instant::now() + Duration::from_secs(30))
+                .await
+        });
         tokio::time::sleep(POLL * 3).await;
         assert!(!cleared.is_finished(), "the notice stands");
         *source.notice.lock().unwrap() = None;
-        tokio::time::timeout(Duration::from_secs(5), cleared)
+        let withdrawn = tokio::time::timeout(Duration::from_secs(5), cleared)
             .await
             .unwrap()
             .unwrap();
+        assert!(withdrawn, "withdrawn before the bound");
         assert_eq!(changes.next().await, None, "cleared");
 
         // Without a watcher, nothing ever changes.

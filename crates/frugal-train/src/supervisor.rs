@@ -4,8 +4,9 @@
 //! stopped because the machine is going away (a cloud's notice, or SIGTERM/SIGINT to the
 //! supervisor). Before a stop the command is asked to checkpoint; every checkpoint it
 //! publishes is copied to the store in the background, newest first. A crash is restarted
-//! with backoff from the newest checkpoint; a preemption is restarted once its notice clears
-//! (on a machine that really goes away, the next `frugal train` elsewhere resumes instead).
+//! with backoff from the newest checkpoint. After a preemption notice, once the checkpoint is
+//! in the store, the run stops (exit 75 in `frugal train`: the next run elsewhere resumes),
+//! unless the notice was withdrawn by then: then it restarts here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -31,6 +32,11 @@ use crate::watchdog::{Diagnosis, MetricsTail, Peak, StepMetrics, Watchdog};
 const TICK: Duration = Duration::from_millis(250);
 /// The same while a stop waits for its checkpoint: every step past it is lost.
 const STOP_TICK: Duration = Duration::from_millis(20);
+/// Once the checkpoint is stored after a notice, how long (at most a poll) a withdrawal
+/// the last poll missed is waited for before the run stops.
+const LAST_LOOK: Duration = Duration::from_secs(3);
+/// How long an acknowledgement (Azure's: "go ahead now") may take to go out before exit.
+const ACK_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -301,19 +307,37 @@ pub async fn supervise<S: NoticeSource + 'static>(
         }
         if let Some(StopReason::Notice(notice)) = reason {
             // Save what can be saved before the machine goes, then see whether it does.
-            let deadline = instant_of(notice.deadline).max(Instant::now() + plan.poll);
-            if let Err(e) = uploader.flush(plan, deadline).await {
+            let deadline = instant_of(notice.deadline);
+            if let Err(e) = uploader
+                .flush(plan, deadline.max(Instant::now() + plan.poll))
+                .await
+            {
                 tracing::warn!("{e}");
             }
             if let Some(n) = &notices {
-                n.acknowledge(notice);
-                if !cleared(n, &mut signals).await {
+                // One last look, for a withdrawal the last poll has not seen yet; a notice
+                // that stands ends the run now, not at its deadline: whatever restarts runs
+                // learns at once that this one may go on elsewhere.
+                let look = (Instant::now() + plan.poll.min(LAST_LOOK)).min(deadline);
+                if !withdrawn(n, &mut signals, look).await {
+                    n.acknowledge_before(notice, (Instant::now() + ACK_WAIT).min(deadline))
+                        .await;
+                    let stored = uploader.state.borrow().stored;
+                    tracing::info!(
+                        "the notice stands: stopping here with checkpoint {} in the store",
+                        fmt_opt(stored)
+                    );
                     return Ok(Summary {
                         ending: Ending::Stopped,
                         segments,
-                        stored: uploader.state.borrow().stored,
+                        stored,
                     });
                 }
+                tracing::info!(
+                    "the {} notice was withdrawn before its deadline: the machine stays, \
+                     restarting here",
+                    notice.cloud
+                );
             }
         }
         if attempt > plan.max_restarts {
@@ -798,15 +822,15 @@ impl Signals {
 }
 
 /// Waits until no termination notice stands: `true`; `false` if told to stop meanwhile.
-async fn cleared(notices: &NoticeWatcher, signals: &mut Signals) -> bool {
-    let cleared = notices.cleared();
-    tokio::pin!(cleared);
+async fn withdrawn(notices: &NoticeWatcher, signals: &mut Signals, until: Instant) -> bool {
+    let withdrawn = notices.withdrawn_by(until);
+    tokio::pin!(withdrawn);
     loop {
         tokio::select! {
-            () = &mut cleared => return true,
+            w = &mut withdrawn => return w,
             sig = signals.next() => {
                 if let Incoming::Stop(name) = sig {
-                    tracing::info!("{name} while waiting for the machine to go: stopping");
+                    tracing::info!("{name} while the notice stands: stopping");
                     return false;
                 }
             }

@@ -158,6 +158,10 @@ fn kills_and_a_spot_notice_with_a_move_leave_each_line_once_with_the_uninterrupt
         "{:?}",
         noticed.elapsed()
     );
+    eprintln!(
+        "batch run --spot: notice to exit 75 in {:.2} s",
+        noticed.elapsed().as_secs_f64()
+    );
     let text = said(&out);
     assert!(text.contains("aws preemption notice"), "{text}");
     assert!(text.contains("run the same command to resume"), "{text}");

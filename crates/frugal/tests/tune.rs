@@ -2,14 +2,19 @@
 //! ledger, kills and a preemption notice. The trainer is tests/tune_trainer.py, whose
 //! held-out loss is a fixed function of its parameters and step, so every rung result of
 //! an interrupted search can be checked against an uninterrupted one.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
 
 mod supervised;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use supervised::{Metadata, finish, stderr, wait_until};
 
@@ -270,9 +275,15 @@ fn kills_and_a_notice_lose_no_rung_result_and_restart_no_trial_from_scratch() {
         || results() > before,
         || "no rung result after the kills".into(),
     );
+    // The notice stands (a fixed time): the trials checkpoint and the tuner exits 75 well
+    // before its deadline, without waiting for the machine to go.
+    let noticed = Instant::now();
     meta.preempt(Duration::from_secs(120));
     let out = finish(child);
+    let took = noticed.elapsed();
     assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(took < Duration::from_secs(120), "exit 75 after {took:?}");
+    eprintln!("tune: notice to exit 75 in {:.2} s", took.as_secs_f64());
     assert!(stderr(&out).contains("aws notice"), "{}", stderr(&out));
     meta.clear();
     // The machine is gone: a new one with the same store picks the search up.

@@ -312,6 +312,23 @@ impl Machine {
         );
     }
 
+    /// Waits until the trainer is writing a checkpoint (its `.tmp-STEP` folder is there):
+    /// with `--checkpoint-every 0`, the one a stop asked for.
+    pub fn wait_for_checkpoint_writing(&self) {
+        let dir = self.path().join(".frugal/r1/checkpoints");
+        wait_until(
+            Duration::from_secs(30),
+            || {
+                std::fs::read_dir(&dir).is_ok_and(|entries| {
+                    entries
+                        .flatten()
+                        .any(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+                })
+            },
+            || "the trainer never began a checkpoint".into(),
+        );
+    }
+
     pub fn model(&self) -> Vec<u8> {
         std::fs::read(self.path().join("model.bin")).unwrap()
     }
