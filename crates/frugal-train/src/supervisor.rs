@@ -875,10 +875,6 @@ impl Uploader {
                 while dir.exists() {
                     match store.upload(step, &dir).await {
                         Ok(_) => {
-                            tx.send_modify(|s| {
-                                s.stored = s.stored.max(Some(step));
-                                s.failing = None;
-                            });
                             if tries > 0 {
                                 tracing::info!(
                                     "checkpoint {step} stored after {tries} failed tries"
@@ -888,6 +884,12 @@ impl Uploader {
                                 tracing::warn!("cannot prune the store: {e}");
                             }
                             prune_local(&local, step, keep);
+                            // Said stored once pruned too: a flush that returns lets the
+                            // process exit at once, and --keep must hold then.
+                            tx.send_modify(|s| {
+                                s.stored = s.stored.max(Some(step));
+                                s.failing = None;
+                            });
                             break;
                         }
                         Err(e) => {
