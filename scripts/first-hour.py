@@ -9,13 +9,16 @@ commands run in order, so one may read what an earlier one wrote.
 
 - A usage synopsis (`[--flag X]`, or a placeholder such as `FILE.csv` or `TYPE`) is not run:
   every flag it names must be in the subcommand's `--help`.
-- A command that needs a user's own file the docs do not make (their usage export, an F16
-  model) gets a stand-in written first (STAND_INS), and then runs as written.
+- A command that needs a file the docs assume but do not make (a user's usage export, an
+  F16 model; the checkout's example trainer, copied from beside the binary) gets a
+  stand-in first (STAND_INS), and then runs as written.
 - `frugal serve` starts in the background, must answer /health, and gets SIGTERM.
 - `$ frugal ...` must print the lines shown under it (`...` stands for any), and exit with
   the number `$ echo $?` shows (else 0).
 - What cannot exist in CI (a cloud, credentials, a database server, a GPU) is in SKIP,
   with the reason.
+- A `frugal ...` named in the prose must be a command with the flags it names (listed only
+  when it is not).
 
 Prints each command with PASS, FAIL or SKIP; exits 1 when a documented command fails.
 Usage: python3 scripts/first-hour.py [--bin target/release/frugal] [--models models] [-v]
@@ -36,9 +39,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ["README.md"] + sorted(
-    os.path.relpath(p, ROOT)
-    for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
-    if not p.endswith("architecture.md")
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
 )
 TIMEOUT_S = 60
 
@@ -47,13 +48,12 @@ TIMEOUT_S = 60
 SKIP = {
     "frugal train --spot --instance g5.xlarge --store s3://bucket/ckpt -- python train.py":
         "needs an S3 bucket with credentials, and the user's train.py",
-    "frugal train --spot --instance g5.xlarge -- target/release/frugal-example-trainer":
-        "runs a checkout's example trainer to its end (minutes); crates/frugal/tests/train.rs runs it",
     "frugal tune --space examples/tune/example-trainer.toml --parallel 2 -- "
     "target/release/frugal-example-trainer --steps 1600 --eval-every 100 --threads 1 "
     "--lr '{lr}' --hidden '{hidden}' --batch '{batch}' --embed '{embed}' "
     "--out '{trial_dir}/model.bin'":
-        "a checkout's search (examples/, target/release/), minutes long; crates/frugal/tests/tune.rs runs it",
+        "the full search (trials of 1,600 steps) takes minutes on 2 cores; "
+        "crates/frugal/tests/tune.rs runs the tuner on the same trainer",
     "frugal ledger migrate --from ~/.local/share/frugal/ledger.sqlite "
     "--to postgres://frugal:secret@db.internal/frugal":
         "needs a PostgreSQL server (db.internal) with credentials",
@@ -78,12 +78,19 @@ FOCUS_CSV = (
     '"{""frugal-kind"": ""training"", ""frugal-run"": ""r1""}"\n'
 )
 DEFAULT_MODEL = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TRAINER = "target/release/frugal-example-trainer"
 STAND_INS = {
+    # The checkout's example trainer, built beside the binary.
+    TRAINER: lambda env: (
+        os.makedirs(os.path.dirname(TRAINER), exist_ok=True),
+        shutil.copy2(os.path.join(env["FRUGAL_BUILT"], "frugal-example-trainer"), TRAINER),
+    ),
     "usage.csv": lambda env: write("usage.csv", USAGE_CSV),
     "billing.csv": lambda env: write("billing.csv", FOCUS_CSV),
     # An F16 model, made from the default one.
     "model.f16.gguf": lambda env: subprocess.run(
-        ["frugal", "quantize", DEFAULT_MODEL, "model.f16.gguf", "--type", "f16"],
+        ["frugal", "quantize", os.path.join(env["XDG_DATA_HOME"], "frugal", DEFAULT_MODEL),
+         "model.f16.gguf", "--type", "f16"],
         env=env, check=True, capture_output=True,
     ),
 }
@@ -158,24 +165,44 @@ def is_synopsis(command):
     return any(PLACEHOLDER.search(t) for t in command.split())
 
 
-def check_synopsis(command, env):
-    """Every --flag of a synopsis is one its subcommand has."""
-    words = command.split()
+HELP = {}
+
+
+def help_of(path, env):
+    """`frugal PATH --help`, or None when PATH is no command."""
+    if path not in HELP:
+        out = subprocess.run(["frugal", *path, "--help"], env=env, capture_output=True, text=True)
+        HELP[path] = out.stdout if out.returncode == 0 else None
+    return HELP[path]
+
+
+def check_synopsis(command, env, inline=False):
+    """Its subcommand exists and has every --flag it names. Inline, the words after the
+    command may be prose (`frugal serve` says ...): the longest command they start with."""
     path = []
-    for w in words[1:]:
+    for w in command.split()[1:]:
         if not re.match(r"^[a-z][a-z-]*$", w):
             break
         path.append(w)
-    out = subprocess.run(["frugal", *path, "--help"], env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        return False, out.stderr.strip()
+    path = tuple(path)
+    while inline and len(path) > 1 and help_of(path, env) is None:
+        path = path[:-1]
+    text = help_of(path, env)
+    if text is None:
+        return False, f"`frugal {' '.join(path)}` is no command"
     missing = [
         f for f in re.findall(r"--[a-z][a-z0-9-]*", command.split(" -- ")[0])
-        if not re.search(re.escape(f) + r"(?![a-z0-9-])", out.stdout)
+        if not re.search(re.escape(f) + r"(?![a-z0-9-])", text)
     ]
     if missing:
         return False, f"`frugal {' '.join(path)}` has no {', '.join(missing)}"
     return True, ""
+
+
+def inline_commands(page):
+    """The `frugal ...` spans in a page's prose."""
+    text = re.sub(r"```.*?```", "", open(os.path.join(ROOT, page)).read(), flags=re.S)
+    return re.findall(r"`(frugal [a-z][^`]*)`", text.replace("\n", " "))
 
 
 def serve(command, env):
@@ -223,6 +250,39 @@ def run(command, expect, printed, env):
     return True, ""
 
 
+def run_page(page, env, built):
+    """The page's fenced commands, in order, in the current (empty) folder; then the ones its
+    prose names. Their results, and how many the prose names."""
+    results = []
+    stand_in_env = dict(env, FRUGAL_BUILT=built)
+    for command, expect, printed in commands(page):
+        began = time.time()
+        skip = SKIP.get(f"{page}: {command}", SKIP.get(command))
+        if skip:
+            results.append((page, command, "SKIP", skip))
+            continue
+        if is_synopsis(command):
+            ok, why = check_synopsis(command, env)
+        else:
+            try:
+                for name, make in STAND_INS.items():
+                    if name in command.split() and not os.path.exists(name):
+                        make(stand_in_env)
+            except (subprocess.CalledProcessError, OSError) as e:
+                said = f"{getattr(e, 'stdout', '')}{getattr(e, 'stderr', '')}"
+                ok, why = False, f"its stand-in failed: {e}\n{said}"
+            else:
+                ok, why = run(command, expect, printed, env)
+        took = f"{time.time() - began:.1f}s"
+        results.append((page, command, "PASS" if ok else "FAIL", why if not ok else took))
+    inline = inline_commands(page)
+    for command in inline:
+        ok, why = check_synopsis(command, env, inline=True)
+        if not ok:
+            results.append((page, command, "FAIL", why))
+    return results, len(inline)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin", default=os.path.join(ROOT, "target/release/frugal"))
@@ -232,15 +292,13 @@ def main():
     tmp = tempfile.mkdtemp(prefix="frugal-first-hour-")
     os.makedirs(os.path.join(tmp, "bin"))
     shutil.copy2(args.bin, os.path.join(tmp, "bin", "frugal"))
-    results = []
+    built = os.path.dirname(os.path.abspath(args.bin))
+    results, inline_count = [], 0
     started = time.time()
     try:
         for n, page in enumerate(PAGES):
-            found = commands(page)
-            if not found:
-                continue
-            work = os.path.join(tmp, f"page{n}")
-            home = os.path.join(tmp, f"home{n}")
+            # A folder and a data folder of its own, the models linked in.
+            work, home = os.path.join(tmp, f"page{n}"), os.path.join(tmp, f"home{n}")
             os.makedirs(work)
             os.makedirs(os.path.join(home, "frugal"))
             os.symlink(os.path.abspath(args.models), os.path.join(home, "frugal", "models"))
@@ -251,26 +309,15 @@ def main():
                 "LANG": "C.UTF-8",
             }
             os.chdir(work)
-            for command, expect, printed in found:
-                began = time.time()
-                skip = SKIP.get(f"{page}: {command}", SKIP.get(command))
-                if skip:
-                    results.append((page, command, "SKIP", skip))
-                    continue
-                if is_synopsis(command):
-                    ok, why = check_synopsis(command, env)
-                else:
-                    for name, make in STAND_INS.items():
-                        if name in command.split() and not os.path.exists(name):
-                            make(env)
-                    ok, why = run(command, expect, printed, env)
-                took = f"{time.time() - began:.1f}s"
-                results.append((page, command, "PASS" if ok else "FAIL", why if not ok else took))
+            found, named = run_page(page, env, built)
+            results.extend(found)
+            inline_count += named
     finally:
         os.chdir(ROOT)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"first hour: {len(results)} documented commands, from empty folders, "
-          f"in {time.time() - started:.0f} s")
+    print(f"first hour: {len(results)} documented commands run from empty folders "
+          f"in {time.time() - started:.0f} s, and {inline_count} named in the prose checked "
+          "against their --help (listed when wrong):")
     for page, command, verdict, note in results:
         short = command if len(command) <= 110 else command[:107] + "..."
         print(f"{verdict}  {page}: {short}")
