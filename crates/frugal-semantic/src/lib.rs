@@ -19,10 +19,13 @@ pub const BUNDLED: &[(&str, &[u8])] = &[
         include_bytes!("../../../data/semantic-cache/similiar_qqp_full.json.gz"),
     ),
     (
-        "data/semantic-cache/nearmiss.json",
+        NEAR_MISS,
         include_bytes!("../../../data/semantic-cache/nearmiss.json"),
     ),
 ];
+
+/// The near misses and paraphrases `frugal eval-cache` reads when none is named.
+pub const NEAR_MISS: &str = "data/semantic-cache/nearmiss.json";
 
 pub mod embed;
 pub mod eval;

@@ -524,7 +524,7 @@ pub struct EvalCacheArgs {
     #[arg(long, default_value = frugal_semantic::DEFAULT_EMBEDDER)]
     pub embedder: PathBuf,
     /// Labelled near misses and paraphrases, each with a `kind`, reported per kind
-    /// [default: data/semantic-cache/nearmiss.json where it exists]
+    /// [default: data/semantic-cache/nearmiss.json, compiled in]
     #[arg(long, value_name = "FILE")]
     pub near_miss: Option<PathBuf>,
     /// Use this many pairs, evenly spread over the file [default: all]

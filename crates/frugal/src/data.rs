@@ -101,7 +101,7 @@ impl Data {
                 a.pairs = self.locate(&a.pairs)?;
                 a.embedder = self.locate(&a.embedder)?;
                 let near = a.near_miss.take();
-                let near = near.unwrap_or_else(|| crate::commands::NEAR_MISS.into());
+                let near = near.unwrap_or_else(|| frugal_semantic::NEAR_MISS.into());
                 a.near_miss = Some(self.locate(&near)?);
             }
             Command::Eval(EvalCommand::Ppl(a)) => {

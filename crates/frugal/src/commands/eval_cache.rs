@@ -17,9 +17,6 @@ use crate::table;
 use frugal_cost::present::chart::{self, Chart, Mark, Series};
 use frugal_cost::present::pct1;
 
-/// The near-miss set `eval-cache` reads when none is named (compiled in: see data.rs).
-pub(crate) const NEAR_MISS: &str = "data/semantic-cache/nearmiss.json";
-
 pub fn run(args: &EvalCacheArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&args.max_wrong)
         || !(0.0..=1.0).contains(&args.max_kind_wrong)

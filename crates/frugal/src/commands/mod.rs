@@ -13,8 +13,6 @@ mod report;
 
 use std::path::PathBuf;
 
-pub(crate) use eval_cache::NEAR_MISS;
-
 use anyhow::{Context, Result};
 use frugal_cost::Catalog;
 
