@@ -3,7 +3,7 @@ CARGO ?= cargo
 JOBS ?= 2
 OUT ?= out
 
-.PHONY: run demo test lint fmt models bench sample test-deps
+.PHONY: run demo test first-hour lint fmt models bench sample test-deps
 
 MODEL ?= models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 # The larger (qwen2) tier, which the tests also load.
@@ -44,6 +44,12 @@ sample:
 # the larger tier, fetched if missing).
 test: lint $(MODEL) $(LARGE) $(EMBEDDER) test-deps
 	$(CARGO) test --workspace --release -j $(JOBS)
+	$(MAKE) first-hour
+
+# Every fenced `frugal ...` command in README.md and docs/ run as written from an empty
+# folder, the release binary alone on PATH; prints each with PASS, FAIL or SKIP (and why).
+first-hour:
+	python3 scripts/first-hour.py --bin $${CARGO_TARGET_DIR:-target}/release/frugal
 
 # The servers and Python packages the tests run beside Rust (Redis, PostgreSQL, Prometheus,
 # the OpenAI client, a Kubernetes schema validator, a GGUF reader), installed if missing.

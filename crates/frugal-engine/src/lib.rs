@@ -13,6 +13,20 @@ pub const DEFAULT_MODEL: &str = "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 /// The larger tier (qwen2 architecture, mixed Q4_K_M types), fetched by the same script.
 pub const LARGE_MODEL: &str = "models/qwen2.5/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf";
 
+/// Data files compiled in, by their path in the repository, so that the paths the docs name
+/// work from any folder (the binary installs them into its data folder when the path is not
+/// there): the held-out texts of `frugal eval ppl`.
+pub const BUNDLED: &[(&str, &[u8])] = &[
+    (
+        "data/eval/shakespeare-heldout.txt",
+        include_bytes!("../../../data/eval/shakespeare-heldout.txt"),
+    ),
+    (
+        "data/eval/python-difflib.py.txt",
+        include_bytes!("../../../data/eval/python-difflib.py.txt"),
+    ),
+];
+
 pub mod eval;
 pub mod gguf;
 pub mod model;

@@ -23,6 +23,21 @@
 //! mid-stream, a timeout, a panic), writes the ledger row, charges the tenant and fills the
 //! caches; [`http::render`] answers with what it cost.
 
+/// Data files compiled in, by their path in the repository, so that the defaults and docs
+/// that name them work from any folder (the binary installs them into its data folder when
+/// the path is not there): the cascade questions (`frugal eval-route`, `frugal eval tasks`)
+/// and the replayed workload (`frugal bench --workload`).
+pub const BUNDLED: &[(&str, &[u8])] = &[
+    (
+        "data/cascade/questions.jsonl",
+        include_bytes!("../../../data/cascade/questions.jsonl"),
+    ),
+    (
+        "data/workload/qqp-replay.jsonl",
+        include_bytes!("../../../data/workload/qqp-replay.jsonl"),
+    ),
+];
+
 pub mod admit;
 pub mod assemble;
 pub mod backend;

@@ -10,6 +10,23 @@
 /// The embedder's folder, relative to the repository root; `scripts/fetch-models.sh` fetches it.
 pub const DEFAULT_EMBEDDER: &str = "models/minilm";
 
+/// Data files compiled in, by their path in the repository, so that the defaults that name
+/// them work from any folder (the binary installs them into its data folder when the path
+/// is not there): the pairs `frugal eval-cache` and `frugal eval embedder` measure on.
+pub const BUNDLED: &[(&str, &[u8])] = &[
+    (
+        "data/semantic-cache/similiar_qqp_full.json.gz",
+        include_bytes!("../../../data/semantic-cache/similiar_qqp_full.json.gz"),
+    ),
+    (
+        NEAR_MISS,
+        include_bytes!("../../../data/semantic-cache/nearmiss.json"),
+    ),
+];
+
+/// The near misses and paraphrases `frugal eval-cache` reads when none is named.
+pub const NEAR_MISS: &str = "data/semantic-cache/nearmiss.json";
+
 pub mod embed;
 pub mod eval;
 mod flat;

@@ -113,8 +113,15 @@ impl Source {
 /// One server in a pass.
 #[derive(Debug, Clone)]
 pub enum Line {
-    /// Not billed this pass, and why (a first reading, a gap, GPUs joined to servers).
-    Note { name: String, note: String },
+    /// Not billed this pass, and why (a first reading, a gap, GPUs joined to servers);
+    /// `gap` when it could not be read or trusted (a target down, slow or garbled, a
+    /// restart across engines, a Prometheus that failed): `frugal watch --once` exits
+    /// non-zero on those. A server gone from a fleet's answer (scaled in) is not one.
+    Note {
+        name: String,
+        note: String,
+        gap: bool,
+    },
     /// Billed: the interval, its cost, the machine's rate and the idle cost since the watch
     /// started.
     Billed {
@@ -131,6 +138,15 @@ impl Line {
         Line::Note {
             name: name.to_owned(),
             note,
+            gap: false,
+        }
+    }
+
+    fn gap(name: &str, note: String) -> Line {
+        Line::Note {
+            name: name.to_owned(),
+            note,
+            gap: true,
         }
     }
 }
@@ -142,6 +158,21 @@ pub struct Pass {
     pub lines: Vec<Line>,
     pub events: Vec<Event>,
     pub spans: Vec<ReplicaSpan>,
+}
+
+impl Pass {
+    /// The servers (or fleets) that were a gap this pass.
+    pub fn gaps(&self) -> Vec<&str> {
+        self.lines
+            .iter()
+            .filter_map(|l| match l {
+                Line::Note {
+                    name, gap: true, ..
+                } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// The configured servers, priced and checked, and what they have idled so far.
@@ -221,7 +252,7 @@ impl<'a> Fleet<'a> {
                 }
                 Err(why) => {
                     let note = format!("every server a gap, not billed: {why}");
-                    pass.lines.push(Line::note(&name, note));
+                    pass.lines.push(Line::gap(&name, note));
                     BTreeSet::new()
                 }
             };
@@ -251,7 +282,7 @@ impl<'a> Fleet<'a> {
                         r.kind.as_str()
                     ),
                 ),
-                Outcome::Gap(why) => Line::note(name, format!("a gap, not billed: {why}")),
+                Outcome::Gap(why) => Line::gap(name, format!("a gap, not billed: {why}")),
                 Outcome::Joined(servers) => Line::note(
                     name,
                     format!("GPUs of {}: DCGM, billed with them", servers.join(", ")),

@@ -124,9 +124,12 @@ pub struct WatchArgs {
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub interval: std::time::Duration,
     /// Scrape every target once, bill the time since the last scrape (kept beside the
-    /// ledger), and exit: for cron
+    /// ledger), and exit: for cron. Exits 1 when a target is a gap (down, slow, garbled)
     #[arg(long)]
     pub once: bool,
+    /// With --once, exit 0 even when a target is a gap
+    #[arg(long, requires = "once")]
+    pub allow_gaps: bool,
     /// Seconds a scrape may take
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: std::time::Duration,
@@ -521,7 +524,7 @@ pub struct EvalCacheArgs {
     #[arg(long, default_value = frugal_semantic::DEFAULT_EMBEDDER)]
     pub embedder: PathBuf,
     /// Labelled near misses and paraphrases, each with a `kind`, reported per kind
-    /// [default: data/semantic-cache/nearmiss.json where it exists]
+    /// [default: data/semantic-cache/nearmiss.json, compiled in]
     #[arg(long, value_name = "FILE")]
     pub near_miss: Option<PathBuf>,
     /// Use this many pairs, evenly spread over the file [default: all]

@@ -6,6 +6,7 @@ mod bench;
 mod cli;
 mod commands;
 mod config;
+mod data;
 mod progress;
 mod serve;
 mod table;

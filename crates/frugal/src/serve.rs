@@ -66,17 +66,20 @@ pub fn build(
     };
     // The local model's file and served name, known before it loads so that the
     // configuration is checked first.
-    let model = (!args.no_model).then(|| {
-        let path = serve
-            .model
-            .clone()
-            .unwrap_or_else(|| frugal_engine::DEFAULT_MODEL.into());
+    let model = if args.no_model {
+        None
+    } else {
+        // With none named, the default model here, else in the data folder.
+        let path = match serve.model.clone() {
+            Some(path) => path,
+            None => crate::data::Data::new(config.data_home.as_deref()).default_model()?,
+        };
         let name = serve.name.clone().unwrap_or_else(|| {
             path.file_stem()
                 .map_or("model".into(), |s| s.to_string_lossy().into_owned())
         });
-        (path, name)
-    });
+        Some((path, name))
+    };
     let search = embedder_search(config.data_home.as_deref());
     // Process pools' replicas log beside the ledger unless a pool says where.
     let pool_logs = config.beside_ledger().join("frugal-pools");

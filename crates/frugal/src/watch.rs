@@ -49,7 +49,15 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
         print_pass(&mut out, &rows, live.then_some(args.interval))?;
         state.save(&state_path)?;
         if args.once {
-            return Ok(());
+            // For cron: a target it could not read must not pass unnoticed.
+            let gaps = pass.gaps();
+            if gaps.is_empty() || args.allow_gaps {
+                return Ok(());
+            }
+            anyhow::bail!(
+                "a gap this pass, not billed: {} (--allow-gaps exits 0 on gaps)",
+                gaps.join(", ")
+            );
         }
         std::thread::sleep(args.interval.max(Duration::from_secs(1)));
     }
@@ -112,7 +120,7 @@ struct Row {
 impl Row {
     fn of(line: &Line) -> Row {
         match line {
-            Line::Note { name, note } => Row {
+            Line::Note { name, note, .. } => Row {
                 name: name.clone(),
                 figures: None,
                 note: note.clone(),

@@ -12,11 +12,16 @@ use common::{Server, said};
 use frugal_testkit::prometheus::Prometheus;
 
 fn watch(dir: &Path, config: &str) -> Output {
+    watch_with(dir, config, &[])
+}
+
+fn watch_with(dir: &Path, config: &str, flags: &[&str]) -> Output {
     std::fs::write(dir.join("frugal.toml"), config).unwrap();
     Command::new(env!("CARGO_BIN_EXE_frugal"))
         .current_dir(dir)
         .args(["--config", "frugal.toml", "--ledger", "watch.sqlite"])
         .args(["watch", "--once", "--timeout", "5s"])
+        .args(flags)
         .output()
         .unwrap()
 }
@@ -39,8 +44,9 @@ url = "http://127.0.0.1:9/metrics"
 "#,
         server.addr
     );
+    // A target down fails the pass for cron, by name, after the others are read.
     let first = watch(dir.path(), &config);
-    assert!(first.status.success(), "{}", said(&first));
+    assert_eq!(first.status.code(), Some(1), "{}", said(&first));
     assert!(
         said(&first).contains("local: first reading (frugal)"),
         "{}",
@@ -48,6 +54,11 @@ url = "http://127.0.0.1:9/metrics"
     );
     assert!(
         said(&first).contains("down: a gap, not billed"),
+        "{}",
+        said(&first)
+    );
+    assert!(
+        said(&first).contains("error: a gap this pass, not billed: down (--allow-gaps"),
         "{}",
         said(&first)
     );
@@ -65,7 +76,7 @@ url = "http://127.0.0.1:9/metrics"
     let served = counted("frugal_generated_tokens_total") - tokens_before;
     let busy = counted("frugal_engine_busy_seconds_total") - busy_before;
     assert!(served > 0.0);
-    let second = watch(dir.path(), &config);
+    let second = watch_with(dir.path(), &config, &["--allow-gaps"]);
     assert!(second.status.success(), "{}", said(&second));
     assert!(said(&second).contains("local: "), "{}", said(&second));
 
@@ -184,7 +195,12 @@ fn a_fleet_is_read_through_a_real_prometheus() {
     assert_eq!(instance, "g5.xlarge", "priced by the node_type label");
     drop(prometheus);
     let third = watch(dir.path(), &config);
-    assert!(third.status.success(), "{}", said(&third));
+    assert_eq!(third.status.code(), Some(1), "{}", said(&third));
+    assert!(
+        said(&third).contains("a gap this pass, not billed: fleet (--allow-gaps"),
+        "{}",
+        said(&third)
+    );
     assert!(
         said(&third).contains("fleet: every server a gap, not billed: cannot query"),
         "{}",
@@ -216,7 +232,7 @@ fn an_endless_body_is_a_gap_within_bounded_memory() {
         .args(["-c", "ulimit -d 262144 && exec \"$0\" \"$@\""])
         .arg(env!("CARGO_BIN_EXE_frugal"))
         .args(["--config", "frugal.toml", "--ledger", "watch.sqlite"])
-        .args(["watch", "--once", "--timeout", "10m"])
+        .args(["watch", "--once", "--timeout", "10m", "--allow-gaps"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", said(&out));
@@ -270,7 +286,7 @@ fn an_interval_billed_before_a_crash_is_not_billed_again() {
     );
     let baseline = std::fs::read(&state).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let second = watch(dir.path(), &config);
+    let second = watch_with(dir.path(), &config, &["--allow-gaps"]);
     assert!(second.status.success(), "{}", said(&second));
     let billed = rows();
     assert!(

@@ -26,6 +26,16 @@ const EPS: f64 = 1e-9;
 /// unfinished: the trace offers spot too seldom, or in stretches too short to restart in.
 const GIVE_UP_FACTOR: f64 = 100.0;
 
+/// The preemption trace `frugal plan --spot-trace` defaults to, by its path in the
+/// repository, compiled in so that the default works from any folder (the binary installs it
+/// into its data folder when the path is not there).
+pub const BUNDLED: &[(&str, &[u8])] = &[(
+    "data/spot-traces/preemption/1-node/aws-04-22-2023/us-east-1c_v100_1.json",
+    include_bytes!(
+        "../../../../data/spot-traces/preemption/1-node/aws-04-22-2023/us-east-1c_v100_1.json"
+    ),
+)];
+
 #[derive(Debug, thiserror::Error)]
 pub enum SpotError {
     #[error("cannot read spot trace {path}")]

@@ -17,9 +17,6 @@ use crate::table;
 use frugal_cost::present::chart::{self, Chart, Mark, Series};
 use frugal_cost::present::pct1;
 
-/// The near-miss set `eval-cache` reads when it exists and none is named.
-const NEAR_MISS: &str = "data/semantic-cache/nearmiss.json";
-
 pub fn run(args: &EvalCacheArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&args.max_wrong)
         || !(0.0..=1.0).contains(&args.max_kind_wrong)
@@ -34,10 +31,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         )
     })?;
     let pairs = eval::sample(eval::read_pairs(&args.pairs)?, args.limit);
-    let near_path: Option<PathBuf> = args
-        .near_miss
-        .clone()
-        .or_else(|| Path::new(NEAR_MISS).exists().then(|| NEAR_MISS.into()));
+    let near_path: Option<PathBuf> = args.near_miss.clone();
     let near_pairs = match &near_path {
         Some(p) => eval::read_pairs(p)?,
         None => Vec::new(),

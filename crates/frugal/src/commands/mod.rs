@@ -34,7 +34,9 @@ pub fn run(cli: Cli) -> Result<()> {
         data_home,
     })?;
     let catalog = Catalog::load(&config.price_files).context("cannot load the price catalog")?;
-    match cli.command {
+    let mut command = cli.command;
+    crate::data::Data::new(config.data_home.as_deref()).locate_inputs(&mut command)?;
+    match command {
         Command::EvalCache(args) => eval_cache::run(&args),
         Command::EvalRoute(args) => eval_route::run(&args),
         Command::Eval(EvalCommand::Ppl(args)) => eval::ppl(&args, config.data_home.as_deref()),

@@ -149,7 +149,7 @@ impl Server {
     }
 
     /// Spawns `command` and waits for the address it listens on.
-    fn launch(mut command: Command, dir: tempfile::TempDir) -> Server {
+    pub fn launch(mut command: Command, dir: tempfile::TempDir) -> Server {
         let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let said = Arc::new(Mutex::new(Vec::new()));
