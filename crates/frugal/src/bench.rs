@@ -86,9 +86,7 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
     bar.finish();
     let s = summary.map_err(|e| anyhow!(e))?;
     if args.json {
-        serde_json::to_writer_pretty(std::io::stdout().lock(), &s)?;
-        writeln!(std::io::stdout())?;
-        return Ok(());
+        return crate::table::print_json(&s);
     }
     let mut out = std::io::stdout().lock();
     writeln!(
