@@ -118,13 +118,13 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
     t.add_row(row("latency", &s.latency));
     writeln!(out, "{t}")?;
     let unit = |m: Option<frugal_cost::Money>| {
-        m.map_or("-".into(), |m| format!("${}", m.to_string_places(4)))
+        m.map_or("-".into(), frugal_cost::present::usd_per_1m)
     };
     if rate.0 > frugal_cost::Money::ZERO {
         writeln!(
             out,
             "at {}/h: {} for the run, {} per 1,000 requests, {} per 1M tokens",
-            rate.0,
+            usd(rate.0),
             usd(s.cost),
             unit(s.cost_per_1k_requests),
             unit(s.cost_per_1m_tokens)
