@@ -117,9 +117,8 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
     }
     t.add_row(row("latency", &s.latency));
     writeln!(out, "{t}")?;
-    let unit = |m: Option<frugal_cost::Money>| {
-        m.map_or("-".into(), frugal_cost::present::usd_per_1m)
-    };
+    let unit =
+        |m: Option<frugal_cost::Money>| m.map_or("-".into(), frugal_cost::present::usd_per_1m);
     if rate.0 > frugal_cost::Money::ZERO {
         writeln!(
             out,
