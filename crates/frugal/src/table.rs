@@ -220,9 +220,9 @@ mod tests {
         assert_eq!(
             text.lines().map(str::trim_end).collect::<Vec<_>>(),
             [
-                " workload     cost",
-                "------------------",
-                " chat      $0.0038"
+                " workload      cost",
+                "--------------------",
+                " chat       $0.0038"
             ]
         );
     }
