@@ -906,6 +906,11 @@ fn small_money_piped_tables_and_a_closed_pipe() {
         rows.contains(&vec!["total", "2", "$0.0038", "$0.0038"]),
         "{by_day}"
     );
+    let html = env.path("by.html");
+    ok(env.frugal(&["report", "--by", "model", "--html", html.to_str().unwrap()]));
+    let html = std::fs::read_to_string(html).unwrap();
+    assert!(html.contains("<h2>Spend by model</h2>"), "{html}");
+    assert!(html.contains("$0.003814"), "{html}");
     let refused = env.frugal(&["report", "--by", "key"]);
     assert!(
         stderr(&refused).contains("not its key"),
