@@ -15,7 +15,7 @@ use crate::present::svg::{
 use crate::present::{pct, pct1, thousands, usd_f64, usd_unit, utc};
 use crate::report::{
     BatchJobLine, InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, ServerLine,
-    utilization_note,
+    SpendLine, utilization_note,
 };
 
 /// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
@@ -42,6 +42,7 @@ pub fn render(report: &Report, source: &str) -> String {
             training_chart(report),
             savings_chart(report),
             levers_section(report),
+            spend_table(report),
             inference_table(report),
             pools_table(report),
             servers_table(report),
@@ -430,6 +431,34 @@ fn servers_table(r: &Report) -> Option<String> {
     let note = "Servers frugal watch scraped: their hours at the instance's price, busy or idle; \
                 $/1k busy is what a thousand requests would cost at full use.";
     Some(section("Watched servers", note, &table(head, &rows)))
+}
+
+/// `frugal report --by`: spend by tenant, model, workload or day, and their total.
+fn spend_table(r: &Report) -> Option<String> {
+    let spend = r.spend.as_ref()?;
+    let row = |l: &SpendLine| {
+        let name = esc(l.name.as_deref().unwrap_or(NONE));
+        let counts = [l.events, l.requests, l.input_tokens + l.output_tokens].map(thousands);
+        let money = [l.cost, l.waste].map(usd_unit);
+        [&[name][..], &counts, &money, &[pct(l.share)]].concat()
+    };
+    let mut rows: Vec<Vec<String>> = spend.lines.iter().map(row).collect();
+    rows.push(vec![
+        "total".into(),
+        String::new(),
+        String::new(),
+        String::new(),
+        usd_unit(spend.total),
+        String::new(),
+        String::new(),
+    ]);
+    let head = format!(
+        "{}|events>|requests>|tokens>|cost>|waste>|share>",
+        spend.by.noun()
+    );
+    let title = format!("Spend by {}", spend.by.noun());
+    let note = "Each event counted whole where it starts; the lines add up to the total.";
+    Some(section(&title, note, &table(&head, &rows)))
 }
 
 fn batch_table(r: &Report) -> Option<String> {

@@ -264,6 +264,8 @@ pub struct Row {
     pub outcome: Option<Outcome>,
     pub lost_ms: Millis,
     pub wait_ms: Millis,
+    /// The API key's tenant, where keys are in use.
+    pub tenant: Option<u32>,
 }
 
 impl Row {

@@ -16,12 +16,41 @@ const NANOS_PER_DOLLAR: i64 = 1_000_000_000;
 const MS_PER_HOUR: i128 = 3_600_000;
 const TOKENS_PER_MILLION: i128 = 1_000_000;
 
-/// An exact amount of US dollars, in nano-dollars.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+/// An exact amount of US dollars, in nano-dollars. Serialized as the integer count of
+/// nano-dollars (the ledger, the state files); the JSON that commands print adds each
+/// amount in dollars beside it (`crate::present::json`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(transparent)]
 pub struct Money(i64);
+
+/// The key of the one-entry map a [`Money`] serializes as while [`tagged`] runs: how
+/// `present::json` finds the amounts in a serialized value, whatever their field's name.
+pub(crate) const TAG: &str = "$frugal_money_nanos";
+
+thread_local! {
+    static TAGGING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every [`Money`] it serializes on this thread tagged as `{TAG: nanos}`.
+pub(crate) fn tagged<T>(f: impl FnOnce() -> T) -> T {
+    let before = TAGGING.with(|t| t.replace(true));
+    let out = f();
+    TAGGING.with(|t| t.set(before));
+    out
+}
+
+impl Serialize for Money {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if TAGGING.with(std::cell::Cell::get) {
+            use serde::ser::SerializeMap;
+            let mut map = serializer.serialize_map(Some(1))?;
+            map.serialize_entry(TAG, &self.0)?;
+            map.end()
+        } else {
+            serializer.serialize_i64(self.0)
+        }
+    }
+}
 
 /// Why a decimal string is not an amount of money.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,6 +134,27 @@ impl Money {
             .unwrap_or(Money(i64::MAX))
     }
 
+    /// The decimals that show at least `sig` significant digits of a nonzero amount, and no
+    /// fewer than `min`: `$0.0038` rather than `$0.00` (at most 9, the nano-dollar).
+    pub fn places_for(self, min: u32, sig: u32) -> u32 {
+        let n = self.0.unsigned_abs();
+        if n == 0 {
+            return min.min(9);
+        }
+        let digits = n.ilog10() + 1;
+        (9 + sig).saturating_sub(digits).clamp(min, 9)
+    }
+
+    /// The exact amount as a decimal number of dollars, for JSON: at least cents, then as
+    /// many places as the nano-dollars need (`0.003802071`, `12.50`, `-3.00`).
+    pub fn to_decimal(self) -> String {
+        let full = self.to_string_places(9);
+        let trimmed = full.trim_end_matches('0');
+        let dot = trimmed.find('.').unwrap_or(trimmed.len());
+        let keep = trimmed.len().max(dot + 3);
+        full[..keep].to_owned()
+    }
+
     /// Text with `places` decimals (rounded), e.g. `$1,234.57` style without the separators.
     pub fn to_string_places(self, places: u32) -> String {
         let places = places.min(9);
@@ -180,8 +230,7 @@ impl fmt::Display for Money {
     /// per-unit costs stay readable.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let places = match self.0.unsigned_abs() {
-            0 => 2,
-            n if n < 10_000_000 => 6,
+            n if n != 0 && n < 10_000_000 => self.places_for(6, 2),
             _ => 2,
         };
         write!(f, "${}", self.to_string_places(places))
@@ -376,7 +425,30 @@ mod tests {
         assert_eq!(m("0.00009255").to_string(), "$0.000093");
         assert_eq!(m("-3.5").to_string(), "$-3.50");
         assert_eq!(Money::ZERO.to_string(), "$0.00");
+        // Under a micro-dollar, still two significant digits: never $0.000000.
+        assert_eq!(Money::from_nanos(450).to_string(), "$0.00000045");
+        assert_eq!(Money::from_nanos(1).to_string(), "$0.000000001");
         assert_eq!(m("2.5").to_string_places(0), "3");
+    }
+
+    #[test]
+    fn decimals_are_exact_dollars() {
+        assert_eq!(Money::from_nanos(3_802_071).to_decimal(), "0.003802071");
+        assert_eq!(m("12.5").to_decimal(), "12.50");
+        assert_eq!(m("-3").to_decimal(), "-3.00");
+        assert_eq!(Money::ZERO.to_decimal(), "0.00");
+        assert_eq!(Money::from_nanos(-1).to_decimal(), "-0.000000001");
+        assert_eq!(m("1234567.891").to_decimal(), "1234567.891");
+        assert_eq!(Money::MAX.to_decimal(), "9223372036.854775807");
+    }
+
+    #[test]
+    fn places_show_significant_digits() {
+        assert_eq!(Money::from_nanos(3_802_071).places_for(2, 2), 4);
+        assert_eq!(m("0.000012").places_for(2, 2), 6);
+        assert_eq!(m("5").places_for(2, 2), 2);
+        assert_eq!(Money::ZERO.places_for(2, 2), 2);
+        assert_eq!(Money::from_nanos(7).places_for(2, 2), 9);
     }
 
     #[test]

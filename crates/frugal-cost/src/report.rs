@@ -21,6 +21,7 @@ use crate::rollup::{Key, Sums};
 
 mod advisor;
 mod batch;
+mod by;
 mod lever;
 mod pools;
 mod servers;
@@ -28,6 +29,7 @@ mod unit;
 
 pub use advisor::{MFU_CEILING, MIN_STALL, RunAdvice, precision_saving};
 pub use batch::BatchJobLine;
+pub use by::{By, Spend, SpendLine};
 pub use lever::Lever;
 pub use pools::{PoolLine, RightSizing, Sizing};
 pub use servers::{CONSOLIDATE_TO, ServerLine};
@@ -110,12 +112,15 @@ pub struct Series {
 pub struct Options {
     /// A pool whose replicas are busy less than this share of their time is flagged.
     pub pool_busy_below: f64,
+    /// Spend grouped by tenant, model, workload or day, besides the rest ([`Report::spend`]).
+    pub by: Option<By>,
 }
 
 impl Default for Options {
     fn default() -> Options {
         Options {
             pool_busy_below: 0.3,
+            by: None,
         }
     }
 }
@@ -148,6 +153,9 @@ pub struct Report {
     pub servers: Vec<ServerLine>,
     pub levers: Vec<Lever>,
     pub series: Series,
+    /// Spend by tenant, model, workload or day, when asked for ([`Options::by`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spend: Option<Spend>,
 }
 
 #[derive(Default)]
@@ -249,7 +257,13 @@ impl Report {
         let pools = pools::build(pool_spans, ledger, catalog, hours, &served, busy_below)?;
         let servers = servers::build(server_spans, catalog);
         let advice = advisor::advise(ledger, catalog, window)?;
-        Ok(b.finish(window, pools, servers, advice, busy_below))
+        let mut report = b.finish(window, pools, servers, advice, busy_below);
+        // The rollups count the whole hours the window touches: the raw events too.
+        report.spend = options
+            .by
+            .map(|by| by::spend(ledger, hours, by))
+            .transpose()?;
+        Ok(report)
     }
 }
 
@@ -501,6 +515,7 @@ impl Builder<'_> {
             servers,
             levers,
             series,
+            spend: None,
         }
     }
 

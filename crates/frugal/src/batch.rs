@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use frugal_cloud::price::Pricing;
 use frugal_cost::money::HourlyRate;
-use frugal_cost::present::{thousands, usd_unit};
+use frugal_cost::present::{thousands, usd, usd_unit};
 use frugal_cost::{Catalog, Money};
 use frugal_gateway::batch::input::{self, Limits};
 use frugal_gateway::batch::run::{Ended, Progress, RunConfig};
@@ -132,7 +132,12 @@ pub fn run(config: &Config, catalog: &Catalog, args: &BatchRunArgs) -> Result<()
         .as_ref()
         .map(|c| format!(", copied to {}", c.describe()))
         .unwrap_or_default();
-    print_summary(&store, &progress, started.elapsed(), on_demand)?;
+    let summary = Summary::of(&store, &progress, started.elapsed(), on_demand)?;
+    if args.json {
+        crate::table::print_json(&summary)?;
+    } else {
+        summary.print()?;
+    }
     match outcome.ended {
         Ended::Finished => {
             store.set_status(JobStatus::Completed)?;
@@ -196,56 +201,106 @@ async fn tick(bar: &crate::progress::Bar, store: &Store, progress: &Progress, st
     }
 }
 
-/// What the job did in this run, and what it cost per line and per million tokens.
-fn print_summary(
-    store: &Store,
-    progress: &Progress,
-    elapsed: Duration,
-    on_demand: Option<(HourlyRate, HourlyRate)>,
-) -> Result<()> {
-    let counts = store.counts()?;
-    let job = store.job();
-    let cost = Money::from_nanos(progress.cost_nanos.load(Ordering::Relaxed));
-    let tokens = progress.tokens.load(Ordering::Relaxed);
-    let answered = progress.done.load(Ordering::Relaxed) + progress.failed.load(Ordering::Relaxed);
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "Batch {}: {} of {} lines finished ({} failed); this run answered {} in {:.1} s, {} tokens, {} retries",
-        job.id,
-        thousands((counts.completed + counts.failed) as u64),
-        thousands(counts.total as u64),
-        thousands(counts.failed as u64),
-        thousands(answered),
-        elapsed.as_secs_f64(),
-        thousands(tokens),
-        progress.retries.load(Ordering::Relaxed),
-    )?;
-    if answered > 0 {
-        let per = |n: u64, unit: u64| cost.mul_div(i128::from(unit), i128::from(n.max(1)));
-        write!(
-            out,
-            "cost {cost}: {} per 1k lines, {} per 1M tokens",
-            usd_unit(per(answered, 1_000).unwrap_or(Money::ZERO)),
-            usd_unit(per(tokens, 1_000_000).unwrap_or(Money::ZERO)),
-        )?;
-        match on_demand {
-            Some((rate, od)) if rate.0 > Money::ZERO => {
-                let list = cost
-                    .mul_div(i128::from(od.0.nanos()), i128::from(rate.0.nanos()))
-                    .unwrap_or(cost);
-                writeln!(out, "; {list} on demand (saved {})", list - cost)?;
-            }
-            _ => writeln!(out)?,
-        }
+/// What the job did in this run, and what it cost per line and per million tokens
+/// (`--json` prints it as it is).
+#[derive(serde::Serialize)]
+struct Summary {
+    job: String,
+    lines: u64,
+    finished: u64,
+    failed: u64,
+    /// Lines this run answered, done or failed.
+    answered: u64,
+    seconds: f64,
+    tokens: u64,
+    retries: u64,
+    cost: Money,
+    per_1k_lines: Option<Money>,
+    per_1m_tokens: Option<Money>,
+    /// The same machine time at the on-demand price, where the job ran below it.
+    on_demand: Option<Money>,
+    output: String,
+    errors: String,
+}
+
+impl Summary {
+    fn of(
+        store: &Store,
+        progress: &Progress,
+        elapsed: Duration,
+        on_demand: Option<(HourlyRate, HourlyRate)>,
+    ) -> Result<Summary> {
+        let counts = store.counts()?;
+        let job = store.job();
+        let cost = Money::from_nanos(progress.cost_nanos.load(Ordering::Relaxed));
+        let tokens = progress.tokens.load(Ordering::Relaxed);
+        let answered =
+            progress.done.load(Ordering::Relaxed) + progress.failed.load(Ordering::Relaxed);
+        let per = |n: u64, unit: u64| {
+            (answered > 0)
+                .then(|| cost.mul_div(i128::from(unit), i128::from(n.max(1))))
+                .flatten()
+        };
+        let on_demand = match on_demand {
+            Some((rate, od)) if rate.0 > Money::ZERO && answered > 0 => cost
+                .mul_div(i128::from(od.0.nanos()), i128::from(rate.0.nanos()))
+                .or(Some(cost)),
+            _ => None,
+        };
+        Ok(Summary {
+            job: job.id.to_string(),
+            lines: counts.total as u64,
+            finished: (counts.completed + counts.failed) as u64,
+            failed: counts.failed as u64,
+            answered,
+            seconds: elapsed.as_secs_f64(),
+            tokens,
+            retries: progress.retries.load(Ordering::Relaxed),
+            cost,
+            per_1k_lines: per(answered, 1_000),
+            per_1m_tokens: per(tokens, 1_000_000),
+            on_demand,
+            output: job.output_path.display().to_string(),
+            errors: job.errors_path.display().to_string(),
+        })
     }
-    writeln!(
-        out,
-        "output {}, errors {}",
-        job.output_path.display(),
-        job.errors_path.display()
-    )?;
-    Ok(())
+
+    fn print(&self) -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "Batch {}: {} of {} lines finished ({} failed); this run answered {} in {:.1} s, {} tokens, {} retries",
+            self.job,
+            thousands(self.finished),
+            thousands(self.lines),
+            thousands(self.failed),
+            thousands(self.answered),
+            self.seconds,
+            thousands(self.tokens),
+            self.retries,
+        )?;
+        if self.answered > 0 {
+            let unit = |m: Option<Money>| usd_unit(m.unwrap_or(Money::ZERO));
+            write!(
+                out,
+                "cost {}: {} per 1k lines, {} per 1M tokens",
+                usd(self.cost),
+                unit(self.per_1k_lines),
+                unit(self.per_1m_tokens),
+            )?;
+            match self.on_demand {
+                Some(list) => writeln!(
+                    out,
+                    "; {} on demand (saved {})",
+                    usd(list),
+                    usd(list - self.cost)
+                )?,
+                None => writeln!(out)?,
+            }
+        }
+        writeln!(out, "output {}, errors {}", self.output, self.errors)?;
+        Ok(())
+    }
 }
 
 /// Refuses flags that cannot run before anything loads.

@@ -86,9 +86,7 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
     bar.finish();
     let s = summary.map_err(|e| anyhow!(e))?;
     if args.json {
-        serde_json::to_writer_pretty(std::io::stdout().lock(), &s)?;
-        writeln!(std::io::stdout())?;
-        return Ok(());
+        return crate::table::print_json(&s);
     }
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -119,14 +117,13 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
     }
     t.add_row(row("latency", &s.latency));
     writeln!(out, "{t}")?;
-    let unit = |m: Option<frugal_cost::Money>| {
-        m.map_or("-".into(), |m| format!("${}", m.to_string_places(4)))
-    };
+    let unit =
+        |m: Option<frugal_cost::Money>| m.map_or("-".into(), frugal_cost::present::usd_per_1m);
     if rate.0 > frugal_cost::Money::ZERO {
         writeln!(
             out,
             "at {}/h: {} for the run, {} per 1,000 requests, {} per 1M tokens",
-            rate.0,
+            usd(rate.0),
             usd(s.cost),
             unit(s.cost_per_1k_requests),
             unit(s.cost_per_1m_tokens)

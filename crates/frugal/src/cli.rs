@@ -108,7 +108,8 @@ pub struct QuantizeArgs {
     /// the model ties them), whose error the logits feel most: e.g. q8_0
     #[arg(long, value_name = "TYPE", value_parser = parse_quant_type)]
     pub keep_output: Option<frugal_engine::quant::WeightType>,
-    /// Print the report as one JSON object
+    /// Print the report as one JSON object on stdout: each tensor's types and bytes before and
+    /// after, totals by type, and the tensors that fell back (docs/json.md)
     #[arg(long)]
     pub json: bool,
 }
@@ -133,6 +134,11 @@ pub struct WatchArgs {
     /// Seconds a scrape may take
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: std::time::Duration,
+    /// Print each pass as one line of JSON on stdout (JSON Lines): per server its rates,
+    /// busy share, $/h, unit costs, the interval's cost and idle so far in dollars
+    /// (`cost_usd`), or its note (docs/json.md)
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -205,6 +211,8 @@ pub struct PlanArgs {
     #[arg(long, value_name = "SHARE", value_parser = unit_interval,
           default_value_t = frugal_cost::plan::DEFAULT_MAX_WAITING_SHARE)]
     pub max_waiting_share: f64,
+    /// Print the plan as JSON on stdout: the demand, the reservation, the spot options and their
+    /// costs, money in dollars as decimal strings (`*_usd`) (docs/json.md)
     #[arg(long)]
     pub json: bool,
     /// Also write the plan as an HTML page with charts
@@ -277,6 +285,11 @@ pub struct BatchRunArgs {
     /// Do not write usage to the ledger
     #[arg(long)]
     pub no_meter: bool,
+    /// Print the run's summary as JSON on stdout instead of text: the job, lines finished
+    /// and failed, this run's answers, tokens, retries and cost (`cost_usd`, dollars), per
+    /// 1k lines and per 1M tokens (docs/json.md)
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -368,6 +381,11 @@ pub struct TrainArgs {
     /// Seconds before the first restart after a crash; doubles each time, up to 5 minutes
     #[arg(long, default_value_t = 1.0, value_name = "S")]
     pub backoff: f64,
+    /// Print the run's summary as JSON on stdout when it ends, instead of the table: its
+    /// segments (how each ended, steps, checkpoints, minutes, busy, MFU, cost) and totals
+    /// (`cost_usd`, dollars); the command's own output comes before it (docs/json.md)
+    #[arg(long)]
+    pub json: bool,
     /// The training command and its arguments
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
@@ -419,7 +437,8 @@ pub struct TuneArgs {
     /// The tuner's state, and each trial's checkpoints, metrics and log [default: .frugal/tune/ID]
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
-    /// Print the summary as JSON
+    /// Print the search's summary as JSON on stdout instead of the table: trials, their
+    /// params, rung results, steps and cost (`cost_usd`, dollars) (docs/json.md)
     #[arg(long)]
     pub json: bool,
     /// The search's id, in the ledger and the trials' run ids [default: a hash of the space
@@ -594,6 +613,8 @@ pub struct PricesArgs {
     /// List per-token model prices instead of instances
     #[arg(long)]
     pub models: bool,
+    /// Print the instances (or, with --models, the model prices) as a JSON array on stdout,
+    /// prices in dollars as decimal strings (`*_usd`) (docs/json.md)
     #[arg(long)]
     pub json: bool,
 }
@@ -632,6 +653,8 @@ pub struct MigrateArgs {
     /// Events per transaction
     #[arg(long, default_value_t = 50_000)]
     pub batch: usize,
+    /// Print what was copied as JSON on stdout: events copied and skipped, files, spans,
+    /// cost (docs/json.md)
     #[arg(long)]
     pub json: bool,
 }
@@ -651,6 +674,8 @@ pub struct ImportArgs {
     /// whose rows, an earlier import stored is refused, so nothing is billed twice)
     #[arg(long)]
     pub allow_duplicates: bool,
+    /// Print each file's import summary as a JSON array on stdout: rows imported, skipped,
+    /// invalid (with their lines), duplicates, the file's SHA-256, cost (docs/json.md)
     #[arg(long)]
     pub json: bool,
 }
@@ -667,6 +692,8 @@ pub struct InfoArgs {
     /// Also run SQLite's integrity check
     #[arg(long)]
     pub check: bool,
+    /// Print what the ledger holds as JSON on stdout: path, schema, events, span, total cost
+    /// (`total_cost_usd`), size, and the integrity check when asked (docs/json.md)
     #[arg(long)]
     pub json: bool,
 }
@@ -680,7 +707,9 @@ pub struct ReportArgs {
     /// End of the window (exclusive), same forms as --since; rounds up to the hour
     #[arg(long)]
     pub until: Option<String>,
-    /// Print the report as JSON
+    /// Print the report as JSON on stdout: totals, spend by kind, unit costs per workload and
+    /// model, batch jobs, training runs, pools, watched servers and levers; money in dollars
+    /// as decimal strings (`total_usd`) beside the deprecated nano-dollars (docs/json.md)
     #[arg(long, conflicts_with = "html")]
     pub json: bool,
     /// Also write a self-contained HTML report with charts
@@ -690,6 +719,23 @@ pub struct ReportArgs {
     #[arg(long, value_name = "SHARE", value_parser = unit_interval,
           default_value_t = frugal_cost::report::Options::default().pool_busy_below)]
     pub pool_busy_below: f64,
+    /// Spend by tenant, model, workload or day (UTC): printed alone with its total; in
+    /// --json as `spend`, in --html as a section
+    #[arg(long, value_name = "tenant|model|workload|day", value_parser = parse_by)]
+    pub by: Option<frugal_cost::report::By>,
+}
+
+/// `--by`'s groups.
+fn parse_by(s: &str) -> Result<frugal_cost::report::By, String> {
+    use frugal_cost::report::By;
+    match s {
+        "tenant" => Ok(By::Tenant),
+        "model" => Ok(By::Model),
+        "workload" => Ok(By::Workload),
+        "day" => Ok(By::Day),
+        "key" => Err("the ledger records each request's tenant, not its key: --by tenant".into()),
+        _ => Err(format!("`{s}` is not one of tenant, model, workload, day")),
+    }
 }
 
 #[derive(Debug, Default, Args)]
@@ -1029,6 +1075,8 @@ pub struct BenchArgs {
     /// Make every prompt unique, so no cache answers (to measure what is behind it)
     #[arg(long)]
     pub distinct: bool,
+    /// Print the load's summary as JSON on stdout: requests, latencies, throughput, and cost
+    /// where priced (docs/json.md)
     #[arg(long)]
     pub json: bool,
 }

@@ -14,7 +14,7 @@ mod train;
 mod tune;
 mod watch;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -25,12 +25,8 @@ fn main() -> ExitCode {
     match select_isa().and_then(|()| commands::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            // A closed pipe (`frugal prices | head`) is not a failure.
-            if err
-                .chain()
-                .filter_map(|e| e.downcast_ref::<std::io::Error>())
-                .any(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-            {
+            // A closed pipe (`frugal report --json | head -1`) is not a failure.
+            if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
             let mut stderr = std::io::stderr().lock();
@@ -48,6 +44,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether writing stdout failed because its reader went away, written through `std::io`
+/// or through `serde_json`.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::BrokenPipe;
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == BrokenPipe)
+            || e.downcast_ref::<serde_json::Error>()
+                .is_some_and(|e| e.io_error_kind() == Some(BrokenPipe))
+    })
+}
+
+/// Colour and other escapes only for a terminal, and never under `NO_COLOR`
+/// (https://no-color.org: set and not empty).
+fn ansi_for(stream: &impl IsTerminal) -> bool {
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    stream.is_terminal() && !no_color
 }
 
 /// `FRUGAL_ISA` picks the local engine's kernels ([`frugal_engine::quant::Kernel`]).
@@ -72,5 +87,6 @@ fn init_tracing(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi_for(&std::io::stderr()))
         .init();
 }

@@ -9,7 +9,8 @@ use anyhow::Result;
 use frugal_cloud::notice::{AnySource, Choice, choose};
 use frugal_cloud::price::{self, Found, Pricing, Request};
 use frugal_cloud::store::CheckpointStore;
-use frugal_cost::{Capacity, Catalog};
+use frugal_cost::present::usd;
+use frugal_cost::{Capacity, Catalog, Money};
 use frugal_train::cost::RunCost;
 use frugal_train::orphan;
 use frugal_train::supervisor::{Ending, Plan, Segment, supervise};
@@ -85,8 +86,22 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
         anyhow::Ok(supervise(&plan, store, source, record, &mut marking).await?)
     })?;
 
-    let mut out = std::io::stdout().lock();
-    print_summary(&mut out, &run_id, &pricing, &summary.segments)?;
+    let completed = matches!(summary.ending, Ending::Completed);
+    if args.json {
+        table::print_json(&RunJson::of(
+            &run_id,
+            &pricing,
+            &summary.segments,
+            completed,
+        ))?;
+    } else {
+        print_summary(
+            &mut std::io::stdout().lock(),
+            &run_id,
+            &pricing,
+            &summary.segments,
+        )?;
+    }
     match summary.ending {
         Ending::Completed => Ok(()),
         Ending::Stopped | Ending::Paused => Err(Stopped {
@@ -194,6 +209,66 @@ fn mfu(s: &Segment) -> String {
     }
 }
 
+/// `frugal train --json`: the run's segments and totals, as the table shows them.
+#[derive(serde::Serialize)]
+struct RunJson {
+    run: String,
+    capacity: String,
+    completed: bool,
+    segments: Vec<SegmentJson>,
+    cost: Money,
+    /// The same hours on demand, where the run was not on demand and the price is known.
+    on_demand: Option<Money>,
+    preemptions: usize,
+    lost_s: f64,
+}
+
+#[derive(serde::Serialize)]
+struct SegmentJson {
+    attempt: u32,
+    ended: String,
+    first_step: Option<u64>,
+    last_step: Option<u64>,
+    resumed_from: Option<u64>,
+    checkpoint: Option<u64>,
+    duration_s: f64,
+    lost_s: f64,
+    utilization: Option<f64>,
+    mfu: Option<f64>,
+    cost: Money,
+}
+
+impl RunJson {
+    fn of(run_id: &str, p: &Pricing, segments: &[Segment], completed: bool) -> RunJson {
+        let total = RunCost::of(p, run_id, segments);
+        RunJson {
+            run: run_id.to_owned(),
+            capacity: p.capacity.to_string(),
+            completed,
+            segments: segments
+                .iter()
+                .map(|s| SegmentJson {
+                    attempt: s.attempt,
+                    ended: s.cause.clone(),
+                    first_step: s.first_step,
+                    last_step: s.last_step,
+                    resumed_from: s.resumed_from,
+                    checkpoint: s.last_checkpoint,
+                    duration_s: s.duration().as_secs_f64(),
+                    lost_s: s.lost.as_secs_f64(),
+                    utilization: s.utilization,
+                    mfu: s.mfu,
+                    cost: s.event(run_id, p).cost,
+                })
+                .collect(),
+            cost: total.cost,
+            on_demand: total.on_demand.filter(|_| p.capacity != Capacity::OnDemand),
+            preemptions: total.preemptions,
+            lost_s: total.lost.as_secs_f64(),
+        }
+    }
+}
+
 fn print_summary(
     out: &mut impl Write,
     run_id: &str,
@@ -226,7 +301,7 @@ fn print_summary(
             s.utilization
                 .map_or_else(|| "-".into(), |u| format!("{:.0}%", u * 100.0)),
             mfu(s),
-            e.cost.to_string(),
+            usd(e.cost),
         ]);
     }
     writeln!(out, "Run {run_id}\n{t}")?;
@@ -237,12 +312,17 @@ fn print_summary(
         segments.len(),
         total.preemptions,
         total.lost.as_secs_f64() / 60.0,
-        total.cost,
+        usd(total.cost),
         p.capacity
     )?;
     match total.on_demand {
         Some(od) if p.capacity != Capacity::OnDemand => {
-            writeln!(out, ", {od} on demand (saved {})", od - total.cost)?;
+            writeln!(
+                out,
+                ", {} on demand (saved {})",
+                usd(od),
+                usd(od - total.cost)
+            )?;
         }
         _ => writeln!(out)?,
     }

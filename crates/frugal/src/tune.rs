@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use frugal_cost::Catalog;
 use frugal_cost::event::Event;
+use frugal_cost::present::usd_f64;
 use frugal_train::tune::Space;
 use frugal_train::tune::run::{Report, Settings, TuneEnding, describe, tune};
 
@@ -98,12 +99,10 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TuneArgs) -> Result<()> {
         anyhow::Ok(tune(&settings, source, &mut record).await?)
     })?;
 
-    let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::table::print_json(&report)?;
     } else {
-        print_report(&mut out, &report)?;
+        print_report(&mut std::io::stdout().lock(), &report)?;
     }
     match report.ending {
         TuneEnding::Finished => Ok(()),
@@ -157,7 +156,7 @@ fn print_report(out: &mut impl Write, r: &Report) -> Result<()> {
             None => String::new(),
         }));
         row.push(trial.steps.to_string());
-        row.push(format!("${:.4}", trial.cost_usd));
+        row.push(usd_f64(trial.cost_usd));
         row.push(trial.status.to_owned());
         t.add_row(row);
     }
@@ -194,15 +193,15 @@ fn print_report(out: &mut impl Write, r: &Report) -> Result<()> {
     };
     writeln!(
         out,
-        "{} {}s of {} had every trial run to the end ({:.0}%); cost ${:.4}, ${:.4} to run all to \
-         the end: early stopping saved ${:.4}",
+        "{} {}s of {} had every trial run to the end ({:.0}%); cost {}, {} to run all to \
+         the end: early stopping saved {}",
         r.total_steps,
         r.resource,
         r.full_steps,
         share(r.total_steps, r.full_steps),
-        r.cost_usd,
-        r.full_cost_usd,
-        r.saved_usd
+        usd_f64(r.cost_usd),
+        usd_f64(r.full_cost_usd),
+        usd_f64(r.saved_usd)
     )?;
     if let Some(u) = r.slot_utilization {
         writeln!(

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use frugal_cost::money::HourlyRate;
+use frugal_cost::present::{usd, usd_unit};
 use frugal_cost::{Catalog, Money};
 use frugal_watch::Interval;
 use frugal_watch::fleet::{Fleet, Line};
@@ -33,7 +34,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let scraper = Scraper::default();
-    let live = !args.once && std::io::stdout().is_terminal();
+    let live = !args.once && !args.json && std::io::stdout().is_terminal();
     let mut out = std::io::stdout().lock();
     let now = || {
         let since_epoch = SystemTime::now()
@@ -45,8 +46,19 @@ pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
         let pass = runtime.block_on(fleet.read(&scraper, args.timeout, &mut state, now))?;
         // Every target's interval in one transaction: a crash leaves all or none.
         ledger.append_with_spans("frugal watch", &pass.events, &pass.spans)?;
-        let rows: Vec<Row> = pass.lines.iter().map(Row::of).collect();
-        print_pass(&mut out, &rows, live.then_some(args.interval))?;
+        if args.json {
+            let servers: Vec<ServerJson> = pass.lines.iter().map(ServerJson::of).collect();
+            table::write_json_line(
+                &mut out,
+                &PassJson {
+                    at_ms: now(),
+                    servers,
+                },
+            )?;
+        } else {
+            let rows: Vec<Row> = pass.lines.iter().map(Row::of).collect();
+            print_pass(&mut out, &rows, live.then_some(args.interval))?;
+        }
         state.save(&state_path)?;
         if args.once {
             // For cron: a target it could not read must not pass unnoticed.
@@ -109,6 +121,90 @@ fn print_pass(out: &mut impl Write, rows: &[Row], live: Option<Duration>) -> Res
     Ok(())
 }
 
+/// What `unit` of `n` cost (per 1k requests: `unit` 1,000); `None` for none.
+fn per_unit(cost: Money, n: u64, unit: i128) -> Option<Money> {
+    (n > 0).then(|| cost.mul_div(unit, i128::from(n))).flatten()
+}
+
+/// `watch --json`: one pass, a line of JSON.
+#[derive(serde::Serialize)]
+struct PassJson {
+    at_ms: i64,
+    servers: Vec<ServerJson>,
+}
+
+/// One server in a pass as JSON: its interval's figures where it was billed, else its note.
+#[derive(serde::Serialize)]
+struct ServerJson {
+    name: String,
+    note: Option<String>,
+    seconds: Option<f64>,
+    /// `None` where the server does not count requests.
+    requests: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    busy: Option<f64>,
+    per_hour: Option<Money>,
+    cost: Option<Money>,
+    per_1k_requests: Option<Money>,
+    per_1m_tokens: Option<Money>,
+    idle_so_far: Option<Money>,
+    restarted: bool,
+}
+
+impl ServerJson {
+    fn of(line: &Line) -> ServerJson {
+        let mut json = ServerJson {
+            name: String::new(),
+            note: None,
+            seconds: None,
+            requests: None,
+            input_tokens: None,
+            output_tokens: None,
+            busy: None,
+            per_hour: None,
+            cost: None,
+            per_1k_requests: None,
+            per_1m_tokens: None,
+            idle_so_far: None,
+            restarted: false,
+        };
+        match line {
+            Line::Note { name, note } => ServerJson {
+                name: name.clone(),
+                note: Some(note.clone()),
+                ..json
+            },
+            Line::Billed {
+                name,
+                interval: i,
+                cost,
+                rate,
+                idle_so_far,
+            } => {
+                let tokens = i.input_tokens + i.output_tokens;
+                let counted = i.counts_requests;
+                json = ServerJson {
+                    name: name.clone(),
+                    seconds: Some(i.seconds),
+                    requests: counted.then_some(i.requests),
+                    input_tokens: Some(i.input_tokens),
+                    output_tokens: Some(i.output_tokens),
+                    busy: i.busy_share,
+                    per_hour: Some(rate.0),
+                    cost: Some(*cost),
+                    per_1k_requests: per_unit(*cost, i.requests, 1_000).filter(|_| counted),
+                    per_1m_tokens: per_unit(*cost, tokens, 1_000_000),
+                    idle_so_far: Some(*idle_so_far),
+                    restarted: i.reset,
+                    ..json
+                };
+                json
+            }
+        }
+    }
+}
+
 /// One server in a pass: its figures where it was billed, and a note.
 struct Row {
     name: String,
@@ -142,13 +238,8 @@ impl Row {
         rate: HourlyRate,
         idle_so_far: Money,
     ) -> Row {
-        let per = |n: u64, unit: f64| {
-            if n == 0 {
-                "-".to_owned()
-            } else {
-                format!("${:.4}", cost.as_f64() * unit / n as f64)
-            }
-        };
+        let per =
+            |n: u64, unit: i128| per_unit(cost, n, unit).map_or_else(|| "-".to_owned(), usd_unit);
         let rate_of = |n: u64| format!("{:.1}", n as f64 / interval.seconds);
         let counted = |text: String| {
             if interval.counts_requests {
@@ -166,10 +257,10 @@ impl Row {
                 interval
                     .busy_share
                     .map_or_else(|| "-".into(), |b| format!("{:.0}%", b * 100.0)),
-                format!("${:.2}", rate.0.as_f64()),
-                counted(per(interval.requests, 1e3)),
-                per(interval.input_tokens + interval.output_tokens, 1e6),
-                format!("${:.4}", idle_so_far.as_f64()),
+                usd(rate.0),
+                counted(per(interval.requests, 1_000)),
+                per(interval.input_tokens + interval.output_tokens, 1_000_000),
+                usd_unit(idle_so_far),
             ]),
             note: if interval.reset { "restarted" } else { "" }.to_owned(),
         }

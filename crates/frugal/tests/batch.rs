@@ -276,6 +276,14 @@ fn bad_inputs_and_a_second_run_are_refused_before_anything_runs() {
     let text = said(&out);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("on demand (saved"), "{text}");
+    // The same job again, done: `--json` says so, money in dollars.
+    let json_flags = [&flags[..], &["--json"]].concat();
+    let out = batch(spot.path(), &small, &json_flags).output().unwrap();
+    assert!(out.status.success(), "{}", said(&out));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let counts = ["lines", "finished", "failed", "answered"].map(|k| summary[k].as_u64());
+    assert_eq!(counts, [Some(4), Some(4), Some(0), Some(0)], "{summary}");
+    assert_eq!(summary["cost_usd"], "0.00", "{summary}");
     let jobs = lines_in_ledger(spot.path());
     let (cost, on_demand) = (
         jobs[0]["cost"].as_i64().unwrap(),

@@ -830,3 +830,124 @@ fn a_sqlite_ledger_migrates_to_postgresql_with_the_same_report() {
         stderr(&again)
     );
 }
+
+/// Issue 32: a first serve's $0.0038 read `spent $0.00   waste $0.00 (100%)`, JSON money
+/// was unlabelled nano-dollars, piped tables were 361 columns of box drawing, and `report
+/// --json | head -1` ended with `error: Broken pipe (os error 32)`.
+#[test]
+fn small_money_piped_tables_and_a_closed_pipe() {
+    let env = Env::new();
+    let usage = env.write(
+        "first.jsonl",
+        "{\"ts\": 1790000000000, \"kind\": \"idle\", \"workload\": \"chat\", \"model\": \"m\", \
+          \"cost_usd\": \"0.003802071\"}\n\
+         {\"ts\": 1790086400000, \"kind\": \"inference\", \"workload\": \"code\", \"model\": \"m\", \
+          \"requests\": 2, \"cost_usd\": \"0.000012\"}\n",
+    );
+    ok(env.frugal(&["ledger", "import", usage.to_str().unwrap()]));
+
+    let text = stdout(&ok(env.frugal(&["report"])));
+    assert!(
+        text.contains("spent $0.0038   waste $0.0038 (100%)"),
+        "{text}"
+    );
+    // Piped: no escape, no box drawing, nothing but ASCII; logs to a file, no colour.
+    assert!(text.is_ascii(), "{text}");
+    let logged = ok(env.frugal(&["-v", "report"]));
+    assert!(
+        stderr(&logged).contains("report built"),
+        "{}",
+        stderr(&logged)
+    );
+    assert!(!stderr(&logged).contains('\x1b'), "{}", stderr(&logged));
+    assert!(text.lines().any(|l| l.trim() == "Spend by kind"), "{text}");
+
+    let report = json(&ok(env.frugal(&["report", "--json"])));
+    assert_eq!(report["total"], 3_814_071);
+    assert_eq!(report["total_usd"], "0.003814071");
+    assert_eq!(report["waste_usd"], "0.003802071");
+    let lines = report["inference"].as_array().unwrap();
+    let code = lines.iter().find(|l| l["workload"] == "code").unwrap();
+    assert_eq!(
+        (&code["cost"], &code["cost_usd"]),
+        (&12_000.into(), &"0.000012".into())
+    );
+
+    let by_day = stdout(&ok(env.frugal(&["report", "--by", "day"])));
+    let rows: Vec<Vec<&str>> = by_day
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        rows.contains(&vec![
+            "2026-09-21",
+            "1",
+            "0",
+            "0",
+            "$0.0038",
+            "$0.0038",
+            "100%"
+        ]),
+        "{by_day}"
+    );
+    assert!(
+        rows.contains(&vec![
+            "2026-09-22",
+            "1",
+            "2",
+            "0",
+            "$0.000012",
+            "$0.00",
+            "0%"
+        ]),
+        "{by_day}"
+    );
+    assert!(
+        rows.contains(&vec!["total", "2", "$0.0038", "$0.0038"]),
+        "{by_day}"
+    );
+    let html = env.path("by.html");
+    ok(env.frugal(&["report", "--by", "model", "--html", html.to_str().unwrap()]));
+    let html = std::fs::read_to_string(html).unwrap();
+    assert!(html.contains("<h2>Spend by model</h2>"), "{html}");
+    assert!(html.contains("$0.003814"), "{html}");
+    let refused = env.frugal(&["report", "--by", "key"]);
+    assert!(
+        stderr(&refused).contains("not its key"),
+        "{}",
+        stderr(&refused)
+    );
+
+    // A terminal's width: text wraps to fit 80 columns; figures are never split (a table of
+    // more figures than fit goes past the edge rather than cut one).
+    let narrow = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .env("FRUGAL_LEDGER", &env.ledger)
+        .env("COLUMNS", "80")
+        .args(["report"])
+        .output()
+        .unwrap();
+    let narrow = stdout(&ok(narrow));
+    assert!(narrow.contains('┆'), "{narrow}");
+    let levers = &narrow[narrow.find("Levers to try").unwrap()..];
+    let boxed = levers.lines().skip(1).filter(|l| !l.is_empty());
+    assert!(boxed.clone().count() > 4, "{narrow}");
+    assert!(boxed.clone().all(|l| l.chars().count() <= 80), "{narrow}");
+    let figures = narrow.lines().filter(|l| l.starts_with('│'));
+    assert!(
+        figures.clone().any(|l| l.contains("┆ $0.000012 ┆")),
+        "{narrow}"
+    );
+
+    // The reader goes away before the first byte: quiet, and a success.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .env("FRUGAL_LEDGER", &env.ledger)
+        .args(["report", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+}

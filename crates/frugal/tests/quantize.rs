@@ -145,17 +145,20 @@ fn table_says_bytes_fallbacks_and_compounding() {
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [
         "(q5_k, token_embd.weight q8_0)",
-        "│ q5_k ┆      30 ┆",
-        "│ q5_1 ┆     180 ┆",
-        "│ q8_0 ┆       1 ┆",
-        "│ f32  ┆      61 ┆",
-        "│ file ┆     272 ┆",
         "180 tensors fell back to a type that holds their rows, as llama.cpp does:",
         "  q5_k -> q5_1, rows of 576 not whole blocks of 256: blk.*.ffn_gate.weight (x30), ",
         "blk.*.attn_q.weight (x30)",
         "note: the source was already quantized (210 q4_1)",
     ] {
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
+    }
+    // Piped, the table is plain columns: a row is its cells apart by spaces.
+    for row in ["q5_k 30", "q5_1 180", "q8_0 1", "f32 61", "file 272"] {
+        let found = text.lines().any(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            cells.join(" ").starts_with(&format!("{row} "))
+        });
+        assert!(found, "{row:?} not a row of:\n{text}");
     }
 }
 

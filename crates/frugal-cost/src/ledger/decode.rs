@@ -83,7 +83,7 @@ pub(super) fn placeholders(sql: &str, mark: &str) -> String {
 /// The events that start in `[#1, #2)`, as `row` reads them.
 pub(super) const SCAN: &str = "SELECT ts_ms, duration_ms, kind, workload, model, run, instance,
         region, capacity, instances, requests, input_tokens, output_tokens, cached_tokens,
-        utilization, cost, input_cost, list_cost, outcome, lost_ms, wait_ms
+        utilization, cost, input_cost, list_cost, outcome, lost_ms, wait_ms, tenant
  FROM events WHERE ts_ms >= #1 AND ts_ms < #2";
 
 /// One row of `SCAN`.
@@ -114,6 +114,7 @@ pub(super) fn row<C: Columns>(r: &C) -> Result<Row, Unread<C::Error>> {
         outcome,
         lost_ms: r.int(19)?,
         wait_ms: r.int(20)?,
+        tenant: r.opt_int(21)?.map(|v| v as u32),
     })
 }
 

@@ -4,22 +4,36 @@ use chrono::DateTime;
 
 use crate::money::{Millis, Money};
 
-/// Dollars with thousands separators and cents: `-$1,234.57`.
+/// A cent in nano-dollars: below it, cents would print a nonzero amount as `$0.00`.
+const CENT: u64 = 10_000_000;
+
+/// Dollars with thousands separators and cents: `-$1,234.57`; under a cent, two
+/// significant digits (`$0.0038`, `$0.000012`): no amount but zero reads `$0.00`.
 pub fn usd(m: Money) -> String {
-    usd_text(&m.to_string_places(2))
+    let places = if m.nanos().unsigned_abs() < CENT {
+        m.places_for(2, 2)
+    } else {
+        2
+    };
+    usd_text(&m.to_string_places(places))
 }
 
 /// A unit cost, or any amount that may be under a cent: cents, or 6 decimals under a cent
-/// so that `$0.000093` per request stays readable.
+/// so that `$0.000093` per request stays readable (more where 6 would not show two
+/// significant digits).
 pub fn usd_unit(m: Money) -> String {
-    let small = m.nanos() != 0 && m.nanos().unsigned_abs() < 10_000_000;
-    usd_text(&m.to_string_places(if small { 6 } else { 2 }))
+    let places = match m.nanos().unsigned_abs() {
+        n if n != 0 && n < CENT => m.places_for(6, 2),
+        _ => 2,
+    };
+    usd_text(&m.to_string_places(places))
 }
 
 /// A price per million tokens to four decimals: instance types a few tenths of a cent
-/// apart per million still differ by thousands of dollars a year.
+/// apart per million still differ by thousands of dollars a year; more for a price that
+/// four would show as zero.
 pub fn usd_per_1m(m: Money) -> String {
-    usd_text(&m.to_string_places(4))
+    usd_text(&m.to_string_places(m.places_for(4, 2)))
 }
 
 /// Float dollars (a chart value) as money.
@@ -81,7 +95,15 @@ mod tests {
     fn money_counts_and_shares_read_well() {
         assert_eq!(usd(m("1234567.891")), "$1,234,567.89");
         assert_eq!(usd(m("-12.5")), "-$12.50");
-        assert_eq!(usd(m("0.00009255")), "$0.00");
+        assert_eq!(usd(m("0.00009255")), "$0.000093");
+        assert_eq!(usd(Money::from_nanos(3_802_071)), "$0.0038");
+        assert_eq!(usd(m("0.000012")), "$0.000012");
+        assert_eq!(usd(m("-0.004")), "-$0.0040");
+        assert_eq!(usd(m("0.01")), "$0.01");
+        assert_eq!(usd(Money::ZERO), "$0.00");
+        assert_eq!(usd_unit(Money::from_nanos(450)), "$0.00000045");
+        assert_eq!(usd_per_1m(m("0.15")), "$0.1500");
+        assert_eq!(usd_per_1m(m("0.00002")), "$0.000020");
         assert_eq!(usd_unit(m("1234.567")), "$1,234.57");
         assert_eq!(usd_unit(m("-1234567.891")), "-$1,234,567.89");
         assert_eq!(usd_unit(m("0.00009255")), "$0.000093");

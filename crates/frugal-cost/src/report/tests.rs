@@ -1,6 +1,7 @@
 use super::*;
 use crate::catalog::PriceSource;
 use crate::event::{Event, ReplicaSpan, ReplicaState};
+use crate::present::utc;
 
 fn m(s: &str) -> Money {
     s.parse().unwrap()
@@ -440,6 +441,7 @@ fn pools_busy_below_the_threshold_and_on_oversized_instances_are_flagged() {
     // A lower threshold flags no idle pool; a pool whose need is unknown is not resized.
     let options = Options {
         pool_busy_below: 0.2,
+        ..Options::default()
     };
     let r = Report::build_with(&ledger, &catalog, Window::default(), options).unwrap();
     assert_eq!(r.pool_busy_below, 0.2);
@@ -605,3 +607,74 @@ crate::ledger::testing::on_postgres!(
     a_batch_job_on_spot_is_priced_per_unit_beside_the_models_interactive_traffic,
     watched_servers_by_hand_with_their_levers,
 );
+
+/// Several tenants, models, workloads and days, one request without a key: each way of
+/// grouping adds up, to the nano-dollar, to the report's total.
+#[test]
+fn spend_by_tenant_model_workload_and_day_adds_up_to_the_total() {
+    let event = |day: i64, tenant: Option<&str>, workload: &str, model: &str, cost: &str| {
+        let mut e = inference(workload, model, 1, cost);
+        e.ts_ms = T0 + day * DAY_MS;
+        e.tenant = tenant.map(Into::into);
+        e.input_tokens = 100;
+        e
+    };
+    let events = [
+        event(0, Some("acme"), "chat", "small", "0.003802071"),
+        event(0, Some("acme"), "chat", "large", "1.25"),
+        event(1, Some("acme"), "code", "large", "0.000000450"),
+        event(0, Some("globex"), "code", "large", "2.5"),
+        event(1, Some("globex"), "chat", "small", "0.000012"),
+        event(1, None, "chat", "small", "0.75"),
+    ];
+    let (_dir, ledger) = ledger_with(&events);
+    let catalog = Catalog::builtin().unwrap();
+    let spend = |by| {
+        let options = Options {
+            by: Some(by),
+            ..Options::default()
+        };
+        let r = Report::build_with(&ledger, &catalog, Window::default(), options).unwrap();
+        let spend = r.spend.unwrap();
+        let sum: Money = spend.lines.iter().map(|l| l.cost).sum();
+        assert_eq!((sum, spend.total), (r.total, r.total), "{by:?}");
+        spend
+            .lines
+            .iter()
+            .map(|l| {
+                (
+                    l.name.clone().unwrap_or_default(),
+                    l.cost.to_decimal(),
+                    l.events,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let rows = |r: &[(&str, &str, u64)]| {
+        r.iter()
+            .map(|(n, c, e)| (n.to_string(), c.to_string(), *e))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(m("4.503814521"), events.iter().map(|e| e.cost).sum());
+    assert_eq!(
+        spend(By::Tenant),
+        rows(&[
+            ("globex", "2.500012", 2),
+            ("acme", "1.253802521", 3),
+            ("", "0.75", 1)
+        ])
+    );
+    assert_eq!(
+        spend(By::Model),
+        rows(&[("large", "3.75000045", 3), ("small", "0.753814071", 3)])
+    );
+    assert_eq!(
+        spend(By::Workload),
+        rows(&[("code", "2.50000045", 2), ("chat", "2.003814071", 4)])
+    );
+    let day = |d: i64| utc(T0 + d * DAY_MS, "%Y-%m-%d");
+    assert_eq!(
+        spend(By::Day),
+        rows(&[(&day(0), "3.753802071", 3), (&day(1), "0.75001245", 3)])
+    );
+}

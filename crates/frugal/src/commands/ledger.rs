@@ -19,7 +19,7 @@ pub fn info(config: &Config, args: &InfoArgs) -> Result<()> {
     let info = ledger.info()?;
     let check = args.check.then(|| ledger.integrity_check()).transpose()?;
     if args.json {
-        let mut value = serde_json::to_value(&info)?;
+        let mut value = frugal_cost::present::json::to_value(&info)?;
         if let Some(check) = &check {
             value["integrity"] = serde_json::Value::String(check.clone());
         }

@@ -55,10 +55,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &PlanArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     if args.json {
-        let mut out = std::io::stdout().lock();
-        serde_json::to_writer_pretty(&mut out, &plan)?;
-        writeln!(out)?;
-        return Ok(());
+        return crate::table::print_json(&plan);
     }
     print(&plan, demand.filled_hours())
 }

@@ -5,7 +5,9 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use frugal_cost::import::parse_ts;
 use frugal_cost::present::{pct, pct1, thousands, usd, usd_unit};
-use frugal_cost::report::{Options, PoolLine, Report, RightSizing, ServerLine, utilization_note};
+use frugal_cost::report::{
+    Options, PoolLine, Report, RightSizing, ServerLine, Spend, utilization_note,
+};
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::ReportArgs;
@@ -50,6 +52,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> 
     let started = std::time::Instant::now();
     let options = Options {
         pool_busy_below: args.pool_busy_below,
+        by: args.by,
     };
     let report = Report::build_with(&ledger, catalog, window, options)?;
     tracing::info!(
@@ -68,7 +71,65 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> 
     let quality = frugal_engine::eval::quality::store(None, config.data_home.as_deref())
         .map(|path| frugal_engine::eval::quality::all_latest(&path))
         .unwrap_or_default();
-    print_report(&report, &ledger, &quality)
+    match &report.spend {
+        Some(spend) => print_spend(&report, &ledger, spend),
+        None => print_report(&report, &ledger, &quality),
+    }
+}
+
+/// The first line of every report: the ledger, the window, the events.
+fn print_heading(out: &mut impl Write, r: &Report, ledger: &Ledger) -> Result<()> {
+    let span = match (r.first_ms, r.last_ms) {
+        (Some(a), Some(b)) => format!("{} .. {}", date(a), date(b)),
+        _ => "no events in the window".to_owned(),
+    };
+    writeln!(
+        out,
+        "frugal report: {} ({span}, {} events)",
+        ledger.location(),
+        thousands(r.events)
+    )?;
+    Ok(())
+}
+
+/// `--by`: the window's spend by tenant, model, workload or day, and its total.
+fn print_spend(r: &Report, ledger: &Ledger, spend: &Spend) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    print_heading(&mut out, r, ledger)?;
+    let noun = spend.by.noun();
+    let mut t = table::new(&[
+        noun,
+        "events>",
+        "requests>",
+        "tokens>",
+        "cost>",
+        "waste>",
+        "share>",
+    ]);
+    for l in &spend.lines {
+        t.add_row(vec![
+            l.name.clone().unwrap_or_else(|| "-".into()),
+            thousands(l.events),
+            thousands(l.requests),
+            thousands(l.input_tokens + l.output_tokens),
+            usd(l.cost),
+            usd(l.waste),
+            pct(l.share),
+        ]);
+    }
+    let waste: Money = spend.lines.iter().map(|l| l.waste).sum();
+    let events: u64 = spend.lines.iter().map(|l| l.events).sum();
+    t.add_row(vec![
+        "total".into(),
+        thousands(events),
+        String::new(),
+        String::new(),
+        usd(spend.total),
+        usd(waste),
+        String::new(),
+    ]);
+    writeln!(out, "\nSpend by {noun}\n{t}")?;
+    Ok(())
 }
 
 /// What each lever saved, per workload and model, against what the requests would have cost
@@ -171,16 +232,7 @@ fn print_report(
     quality: &[frugal_engine::eval::quality::Record],
 ) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    let span = match (r.first_ms, r.last_ms) {
-        (Some(a), Some(b)) => format!("{} .. {}", date(a), date(b)),
-        _ => "no events in the window".to_owned(),
-    };
-    writeln!(
-        out,
-        "frugal report: {} ({span}, {} events)",
-        ledger.location(),
-        thousands(r.events)
-    )?;
+    print_heading(&mut out, r, ledger)?;
     if r.events == 0 {
         return Ok(());
     }
