@@ -6,6 +6,8 @@ mod bench;
 mod cli;
 mod commands;
 mod config;
+#[cfg(test)]
+mod hints;
 mod progress;
 mod serve;
 mod table;
