@@ -35,6 +35,9 @@ const GATEWAY: &[&str] = &[
 /// A file list, the commands that print their messages, and how many must parse a flag.
 type Source = (Vec<&'static str>, Vec<&'static [&'static str]>, Need);
 
+/// [`Source`] with its commands as owned paths.
+type Row = (Vec<&'static str>, Vec<Vec<String>>, Need);
+
 /// The files under crates/ whose messages each command prints; what every command may
 /// print (the config, the ledger's location) is [`EVERY`].
 fn sources() -> Vec<Source> {
@@ -377,7 +380,7 @@ fn check_literal<S: AsRef<str>>(
 fn every_flag_a_message_suggests_parses_on_the_command_that_prints_it() {
     let dir = crates_dir();
     let every: Vec<Vec<String>> = leaf_commands();
-    let mut rows: Vec<(Vec<&str>, Vec<Vec<String>>, Need)> = sources()
+    let mut rows: Vec<Row> = sources()
         .into_iter()
         .map(|(files, commands, need)| {
             let commands = commands
