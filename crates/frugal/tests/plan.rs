@@ -361,9 +361,9 @@ fn frugal_with(config: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// The `frugal ...` commands quoted in the report's levers.
-fn suggested(config: &Path) -> (Vec<String>, serde_json::Value) {
-    let out = frugal_with(config, &["report", "--json"]);
+/// The `frugal ...` commands quoted in the levers of `frugal report --json EXTRA`.
+fn suggested(config: &Path, extra: &[&str]) -> (Vec<String>, serde_json::Value) {
+    let out = frugal_with(config, &[&["report", "--json"], extra].concat());
     assert!(out.status.success(), "{}", said(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut commands = Vec::new();
@@ -399,7 +399,7 @@ fn every_command_the_report_suggests_runs_on_its_ledger_and_agrees() {
     // Fifteen days: the planner commits, and the report's lever is its count and saving.
     let dir = tempfile::tempdir().unwrap();
     let config = serving_ledger(dir.path(), 15 * 24);
-    let (commands, report) = suggested(&config);
+    let (commands, report) = suggested(&config, &[]);
     let lever = reserve_lever(&report);
     let basis = lever["basis"].as_str().unwrap();
     assert!(
@@ -457,12 +457,36 @@ fn every_command_the_report_suggests_runs_on_its_ledger_and_agrees() {
         planned += 1;
     }
     assert_eq!(planned, 2, "{commands:?}");
+    // Over a window, the command carries it, and the plan says the same to the dollar.
+    let (commands, report) = suggested(&config, &["--since", "2026-01-05T12:30:00Z"]);
+    let lever = reserve_lever(&report);
+    let command = commands
+        .iter()
+        .find(|c| c.contains("--workload chat"))
+        .unwrap();
+    assert!(
+        command.contains(" --since 2026-01-05T12:00:00Z"),
+        "{command}"
+    );
+    let args: Vec<&str> = command
+        .split_whitespace()
+        .skip(1)
+        .chain(["--json"])
+        .collect();
+    let out = frugal_with(&config, &args);
+    assert!(out.status.success(), "`{command}`: {}", said(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["commitments"]["hours"], 15 * 24 - 12);
+    assert_eq!(
+        plan["commitments"]["reserved_1y"]["saving"],
+        lever["dollars"]
+    );
 
     // The sample's week: too short for a 1-year term, so the planner commits to nothing,
     // and so does the report, which says why and what to run later.
     let week = tempfile::tempdir().unwrap();
     let config = serving_ledger(week.path(), 7 * 24);
-    let (commands, report) = suggested(&config);
+    let (commands, report) = suggested(&config, &[]);
     let lever = reserve_lever(&report);
     assert_eq!(lever["dollars"], 0, "{lever}");
     assert!(
