@@ -357,7 +357,7 @@ fn levers_section(r: &Report) -> Option<String> {
     let rows = some(r.levers.iter().map(row).collect())?;
     let cell = |(i, l): (usize, &Lever)| {
         let (n, lever, basis) = ((i + 1).to_string(), esc(l.lever), esc(&l.basis));
-        vec![n, lever, usd_unit(l.dollars), basis, esc(l.action)]
+        vec![n, lever, usd_unit(l.dollars), basis, esc(&l.action)]
     };
     let cells: Vec<Vec<String>> = r.levers.iter().enumerate().map(cell).collect();
     let title = "Levers by dollars at stake";

@@ -25,7 +25,7 @@ pub mod whole;
 
 pub use backtest::{
     Backtest, BacktestConfig, BacktestError, Rule, RuleResult, VENDOR_LOOKBACK_DAYS, WindowScore,
-    backtest,
+    backtest, suggested_windows,
 };
 pub use commit::{
     CommitOption, CommitPlan, CommitPrices, Counts, MIN_DAYS_1Y, MIN_DAYS_3Y, Refusal, Sizing,

@@ -15,7 +15,6 @@ use crate::catalog::Catalog;
 use crate::event::{Capacity, Kind, Outcome, Precision};
 use crate::ledger::{Ledger, LedgerError, Names, Window};
 use crate::money::{HourlyRate, Millis, Money};
-use crate::plan::{choose_commitment, window_cost};
 use crate::present::pct;
 use crate::rollup::{Key, Sums};
 
@@ -24,6 +23,7 @@ mod batch;
 mod by;
 mod lever;
 mod pools;
+mod reserve;
 mod servers;
 mod unit;
 
@@ -176,10 +176,14 @@ type SpotRates = HashMap<(u32, u32), Option<HourlyRate>>;
 struct SpotAcc {
     on_demand: Money,
     at_spot: Money,
+    /// Per (workload, instance, region): the saving, and the training's hours of work.
+    runs: HashMap<(u32, u32, u32), (Money, Millis)>,
 }
 
 struct Builder<'a> {
     catalog: &'a Catalog,
+    /// The report's window, which the commands it suggests cover too.
+    window: Window,
     names: &'a Names,
     all: Sums,
     kinds: HashMap<Kind, (Money, Money)>,
@@ -190,10 +194,8 @@ struct Builder<'a> {
     items: HashMap<(Kind, u32), Money>,
     spot: SpotAcc,
     spot_rates: SpotRates,
-    /// On-demand serving per (instance, region): busy instance-milliseconds in each hour,
-    /// for the steady baseline that reserved capacity would cover. Idle time is left out:
-    /// the idle lever removes it, and reserving it would pay for it three years running.
-    baseline: HashMap<(u32, u32), HashMap<Millis, Millis>>,
+    /// The workloads served on demand, which the reserved-capacity lever plans.
+    on_demand_serving: reserve::Served,
     /// Cost per (hour, workload), for the series.
     hourly: HashMap<(Millis, u32), Money>,
     workload_cost: HashMap<u32, Money>,
@@ -224,6 +226,7 @@ impl Report {
         let names = ledger.names()?;
         let mut b = Builder {
             catalog,
+            window,
             names: &names,
             all: Sums::default(),
             kinds: HashMap::new(),
@@ -233,7 +236,7 @@ impl Report {
             items: HashMap::new(),
             spot: SpotAcc::default(),
             spot_rates: SpotRates::new(),
-            baseline: HashMap::new(),
+            on_demand_serving: reserve::Served::default(),
             hourly: HashMap::new(),
             workload_cost: HashMap::new(),
             served: HashMap::new(),
@@ -256,7 +259,9 @@ impl Report {
         })?;
         let pools = pools::build(pool_spans, ledger, catalog, hours, &served, busy_below)?;
         let servers = servers::build(server_spans, catalog);
-        let advice = advisor::advise(ledger, catalog, window)?;
+        let mut advice = advisor::advise(ledger, catalog, window)?;
+        let reserve = reserve::lever(ledger, catalog, &names, window, &b.on_demand_serving)?;
+        advice.levers.extend(reserve);
         let mut report = b.finish(window, pools, servers, advice, busy_below);
         // The rollups count the whole hours the window touches: the raw events too.
         report.spend = options
@@ -308,8 +313,8 @@ impl Builder<'_> {
                     *self.served.entry((k.workload, k.model)).or_default() += s.requests as u64;
                 }
                 if k.kind == Kind::Inference && on_demand && k.instance != 0 {
-                    let hours = self.baseline.entry((k.instance, k.region)).or_default();
-                    *hours.entry(k.hour_ms).or_default() += s.instance_ms;
+                    self.on_demand_serving
+                        .add(k.workload, k.instance, k.region, s.instance_ms);
                 }
             }
             Kind::Training => {
@@ -340,6 +345,13 @@ impl Builder<'_> {
         if let Some(at_spot) = rate.and_then(|r| r.cost(s.instance_ms, 1)) {
             self.spot.on_demand += s.cost;
             self.spot.at_spot += at_spot.min(s.cost);
+            let run = self
+                .spot
+                .runs
+                .entry((k.workload, k.instance, k.region))
+                .or_default();
+            run.0 += s.cost - at_spot.min(s.cost);
+            run.1 += s.duration_ms;
         }
     }
 
@@ -581,7 +593,7 @@ impl Builder<'_> {
                     kind(Kind::Idle).1,
                     kind(Kind::Inference).1
                 ),
-                action: "autoscale replicas to demand and to zero when traffic stops; right-size the instance to the model",
+                action: "autoscale replicas to demand and to zero when traffic stops; right-size the instance to the model".into(),
             });
         }
         let training_waste = kind(Kind::Training).1;
@@ -597,7 +609,7 @@ impl Builder<'_> {
                     "training GPUs were busy {} of the paid time",
                     util.map_or("?".to_owned(), pct)
                 ),
-                action: "find why GPUs idle (data loading, small batches, sync stalls) and fix the pipeline before adding GPUs",
+                action: "find why GPUs idle (data loading, small batches, sync stalls) and fix the pipeline before adding GPUs".into(),
             });
         }
         let spot_saving = self.spot.on_demand - self.spot.at_spot;
@@ -610,11 +622,12 @@ impl Builder<'_> {
                     "{} of on-demand training at the catalog's median spot price is {}; preemptions in this window re-did {} of work",
                     self.spot.on_demand, self.spot.at_spot, lost
                 ),
-                action: "run training on spot capacity with frequent checkpoints and automatic resume (`frugal train --spot`); `frugal plan --instance TYPE --work 24h --deadline 36h` replays a run on a real preemption trace",
+                action: format!(
+                    "run training on spot capacity with frequent checkpoints and automatic resume (`frugal train --spot -- CMD`){}",
+                    self.spot_plan_command()
+                )
+                .into(),
             });
-        }
-        if let Some(lever) = self.reserved_lever() {
-            levers.push(lever);
         }
         if let Some(lever) = cascade_lever(inference) {
             levers.push(lever);
@@ -625,81 +638,31 @@ impl Builder<'_> {
         levers
     }
 
-    /// Reserved capacity for on-demand serving: the planner's exact cheapest commitment
-    /// over the window's whole hours (what `frugal plan` recommends and backtests).
-    fn reserved_lever(&self) -> Option<Lever> {
-        let mut dollars = Money::ZERO;
-        let mut parts = Vec::new();
-        let mut unpriced = Vec::new();
-        for ((instance, region), hours) in &self.baseline {
-            let (Some(&first), Some(&last)) = (hours.keys().min(), hours.keys().max()) else {
-                continue;
-            };
-            // Whole hours only: the first and last may be partly outside the window.
-            let span = (last - first) / HOUR_MS - 1;
-            if span < 24 {
-                continue;
-            }
-            // Replicas are whole: traffic in an hour needs at least one. A hundredth of an
-            // hour of slack absorbs requests that straddle hour boundaries.
-            let demand: Vec<u32> = (1..=span)
-                .map(|h| {
-                    let busy = hours.get(&(first + h * HOUR_MS)).copied().unwrap_or(0);
-                    match busy {
-                        0 => 0,
-                        b => ((b - HOUR_MS / 100).max(0) as u64)
-                            .div_ceil(HOUR_MS as u64)
-                            .max(1) as u32,
-                    }
-                })
-                .collect();
-            let name = self.names.get(*instance);
-            let region = (*region != 0).then(|| self.names.get(*region));
-            let Ok(offer) = self.catalog.instance(name, region) else {
-                continue;
-            };
-            let Some(reserved) = offer.reserved_1y else {
-                unpriced.push(name.to_owned());
-                continue;
-            };
-            let cheapest = crate::plan::Sizing::Cheapest;
-            let k = choose_commitment(&demand, reserved, offer.on_demand, cheapest);
-            if k == 0 {
-                continue;
-            }
-            let all = window_cost(&demand, 0, reserved, offer.on_demand);
-            let best = window_cost(&demand, k, reserved, offer.on_demand);
-            dollars += all.cost - best.cost;
-            parts.push(format!(
-                "{k} x {name} committed over {span} h of on-demand serving would have been {} busy",
-                best.utilization.map_or("-".into(), pct)
-            ));
-        }
-        if dollars > Money::ZERO {
-            Some(Lever {
-                lever: "reserve the steady baseline",
-                dollars,
-                basis: format!(
-                    "{}; the exact cheapest commitment at the catalog's 1-year reserved rate",
-                    parts.join(", ")
-                ),
-                action: "commit (reserved or savings plan) for the baseline, on-demand plus autoscaling above it; `frugal plan --workload NAME --instance TYPE --fit 30d --test 30d` backtests the count",
-            })
-        } else if !unpriced.is_empty() {
-            unpriced.sort();
-            unpriced.dedup();
-            Some(Lever {
-                lever: "reserve the steady baseline",
-                dollars: Money::ZERO,
-                basis: format!(
-                    "{} served a steady on-demand baseline, but the catalog has no reserved price for it: add `reserved_1y` to a price file",
-                    unpriced.join(", ")
-                ),
-                action: "commit (reserved or savings plan) for the baseline that never goes away",
-            })
-        } else {
-            None
-        }
+    /// `; `frugal plan ...` replays ...` for the on-demand training with the most to save
+    /// on spot: its workload, instance type and hours of work, the deadline half as long
+    /// again.
+    fn spot_plan_command(&self) -> String {
+        let Some((&(workload, instance, region), &(_, ms))) = self
+            .spot
+            .runs
+            .iter()
+            .max_by_key(|((w, i, r), (saving, _))| (*saving, *w, *i, *r))
+        else {
+            return String::new();
+        };
+        let work = (ms.max(0) as u64).div_ceil(HOUR_MS as u64).max(1);
+        let names = self.names;
+        let region = (region != 0).then(|| names.get(region));
+        format!(
+            "; `{} --work {work}h --deadline {}h` replays a run as long on a real preemption trace",
+            reserve::plan_command(
+                names.get(workload),
+                names.get(instance),
+                region,
+                self.window
+            ),
+            work + work.div_ceil(2)
+        )
     }
 
     fn series(&self) -> Series {
@@ -811,7 +774,9 @@ fn cascade_lever(inference: &[InferenceLine]) -> Option<Lever> {
             "{text}; assumes a cascade moves {} of the dear model's requests, to be checked on a held-out eval set",
             pct(CASCADE_SHARE)
         ),
-        action: "send requests to the cheapest model first and escalate only low-confidence answers",
+        action:
+            "send requests to the cheapest model first and escalate only low-confidence answers"
+                .into(),
     })
 }
 

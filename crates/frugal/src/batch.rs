@@ -15,6 +15,7 @@ use frugal_cloud::price::Pricing;
 use frugal_cost::money::HourlyRate;
 use frugal_cost::present::{thousands, usd, usd_unit};
 use frugal_cost::{Catalog, Money};
+use frugal_gateway::backend::model_ref::ModelRef;
 use frugal_gateway::batch::input::{self, Limits};
 use frugal_gateway::batch::run::{Ended, Progress, RunConfig};
 use frugal_gateway::batch::spot::{self, Job, Stops};
@@ -82,10 +83,16 @@ pub fn run(config: &Config, catalog: &Catalog, args: &BatchRunArgs) -> Result<()
     )?;
     let progress = Arc::new(Progress::default());
     let bar = crate::progress::Bar::lines(total as u64);
+    // `--model FILE.gguf` runs that file here, and every line asks for it by its served name.
+    let model = match &args.model {
+        Some(ModelRef::File(_)) => Some(gateway.state.local_name().to_owned()),
+        Some(ModelRef::Served(name)) => Some(name.clone()),
+        None => None,
+    };
     let config = RunConfig {
         concurrency: args.concurrency.max(1),
         max_attempts: args.max_attempts.max(1),
-        model: args.model.clone(),
+        model,
         ..RunConfig::default()
     };
     let started = Instant::now();
@@ -168,9 +175,15 @@ fn paid(catalog: &Catalog, args: &BatchRunArgs) -> Result<Option<Pricing>> {
 
 /// The gateway `frugal serve` would build for these flags, its idle time recorded as batch.
 fn serve_args(args: &BatchRunArgs) -> ServeArgs {
+    let file = match &args.model {
+        Some(ModelRef::File(path)) => Some(path.clone()),
+        _ => None,
+    };
     ServeArgs {
-        model: args.model_file.clone(),
+        model: file.or_else(|| args.model_file.clone()),
         no_model: args.no_model,
+        embedder: args.embedder.clone(),
+        no_semantic_cache: args.no_semantic_cache,
         threads: args.threads,
         max_batch: args.max_batch,
         metadata_url: args.machine.metadata_url.clone(),
@@ -307,6 +320,21 @@ impl Summary {
 fn check(args: &BatchRunArgs) -> Result<()> {
     if args.concurrency == 0 {
         bail!("--concurrency must be at least 1");
+    }
+    if let Some(ModelRef::File(path)) = &args.model {
+        if args.no_model {
+            bail!(
+                "--model {} is a model file to run here, and --no-model runs none",
+                path.display()
+            );
+        }
+        if let Some(file) = args.model_file.as_ref().filter(|f| *f != path) {
+            bail!(
+                "--model {} and --model-file {} name two model files: give one",
+                path.display(),
+                file.display()
+            );
+        }
     }
     if args.completion_window.is_zero() {
         bail!("--completion-window must be longer than zero");

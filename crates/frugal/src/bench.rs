@@ -58,7 +58,7 @@ pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
     };
     let config = BenchConfig {
         url: args.url.clone(),
-        model: args.model.clone(),
+        model: args.model.as_ref().map(|m| m.served_name()),
         rate,
         timeout: Duration::from_secs(args.timeout),
         distinct: args.distinct,

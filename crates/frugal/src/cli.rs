@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use frugal_gateway::backend::model_ref::ModelRef;
 
 /// frugal measures what ML compute costs per unit of work, and shows which levers cut it.
 #[derive(Debug, Parser)]
@@ -151,6 +152,13 @@ pub struct PlanArgs {
     /// each hour (calls to per-token APIs left out)
     #[arg(long, value_name = "NAME")]
     pub workload: Option<String>,
+    /// With --workload: the ledger's demand from this time on, as `frugal report --since`
+    /// reads it (RFC 3339, a date, or an age like 30d)
+    #[arg(long, requires = "workload")]
+    pub since: Option<String>,
+    /// With --workload: the ledger's demand before this time, as `frugal report --until`
+    #[arg(long, requires = "workload")]
+    pub until: Option<String>,
     /// The instance type, priced from the catalog (reserved prices from a price file)
     #[arg(long, value_name = "TYPE")]
     pub instance: String,
@@ -243,20 +251,27 @@ pub struct BatchRunArgs {
     /// The job's durable progress [default: OUT.jsonl.frugal-batch/ beside the output]
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
-    /// Every line asks for this served name (the local model, an upstream, a pool or a route)
-    /// instead of its body's `model`
-    #[arg(long, value_name = "NAME")]
-    pub model: Option<String>,
+    /// The model every line asks for instead of its body's `model`: a GGUF file (a path to
+    /// an existing file, or a name ending .gguf), run here as --model-file, or a served name
+    /// (the local model, an upstream, a pool or a route)
+    #[arg(long, value_name = "FILE.gguf|NAME", value_parser = parse_model_ref)]
+    pub model: Option<ModelRef>,
     /// Lines in flight at once
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
-    /// The local model's GGUF file [default: [serve] model in frugal.toml, else the default
-    /// model]
+    /// The local model's GGUF file [default: --model's file, else [serve] model in
+    /// frugal.toml, else the default model]
     #[arg(long, value_name = "FILE", conflicts_with = "no_model")]
     pub model_file: Option<PathBuf>,
     /// Run no model here: lines go to the [[serve.upstream]] servers and [[serve.pool]] pools
     #[arg(long)]
     pub no_model: bool,
+    /// The semantic cache's embedding model folder (all-MiniLM-L6-v2) [default: models/minilm]
+    #[arg(long, value_name = "DIR")]
+    pub embedder: Option<PathBuf>,
+    /// Turn the semantic cache off
+    #[arg(long)]
+    pub no_semantic_cache: bool,
     /// Kernel threads [default: one per core]
     #[arg(long)]
     pub threads: Option<usize>,
@@ -1027,8 +1042,11 @@ pub struct BenchArgs {
     /// Base URL of the API
     #[arg(long, default_value = "http://127.0.0.1:8080/v1")]
     pub url: String,
-    #[arg(long)]
-    pub model: Option<String>,
+    /// The model asked for: a served name, or a GGUF file (a path to an existing file, or a
+    /// name ending .gguf), asked for by the name `frugal serve` gives it [default: the
+    /// server's own]
+    #[arg(long, value_name = "NAME|FILE.gguf", value_parser = parse_model_ref)]
+    pub model: Option<ModelRef>,
     /// Concurrent clients sending back to back (ignored with --trace)
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
@@ -1096,6 +1114,11 @@ pub enum BatchingArg {
     Continuous,
     Static,
     Drain,
+}
+
+/// `--model`: a GGUF file or a served name ([`ModelRef::parse`]).
+fn parse_model_ref(s: &str) -> Result<ModelRef, String> {
+    Ok(ModelRef::parse(s))
 }
 
 /// A share strictly between 0 and 1.

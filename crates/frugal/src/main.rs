@@ -7,6 +7,8 @@ mod cli;
 mod commands;
 mod config;
 mod data;
+#[cfg(test)]
+mod hints;
 mod progress;
 mod serve;
 mod table;

@@ -293,6 +293,70 @@ fn bad_inputs_and_a_second_run_are_refused_before_anything_runs() {
     assert_eq!(jobs[0]["spot_share"], 1.0);
 }
 
+/// Issue 32: `--model M.gguf` answered "no model at models/smollm2/...: pass --model
+/// FILE.gguf", as `batch run` took `--model` for a served name only. Now a GGUF file runs, as
+/// in `frugal serve`, and every line asks for it; a served name still names one.
+#[test]
+fn model_takes_a_gguf_file_as_serve_does_or_a_served_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    write_input(&input, 2, 2);
+    // The lines ask for a model this machine does not serve by that name.
+    let text = std::fs::read_to_string(&input).unwrap();
+    std::fs::write(
+        &input,
+        text.replace("SmolLM2-135M-Instruct.Q4_1", "elsewhere"),
+    )
+    .unwrap();
+    let run = |model: &std::ffi::OsStr, extra: &[&str]| {
+        Command::new(FRUGAL)
+            .current_dir(dir.path())
+            .arg("--ledger")
+            .arg(dir.path().join("ledger.sqlite"))
+            .args(["batch", "run"])
+            .arg(&input)
+            .args([
+                "--output",
+                "out.jsonl",
+                "--price-per-hour",
+                "0.40",
+                "--model",
+            ])
+            .arg(model)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(model().as_os_str(), &[]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert_eq!(answers(&dir.path().join("out.jsonl")).len(), 2);
+    let first = std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(first.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        first["response"]["body"]["model"], "SmolLM2-135M-Instruct.Q4_1",
+        "{first}"
+    );
+    // Two files named: refused before anything loads.
+    let out = run(
+        model().as_os_str(),
+        &["--model-file", "other.gguf", "--output", "two.jsonl"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", said(&out));
+    assert!(said(&out).contains("two model files"), "{}", said(&out));
+    // A served name the gateway lacks is each line's error, not a file to load.
+    let out = run(
+        "elsewhere".as_ref(),
+        &[
+            "--model-file",
+            model().to_str().unwrap(),
+            "--output",
+            "named.jsonl",
+        ],
+    );
+    assert!(out.status.success(), "{}", said(&out));
+    assert_eq!(lines_in(&dir.path().join("named.errors.jsonl")), 2);
+}
+
 fn nix_term(pid: u32) {
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])

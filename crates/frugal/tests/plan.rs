@@ -79,6 +79,9 @@ fn nyc_taxi_backtests_within_two_points_of_hindsight_and_spot_meets_a_deadline()
     assert_eq!(lookbacks.len(), 3, "7, 30 and 60 days");
     let deadline = &v["spot"]["deadline"];
     assert_eq!(deadline["spot_only_meets"], false, "{deadline}");
+    // Issue 32: spot alone finishes at 52.9 h, past the 36 h: "no", not a blank.
+    assert_eq!(v["spot"]["spot_only"]["deadline_met"], false);
+    assert_eq!(v["spot"]["on_demand"]["deadline_met"], true);
     assert_eq!(
         deadline["uniform_progress"]["deadline_met"], true,
         "{deadline}"
@@ -302,4 +305,206 @@ fn scale_to_zero_replays_the_ledgers_arrivals() {
     assert_eq!(z["waiting_requests"], 2);
     assert_eq!(z["pays"], false, "2 of 21 wait: {z}");
     assert_eq!(run("0.1")["pays"], true);
+}
+
+/// 2026-01-05 00:00 UTC.
+const T0: i64 = 1_767_571_200_000;
+const HOUR: i64 = 3_600_000;
+
+/// A ledger in `dir` (and the `frugal.toml` that names it, with a price file that prices a
+/// 1-year term): `hours` of workload `chat` served on demand on g5.2xlarge, 50 minutes of
+/// each hour busy, and a 10-hour on-demand fine-tune on p3.2xlarge, which spot would have
+/// done cheaper.
+fn serving_ledger(dir: &Path, hours: i64) -> PathBuf {
+    use frugal_cost::{Capacity, Event, Kind, Ledger, Money};
+    std::fs::write(dir.join("prices.toml"), "reserved_1y_discount = 0.35\n").unwrap();
+    let config = dir.join("frugal.toml");
+    std::fs::write(
+        &config,
+        "[ledger]\npath = \"ledger.sqlite\"\n[prices]\nfiles = [\"prices.toml\"]\n",
+    )
+    .unwrap();
+    let on = |mut e: Event, instance: &str| {
+        e.instance_type = Some(instance.into());
+        e.capacity = Some(Capacity::OnDemand);
+        e
+    };
+    let mut events: Vec<Event> = (0..hours)
+        .map(|h| {
+            let mut e = Event::new(
+                T0 + h * HOUR,
+                Kind::Inference,
+                "chat",
+                Money::from_cents(100),
+            );
+            (e.duration_ms, e.model, e.requests) = (50 * 60_000, Some("m".into()), 1);
+            on(e, "g5.2xlarge")
+        })
+        .collect();
+    let mut ft = Event::new(T0, Kind::Training, "finetune", Money::from_cents(3060));
+    (ft.duration_ms, ft.run_id) = (10 * HOUR, Some("ft".into()));
+    events.push(on(ft, "p3.2xlarge"));
+    let mut ledger = Ledger::open(dir.join("ledger.sqlite")).unwrap();
+    ledger.append("test", &events).unwrap();
+    config
+}
+
+/// `frugal ARGS` from the checkout's root with the config in `config`: a command as the
+/// report prints it, run on the ledger the report read.
+fn frugal_with(config: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .current_dir(root())
+        .env("FRUGAL_CONFIG", config)
+        .env_remove("FRUGAL_LEDGER")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The `frugal ...` commands quoted in the levers of `frugal report --json EXTRA`.
+fn suggested(config: &Path, extra: &[&str]) -> (Vec<String>, serde_json::Value) {
+    let out = frugal_with(config, &[&["report", "--json"], extra].concat());
+    assert!(out.status.success(), "{}", said(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut commands = Vec::new();
+    for lever in report["levers"].as_array().unwrap() {
+        let text = format!("{} {}", lever["basis"], lever["action"]);
+        for (i, part) in text.split('`').enumerate() {
+            if i % 2 == 1 && part.starts_with("frugal ") {
+                commands.push(part.to_owned());
+            }
+        }
+    }
+    (commands, report)
+}
+
+/// The reserved-capacity lever's basis: "workload `chat`: 1 x g5.2xlarge on a 1-year term".
+fn reserve_lever(report: &serde_json::Value) -> serde_json::Value {
+    report["levers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lever"] == "reserve the steady baseline")
+        .cloned()
+        .unwrap_or_else(|| panic!("no reserve lever: {report}"))
+}
+
+/// Issue 32: the report said "reserve 1 x g5.2xlarge" on a week the planner refuses to
+/// commit on (it needs 14 days), and pointed to `plan --workload NAME --instance TYPE --fit
+/// 30d --test 30d` and `plan --instance TYPE --work 24h --deadline 36h`, which both failed.
+/// Now the lever is the planner's answer, and every command it quotes runs on the ledger
+/// it came from and says the same count.
+#[test]
+fn every_command_the_report_suggests_runs_on_its_ledger_and_agrees() {
+    // Fifteen days: the planner commits, and the report's lever is its count and saving.
+    let dir = tempfile::tempdir().unwrap();
+    let config = serving_ledger(dir.path(), 15 * 24);
+    let (commands, report) = suggested(&config, &[]);
+    let lever = reserve_lever(&report);
+    let basis = lever["basis"].as_str().unwrap();
+    assert!(
+        basis.starts_with("workload `chat`: 1 x g5.2xlarge on a 1-year term"),
+        "{basis}"
+    );
+    assert!(lever["dollars"].as_i64().unwrap() > 0, "{lever}");
+    let expected = [
+        "frugal plan --workload chat --instance g5.2xlarge --fit 7d --test 7d",
+        "frugal plan --workload finetune --instance p3.2xlarge --work 10h --deadline 15h",
+    ];
+    for e in expected {
+        assert!(commands.iter().any(|c| c == e), "{e} not in {commands:?}");
+    }
+    let mut planned = 0;
+    for command in &commands {
+        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+        if args[0] != "plan" {
+            // Commands that run a user's program (`frugal train --spot -- CMD`) are
+            // parsed by the flag test in the binary crate.
+            continue;
+        }
+        let out = frugal_with(&config, &args);
+        assert!(out.status.success(), "`{command}`: {}", said(&out));
+        let json = frugal_with(&config, &[&args[..], &["--json"]].concat());
+        let plan: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        if args[2] == "chat" {
+            assert_eq!(
+                plan["recommended"]["reserved_1y"], 1,
+                "{}",
+                plan["recommended"]
+            );
+            let saving = &plan["commitments"]["reserved_1y"]["saving"];
+            assert_eq!(
+                saving, &lever["dollars"],
+                "the report's dollars are the plan's"
+            );
+            assert!(plan["backtest"].is_object(), "the windows fit the demand");
+        } else {
+            // The spot table says whether spot alone meets the deadline, in every row.
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let spot = &plan["spot"];
+            assert_eq!(
+                spot["spot_only"]["deadline_met"],
+                spot["deadline"]["spot_only_meets"]
+            );
+            assert!(spot["on_demand"]["deadline_met"].is_boolean(), "{spot}");
+            let row = text.lines().find(|l| l.contains("spot only")).unwrap();
+            let met = row
+                .trim_end_matches(['│', '|', ' '])
+                .split_whitespace()
+                .last();
+            assert!(matches!(met, Some("yes" | "no")), "{row}");
+        }
+        planned += 1;
+    }
+    assert_eq!(planned, 2, "{commands:?}");
+    // Over a window, the command carries it, and the plan says the same to the dollar.
+    let (commands, report) = suggested(&config, &["--since", "2026-01-05T12:30:00Z"]);
+    let lever = reserve_lever(&report);
+    let command = commands
+        .iter()
+        .find(|c| c.contains("--workload chat"))
+        .unwrap();
+    assert!(
+        command.contains(" --since 2026-01-05T12:00:00Z"),
+        "{command}"
+    );
+    let args: Vec<&str> = command
+        .split_whitespace()
+        .skip(1)
+        .chain(["--json"])
+        .collect();
+    let out = frugal_with(&config, &args);
+    assert!(out.status.success(), "`{command}`: {}", said(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["commitments"]["hours"], 15 * 24 - 12);
+    assert_eq!(
+        plan["commitments"]["reserved_1y"]["saving"],
+        lever["dollars"]
+    );
+
+    // The sample's week: too short for a 1-year term, so the planner commits to nothing,
+    // and so does the report, which says why and what to run later.
+    let week = tempfile::tempdir().unwrap();
+    let config = serving_ledger(week.path(), 7 * 24);
+    let (commands, report) = suggested(&config, &[]);
+    let lever = reserve_lever(&report);
+    assert_eq!(lever["dollars"], 0, "{lever}");
+    assert!(
+        lever["basis"]
+            .as_str()
+            .unwrap()
+            .contains("needs at least 14 days of demand history"),
+        "{lever}"
+    );
+    let command = "frugal plan --workload chat --instance g5.2xlarge";
+    assert!(commands.iter().any(|c| c == command), "{commands:?}");
+    let args: Vec<&str> = command
+        .split_whitespace()
+        .skip(1)
+        .chain(["--json"])
+        .collect();
+    let out = frugal_with(&config, &args);
+    assert!(out.status.success(), "{}", said(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["recommended"]["reserved_1y"], serde_json::Value::Null);
 }

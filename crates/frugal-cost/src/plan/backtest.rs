@@ -86,6 +86,20 @@ impl BacktestConfig {
     }
 }
 
+/// Fit and test windows, in hours, that `data_hours` of demand holds: 30 days each where
+/// it covers 60 days, else its halves in whole days (whole hours under two days); `None`
+/// under two hours.
+pub fn suggested_windows(data_hours: usize) -> Option<(usize, usize)> {
+    const MONTH: usize = 30 * 24;
+    let half = data_hours / 2;
+    match half {
+        0 => None,
+        h if h >= MONTH => Some((MONTH, MONTH)),
+        h if h >= 24 => Some((h / 24 * 24, h / 24 * 24)),
+        h => Some((h, h)),
+    }
+}
+
 fn whole_hours(name: &'static str, d: Duration) -> Result<usize, BacktestError> {
     let seconds = d.as_secs();
     if d.subsec_nanos() != 0 || seconds == 0 || !seconds.is_multiple_of(3600) {
@@ -272,6 +286,24 @@ mod tests {
 
     fn series(hourly: Vec<f64>) -> HourlyDemand {
         HourlyDemand::from_hourly(1_404_172_800_000, hourly).unwrap()
+    }
+
+    #[test]
+    fn suggested_windows_fit_the_demand() {
+        assert_eq!(suggested_windows(24 * 365), Some((720, 720)));
+        assert_eq!(suggested_windows(168), Some((72, 72)), "the sample week");
+        assert_eq!(suggested_windows(15 * 24), Some((168, 168)));
+        assert_eq!(suggested_windows(30), Some((15, 15)));
+        assert_eq!(suggested_windows(1), None);
+        for hours in 2..2000 {
+            let (fit, test) = suggested_windows(hours).unwrap();
+            let config = BacktestConfig {
+                fit_hours: fit,
+                test_hours: test,
+                ..BacktestConfig::new(Duration::from_secs(3600), Duration::from_secs(3600)).unwrap()
+            };
+            assert!(config.fits(hours).is_ok(), "{hours}");
+        }
     }
 
     #[test]

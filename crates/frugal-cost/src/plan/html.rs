@@ -54,7 +54,7 @@ pub fn render(plan: &Plan) -> String {
             s.job.interval_hours,
             s.job.restart_hours * 60.0
         );
-        body.push_str(&replay_table(&replays(s)));
+        body.push_str(&replay_table(replay_head(s), &replays(s)));
     }
     if let Some(s) = &plan.sizing {
         body.push_str(&sizing_table(s));
@@ -133,9 +133,18 @@ pub const REPLAY_HEAD: [&str; 8] = [
     "deadline met",
 ];
 
-/// A replay of the run under the policy `name`, as a row of text.
+/// The replay table's columns: "deadline met" only where the plan has a deadline.
+pub fn replay_head(s: &SpotPlan) -> &'static [&'static str] {
+    match s.deadline {
+        Some(_) => &REPLAY_HEAD,
+        None => &REPLAY_HEAD[..REPLAY_HEAD.len() - 1],
+    }
+}
+
+/// A replay of the run under the policy `name`, as a row of text: whether it met the
+/// deadline where it was replayed against one.
 pub fn replay_cells(name: &str, r: &Replay) -> Vec<String> {
-    vec![
+    let mut cells = vec![
         name.to_owned(),
         if r.finished {
             format!("{:.1}", r.finish_hours)
@@ -147,9 +156,11 @@ pub fn replay_cells(name: &str, r: &Replay) -> Vec<String> {
         format!("{:.1}", r.on_demand_hours),
         r.preemptions.to_string(),
         format!("{:.2}", r.lost_work_hours),
-        r.deadline_met
-            .map_or("-".into(), |m| if m { "yes" } else { "no" }.into()),
-    ]
+    ];
+    if let Some(met) = r.deadline_met {
+        cells.push(if met { "yes" } else { "no" }.into());
+    }
+    cells
 }
 
 /// The replays a plan shows: spot alone, on demand, and the deadline policy.
@@ -328,9 +339,8 @@ fn regret_chart(rules: &[&RuleResult]) -> String {
     )
 }
 
-fn replay_table(runs: &[(&str, &Replay)]) -> String {
+fn replay_table(head: &[&str], runs: &[(&str, &Replay)]) -> String {
     let rows: Vec<Vec<String>> = runs.iter().map(|(n, r)| replay_cells(n, r)).collect();
-    let head = REPLAY_HEAD;
     let saved = match runs {
         [(_, spot), (_, od), ..] if od.cost > Money::ZERO => format!(
             "<p class=\"note\">Spot alone costs {} of on demand's {}.</p>\n",
@@ -339,7 +349,7 @@ fn replay_table(runs: &[(&str, &Replay)]) -> String {
         ),
         _ => String::new(),
     };
-    table(&head, &rows) + &saved
+    table(head, &rows) + &saved
 }
 
 /// The right-size table's columns, shared by the page and the terminal.

@@ -295,6 +295,18 @@ pub struct Replay {
     pub deadline_met: Option<bool>,
 }
 
+impl Replay {
+    /// This replay with whether it finished by `deadline_hours`, for a policy that does not
+    /// aim at one (spot alone, on demand alone) shown beside one that does.
+    pub fn against(self, deadline_hours: f64) -> Replay {
+        let met = self.finished && self.finish_hours <= deadline_hours + EPS;
+        Replay {
+            deadline_met: Some(met),
+            ..self
+        }
+    }
+}
+
 /// Where an instance of the run is bought.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Market {
@@ -590,13 +602,15 @@ pub fn plan_deadline(
         prices,
         start_hour,
     )?;
-    let spot_only = replay(trace, job, Policy::SpotOnly, prices, start_hour)?;
+    let spot_only =
+        replay(trace, job, Policy::SpotOnly, prices, start_hour)?.against(deadline_hours);
     Ok(DeadlinePlan {
         deadline_hours,
-        spot_only_meets: spot_only.finished && spot_only.finish_hours <= deadline_hours + EPS,
+        spot_only_meets: spot_only.deadline_met == Some(true),
         spot_only,
         uniform_progress,
-        on_demand: replay(trace, job, Policy::OnDemandOnly, prices, start_hour)?,
+        on_demand: replay(trace, job, Policy::OnDemandOnly, prices, start_hour)?
+            .against(deadline_hours),
     })
 }
 

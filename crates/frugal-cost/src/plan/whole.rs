@@ -163,10 +163,15 @@ fn spot_plan(ask: SpotAsk<'_>, offer: &InstanceOffer) -> Result<SpotPlan, PlanEr
         interval_hours: young_daly_hours.unwrap_or(ask.job.interval_hours),
         ..ask.job
     };
-    let spot_only = replay(ask.trace, &job, Policy::SpotOnly, &prices, 0.0)?;
-    let on_demand = replay(ask.trace, &job, Policy::OnDemandOnly, &prices, 0.0)?;
+    let mut spot_only = replay(ask.trace, &job, Policy::SpotOnly, &prices, 0.0)?;
+    let mut on_demand = replay(ask.trace, &job, Policy::OnDemandOnly, &prices, 0.0)?;
     let deadline = match ask.deadline_hours {
-        Some(hours) => Some(plan_deadline(ask.trace, &job, &prices, hours, 0.0)?),
+        Some(hours) => {
+            // Every row of the table says whether it met the deadline.
+            spot_only = spot_only.against(hours);
+            on_demand = on_demand.against(hours);
+            Some(plan_deadline(ask.trace, &job, &prices, hours, 0.0)?)
+        }
         None => None,
     };
     Ok(SpotPlan {

@@ -240,7 +240,8 @@ fn precision_lever(runs: &HashMap<String, RunAcc>) -> Option<Lever> {
         basis,
         action: "torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16) around the forward \
                  pass and loss (FP16: with a GradScaler), or at least \
-                 torch.backends.cuda.matmul.allow_tf32 = True; docs/training.md shows the lines",
+                 torch.backends.cuda.matmul.allow_tf32 = True; docs/training.md shows the lines"
+            .into(),
     })
 }
 
@@ -269,7 +270,8 @@ fn stall_lever(runs: &HashMap<String, RunAcc>) -> Option<Lever> {
         ),
         action: "DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, \
                  persistent_workers=True), or pre-tokenized, cached data; docs/training.md \
-                 shows the lines",
+                 shows the lines"
+            .into(),
     })
 }
 

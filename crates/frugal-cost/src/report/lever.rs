@@ -1,5 +1,7 @@
 //! A lever of the report, whichever table found it.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
 use crate::money::Money;
@@ -11,5 +13,6 @@ pub struct Lever {
     pub dollars: Money,
     /// How the dollars were worked out, and what they assume.
     pub basis: String,
-    pub action: &'static str,
+    /// What to do, with the `frugal` command that works it out where there is one.
+    pub action: Cow<'static, str>,
 }

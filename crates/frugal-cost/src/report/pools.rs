@@ -343,7 +343,7 @@ pub(super) fn flag_levers<'a>(
                 lever,
                 dollars,
                 basis: basis.join("; "),
-                action,
+                action: action.into(),
             })
         })
         .collect()

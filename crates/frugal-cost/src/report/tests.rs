@@ -211,9 +211,10 @@ fn a_steady_on_demand_baseline_is_priced_at_the_reserved_rate() {
     catalog
         .extend_from_toml(prices, PriceSource::Builtin)
         .unwrap();
-    // Two replicas every hour for two days, a third in the busy hours only.
+    // Two replicas every hour for 15 days (a 1-year term wants 14), a third in the busy
+    // hours only.
     let mut events = Vec::new();
-    for h in 0..48 {
+    for h in 0..15 * 24 {
         let mut e = Event::new(
             T0 - T0.rem_euclid(HOUR_MS) + h * HOUR_MS,
             Kind::Inference,
@@ -234,15 +235,23 @@ fn a_steady_on_demand_baseline_is_priced_at_the_reserved_rate() {
         .iter()
         .find(|l| l.lever == "reserve the steady baseline")
         .unwrap();
-    // Whole inner hours: 46. The third replica runs in half the hours, under the 60% a
-    // reserved hour costs: 2 committed, 3.06 - 1.836 = 1.224 saved per replica-hour.
-    assert_eq!(lever.dollars, m("112.608"), "{}", lever.basis);
+    // The planner's answer on the workload's 360 hours: the third replica runs in half
+    // the hours, under the 60% a reserved hour costs: 2 committed, 3.06 - 1.836 = 1.224
+    // saved per replica-hour.
+    assert_eq!(lever.dollars, m("881.28"), "{}", lever.basis);
     assert!(
-        lever.basis.contains(
-            "2 x p3.2xlarge committed over 46 h of on-demand serving would have been 100% busy"
+        lever.basis.starts_with(
+            "workload `api`: 2 x p3.2xlarge on a 1-year term over its 360 h would have been 100% busy"
         ),
         "{}",
         lever.basis
+    );
+    assert!(
+        lever
+            .action
+            .contains("`frugal plan --workload api --instance p3.2xlarge --fit 7d --test 7d`"),
+        "{}",
+        lever.action
     );
 }
 

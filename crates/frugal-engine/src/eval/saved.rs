@@ -163,7 +163,7 @@ impl SavedReference {
         };
         if bytes.len() < HEADER + 32 || &bytes[..8] != MAGIC {
             return Err(corrupt(
-                "not a saved reference (made by `frugal eval ppl --save-reference`)".into(),
+                "not a saved reference (made by `frugal eval ppl --save-reference FILE`)".into(),
             ));
         }
         let u32_at =

@@ -4,6 +4,7 @@
 //! replicas) plugs in here without a path of its own. [`text`] turns engine tokens into
 //! response text.
 
+pub mod model_ref;
 pub mod text;
 pub mod upstream;
 

@@ -11,7 +11,7 @@ use frugal_cost::plan::{
     right_size,
 };
 use frugal_cost::present::{pct, usd_unit, utc};
-use frugal_cost::{Catalog, Ledger, Window};
+use frugal_cost::{Catalog, Ledger};
 
 use crate::cli::PlanArgs;
 use crate::config::Config;
@@ -84,7 +84,8 @@ fn demand(config: &Config, args: &PlanArgs) -> Result<(HourlyDemand, String)> {
         bail!("give --demand FILE.csv or --workload NAME (the ledger's demand)");
     };
     let ledger = Ledger::open_existing(&config.ledger)?;
-    let found = ledger_demand(&ledger, workload, Window::default())?;
+    let window = super::report::window(args.since.as_deref(), args.until.as_deref())?;
+    let found = ledger_demand(&ledger, workload, window)?;
     // Calls to per-token APIs hold no instance: the plan says it left them out.
     let per_token = match found.per_token_requests {
         0 => String::new(),
@@ -242,7 +243,7 @@ fn print(plan: &Plan, filled: usize) -> Result<()> {
                 .map_or("none".into(), |h| format!("{h:.2} h")),
             s.job.interval_hours
         )?;
-        let mut t = table::new(&html::REPLAY_HEAD);
+        let mut t = table::new(html::replay_head(s));
         for (name, r) in html::replays(s) {
             t.add_row(html::replay_cells(name, r));
         }

@@ -32,23 +32,24 @@ fn parse_bound(text: &str, now_ms: i64) -> Result<i64> {
     parse_ts(t).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-pub fn run(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
-    let ledger = Ledger::open_existing(&config.ledger)?;
+/// The window of `--since` and `--until` (`frugal report`'s, and `frugal plan`'s).
+pub(super) fn window(since: Option<&str>, until: Option<&str>) -> Result<Window> {
     let now = chrono::Utc::now().timestamp_millis();
-    let window = Window {
-        since_ms: args
-            .since
-            .as_deref()
+    Ok(Window {
+        since_ms: since
             .map(|s| parse_bound(s, now))
             .transpose()
             .context("--since")?,
-        until_ms: args
-            .until
-            .as_deref()
+        until_ms: until
             .map(|s| parse_bound(s, now))
             .transpose()
             .context("--until")?,
-    };
+    })
+}
+
+pub fn run(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
+    let ledger = Ledger::open_existing(&config.ledger)?;
+    let window = window(args.since.as_deref(), args.until.as_deref())?;
     let started = std::time::Instant::now();
     let options = Options {
         pool_busy_below: args.pool_busy_below,
@@ -402,7 +403,7 @@ fn print_report(
                 l.lever.to_owned(),
                 usd(l.dollars),
                 l.basis.clone(),
-                l.action.to_owned(),
+                l.action.to_string(),
             ]);
         }
         writeln!(
