@@ -303,8 +303,12 @@ impl Catalog {
             let at = |d: Option<f64>| d.map(|d| HourlyRate(od.scale(1.0 - d)));
             let (one, three) = (at(file.reserved_1y_discount), at(file.reserved_3y_discount));
             if one.is_some() || three.is_some() {
-                offer.reserved_1y = one.or(offer.reserved_1y);
-                offer.reserved_3y = three.or(offer.reserved_3y);
+                // A cloud's average gives way whole, so that one basis holds for both terms.
+                let keep = |own: Option<HourlyRate>| {
+                    own.filter(|_| offer.reserved_basis != Some(ReservedBasis::CloudAverage))
+                };
+                offer.reserved_1y = one.or(keep(offer.reserved_1y));
+                offer.reserved_3y = three.or(keep(offer.reserved_3y));
                 offer.reserved_basis = Some(ReservedBasis::Assumed);
             }
         }
@@ -1105,6 +1109,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.cheapest_with(16.0, 64.0).unwrap().instance_type, "box-16");
+    }
+
+    /// Issue 32: `frugal plan` rested on a 35% discount assumed in an example price file.
+    /// Built-in offers carry their cloud's average reserved discount, marked as such; a
+    /// price file's discount replaces it, marked as assumed; its own price is its own.
+    #[test]
+    fn reserved_prices_say_what_they_rest_on() {
+        let c = Catalog::builtin().unwrap();
+        let m5 = c.instance("m5.large", None).unwrap();
+        assert_eq!(m5.reserved_basis, Some(ReservedBasis::CloudAverage));
+        // AWS: 32% off for 1 year, 48% for 3, no upfront.
+        assert_eq!(m5.reserved_1y, Some(HourlyRate(m("0.06528"))));
+        assert_eq!(m5.reserved_3y, Some(HourlyRate(m("0.04992"))));
+        let gcp_gpu = c.instance("A100:1", Some("us-central1")).unwrap();
+        assert_eq!(
+            gcp_gpu.reserved_1y, None,
+            "an accelerator alone is no machine"
+        );
+
+        let mut c = Catalog::builtin().unwrap();
+        c.extend_from_toml(
+            "reserved_1y_discount = 0.35\n[[instance]]\nprovider='aws'\ninstance_type='m5.xlarge'\nregion='us-east-1'\non_demand=0.192\nreserved_1y=0.12\n",
+            PriceSource::File("p.toml".into()),
+        )
+        .unwrap();
+        let m5 = c.instance("m5.large", None).unwrap();
+        assert_eq!(m5.reserved_basis, Some(ReservedBasis::Assumed));
+        assert_eq!(m5.reserved_1y, Some(HourlyRate(m("0.0624"))));
+        assert_eq!(
+            m5.reserved_3y, None,
+            "no cloud average left under an assumption"
+        );
+        let own = c.instance("m5.xlarge", None).unwrap();
+        assert_eq!(own.reserved_basis, Some(ReservedBasis::Own));
+        assert_eq!(own.reserved_1y, Some(HourlyRate(m("0.12"))));
+        assert!(ReservedBasis::Assumed.describe().starts_with("ASSUMED"));
     }
 
     #[test]
