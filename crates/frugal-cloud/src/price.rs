@@ -480,8 +480,8 @@ mod tests {
         );
         let err = Pricing::given(&c, &req(Capacity::OnDemand, None, Some("g5.nope"))).unwrap_err();
         assert!(err.to_string().contains("g5.nope"), "{err}");
-        // A reserved price the built-in catalog does not have.
-        let err = Pricing::given(&c, &req(Capacity::Reserved3y, None, Some("g5.xlarge")));
+        // A reserved price the built-in catalog does not have: an accelerator alone.
+        let err = Pricing::given(&c, &req(Capacity::Reserved3y, None, Some("A100:1")));
         let msg = err.unwrap_err().to_string();
         assert!(msg.contains("no reserved"), "{msg}");
         assert!(msg.contains("give --price-per-hour"), "{msg}");
@@ -578,13 +578,13 @@ mod tests {
         // A type the catalog does not price falls back the same way, and says so.
         let odd = Detected {
             cloud: Cloud::Gcp,
-            instance_type: "e2-micro".into(),
+            instance_type: "n4-standard-2".into(),
         };
         let got = rate_for(&catalog, Some(&odd), size);
         assert_eq!(got.rate, cheapest.on_demand);
         assert!(
             got.reason
-                .starts_with("gcp e2-micro from the instance metadata is not priced"),
+                .starts_with("gcp n4-standard-2 from the instance metadata is not priced"),
             "{}",
             got.reason
         );
