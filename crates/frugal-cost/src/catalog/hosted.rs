@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{ModelPrice, PriceSource};
+use super::offer::{ModelPrice, PriceSource};
 use crate::money::{Money, TokenRate};
 
 /// The embedded table.

@@ -132,7 +132,7 @@ fn spot_saves(o: &InstanceOffer) -> String {
     match o.spot_change() {
         None => "-".into(),
         Some(c) if c > 0.0 => format!("none: +{} above", pct(c)),
-        Some(c) if c == 0.0 => "none: same".into(),
+        Some(c) if c.abs() < f64::EPSILON => "none: same".into(),
         Some(c) => pct(-c),
     }
 }
