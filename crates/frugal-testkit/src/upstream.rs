@@ -54,9 +54,12 @@ async fn answer(body: Value, call: usize) -> Response {
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    assert_eq!(
-        body["model"], "upstream-name",
-        "the upstream's own model name is sent"
+    // The upstream's own model name is sent: the tests name it so, or after a hosted model
+    // that frugal prices out of the box.
+    assert!(
+        body["model"] == "upstream-name" || body["model"] == "gpt-4o-mini",
+        "the upstream's own model name is sent: {}",
+        body["model"]
     );
     let text = format!("echo: {prompt}");
     // "no usage...": answered, streamed or whole, with no usage at all (some servers).

@@ -170,7 +170,7 @@ fn paid(catalog: &Catalog, args: &BatchRunArgs) -> Result<Option<Pricing>> {
     {
         return Ok(None);
     }
-    Ok(Some(machine_pricing(catalog, &args.machine)?))
+    Ok(Some(machine_pricing("batch run", catalog, &args.machine)?))
 }
 
 /// The gateway `frugal serve` would build for these flags, its idle time recorded as batch.

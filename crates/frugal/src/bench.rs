@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
+use frugal_cloud::price::ThisMachine;
 use frugal_cost::Catalog;
 use frugal_cost::present::usd;
 use frugal_gateway::loadgen::{self, BenchConfig, Counter, Load, Percentiles, Shot};
@@ -17,11 +18,12 @@ use crate::serve::machine_rate;
 use crate::table;
 
 pub fn run(catalog: &Catalog, args: &BenchArgs) -> Result<()> {
-    let (rate, _) = machine_rate(
+    // The server benched may run anywhere: priced only as given.
+    let (rate, _, _) = machine_rate(
         catalog,
         args.price_per_hour.as_deref(),
         args.instance.as_deref(),
-        None,
+        ThisMachine::Nothing,
     )?;
     let load = match (&args.workload, &args.trace) {
         (Some(path), _) => Load::Open {

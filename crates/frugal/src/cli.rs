@@ -605,8 +605,12 @@ pub struct NewKeyArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct PricesArgs {
-    /// Only this provider (aws, gcp, azure, or one from a price file)
+    #[command(subcommand)]
+    pub action: Option<PricesCommand>,
+    /// Only this provider (aws, gcp, azure, or one from a price file; with --models, the
+    /// model's provider, e.g. openai)
     #[arg(long)]
     pub provider: Option<String>,
     /// Accelerator name contains this (case-insensitive), e.g. A100, h100, T4
@@ -628,10 +632,27 @@ pub struct PricesArgs {
     /// List per-token model prices instead of instances
     #[arg(long)]
     pub models: bool,
+    /// With --models: the model's name contains this (case-insensitive), e.g. gpt-4o
+    #[arg(long, requires = "models")]
+    pub name: Option<String>,
     /// Print the instances (or, with --models, the model prices) as a JSON array on stdout,
     /// prices in dollars as decimal strings (`*_usd`) (docs/json.md)
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PricesCommand {
+    /// Replace the built-in hosted-model prices with a newer copy of LiteLLM's table
+    /// (model_prices_and_context_window.json), trimmed and kept in frugal's data folder
+    Refresh(PricesRefreshArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PricesRefreshArgs {
+    /// LiteLLM's model_prices_and_context_window.json (or its _backup copy)
+    #[arg(long, value_name = "FILE.json")]
+    pub models: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

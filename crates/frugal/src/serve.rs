@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use frugal_cloud::notice::Bases;
-use frugal_cloud::price::{self, Found, Pricing, Request, per_hour};
+use frugal_cloud::price::{self, Pricing, Request, ThisMachine};
 use frugal_cost::Catalog;
 use frugal_cost::money::HourlyRate;
 use frugal_engine::eval::quality::AsRun;
@@ -54,13 +54,17 @@ pub fn build(
         None => {
             // Only a local model runs on this machine (a gateway's costs nothing here),
             // and only a meter records what it costs.
-            let this_machine =
-                (!args.no_model && !args.no_meter).then(|| Bases::at(args.metadata_url.as_deref()));
+            let bases = Bases::at(args.metadata_url.as_deref());
+            let this_machine = if !args.no_model && !args.no_meter {
+                ThisMachine::Ask(&bases)
+            } else {
+                ThisMachine::Nothing
+            };
             machine_pricing(
                 catalog,
                 serve.price_per_hour.as_deref(),
                 serve.instance.as_deref(),
-                this_machine.as_ref(),
+                this_machine,
             )?
         }
     };
@@ -303,37 +307,44 @@ pub fn load_model(path: &Path, options: LoadOptions) -> Result<(Model, Tokenizer
         .with_context(|| format!("cannot load {}", path.display()))
 }
 
-/// The machine's hourly price: given, from the catalog, or, for this machine (`this_machine`:
-/// the metadata services to ask), its instance type's from the cloud's metadata or the
-/// cheapest catalog instance as big as it, said at start; else nothing (costs read $0).
+/// The machine's hourly price on demand: given, from the catalog, or, for this machine
+/// (`this_machine`), its instance type's from the cloud's metadata or the nearest catalog
+/// CPU instance as big as it; frugal-cloud resolves it, and its line is `said`.
 pub fn machine_rate(
     catalog: &Catalog,
     price_per_hour: Option<&str>,
     instance: Option<&str>,
-    this_machine: Option<&Bases>,
-) -> Result<(HourlyRate, Option<String>)> {
-    let p = machine_pricing(catalog, price_per_hour, instance, this_machine)?;
-    Ok((p.rate, p.instance_type))
+    this_machine: ThisMachine<'_>,
+) -> Result<(HourlyRate, Option<String>, String)> {
+    let resolved = resolve_on_demand(catalog, price_per_hour, instance, this_machine)?;
+    let p = resolved.pricing;
+    Ok((p.rate, p.instance_type, resolved.said))
 }
 
-/// [`machine_rate`]'s pricing, on demand.
-fn machine_pricing(
+fn resolve_on_demand(
     catalog: &Catalog,
     price_per_hour: Option<&str>,
     instance: Option<&str>,
-    this_machine: Option<&Bases>,
-) -> Result<Pricing> {
+    this_machine: ThisMachine<'_>,
+) -> Result<price::Resolved> {
     let request = Request {
         price_field: "--price-per-hour",
         ..Request::on_demand(price_per_hour, instance)
     };
-    let resolved = price::resolve(catalog, &request, this_machine)?;
-    if let Found::ThisMachine { reason } = &resolved.found {
-        writeln!(
-            std::io::stderr(),
-            "frugal serve: pricing this machine at {}/h: {reason}; --price-per-hour overrides it",
-            per_hour(resolved.pricing.rate),
-        )?;
+    Ok(price::resolve(catalog, &request, this_machine)?)
+}
+
+/// [`machine_rate`]'s pricing, its line said at start.
+fn machine_pricing(
+    catalog: &Catalog,
+    price_per_hour: Option<&str>,
+    instance: Option<&str>,
+    this_machine: ThisMachine<'_>,
+) -> Result<Pricing> {
+    let resolved = resolve_on_demand(catalog, price_per_hour, instance, this_machine)?;
+    // Nothing to price (no local model, or no meter): nothing to say.
+    if resolved.found != price::Found::Nothing {
+        writeln!(std::io::stderr(), "frugal serve: {}", resolved.said)?;
     }
     Ok(resolved.pricing)
 }

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
+use frugal_cloud::notice::Bases;
 use frugal_cloud::notice::{AnySource, Choice, choose};
-use frugal_cloud::price::{self, Found, Pricing, Request};
+use frugal_cloud::price::{self, Pricing, Request, ThisMachine};
 use frugal_cloud::store::CheckpointStore;
 use frugal_cost::present::usd;
 use frugal_cost::{Capacity, Catalog, Money};
@@ -34,7 +35,7 @@ pub struct Stopped {
 }
 
 pub fn run(config: &Config, catalog: &Catalog, args: &TrainArgs) -> Result<()> {
-    let pricing = machine_pricing(catalog, &args.machine)?;
+    let pricing = machine_pricing("train", catalog, &args.machine)?;
     let run_id = args
         .run
         .clone()
@@ -162,8 +163,10 @@ pub fn seconds(flag: &str, s: f64) -> Result<Duration> {
 }
 
 /// A machine's pricing from the flags (spot or on demand, a given price or a catalog
-/// instance); frugal-cloud resolves it.
-pub fn machine_pricing(catalog: &Catalog, m: &MachineArgs) -> Result<Pricing> {
+/// instance), else this machine's (asking the cloud's metadata unless `--notice none` says
+/// it is on none, then by its size): frugal-cloud resolves it, and `frugal COMMAND` says it
+/// on stderr.
+pub fn machine_pricing(command: &str, catalog: &Catalog, m: &MachineArgs) -> Result<Pricing> {
     let request = Request {
         capacity: if m.spot {
             Capacity::Spot
@@ -175,10 +178,14 @@ pub fn machine_pricing(catalog: &Catalog, m: &MachineArgs) -> Result<Pricing> {
         instance: m.instance.as_deref(),
         region: m.region.as_deref(),
     };
-    let resolved = price::resolve(catalog, &request, None)?;
-    if resolved.found == Found::Nothing {
-        tracing::warn!("no --instance or --price-per-hour: its work costs $0 in the ledger");
-    }
+    let bases = Bases::at(m.metadata_url.as_deref());
+    let this_machine = if matches!(m.notice, NoticeArg::None) && m.metadata_url.is_none() {
+        ThisMachine::BySize
+    } else {
+        ThisMachine::Ask(&bases)
+    };
+    let resolved = price::resolve(catalog, &request, this_machine)?;
+    writeln!(std::io::stderr(), "frugal {command}: {}", resolved.said)?;
     Ok(resolved.pricing)
 }
 

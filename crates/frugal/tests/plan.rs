@@ -64,6 +64,8 @@ fn nyc_taxi_backtests_within_two_points_of_hindsight_and_spot_meets_a_deadline()
     let r = &v["recommended"];
     assert_eq!(r["reserved_1y"], 15, "{r}");
     assert_eq!(r["reserved_3y"], serde_json::Value::Null, "no 3-year price");
+    // Issue 32: the example file's discount is an assumption, and the plan says so.
+    assert_eq!(v["reserved_basis"], "assumed", "{}", v["reserved_rests_on"]);
     assert_eq!(
         r["on_demand_peak"], 25,
         "above the 15 committed: the peak is 40"
@@ -162,6 +164,11 @@ fn bad_demand_and_impossible_windows_are_clear_errors() {
     let out = plan_csv(dir.path(), &csv, &[]);
     assert!(out.status.success(), "{}", said(&out));
     assert!(said(&out).contains("no reserved_1y"), "{}", said(&out));
+    assert!(
+        said(&out).contains("reserved prices: ASSUMED: a price file's reserved_*_discount"),
+        "{}",
+        said(&out)
+    );
     // No demand at all, and a workload the ledger does not have.
     let out = plan(dir.path(), &["--instance", "p3.2xlarge"]);
     assert_eq!(out.status.code(), Some(1));

@@ -58,7 +58,7 @@ fn pricing_line(metadata_url: &str) -> String {
     let mut pricing = None;
     for line in BufReader::new(child.stderr.take().unwrap()).lines() {
         let line = line.unwrap();
-        if line.contains("pricing this machine") {
+        if line.contains("frugal serve: priced as") {
             pricing = Some(line);
         } else if line.contains("http://") {
             break;
@@ -75,8 +75,8 @@ fn serve_without_a_price_prices_its_machine_and_says_how() {
     let line = pricing_line(&url);
     assert!(
         line.contains(
-            "pricing this machine at $1.006/h: aws g5.xlarge from the instance metadata; \
-             --price-per-hour overrides it"
+            "priced as aws g5.xlarge $1.006/h (catalog, on demand; aws g5.xlarge from the \
+             instance metadata); --price-per-hour or --instance overrides it"
         ),
         "{line}"
     );
@@ -86,10 +86,13 @@ fn serve_without_a_price_prices_its_machine_and_says_how() {
     let started = Instant::now();
     let line = pricing_line(&closed);
     assert!(
-        line.contains("no cloud metadata: the cheapest catalog instance with >= "),
+        line.contains("no cloud metadata: the cheapest catalog CPU instance with >= "),
         "{line}"
     );
-    assert!(line.contains("--price-per-hour overrides it"), "{line}");
+    assert!(
+        line.contains("--price-per-hour or --instance overrides it"),
+        "{line}"
+    );
     assert!(!line.contains("at $0.000/h"), "{line}");
     eprintln!("off the clouds, after {:?}: {line}", started.elapsed());
 }

@@ -211,6 +211,20 @@ fn sigterm_checkpoints_and_exits_resumable() {
     assert!(out.status.success());
     assert_eq!(resumed_from(&stderr(&out)), vec![stored]);
     assert_eq!(m.model(), reference());
+    // Issue 32: with no --instance or --price-per-hour a segment billed $0. This machine is
+    // priced as the nearest catalog CPU instance to its size (no cloud asked with
+    // `--notice none`), said at start.
+    assert!(
+        stderr(&out).contains("frugal train: priced as ")
+            && stderr(&out).contains("no cloud asked"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        shared.segments().iter().all(|s| s.2 > 0),
+        "{:?}",
+        shared.segments()
+    );
     let outcomes: Vec<i64> = shared.segments().iter().map(|s| s.0).collect();
     assert_eq!(
         outcomes,

@@ -580,6 +580,34 @@ fn a_gateway_with_no_model_of_its_own_serves_its_upstreams() {
     }
 }
 
+/// Issue 32: with no price file, an upstream named `gpt-4o-mini` cost $0. It is priced from
+/// the hosted models' table frugal ships (LiteLLM's), and a price file still wins.
+#[test]
+fn a_hosted_model_is_priced_out_of_the_box_and_a_price_file_overrides_it() {
+    let (url, _) = mock_upstream();
+    let config =
+        format!("[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"gpt-4o-mini\"\n");
+    let cost = |files: &[(&str, &str)]| {
+        let server = Server::start_with_files(files, &["--no-model"]);
+        let (status, head, body) =
+            server.request("POST", "/v1/chat/completions", &chat("hello", ""));
+        assert_eq!(status, 200, "{body}");
+        header(&head, "x-frugal-cost-usd").map(str::to_owned)
+    };
+    // 10 input tokens at $0.15/M plus 5 output tokens at $0.60/M, LiteLLM's gpt-4o-mini.
+    assert_eq!(
+        cost(&[("frugal.toml", &config)]).as_deref(),
+        Some("0.000004500")
+    );
+    let priced = format!("[prices]\nfiles = [\"prices.toml\"]\n\n{config}");
+    let own = "[[model]]\nname = \"gpt-4o-mini\"\ninput = 1.0\noutput = 2.0\n";
+    assert_eq!(
+        cost(&[("prices.toml", own), ("frugal.toml", &priced)]).as_deref(),
+        Some("0.000020000"),
+        "the price file's"
+    );
+}
+
 #[test]
 fn bad_upstream_prices_and_cache_policies_are_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -303,3 +303,40 @@ fn an_interval_billed_before_a_crash_is_not_billed_again() {
     assert!(again.status.success(), "{}", said(&again));
     assert_eq!(rows(), billed, "billed once: {}", said(&again));
 }
+
+/// Issue 32: a target with no `price_per_hour` or `instance` billed $0. It is priced as the
+/// nearest catalog CPU instance to this machine's size, said once at start.
+#[test]
+fn a_target_without_a_price_is_billed_from_the_catalog() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let body = "vllm:request_success_total{finished_reason=\"stop\",model_name=\"m\"} 7\n\
+                vllm:generation_tokens_total{model_name=\"m\"} 300\n\
+                vllm:num_requests_running{model_name=\"m\"} 1\n";
+    let router =
+        axum::Router::new().route("/metrics", axum::routing::get(move || async move { body }));
+    let base = runtime.block_on(frugal_testkit::loopback::serve(router));
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("[[watch.target]]\nname = \"vllm\"\nurl = \"{base}/metrics\"\n");
+    let first = watch(dir.path(), &config);
+    assert!(first.status.success(), "{}", said(&first));
+    assert!(
+        said(&first)
+            .contains("frugal watch: servers with no price_per_hour or instance: priced as "),
+        "{}",
+        said(&first)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let second = watch(dir.path(), &config);
+    assert!(second.status.success(), "{}", said(&second));
+    let db = rusqlite::Connection::open(dir.path().join("watch.sqlite")).unwrap();
+    let cost: i64 = db
+        .query_row("SELECT coalesce(sum(cost), 0) FROM events", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert!(
+        cost > 0,
+        "the interval priced from the catalog: {}",
+        said(&second)
+    );
+}

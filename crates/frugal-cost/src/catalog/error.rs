@@ -18,6 +18,8 @@ pub enum CatalogError {
     },
     #[error("price file {path}: {message}")]
     Invalid { path: PathBuf, message: String },
+    #[error("model price table {path}: {message}")]
+    ModelTable { path: PathBuf, message: String },
     #[error("unknown instance type `{name}`{}", suggest(.suggestions))]
     UnknownInstance {
         name: String,

@@ -69,7 +69,8 @@ impl Catalog {
                 OfferSort::PerGpu => o.per_accelerator_hour().unwrap_or(f64::MAX),
                 OfferSort::OnDemand => o.on_demand.0.as_f64(),
                 OfferSort::Spot => o.spot.map_or(f64::MAX, |s| s.0.as_f64()),
-                OfferSort::Saving => -o.spot_saving().unwrap_or(0.0),
+                // The deepest cut first; spot above on demand after every saving.
+                OfferSort::Saving => o.spot_change().unwrap_or(f64::MAX),
             }
         };
         offers.sort_by(|a, b| {
@@ -78,5 +79,13 @@ impl Catalog {
                 .then_with(|| a.instance_type.cmp(&b.instance_type))
         });
         offers
+    }
+
+    /// [`Catalog::search`] with whole machines apart from accelerators priced without their
+    /// VM (GCP's `A100:1`), so that the two are never ranked against each other.
+    pub fn search_apart(&self, query: &OfferQuery) -> (Vec<&InstanceOffer>, Vec<&InstanceOffer>) {
+        self.search(query)
+            .into_iter()
+            .partition(|o| !o.accelerator_only())
     }
 }

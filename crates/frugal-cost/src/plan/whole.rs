@@ -14,7 +14,7 @@ use super::spot::{
     DeadlinePlan, Job, Policy, Replay, SpotError, SpotPrices, SpotTrace, TraceStats, plan_deadline,
     replay, young_daly_interval,
 };
-use crate::catalog::InstanceOffer;
+use crate::catalog::{InstanceOffer, ReservedBasis};
 use crate::event::Kind;
 use crate::ledger::{Ledger, LedgerError, Window};
 use crate::money::Millis;
@@ -57,6 +57,11 @@ pub struct Plan {
     pub mean: f64,
     pub recommended: Recommended,
     pub commitments: CommitPlan,
+    /// What the reserved prices rest on: the instance's own, its cloud's average discount,
+    /// or an assumed one; `None` when no reserved price is known.
+    pub reserved_basis: Option<ReservedBasis>,
+    /// The same, in words for a reader.
+    pub reserved_rests_on: Option<String>,
     /// Rolling fit/test windows for the cheapest term with a price.
     pub backtest: Option<Backtest>,
     pub spot: Option<SpotPlan>,
@@ -138,6 +143,8 @@ impl Plan {
                 spot: spot.as_ref().map(|_| 1),
             },
             commitments,
+            reserved_basis: offer.reserved_basis,
+            reserved_rests_on: offer.reserved_basis.map(ReservedBasis::describe),
             backtest,
             spot,
             sizing: None,

@@ -33,7 +33,8 @@ pub fn run(cli: Cli) -> Result<()> {
         price_flags: &cli.price_files,
         data_home,
     })?;
-    let catalog = Catalog::load(&config.price_files).context("cannot load the price catalog")?;
+    let catalog = Catalog::load_with(&config.price_files, prices::refreshed(&config).as_deref())
+        .context("cannot load the price catalog")?;
     let mut command = cli.command;
     crate::data::Data::new(config.data_home.as_deref()).locate_inputs(&mut command)?;
     match command {
@@ -47,7 +48,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Plan(args) => plan::run(&config, &catalog, &args),
         Command::Tune(args) => crate::tune::run(&config, &catalog, &args),
         Command::Watch(args) => crate::watch::run(&config, &catalog, &args),
-        Command::Prices(args) => prices::run(&catalog, &args),
+        Command::Prices(args) => prices::run(&config, &catalog, &args),
         Command::Ledger(LedgerCommand::Import(args)) => {
             let ledger = config.open_ledger()?;
             ledger::import(ledger, &catalog, &args)

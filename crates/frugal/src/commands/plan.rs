@@ -187,6 +187,14 @@ fn print(plan: &Plan, filled: usize) -> Result<()> {
         t.add_row(html::option_cells(o));
     }
     writeln!(out, "\nWhat to commit to\n{t}")?;
+    match &plan.reserved_rests_on {
+        Some(basis) => writeln!(out, "reserved prices: {basis}")?,
+        None => writeln!(
+            out,
+            "reserved prices: none known for {}: give reserved_1y / reserved_3y in a price file",
+            plan.instance_type
+        )?,
+    }
     for r in &plan.commitments.refused {
         writeln!(out, "no {}: {}", r.capacity, r.reason)?;
     }
