@@ -42,6 +42,8 @@ impl Layout {
 
 /// The widest a text column's floor gets: longer words wrap inside it.
 const WORD_FLOOR: usize = 16;
+/// The narrowest a text column gets to fit a terminal: a word is cut, never shredded.
+const TEXT_MIN: usize = 8;
 
 /// A table as commands fill and print it.
 pub struct Tab(Table);
@@ -98,14 +100,15 @@ impl std::fmt::Display for Tab {
                 w + 2
             })
             .collect();
-        // Where the floors overflow the width, text gives way first, down to 3 characters
-        // a column: a word is cut only where the terminal is too narrow for the figures.
+        // Where the floors overflow the width, text gives way first, down to TEXT_MIN
+        // characters a column; past that the table runs over the edge, since a name cut
+        // into three-letter pieces (`wor`/`klo`/`ad`) reads worse than a wrapped line.
         if let Some(width) = table.width() {
             let borders = floors.len() + 1;
             let mut over = (floors.iter().sum::<usize>() + borders).saturating_sub(width.into());
             while over > 0 {
                 let Some(i) = (0..floors.len())
-                    .filter(|&i| text[i] && floors[i] > 5)
+                    .filter(|&i| text[i] && floors[i] > TEXT_MIN + 2)
                     .max_by_key(|&i| floors[i])
                 else {
                     break;
