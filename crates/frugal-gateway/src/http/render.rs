@@ -255,7 +255,7 @@ pub fn json(f: Finished, kind: Kind, model: &str) -> Response {
 }
 
 /// An embeddings answer, with what it cost.
-pub(crate) fn embedded(e: crate::request::embed::Embedded) -> Response {
+pub(crate) fn embedded(e: crate::request::embed::Answered) -> Response {
     let costed = Costed {
         cost: Some(e.cost),
         cache: e.cache,

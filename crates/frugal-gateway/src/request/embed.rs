@@ -27,7 +27,7 @@ use crate::request::state::{AppState, EmbedTarget};
 pub const ENDPOINT: &str = "embeddings";
 
 /// An answered embeddings request, settled.
-pub struct Embedded {
+pub struct Answered {
     /// The response body, without its cost.
     pub body: Value,
     pub cost: Money,
@@ -42,7 +42,7 @@ pub(crate) async fn run(
     job: &EmbeddingJob,
     target: &EmbedTarget,
     headers: &HeaderMap,
-) -> Result<Embedded, ApiError> {
+) -> Result<Answered, ApiError> {
     let rejected = |e: ApiError| {
         state
             .inner
@@ -89,16 +89,22 @@ pub(crate) async fn run(
                 ApiError::Internal(format!("a cached answer does not parse: {e}"))
             })?
         }
-        None => produce(&mut bill, job, target).await?,
+        None => {
+            let fresh = produce(&mut bill, job, target).await?;
+            let text = fresh.to_string();
+            bill.record(&text, &[]);
+            // Answered from the text the cache keeps, so that a hit repeats this answer to
+            // the bit: serde_json reads a float back only to its best effort.
+            serde_json::from_str(&text).unwrap_or(fresh)
+        }
     };
-    bill.record(&body.to_string(), &[]);
     let cost = bill.settle(End::Completed {
         reason: FinishReason::Stop,
         first_token: None,
         judged: None,
         cacheable: true,
     });
-    Ok(Embedded {
+    Ok(Answered {
         body,
         cost,
         cache: bill.cache.label(),
