@@ -14,10 +14,11 @@ use frugal_cost::Catalog;
 use crate::admit::budget::SharedBudgets;
 use crate::admit::keys::{KeyConfig, Keys};
 use crate::assemble::{
-    ConfigError, cache_config, find_embedder, invalid, keys, policies, route, route_name,
-    semantic_config, upstream,
+    ConfigError, cache_config, find_embedder, has_embedder, invalid, keys, policies, route,
+    route_name, semantic_config, upstream,
 };
 use crate::backend::Local;
+use crate::backend::embed;
 use crate::backend::upstream::Upstream;
 use crate::cache::exact::{CacheConfig, CachePolicy, ExactCache};
 use crate::cache::semantic::SemanticCache;
@@ -60,6 +61,9 @@ pub struct Assembly {
     /// The semantic cache was wanted but no embedder was named or found where searched,
     /// so it is off: the caller says so.
     pub no_embedder: bool,
+    /// The embedder `/v1/embeddings` answers with beside a local model: the one loaded,
+    /// else the folder where one was found (loaded on the first request).
+    pub embeddings: Option<embed::Source>,
     /// A Redis URL for the exact cache's shared level (with the exact cache on), to connect
     /// to with the cache's TTL.
     pub shared_cache: Option<String>,
@@ -83,6 +87,7 @@ impl Assembly {
     ) -> Parts {
         Parts {
             local,
+            embedder: self.embeddings,
             meter,
             cache: self.cache.map(ExactCache::new),
             semantic: self.semantic,
@@ -136,6 +141,17 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         .as_ref()
         .filter(|_| wants_semantic)
         .map(|e| SemanticCache::new(e.clone(), semantic_config));
+    // Beside a local model, which prices its machine time; a gateway alone embeds with its
+    // upstreams.
+    let embeddings = match &embedder {
+        _ if inputs.local.is_none() => None,
+        Some(e) => Some(embed::Source::Loaded(e.clone())),
+        None => match &raw.embedder {
+            Some(named) => Some(named).filter(|d| has_embedder(d)),
+            None => inputs.embedder_search.iter().find(|d| has_embedder(d)),
+        }
+        .map(|d| embed::Source::At(d.clone())),
+    };
     let keys = keys(raw)?;
     if raw.budget_redis.is_some() && keys.is_empty() {
         return Err(invalid(
@@ -162,6 +178,7 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         keys,
         budget_redis: raw.budget_redis.clone(),
         no_embedder: wants_semantic && embedder.is_none(),
+        embeddings,
         shared_cache: raw.cache_redis.clone().filter(|_| cache.is_some()),
         cache,
         semantic,

@@ -1,8 +1,9 @@
 //! frugal-gateway: the OpenAI-compatible HTTP API over frugal's engine and upstreams.
 //!
 //! `POST /v1/chat/completions` and `POST /v1/completions` (both with SSE streaming and the
-//! final usage chunk), `GET /v1/models`, `/health` and Prometheus `/metrics`, and OpenAI's
-//! Files and Batches API ([`batch::api`]), whose lines take the way requests take.
+//! final usage chunk), `POST /v1/embeddings` ([`request::embed`]), `GET /v1/models`,
+//! `/health` and Prometheus `/metrics`, and OpenAI's Files and Batches API ([`batch::api`]),
+//! whose lines take the way requests take.
 //!
 //! Folders by concern, each layer using only those below it:
 //! - [`http`]: the router and handlers, OpenAI's shapes, validation, errors, rendering;

@@ -1,7 +1,8 @@
 //! A mock OpenAI-compatible upstream for the end-to-end tests: a real HTTP server on
 //! loopback (axum, on a thread of its own). What it does depends on the request's message,
 //! so each test sentence picks a behaviour; any other message is echoed, with usage of 10
-//! prompt and 5 completion tokens (none for a message that starts "no usage").
+//! prompt and 5 completion tokens (none for a message that starts "no usage"). It serves
+//! `/v1/embeddings` too ([`mock_embedding`]: three numbers per input, three tokens each).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,20 +22,29 @@ pub fn mock_upstream() -> (String, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let per_message = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
     let counter = calls.clone();
-    let app = Router::new().route(
-        "/v1/chat/completions",
-        post(move |body: axum::Json<Value>| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            let message = body.0["messages"][0]["content"].to_string();
-            let n = {
-                let mut seen = per_message.lock().unwrap();
-                let n = seen.entry(message).or_default();
-                *n += 1;
-                *n - 1
-            };
-            async move { answer(body.0, n).await }
-        }),
-    );
+    let embedded = calls.clone();
+    let app = Router::new()
+        .route(
+            "/v1/embeddings",
+            post(move |body: axum::Json<Value>| {
+                embedded.fetch_add(1, Ordering::SeqCst);
+                async move { embeddings(&body.0) }
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(move |body: axum::Json<Value>| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let message = body.0["messages"][0]["content"].to_string();
+                let n = {
+                    let mut seen = per_message.lock().unwrap();
+                    let n = seen.entry(message).or_default();
+                    *n += 1;
+                    *n - 1
+                };
+                async move { answer(body.0, n).await }
+            }),
+        );
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -46,6 +56,44 @@ pub fn mock_upstream() -> (String, Arc<AtomicUsize>) {
     });
     let addr = rx.recv().unwrap();
     (format!("http://{addr}/v1"), calls)
+}
+
+/// The mock's embedding of `text`: its length, and 0.5 and -0.25.
+pub fn mock_embedding(text: &str) -> [f32; 3] {
+    [text.len() as f32, 0.5, -0.25]
+}
+
+/// Embeddings of the inputs, as floats whatever was asked; "bad request" is refused.
+fn embeddings(body: &Value) -> Response {
+    assert_eq!(
+        body["model"], "upstream-name",
+        "the upstream's own model name is sent"
+    );
+    let inputs: Vec<&str> = match &body["input"] {
+        Value::String(s) => vec![s.as_str()],
+        Value::Array(items) => items.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    if inputs.contains(&"bad request") {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({ "error": { "message": "input[0] is wrong" } })),
+        )
+            .into_response();
+    }
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({ "object": "embedding", "index": i, "embedding": mock_embedding(t) }))
+        .collect();
+    let tokens = 3 * inputs.len();
+    axum::Json(json!({
+        "object": "list",
+        "data": data,
+        "model": "upstream-name",
+        "usage": { "prompt_tokens": tokens, "total_tokens": tokens },
+    }))
+    .into_response()
 }
 
 /// `call`: how many times this message came before.

@@ -52,13 +52,14 @@ pub fn build(
     let paid = match paid {
         Some(p) => p,
         None => {
-            // Only a local model runs on this machine (a gateway's costs nothing here),
-            // and only a meter records what it costs.
+            // Only a local model runs on this machine (a gateway's costs nothing here).
+            // Priced with --no-meter too: each answer still says what it cost
+            // (`x-frugal-cost-usd`), only the ledger row is skipped.
             let bases = Bases::at(args.metadata_url.as_deref());
-            let this_machine = if !args.no_model && !args.no_meter {
-                ThisMachine::Ask(&bases)
-            } else {
+            let this_machine = if args.no_model {
                 ThisMachine::Nothing
+            } else {
+                ThisMachine::Ask(&bases)
             };
             machine_pricing(
                 catalog,
@@ -78,11 +79,18 @@ pub fn build(
             Some(path) => path,
             None => crate::data::Data::new(config.data_home.as_deref()).default_model()?,
         };
+        // Named for the way it runs (`...Q4_1+q4_0` with --quant q4_0) unless told a name;
+        // the file's own name still reaches it.
+        let stem = path
+            .file_stem()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned());
         let name = serve.name.clone().unwrap_or_else(|| {
-            path.file_stem()
-                .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+            as_run(&path, args)
+                .served_name()
+                .unwrap_or_else(|| stem.clone())
         });
-        Some((path, name))
+        let alias = (serve.name.is_none() && name != stem).then_some(stem);
+        Some((path, name, alias))
     };
     let search = embedder_search(config.data_home.as_deref());
     // Process pools' replicas log beside the ledger unless a pool says where.
@@ -91,7 +99,7 @@ pub fn build(
         &serve,
         &Inputs {
             catalog,
-            local: model.as_ref().map(|(_, name)| name.as_str()),
+            local: model.as_ref().map(|(_, name, _)| name.as_str()),
             env: &|var| std::env::var(var).ok(),
             embedder_search: &search,
             pool_logs: &pool_logs,
@@ -107,8 +115,9 @@ pub fn build(
     }
     let capacity = paid.capacity;
     let local = match model {
-        Some((path, name)) => {
-            let local = start_local(args, &serve, &path, name, paid)?;
+        Some((path, name, alias)) => {
+            let mut local = start_local(args, &serve, &path, name, paid)?;
+            local.aliases.extend(alias);
             say_quality(&path, args, config.data_home.as_deref())?;
             Some(local)
         }
@@ -228,6 +237,16 @@ pub fn embedder_search(data_home: Option<&Path>) -> Vec<PathBuf> {
     dirs
 }
 
+/// The model file at `path` as the flags run it: re-quantized to `--quant`, with `--kv`.
+fn as_run<'a>(path: &'a Path, args: &ServeArgs) -> AsRun<'a> {
+    let kv = args.kv.kv_type();
+    AsRun {
+        path,
+        quant: args.quant.map(|q| q.weight_type().name()),
+        kv: (kv != KvType::F32).then(|| kv.name()),
+    }
+}
+
 /// Says what `frugal eval` last measured of the model file as `--quant` runs it, or, when it
 /// re-quantizes, that nothing measured it: a saving is never served without its cost in
 /// quality in sight.
@@ -235,12 +254,7 @@ fn say_quality(path: &Path, args: &ServeArgs, data_home: Option<&Path>) -> Resul
     let Some(store) = frugal_engine::eval::quality::store(None, data_home) else {
         return Ok(());
     };
-    let kv = args.kv.kv_type();
-    let run = AsRun {
-        path,
-        quant: args.quant.map(|q| q.weight_type().name()),
-        kv: (kv != KvType::F32).then(|| kv.name()),
-    };
+    let run = as_run(path, args);
     let found = run.latest(&store);
     let (what, flags) = (run.words(), run.flags());
     let mut err = std::io::stderr().lock();

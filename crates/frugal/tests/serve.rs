@@ -714,3 +714,90 @@ fn requests_are_metered_into_a_postgresql_ledger() {
         .unwrap();
     assert_eq!(rows, 3, "every answered request once");
 }
+
+/// Issue 32: `serve --quant q4_0` served and billed the Q4_1 file under the file's name, and
+/// the report's "Quality kept" put a FAILED Q4_0 evaluation against the model served as
+/// stored. A re-quantized model is listed, answered and billed as `<file>+q4_0` (the file's
+/// name still reaches it), and an evaluation is shown against the way it was run alone.
+#[test]
+fn a_requantized_model_is_named_for_what_runs_and_its_quality_matched_to_it() {
+    use frugal_engine::eval::quality::{FileId, Record, append};
+    let home = tempfile::tempdir().unwrap();
+    let xdg = home.path().to_str().unwrap();
+    let failed = Record {
+        at: "2026-12-05T00:00:00Z".into(),
+        kind: "ppl".into(),
+        model: FileId::of(&model()).unwrap(),
+        quant: Some("Q4_0".into()),
+        kv: None,
+        reference: None,
+        data: "held-out.txt".into(),
+        summary: "PPL +31% of the reference's".into(),
+        gate: Some(false),
+        figures: serde_json::json!({}),
+    };
+    append(&home.path().join("frugal/evals.jsonl"), &failed).unwrap();
+    let stem = model().file_stem().unwrap().to_str().unwrap().to_owned();
+    let quant = format!("{stem}+q4_0");
+    let quality = |dir: &tempfile::TempDir| -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+            .env("XDG_DATA_HOME", xdg)
+            .arg("--ledger")
+            .arg(dir.path().join("ledger.sqlite"))
+            .arg("report")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let report = String::from_utf8(out.stdout).unwrap();
+        report
+            .split("Quality kept")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let env = [("XDG_DATA_HOME", xdg)];
+
+    // As stored: the Q4_0 evaluation is not this model's.
+    let stored = Server::start_env(tempfile::tempdir().unwrap(), &[], &["--no-cache"], &env);
+    stored.ask("Say hi.", 2);
+    let (_, dir) = stored.stop();
+    assert_eq!(quality(&dir), "", "nothing measured the file as stored");
+
+    // Re-quantized, into the same ledger: named so, and reached by the file's name too.
+    let server = Server::start_env(dir, &[], &["--no-cache", "--quant", "q4_0"], &env);
+    let (_, _, models) = server.request("GET", "/v1/models", "");
+    let models: serde_json::Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], quant.as_str(), "{models}");
+    for named in [None, Some(&stem), Some(&quant)] {
+        let mut body = serde_json::json!({
+            "messages": [{ "role": "user", "content": "Say hi." }],
+            "max_tokens": 2,
+        });
+        if let Some(m) = named {
+            body["model"] = serde_json::json!(m);
+        }
+        let (status, v) = server.json("/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["model"], quant.as_str(), "{v}");
+    }
+    let (_, dir) = server.stop();
+    let db = rusqlite::Connection::open(dir.path().join("ledger.sqlite")).unwrap();
+    let billed: Vec<(String, i64)> = db
+        .prepare(
+            "SELECT d.name, count(*) FROM events e JOIN dims d ON d.id = e.model
+             WHERE e.kind = 0 GROUP BY d.name ORDER BY d.name",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(billed, [(stem.clone(), 1), (quant.clone(), 3)]);
+    let table = quality(&dir);
+    let rows: Vec<&str> = table.lines().filter(|l| l.contains("FAILED")).collect();
+    assert_eq!(rows.len(), 1, "{table}");
+    assert!(
+        rows[0].contains(&quant) && rows[0].contains("Q4_0"),
+        "{table}"
+    );
+}

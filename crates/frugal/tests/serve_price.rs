@@ -96,3 +96,51 @@ fn serve_without_a_price_prices_its_machine_and_says_how() {
     assert!(!line.contains("at $0.000/h"), "{line}");
     eprintln!("off the clouds, after {:?}: {line}", started.elapsed());
 }
+
+/// Issue 32: `serve --no-meter` answered `x-frugal-cost-usd: 0`: it skipped pricing the
+/// machine along with the ledger. The request is still priced; only its row is not written.
+#[test]
+fn no_meter_skips_the_ledger_not_the_price() {
+    let (url, _runtime) = fake_aws();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .arg("--ledger")
+        .arg(dir.path().join("ledger.sqlite"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--no-meter",
+            "--no-cache",
+            "--model",
+        ])
+        .arg(common::model())
+        .args(["--metadata-url", &url])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = lines
+        .find_map(|l| {
+            let l = l.unwrap();
+            let rest = l.split("http://").nth(1)?;
+            Some(rest.split('/').next()?.to_owned())
+        })
+        .expect("the server did not start");
+    let body = r#"{"messages":[{"role":"user","content":"Say hi."}],"max_tokens":4}"#;
+    let (status, head, text) = common::request_at(&addr, "POST", "/v1/chat/completions", body, "");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(status, 200, "{text}");
+    let cost: f64 = common::header(&head, "x-frugal-cost-usd")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(cost > 0.0, "{head}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(v["usage"]["cost_usd"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(
+        !dir.path().join("ledger.sqlite").exists(),
+        "nothing metered"
+    );
+}

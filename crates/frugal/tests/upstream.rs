@@ -882,3 +882,103 @@ fn an_answer_without_usage_is_estimated_alike_streamed_or_whole() {
     assert_eq!(rows[0], (11, 10, 31_000), "whole");
     assert_eq!(rows[1], rows[0], "streamed: the same text, the same bill");
 }
+
+/// Issue 32: `POST /v1/embeddings` was a 404 with an empty body. The official client's
+/// embeddings: the local embedder's own vectors, metered, priced and cached; an upstream's
+/// passed through at its input price; refusals and unknown routes in OpenAI's error shape.
+#[test]
+fn embeddings_come_from_the_local_embedder_or_an_upstream_metered_and_cached() {
+    let (url, calls) = mock_upstream();
+    let server = gateway(&url);
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_embeddings.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}/v1", server.addr))
+        .output()
+        .unwrap();
+    let said = common::said(&out);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one passed through");
+    let got: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    // The vectors are the embedder's own, to the bit, through base64 and floats alike.
+    frugal_engine::quant::Kernel::select_from_env().unwrap();
+    let embedder = frugal_semantic::Embedder::load(&common::embedder()).unwrap();
+    let own = |t: &Value| -> Value { json!(embedder.embed(t.as_str().unwrap()).unwrap()) };
+    let as_f32 = |v: &Value| -> Value {
+        let v: Vec<f32> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        json!(v)
+    };
+    let texts = got["texts"].as_array().unwrap();
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(as_f32(&got["listed"][i]), own(t), "{t}");
+    }
+    assert_eq!(as_f32(&got["float"]), own(&texts[0]));
+
+    let embed = |body: &str| server.request("POST", "/v1/embeddings", body);
+    let error =
+        |body: &str| -> Value { serde_json::from_str::<Value>(body).unwrap()["error"].clone() };
+    // A chat model is not an embedding model, nor the embedder a chat model.
+    let (status, _, body) = embed(r#"{"model":"small","input":"x"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(error(&body)["param"], "model", "{body}");
+    assert!(body.contains("does not serve embeddings"), "{body}");
+    let (status, _, body) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        r#"{"model":"all-MiniLM-L6-v2","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("is an embedding model"), "{body}");
+    let (status, _, body) = embed(r#"{"model":"all-MiniLM-L6-v2","input":[[101, 102]]}"#);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(error(&body)["param"], "input", "{body}");
+    // The upstream's refusal comes back as it said it, and is on record as failed.
+    let (status, _, body) = embed(r#"{"model":"mock","input":"bad request"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        error(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("input[0] is wrong"),
+        "{body}"
+    );
+    // A route frugal does not serve, or a method a route does not take: JSON, not an empty body.
+    let (status, _, body) = server.request("POST", "/v1/nothing", "{}");
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        error(&body)["message"],
+        "no route for POST /v1/nothing",
+        "{body}"
+    );
+    let (status, _, body) = server.request("GET", "/v1/embeddings", "");
+    assert_eq!(status, 405, "{body}");
+    assert_eq!(error(&body)["type"], "invalid_request_error", "{body}");
+
+    // One ledger row per request answered or failed, none for one refused before any work.
+    let (_, dir) = server.stop();
+    let db = rusqlite::Connection::open(dir.path().join("ledger.sqlite")).unwrap();
+    let rows = |model: &str| -> (i64, i64, i64, i64) {
+        db.query_row(
+            "SELECT count(*), coalesce(sum(e.input_tokens), 0), coalesce(sum(e.cost), 0),
+                    count(e.outcome)
+             FROM events e JOIN dims d ON d.id = e.model WHERE e.kind = 0 AND d.name = ?1",
+            [model],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .unwrap()
+    };
+    // Three answered (the third from the cache), at the machine's price of their time.
+    let (n, tokens, cost, failed) = rows("all-MiniLM-L6-v2");
+    assert_eq!((n, failed), (3, 0));
+    assert!(tokens > 8 && cost > 0, "{tokens} tokens, {cost}");
+    // The upstream's 6 input tokens at $1/M, and its refusal, estimated from the input.
+    let (n, tokens, cost, failed) = rows("mock");
+    assert_eq!((n, failed), (2, 1));
+    assert_eq!((tokens, cost), (6 + 3, 9_000));
+}

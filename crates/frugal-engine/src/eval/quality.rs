@@ -118,6 +118,12 @@ impl AsRun<'_> {
         flags
     }
 
+    /// The name `frugal serve` serves the file under when it runs it this way (unless told
+    /// another): [`served_name`].
+    pub fn served_name(&self) -> Option<String> {
+        served_name(self.path, self.quant, self.kv)
+    }
+
     /// The latest record of each kind in the store at `store` for the file as it is now, run
     /// this way; none when the file cannot be read.
     pub fn latest(&self, store: &Path) -> Vec<Record> {
@@ -134,14 +140,38 @@ pub fn latest(path: &Path, model: &FileId, quant: Option<&str>, kv: Option<&str>
         .collect()
 }
 
-/// The records of the models `served` (by name), each beside the name it matched: a model
-/// is matched by its file's name, which `frugal serve` serves it under unless told otherwise.
-pub fn of_served<'a>(records: &'a [Record], served: &[&str]) -> Vec<(&'a str, &'a Record)> {
+/// The name a model file is served under, run so: the file's name without `.gguf`, then
+/// `+q4_0` when its weights are re-quantized at load and `+kv-q8_0` when its KV cache is
+/// quantized (`SmolLM2-135M-Instruct.Q4_1+q4_0`), so that what is listed, answered and
+/// billed says what runs, and a measurement of one way of running a file is never shown
+/// against another. `None` for a path without a file name.
+pub fn served_name(path: &Path, quant: Option<&str>, kv: Option<&str>) -> Option<String> {
+    let mut name = path.file_stem()?.to_str()?.to_owned();
+    if let Some(q) = quant {
+        name += &format!("+{}", q.to_lowercase());
+    }
+    if let Some(kv) = kv {
+        name += &format!("+kv-{}", kv.to_lowercase());
+    }
+    Some(name)
+}
+
+impl Record {
+    /// The name `frugal serve` serves the measured file under, run as it was measured.
+    pub fn served_name(&self) -> Option<String> {
+        served_name(&self.model.path, self.quant.as_deref(), self.kv.as_deref())
+    }
+}
+
+/// The records of the models `served` (by name), each beside the name it matched: a record
+/// matches the name its file is served under run as it was measured ([`served_name`]), as
+/// `frugal serve` names it unless told otherwise.
+pub fn of_served<'a>(records: &'a [Record], served: &[&str]) -> Vec<(String, &'a Record)> {
     records
         .iter()
         .filter_map(|r| {
-            let stem = r.model.path.file_stem()?.to_str()?;
-            served.contains(&stem).then_some((stem, r))
+            let name = r.served_name()?;
+            served.contains(&name.as_str()).then_some((name, r))
         })
         .collect()
 }
@@ -183,6 +213,44 @@ mod tests {
             gate: None,
             figures: serde_json::json!({}),
         }
+    }
+
+    /// Issue 32: a FAILED Q4_0 evaluation was shown against the file served unmodified.
+    #[test]
+    fn a_record_matches_only_the_name_of_the_way_it_was_run() {
+        let id = FileId {
+            path: PathBuf::from("/m/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            size: 1,
+            modified_ms: 1,
+        };
+        let mut failed = record("ppl", &id, Some("Q4_0"), "q4_0");
+        failed.gate = Some(false);
+        let mut kv = record("ppl", &id, None, "kv");
+        kv.kv = Some("q8_0".into());
+        let records = [
+            record("ppl", &id, None, "as stored"),
+            failed,
+            kv,
+            record("ppl", &id, Some("Q8_0"), "q8_0"),
+        ];
+        let shown = |served: &str| -> Vec<(String, String)> {
+            of_served(&records, &[served])
+                .into_iter()
+                .map(|(n, r)| (n, r.summary.clone()))
+                .collect()
+        };
+        let stem = "SmolLM2-135M-Instruct.Q4_1";
+        assert_eq!(shown(stem), [(stem.into(), "as stored".into())]);
+        let q4 = format!("{stem}+q4_0");
+        assert_eq!(shown(&q4), [(q4.clone(), "q4_0".into())]);
+        let kv8 = format!("{stem}+kv-q8_0");
+        assert_eq!(shown(&kv8), [(kv8.clone(), "kv".into())]);
+        let run = AsRun {
+            path: &id.path,
+            quant: Some("Q4_0"),
+            kv: None,
+        };
+        assert_eq!(run.served_name(), Some(q4));
     }
 
     #[test]

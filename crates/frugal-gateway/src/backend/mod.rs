@@ -2,8 +2,9 @@
 //! implement [`Backend`]; the pipeline ([`crate::request::pipeline`]) runs any of them the
 //! same way (consult the caches, produce, settle), so a new kind of backend (a pool of
 //! replicas) plugs in here without a path of its own. [`text`] turns engine tokens into
-//! response text.
+//! response text; [`embed`] is the local embedding model behind `/v1/embeddings`.
 
+pub mod embed;
 pub mod model_ref;
 pub mod text;
 pub mod upstream;
@@ -131,6 +132,9 @@ pub struct Local {
     stop_tokens: Vec<u32>,
     /// Its name and hourly price.
     pub machine: Machine,
+    /// Other names that reach it (the file's own name, when it is served under the name of
+    /// a re-quantization); it is listed and billed under `machine.model` alone.
+    pub aliases: Vec<String>,
     /// Recent cost per token in nano-dollars (a moving average), for the worst case of a
     /// request before it runs: the engine is priced by time, not by token.
     per_token: AtomicI64,
@@ -149,6 +153,7 @@ impl Local {
             tokenizer: Arc::new(tokenizer),
             template,
             machine,
+            aliases: Vec::new(),
             per_token: AtomicI64::new(0),
         }
     }
@@ -179,6 +184,11 @@ impl Local {
         let scheduler = scheduler(&model.config);
         let engine = Engine::start(model, scheduler).map_err(LoadError::Engine)?;
         Ok(Local::new(engine, tokenizer, template, machine))
+    }
+
+    /// Whether a request naming `name` is for this model.
+    pub fn answers_to(&self, name: &str) -> bool {
+        name == self.machine.model || self.aliases.iter().any(|a| a == name)
     }
 
     /// Validates `job` into what the engine runs.

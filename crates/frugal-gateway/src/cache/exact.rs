@@ -6,7 +6,7 @@
 //! delivered (`stream`, `stream_options`, `user`, ...). Canonical means object keys sorted,
 //! nulls and explicit defaults dropped, `stop: "x"` = `stop: ["x"]`, `max_completion_tokens`
 //! = `max_tokens`, `1.0` = `1`. Only deterministic requests are cached (temperature 0, or a
-//! seed), so a hit returns what the model would have said anyway.
+//! seed; embeddings always), so a hit returns what the model would have said anyway.
 //!
 //! Entries are bounded by bytes with least-recently-used eviction and a time to live, on
 //! moka (a concurrent cache whose reads do not serialize on one lock); the full key is
@@ -234,7 +234,9 @@ pub fn lookup(
         .split(',')
         .map(|d| d.trim().to_ascii_lowercase())
         .collect();
-    if directives.iter().any(|d| d == "no-store") || !deterministic(body) {
+    // Embeddings are a function of their input: every one is kept.
+    let deterministic = endpoint == "embeddings" || deterministic(body);
+    if directives.iter().any(|d| d == "no-store") || !deterministic {
         return Lookup::Bypass;
     }
     let Value::Object(fields) = body else {
@@ -489,6 +491,21 @@ mod tests {
             lookup(&b, "chat", "m", "", Some("max-age=0, No-Cache")),
             Lookup::Key { read: false, .. }
         ));
+        // Embeddings have no temperature: every one is the same for the same input, and
+        // none is the semantic cache's (it compares questions, not inputs to embed).
+        let embed = json!({ "model": "e", "input": ["a", "b"], "encoding_format": "float" });
+        assert!(matches!(
+            lookup(&embed, "embeddings", "e", "", None),
+            Lookup::Key {
+                read: true,
+                probe: None,
+                ..
+            }
+        ));
+        assert_eq!(
+            lookup(&embed, "embeddings", "e", "", Some("no-store")),
+            Lookup::Bypass
+        );
     }
 
     fn answer(text: &str) -> Answer {

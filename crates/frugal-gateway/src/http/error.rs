@@ -21,6 +21,9 @@ pub enum ApiError {
         param: Option<&'static str>,
         message: String,
     },
+    /// A path served, asked with a method it does not take.
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// The object is not in a state that allows the request (cancelling a finished batch).
     #[error("{0}")]
     Conflict(String),
@@ -78,6 +81,12 @@ impl ApiError {
             ApiError::NotFound { param, .. } => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", *param, None)
             }
+            ApiError::MethodNotAllowed(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                None,
+                None,
+            ),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "invalid_request_error", None, None),
             ApiError::TooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,

@@ -254,6 +254,20 @@ pub fn json(f: Finished, kind: Kind, model: &str) -> Response {
     r
 }
 
+/// An embeddings answer, with what it cost.
+pub(crate) fn embedded(e: crate::request::embed::Answered) -> Response {
+    let costed = Costed {
+        cost: Some(e.cost),
+        cache: e.cache,
+        saved: e.saved,
+    };
+    let mut v = e.body;
+    costed.stamp(&mut v);
+    let mut r = Json(v).into_response();
+    r.headers_mut().extend(costed.headers());
+    r
+}
+
 /// A finished (and settled) answer replayed as a stream: a cascade's accepted first tier.
 pub fn replay_stream(f: Finished, kind: Kind, model: &str, include_usage: bool) -> Response {
     let costed = Costed {

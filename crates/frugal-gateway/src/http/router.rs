@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -19,6 +19,7 @@ use crate::batch::BatchLine;
 use crate::batch::service::Host;
 use crate::cascade;
 use crate::http::api;
+use crate::http::embeddings::EmbeddingJob;
 use crate::http::error::ApiError;
 use crate::http::render;
 use crate::http::validate::Job;
@@ -32,12 +33,29 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/pools/{name}/scale", get(pool_scale))
         .merge(crate::batch::api::routes(max_upload))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .with_state(state)
+}
+
+/// A path frugal does not serve, in OpenAI's error shape (as OpenAI answers one).
+async fn no_route(method: Method, uri: Uri) -> Response {
+    ApiError::NotFound {
+        param: None,
+        message: format!("no route for {method} {}", uri.path()),
+    }
+    .into_response()
+}
+
+/// A path served, asked with a method it does not take.
+async fn no_method(method: Method, uri: Uri) -> Response {
+    ApiError::MethodNotAllowed(format!("{} does not take {method}", uri.path())).into_response()
 }
 
 /// Serves `/metrics` alone, open, on a listener of its own (`--metrics-addr`, meant for
@@ -110,6 +128,22 @@ async fn chat(
         .await
 }
 
+async fn embeddings(State(s): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let checked = s.admit(&headers).and_then(|tenant| {
+        let job = EmbeddingJob::parse(&body)?;
+        let target = s.embedding_target(job.model())?;
+        Ok((tenant, job, target))
+    });
+    let (tenant, job, target) = match checked {
+        Ok(c) => c,
+        Err(e) => return s.reject(e),
+    };
+    match crate::request::embed::run(&s, tenant, &job, &target, &headers).await {
+        Ok(e) => render::embedded(e),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn completions(
     State(s): State<AppState>,
     line: Option<Extension<BatchLine>>,
@@ -143,9 +177,15 @@ async fn models(State(s): State<AppState>, headers: HeaderMap) -> Response {
         .collect();
     names.sort();
     let local = s.inner.local.as_ref().map(|l| &l.machine.model);
+    let embedder = s
+        .inner
+        .embedder
+        .as_ref()
+        .map(|_| crate::backend::embed::NAME.to_owned());
     let data: Vec<api::Model> = local
         .into_iter()
         .chain(names)
+        .chain(embedder.as_ref())
         .map(|id| api::Model {
             id: id.clone(),
             object: "model",

@@ -1,7 +1,9 @@
 //! The path of one request once admitted: the gateway's state, which names its backend
 //! ([`state`]), the pipeline *consult the caches -> produce -> settle* ([`pipeline`]), and
-//! the bill that settles on every exit ([`settle`]).
+//! the bill that settles on every exit ([`settle`]); an embeddings request takes the same
+//! bill and caches on a path of its own ([`embed`]).
 
+pub mod embed;
 pub mod pipeline;
 pub mod settle;
 pub(crate) mod state;

@@ -240,7 +240,7 @@ fn response_id(kind: Kind, started: Instant) -> String {
 /// The cache's answer, or the right (or duty) to produce it: a miss leads its key, and a
 /// request identical to one being answered waits for that answer. `model`: the served name
 /// the answer is credited to.
-async fn consult(state: &AppState, lookup: &Lookup, model: &str) -> CacheUse {
+pub(crate) async fn consult(state: &AppState, lookup: &Lookup, model: &str) -> CacheUse {
     let inner = &state.inner;
     let (Lookup::Key { key, read, probe }, Some(cache)) = (lookup, &inner.cache) else {
         return CacheUse::Bypass;

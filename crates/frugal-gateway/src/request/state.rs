@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use frugal_cost::Money;
 
 use crate::admit::keys::{Changes, KeySet, Keys, Tenant};
+use crate::backend::embed::{self, LocalEmbedder};
 use crate::backend::upstream::Upstream;
 use crate::backend::{Backend, Local};
 use crate::batch::service::{BatchConfig, Batches};
@@ -35,6 +36,8 @@ pub struct AppState {
 pub(crate) struct Inner {
     /// None: a gateway for its upstreams only.
     pub local: Option<Arc<Local>>,
+    /// The local embedding model `/v1/embeddings` answers with, beside a local model.
+    pub embedder: Option<Arc<LocalEmbedder>>,
     pub meter: Option<Meter>,
     pub cache: Option<ExactCache>,
     pub semantic: Option<Arc<SemanticCache>>,
@@ -67,6 +70,8 @@ pub(crate) struct Inner {
 pub struct Parts {
     /// None: only the upstreams are served.
     pub local: Option<Local>,
+    /// The local embedding model, served beside `local` (and priced at its machine's rate).
+    pub embedder: Option<embed::Source>,
     pub meter: Option<Meter>,
     pub cache: Option<ExactCache>,
     /// Needs `cache`: its entries share the exact cache's answers and rules.
@@ -100,10 +105,20 @@ pub(crate) enum Target {
     Cascade(Arc<RouteConfig>),
 }
 
+/// Where an embeddings request's model name leads.
+pub(crate) enum EmbedTarget {
+    Local(Arc<LocalEmbedder>),
+    Upstream(Arc<Upstream>),
+}
+
 impl AppState {
     pub fn new(p: Parts) -> AppState {
         AppState {
             inner: Arc::new(Inner {
+                embedder: p.local.as_ref().and_then(|l| {
+                    let rate = l.machine.rate;
+                    p.embedder.map(|e| Arc::new(LocalEmbedder::new(e, rate)))
+                }),
                 local: p.local.map(Arc::new),
                 meter: p.meter,
                 semantic: p.cache.as_ref().and(p.semantic).map(Arc::new),
@@ -217,11 +232,6 @@ impl AppState {
         self.inner.meter.clone()
     }
 
-    /// The local model's name as clients use it ("" without one).
-    pub fn local_name(&self) -> &str {
-        self.inner.local.as_ref().map_or("", |l| &l.machine.model)
-    }
-
     pub(crate) fn local(&self) -> Option<Arc<dyn Backend>> {
         self.inner.local.clone().map(|l| -> Arc<dyn Backend> { l })
     }
@@ -256,10 +266,63 @@ impl AppState {
             }
             return Ok(Target::Cascade(route.clone()));
         }
-        if name == self.local_name() {
-            return self.local().map(Target::Backend).ok_or_else(unknown);
+        if let Some(local) = self.inner.local.as_ref().filter(|l| l.answers_to(name)) {
+            return Ok(Target::Backend(local.clone()));
         }
-        self.upstream(name).map(Target::Backend).ok_or_else(unknown)
+        self.upstream(name).map(Target::Backend).ok_or_else(|| {
+            if self.inner.embedder.is_some() && LocalEmbedder::answers_to(name) {
+                embed::only_embeddings()
+            } else {
+                unknown()
+            }
+        })
+    }
+
+    /// What answers an embeddings request naming `model`: an upstream by its name (which
+    /// may or may not serve embeddings: it says), else the local embedder, by its name, no
+    /// name, or any name no other model has when there are no upstreams (it is then the
+    /// only embedding model).
+    pub(crate) fn embedding_target(&self, model: Option<&str>) -> Result<EmbedTarget, ApiError> {
+        let inner = &self.inner;
+        if let Some(up) = model.and_then(|m| inner.upstreams.get(m)) {
+            return Ok(EmbedTarget::Upstream(up.clone()));
+        }
+        let text_model = model.is_some_and(|m| {
+            inner.backends.contains_key(m)
+                || inner.routes.contains_key(m)
+                || inner.local.as_ref().is_some_and(|l| l.answers_to(m))
+        });
+        if let (Some(m), true) = (model, text_model) {
+            return Err(ApiError::InvalidParam {
+                param: "model",
+                message: match &inner.embedder {
+                    Some(_) => format!("`{m}` does not serve embeddings; `{}` does", embed::NAME),
+                    None => format!("`{m}` does not serve embeddings"),
+                },
+            });
+        }
+        let Some(local) = inner.embedder.clone() else {
+            return Err(match model {
+                Some(m) if !LocalEmbedder::answers_to(m) => ApiError::UnknownModel(m.to_owned()),
+                _ => ApiError::NotFound {
+                    param: Some("model"),
+                    message: if inner.local.is_some() {
+                        format!(
+                            "no local embedding model: `scripts/fetch-models.sh minilm` fetches {}, --embedder DIR names its folder",
+                            embed::NAME
+                        )
+                    } else {
+                        "a gateway without a local model (--no-model) embeds with its upstreams: name one that serves embeddings".into()
+                    },
+                },
+            });
+        };
+        match model {
+            Some(m) if !LocalEmbedder::answers_to(m) && !inner.upstreams.is_empty() => {
+                Err(ApiError::UnknownModel(m.to_owned()))
+            }
+            _ => Ok(EmbedTarget::Local(local)),
+        }
     }
 
     pub(crate) fn policy(&self, name: &str) -> CachePolicy {
@@ -334,9 +397,6 @@ impl AppState {
         headers: &HeaderMap,
         policy: CachePolicy,
     ) -> Lookup {
-        if self.inner.cache.is_none() {
-            return Lookup::Bypass;
-        }
         // Logprobs are not parsed from upstreams (or pools' servers), so such answers are
         // not kept.
         if (self.inner.upstreams.contains_key(model) || self.inner.pools.contains_key(model))
@@ -344,14 +404,8 @@ impl AppState {
         {
             return Lookup::Bypass;
         }
-        let control = headers
-            .get(header::CACHE_CONTROL)
-            .and_then(|v| v.to_str().ok());
-        let namespace = match tenant {
-            Some(t) if !policy.shared => t.name.as_str(),
-            _ => "",
-        };
-        let mut lookup = cache::lookup(&job.body, job.kind.path(), model, namespace, control);
+        let mut lookup =
+            self.key_lookup(&job.body, job.kind.path(), model, tenant, headers, policy);
         if let Lookup::Key {
             probe: Some(probe), ..
         } = &mut lookup
@@ -365,5 +419,28 @@ impl AppState {
             *probe = None;
         }
         lookup
+    }
+
+    /// How a request to `endpoint` with `body` meets the exact cache, as `model`.
+    pub(crate) fn key_lookup(
+        &self,
+        body: &serde_json::Value,
+        endpoint: &str,
+        model: &str,
+        tenant: Option<&Tenant>,
+        headers: &HeaderMap,
+        policy: CachePolicy,
+    ) -> Lookup {
+        if self.inner.cache.is_none() {
+            return Lookup::Bypass;
+        }
+        let control = headers
+            .get(header::CACHE_CONTROL)
+            .and_then(|v| v.to_str().ok());
+        let namespace = match tenant {
+            Some(t) if !policy.shared => t.name.as_str(),
+            _ => "",
+        };
+        cache::lookup(body, endpoint, model, namespace, control)
     }
 }
