@@ -187,7 +187,7 @@ impl ServerJson {
             restarted: false,
         };
         match line {
-            Line::Note { name, note } => ServerJson {
+            Line::Note { name, note, .. } => ServerJson {
                 name: name.clone(),
                 note: Some(note.clone()),
                 ..json

@@ -232,6 +232,11 @@ impl AppState {
         self.inner.meter.clone()
     }
 
+    /// The local model's name as clients use it ("" without one).
+    pub fn local_name(&self) -> &str {
+        self.inner.local.as_ref().map_or("", |l| &l.machine.model)
+    }
+
     pub(crate) fn local(&self) -> Option<Arc<dyn Backend>> {
         self.inner.local.clone().map(|l| -> Arc<dyn Backend> { l })
     }

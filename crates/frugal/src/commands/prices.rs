@@ -93,7 +93,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &PricesArgs) -> Result<()> 
     Ok(())
 }
 
-fn offers_table(offers: &[&InstanceOffer]) -> comfy_table::Table {
+fn offers_table(offers: &[&InstanceOffer]) -> table::Tab {
     let mut t = table::new(&[
         "provider",
         "instance",
