@@ -118,9 +118,12 @@ fn sources() -> Vec<Source> {
             Need::All,
         ),
         (
-            vec!["frugal/src/commands/prices.rs"],
-            vec![&["prices"]],
-            Need::All,
+            vec![
+                "frugal/src/commands/prices.rs",
+                "frugal-cost/src/catalog/hosted.rs",
+            ],
+            vec![&["prices"], &["prices", "refresh"]],
+            Need::Any,
         ),
         (
             vec!["frugal/src/commands/keys.rs"],
