@@ -386,6 +386,18 @@ fn suggested(config: &Path, extra: &[&str]) -> (Vec<String>, serde_json::Value) 
 }
 
 /// The reserved-capacity lever's basis: "workload `chat`: 1 x g5.2xlarge on a 1-year term".
+/// A suggested `frugal plan ...` command run as printed, with `--json`: its answer.
+fn plan_json(config: &Path, command: &str) -> serde_json::Value {
+    let args: Vec<&str> = command
+        .split_whitespace()
+        .skip(1)
+        .chain(["--json"])
+        .collect();
+    let out = frugal_with(config, &args);
+    assert!(out.status.success(), "`{command}`: {}", said(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn reserve_lever(report: &serde_json::Value) -> serde_json::Value {
     report["levers"]
         .as_array()
@@ -475,14 +487,7 @@ fn every_command_the_report_suggests_runs_on_its_ledger_and_agrees() {
         command.contains(" --since 2026-01-05T12:00:00Z"),
         "{command}"
     );
-    let args: Vec<&str> = command
-        .split_whitespace()
-        .skip(1)
-        .chain(["--json"])
-        .collect();
-    let out = frugal_with(&config, &args);
-    assert!(out.status.success(), "`{command}`: {}", said(&out));
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = plan_json(&config, command);
     assert_eq!(plan["commitments"]["hours"], 15 * 24 - 12);
     assert_eq!(
         plan["commitments"]["reserved_1y"]["saving"],
@@ -505,13 +510,6 @@ fn every_command_the_report_suggests_runs_on_its_ledger_and_agrees() {
     );
     let command = "frugal plan --workload chat --instance g5.2xlarge";
     assert!(commands.iter().any(|c| c == command), "{commands:?}");
-    let args: Vec<&str> = command
-        .split_whitespace()
-        .skip(1)
-        .chain(["--json"])
-        .collect();
-    let out = frugal_with(&config, &args);
-    assert!(out.status.success(), "{}", said(&out));
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = plan_json(&config, command);
     assert_eq!(plan["recommended"]["reserved_1y"], serde_json::Value::Null);
 }

@@ -5,7 +5,6 @@
 //! time on the machine, an upstream at its input-token price (or its machine's time).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use axum::http::HeaderMap;
 use serde_json::Value;
@@ -43,14 +42,7 @@ pub(crate) async fn run(
     target: &EmbedTarget,
     headers: &HeaderMap,
 ) -> Result<Answered, ApiError> {
-    let rejected = |e: ApiError| {
-        state
-            .inner
-            .metrics
-            .requests_rejected
-            .fetch_add(1, Ordering::Relaxed);
-        e
-    };
+    let rejected = |e: ApiError| state.rejected(e);
     let (backend, worst): (Arc<dyn Backend>, Money) = match target {
         EmbedTarget::Local(e) => {
             let texts = local_texts(job).map_err(rejected)?;

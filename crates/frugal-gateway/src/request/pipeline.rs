@@ -85,14 +85,7 @@ pub async fn start(
     ask: &Ask<'_>,
 ) -> Result<Started, ApiError> {
     let started = Instant::now();
-    let rejected = |e: ApiError| {
-        state
-            .inner
-            .metrics
-            .requests_rejected
-            .fetch_add(1, Ordering::Relaxed);
-        e
-    };
+    let rejected = |e: ApiError| state.rejected(e);
     let plan = prepare(&backend, job).await.map_err(rejected)?;
     let reservation = match &ask.tenant {
         Some(t) => Some(

@@ -232,6 +232,15 @@ impl AppState {
         self.inner.meter.clone()
     }
 
+    /// `e`, counted as a request refused before any work.
+    pub(crate) fn rejected(&self, e: ApiError) -> ApiError {
+        self.inner
+            .metrics
+            .requests_rejected
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        e
+    }
+
     /// The local model's name as clients use it ("" without one).
     pub fn local_name(&self) -> &str {
         self.inner.local.as_ref().map_or("", |l| &l.machine.model)
