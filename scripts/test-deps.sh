@@ -5,6 +5,7 @@
 #   postgresql    the ledger's tests start a real PostgreSQL (initdb in a temporary folder)
 #   prometheus    the watch test reads a fleet through a real Prometheus server's API
 #   openssl       makes a private CA and a certificate for the ledger's TLS test
+#   jq            README's `frugal report --json | jq ...`, which scripts/first-hour.py runs
 #   openai        the end-to-end test drives `frugal serve` with the official OpenAI client
 #   kubernetes-validate, jsonschema
 #                 scripts/validate-manifests.py checks `frugal deploy kubernetes` offline
@@ -17,6 +18,7 @@ command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/
   packages+=(postgresql)
 command -v prometheus >/dev/null || packages+=(prometheus)
 command -v openssl >/dev/null || packages+=(openssl)
+command -v jq >/dev/null || packages+=(jq)
 if [ ${#packages[@]} -gt 0 ]; then
   echo "installing ${packages[*]}"
   sudo=()
