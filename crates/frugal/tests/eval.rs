@@ -139,15 +139,7 @@ fn the_gate_passes_q8_0_fails_q4_0_and_reads_a_saved_reference() {
         // What it served, the report shows beside the quality it kept run that way.
         server.ask("Say hi.", 4);
         let (_, dir) = server.stop();
-        let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
-            .env("XDG_DATA_HOME", xdg)
-            .arg("--ledger")
-            .arg(dir.path().join("ledger.sqlite"))
-            .arg("report")
-            .output()
-            .unwrap();
-        let report = said(&out);
-        assert!(out.status.success(), "{report}");
+        let report = common::report_with_data_home(dir.path().join("ledger.sqlite"), xdg, &[]);
         let table = report
             .split("Quality kept")
             .nth(1)

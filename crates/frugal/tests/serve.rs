@@ -740,16 +740,7 @@ fn a_requantized_model_is_named_for_what_runs_and_its_quality_matched_to_it() {
     let stem = model().file_stem().unwrap().to_str().unwrap().to_owned();
     let quant = format!("{stem}+q4_0");
     let quality = |dir: &tempfile::TempDir| -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
-            .env("XDG_DATA_HOME", xdg)
-            .arg("--ledger")
-            .arg(dir.path().join("ledger.sqlite"))
-            .arg("report")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let report = String::from_utf8(out.stdout).unwrap();
-        report
+        common::report_with_data_home(dir.path().join("ledger.sqlite"), xdg, &[])
             .split("Quality kept")
             .nth(1)
             .unwrap_or_default()

@@ -7,6 +7,7 @@ use std::io::Cursor;
 use proptest::collection::vec;
 use proptest::prelude::*;
 
+use super::tests::catalog;
 use super::*;
 use frugal_testkit::fuzz::{Mutation, capped, cases, mutate};
 
@@ -23,17 +24,6 @@ const JSONL: &str = r#"{"ts": "2026-11-16T18:00:00Z", "kind": "inference", "work
 {"TS": 1763316000000, "Kind": "training", "workload": "ft", "run_id": "r1", "cost_usd": "12.5", "duration_s": 3600.0, "outcome": "preempted", "lost_s": 600}
 {"ts": "2026-11-16 18:00", "end": "2026-11-16T19:30:00Z", "kind": "training", "workload": "ft", "instance_type": "p3.2xlarge", "capacity": "spot", "instances": 2}
 "#;
-
-fn catalog() -> Catalog {
-    let mut catalog = Catalog::builtin().unwrap();
-    catalog
-        .extend_from_toml(
-            "[[model]]\nname = 'small'\ninput = 0.5\noutput = 1.5\ncached_input = 0.25\n",
-            crate::catalog::PriceSource::Builtin,
-        )
-        .unwrap();
-    catalog
-}
 
 /// Every row `text` holds as `import_file` reads a file named `name`: its format sniffed
 /// as there, then the rows; checks what each row became. Returns the rows read.

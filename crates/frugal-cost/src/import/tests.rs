@@ -9,9 +9,8 @@ struct Fixture {
     catalog: Catalog,
 }
 
-fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = crate::ledger::testing::fresh(dir.path());
+/// The built-in catalog and a model `small` priced for the importer's tests.
+pub(super) fn catalog() -> Catalog {
     let mut catalog = Catalog::builtin().unwrap();
     catalog
         .extend_from_toml(
@@ -19,6 +18,13 @@ fn fixture() -> Fixture {
             crate::catalog::PriceSource::Builtin,
         )
         .unwrap();
+    catalog
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = crate::ledger::testing::fresh(dir.path());
+    let catalog = catalog();
     Fixture {
         dir,
         ledger,

@@ -190,6 +190,16 @@ fn unique_ids(results: &[Value]) -> Vec<String> {
     ids
 }
 
+/// A key of `tenant` without budgets.
+fn key(tenant: &str, key: &str) -> KeyConfig {
+    KeyConfig {
+        tenant: tenant.into(),
+        sha256: hash_key(key),
+        daily: None,
+        monthly: None,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_runs_through_the_api_and_its_files_hold_each_line_once() {
     let fake = Fake::new("fake", Act::Whole);
@@ -464,12 +474,6 @@ async fn a_batch_left_by_a_stopped_server_resumes_and_writes_each_line_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_and_batches_belong_to_the_tenant_that_made_them() {
-    let key = |tenant: &str, key: &str| KeyConfig {
-        tenant: tenant.into(),
-        sha256: hash_key(key),
-        daily: None,
-        monthly: None,
-    };
     let keys = [key("a", "fk-a"), key("b", "fk-b")];
     let dir = tempfile::tempdir().unwrap();
     let g = start(
@@ -670,12 +674,6 @@ async fn a_second_server_on_the_same_directory_serves_without_the_batch_api() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_tenant_lost_its_keys_fails_at_the_restart_and_keeps_its_results() {
-    let key = |tenant: &str, key: &str| KeyConfig {
-        tenant: tenant.into(),
-        sha256: hash_key(key),
-        daily: None,
-        monthly: None,
-    };
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path());
     c.run.concurrency = 1;
@@ -804,12 +802,6 @@ async fn batches_past_the_bound_are_refused_until_one_finishes() {
 /// nothing of it stays on disk, while another tenant still has room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_past_the_tenants_quota_are_refused() {
-    let key = |tenant: &str, key: &str| KeyConfig {
-        tenant: tenant.into(),
-        sha256: hash_key(key),
-        daily: None,
-        monthly: None,
-    };
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path());
     c.upload_quota = 1000;

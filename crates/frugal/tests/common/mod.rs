@@ -360,7 +360,22 @@ pub fn streamed_text(sse: &str) -> (String, bool) {
 
 /// `frugal report` on `ledger`, with `args`: its standard output.
 pub fn report(ledger: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
+    report_with(Command::new(env!("CARGO_BIN_EXE_frugal")), ledger, args)
+}
+
+/// [`report`] with frugal's data folder (the quality record) in `xdg_data_home`.
+pub fn report_with_data_home(
+    ledger: impl AsRef<std::ffi::OsStr>,
+    xdg_data_home: &str,
+    args: &[&str],
+) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_frugal"));
+    command.env("XDG_DATA_HOME", xdg_data_home);
+    report_with(command, ledger, args)
+}
+
+fn report_with(mut command: Command, ledger: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> String {
+    let out = command
         .arg("--ledger")
         .arg(ledger)
         .arg("report")
