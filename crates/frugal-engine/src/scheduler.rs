@@ -74,6 +74,9 @@ pub struct SchedulerConfig {
     pub kv_positions: usize,
     /// Requests waiting for admission at most; beyond, `submit` says overloaded.
     pub max_queue: usize,
+    /// Reuse the KV blocks of prompt prefixes already computed (system prompts, earlier
+    /// turns); off, every request prefills from its first token.
+    pub prefix_cache: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -84,6 +87,7 @@ impl Default for SchedulerConfig {
             step_tokens: 256,
             kv_positions: 64 * 1024,
             max_queue: 256,
+            prefix_cache: true,
         }
     }
 }
@@ -135,6 +139,8 @@ pub enum Event {
         reason: FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Prompt tokens whose KV came from the prefix cache, not computed for this request.
+        cached_tokens: usize,
         /// Time in the queue, time to first token, and engine time this request used.
         queued: Duration,
         first_token: Duration,
@@ -182,6 +188,18 @@ pub struct Stats {
     pub preempted: AtomicU64,
     /// Positions prefilled again by preempted sequences: what preemption cost.
     pub recomputed_tokens: AtomicU64,
+    /// Requests looked up in the prefix cache, and those that reused at least one token.
+    pub prefix_lookups: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    /// Prompt tokens taken from the prefix cache instead of computed.
+    pub prefix_hit_tokens: AtomicU64,
+    /// Cached blocks evicted (least recently used) to make room.
+    pub prefix_evictions: AtomicU64,
+    /// KV blocks by state: held by running sequences, held only by the prefix cache
+    /// (evictable), and never used or freed.
+    pub kv_blocks_used: AtomicUsize,
+    pub kv_blocks_cached: AtomicUsize,
+    pub kv_blocks_free: AtomicUsize,
 }
 
 impl Stats {
@@ -775,6 +793,7 @@ impl Worker {
                     reason,
                     prompt_tokens: s.job.request.prompt.len(),
                     completion_tokens: s.generated,
+                    cached_tokens: 0,
                     queued,
                     first_token: s.first_token.unwrap_or_default(),
                     engine: s.engine,
