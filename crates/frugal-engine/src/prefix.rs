@@ -279,3 +279,82 @@ impl PrefixCache {
         gone
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvType;
+
+    const SHAPE: Shape = Shape {
+        layers: 1,
+        rows: 2,
+        heads: 1,
+        head_dim: 2,
+        kv: KvType::F32,
+    };
+
+    /// A cache that has "computed" `tokens` (the values do not matter to the index).
+    fn computed(tokens: &[u32]) -> KvCache {
+        let mut c = KvCache::new(SHAPE);
+        c.reserve(tokens.len());
+        c.advance(tokens.len());
+        c
+    }
+
+    fn seq(from: u32, n: usize) -> Vec<u32> {
+        (from..from + n as u32).collect()
+    }
+
+    #[test]
+    fn a_lookup_finds_whole_blocks_then_the_longest_common_part_of_one() {
+        let mut p = PrefixCache::default();
+        let a = seq(0, 150);
+        assert_eq!(p.insert(&a, &computed(&a), 150), 3, "two full blocks, one partial");
+        // The same start, diverging at 100: two blocks' worth... one whole, 36 of the next.
+        let mut b = seq(0, 100);
+        b.extend(seq(5000, 40));
+        assert_eq!(p.peek(&b, b.len()), 100);
+        let hit = p.lookup(SHAPE, &b, b.len());
+        assert_eq!((hit.cache.len(), hit.whole_blocks), (100, 1));
+        // A limit caps the match, inside a whole block too.
+        assert_eq!(p.peek(&a, 149), 149);
+        assert_eq!(p.peek(&a, 64), 64);
+        assert_eq!(p.peek(&seq(1, 10), 10), 0);
+        // B's own blocks: its first is known, its second diverges: one new full block and
+        // the partial tail.
+        assert_eq!(p.insert(&b, &computed(&b), b.len()), 2);
+        assert_eq!(p.len(), 5);
+    }
+
+    #[test]
+    fn a_block_that_extends_a_cached_partial_one_replaces_it() {
+        let mut p = PrefixCache::default();
+        let short = seq(0, 80);
+        p.insert(&short, &computed(&short), 80);
+        let long = seq(0, 128);
+        assert_eq!(p.insert(&long, &computed(&long), 128), 1, "the second block, full");
+        assert_eq!(p.len(), 2, "the 16-token partial block is gone");
+        assert_eq!(p.peek(&seq(0, 200), 200), 128);
+    }
+
+    #[test]
+    fn eviction_takes_unheld_leaves_least_recently_used_first() {
+        let mut p = PrefixCache::default();
+        let (a, b) = (seq(0, 128), seq(1000, 128));
+        p.insert(&a, &computed(&a), 128);
+        p.insert(&b, &computed(&b), 128);
+        // A used last: B's blocks go first, its leaf before its root.
+        let _ = p.lookup(SHAPE, &a, 128);
+        assert_eq!(p.evict(1), 1);
+        assert_eq!(p.peek(&b, 128), 64);
+        assert_eq!(p.peek(&a, 128), 128);
+        // A held by a running sequence: only B's last block can go.
+        let held = p.lookup(SHAPE, &a, 128);
+        assert_eq!(p.evictable(), 1);
+        assert_eq!(p.evict(10), 1);
+        assert_eq!((p.len(), p.peek(&a, 128)), (2, 128));
+        drop(held);
+        assert_eq!(p.evict(10), 2);
+        assert!(p.is_empty());
+    }
+}
