@@ -727,7 +727,7 @@ impl Pool {
                     },
                     in_flight: e.serving.as_ref().map_or(0, |s| s.in_flight()),
                     requests: e.requests,
-                    prefixes: e.served.len(),
+                    prefixes: e.served.remembered(),
                     url: e.serving.as_ref().and_then(|s| s.url.clone()),
                 })
                 .collect(),

@@ -145,7 +145,8 @@ impl Served {
         }
     }
 
-    pub fn len(&self) -> usize {
+    /// Keys remembered now.
+    pub fn remembered(&self) -> usize {
         self.at.len()
     }
 }
@@ -238,7 +239,7 @@ mod tests {
         // Bounded: the tail goes first, the head stays.
         let mut s = Served::default();
         s.remember(&k, 3);
-        assert_eq!(s.len(), 3);
+        assert_eq!(s.remembered(), 3);
         assert_eq!(s.held(&k[..3]), 3);
         assert_eq!(s.held(&k), 3);
     }
