@@ -565,12 +565,10 @@ tick = "100ms"
     let turn =
         |addr: &str, pool: &str, history: &mut Vec<serde_json::Value>, c: usize, t: usize| {
             if history.is_empty() {
-                // A system prompt of its own, longer than a routing chunk (256 bytes).
-                let system = format!(
-                    "You are assistant number {c}. {}",
-                    "Answer briefly, in plain words, and keep to the point of the question. "
-                        .repeat(5)
-                );
+                // A short system prompt of its own: every message is shorter than a
+                // routing chunk (256 bytes), so a later turn finds its prefix by whole
+                // messages.
+                let system = format!("You are assistant number {c}. Answer briefly.");
                 history.push(serde_json::json!({ "role": "system", "content": system }));
             }
             history.push(serde_json::json!({

@@ -4,9 +4,9 @@
 //!
 //! It works on the request's text, not on engine tokens, so it serves frugal replicas and
 //! engines that cache prefixes themselves (vLLM, llama-server) alike. The prompt is
-//! rendered (the messages in order, role and text) and cut into [`CHUNK`]-byte chunks;
-//! each chunk's key hashes the key before it, so a key names the whole prefix up to its
-//! chunk's end. Each replica remembers the keys it was sent (least recently used first
+//! rendered (the messages in order, role and text) and each message cut into
+//! [`CHUNK`]-byte chunks; each chunk's key hashes the key before it, so a key names the
+//! whole prefix up to its chunk's end. Each replica remembers the keys it was sent (least recently used first
 //! out, [`REMEMBERED`] at most): the request goes to the replica holding its longest
 //! prefix, unless that replica is at `max_in_flight` or past `(1 + BALANCE)` times the mean
 //! in flight (consistent hashing with bounded loads, Mirrokni et al. 2018), when the next
@@ -52,20 +52,26 @@ impl Outcome {
     }
 }
 
-/// The request's prefix keys, first chunk first (the last chunk may be partial).
+/// The request's prefix keys, first chunk first.
 pub fn keys(job: &Job) -> Vec<u64> {
-    keys_of(&render(&job.input))
+    let mut keys = Vec::new();
+    let mut prev = 0;
+    for segment in render(&job.input) {
+        prev = chain(&segment, prev, &mut keys);
+    }
+    keys
 }
 
-/// The prompt as routing reads it: each message's role and text parts, separated by bytes
-/// that text does not hold, so that appending a turn extends the rendering of the turns
-/// before it.
-fn render(input: &Input) -> Vec<u8> {
-    let mut out = Vec::new();
+/// The prompt as routing reads it, a segment per message (its role and text parts): a
+/// chunk never spans two messages, so every key of a turn's prompt is a key of the next
+/// turn's, its short last message included. (Cut across messages, a first turn shorter
+/// than a chunk would share no key with the second.)
+fn render(input: &Input) -> Vec<Vec<u8>> {
     match input {
-        Input::Chat(messages) => {
-            for m in messages {
-                out.extend_from_slice(m.role.as_bytes());
+        Input::Chat(messages) => messages
+            .iter()
+            .map(|m| {
+                let mut out = m.role.as_bytes().to_vec();
                 out.push(0x1f);
                 match &m.content {
                     None => {}
@@ -76,31 +82,30 @@ fn render(input: &Input) -> Vec<u8> {
                         }
                     }
                 }
-                out.push(0x1e);
-            }
-        }
-        Input::Prompt(prompts) => {
-            for p in prompts {
-                out.extend_from_slice(p.as_bytes());
-                out.push(0x1e);
-            }
-        }
+                out
+            })
+            .collect(),
+        Input::Prompt(prompts) => prompts.iter().map(|p| p.as_bytes().to_vec()).collect(),
     }
-    out
 }
 
-/// A hash chain over `text`'s chunks.
+/// A hash chain over one text's chunks.
 pub fn keys_of(text: &[u8]) -> Vec<u64> {
-    let mut prev = 0u64;
-    text.chunks(CHUNK)
-        .map(|chunk| {
-            let mut h = DefaultHasher::new();
-            prev.hash(&mut h);
-            chunk.hash(&mut h);
-            prev = h.finish();
-            prev
-        })
-        .collect()
+    let mut keys = Vec::new();
+    chain(text, 0, &mut keys);
+    keys
+}
+
+/// Pushes the keys of `segment`'s chunks, chained on from `prev`; returns the last.
+fn chain(segment: &[u8], mut prev: u64, keys: &mut Vec<u64>) -> u64 {
+    for chunk in segment.chunks(CHUNK) {
+        let mut h = DefaultHasher::new();
+        prev.hash(&mut h);
+        chunk.hash(&mut h);
+        prev = h.finish();
+        keys.push(prev);
+    }
+    prev
 }
 
 /// Rendezvous weight of replica `id` for a prefix whose first key is `first`.
@@ -216,12 +221,20 @@ mod tests {
             let body = serde_json::json!({"model": "p", "messages": messages}).to_string();
             keys(&Job::chat(&body.into()).unwrap())
         };
-        let (one, two) = (turn(1), turn(2));
-        // The first turn's full chunk is the second turn's first key; its partial last
-        // chunk is not.
-        assert_eq!(one.len(), 2);
-        assert_eq!(two[0], one[0]);
-        assert_ne!(two[1], one[1]);
+        let (one, two, three) = (turn(1), turn(2), turn(3));
+        // Every key of a turn, its short last chunk included, is a key of the next.
+        assert_eq!((one.len(), two.len(), three.len()), (2, 4, 6));
+        assert_eq!(two[..2], one[..]);
+        assert_eq!(three[..4], two[..]);
+        // A first message shorter than a chunk is a key of its own too.
+        let short = |n: usize| {
+            let messages: Vec<serde_json::Value> = (0..n)
+                .map(|i| serde_json::json!({"role": "user", "content": format!("hi {i}")}))
+                .collect();
+            let body = serde_json::json!({"model": "p", "messages": messages}).to_string();
+            keys(&Job::chat(&body.into()).unwrap())
+        };
+        assert_eq!(short(2)[..1], short(1)[..]);
     }
 
     #[test]
