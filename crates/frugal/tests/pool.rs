@@ -558,7 +558,7 @@ tick = "100ms"
     for p in ["sticky", "spread"] {
         wait_for(&server, p, Duration::from_secs(120), |s| s["ready"] == 3);
     }
-    const CONVERSATIONS: usize = 6;
+    const CONVERSATIONS: usize = 9;
     const TURNS: usize = 3;
     // One turn of conversation `c`: its history so far plus a question; the replica that
     // answered (its name's suffix) and the answer, appended to the history.
