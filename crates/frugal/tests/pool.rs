@@ -670,7 +670,8 @@ tick = "100ms"
     );
     assert!(spread_same < later, "least_in_flight: {spread:?}");
 
-    // Each replica's own /metrics, where the scale endpoint says it is.
+    // Each replica's own /metrics, where the scale endpoint says it is, as a replay tool
+    // reads its prefix cache's hits.
     let s = status(&server, "sticky");
     for r in s["replicas"].as_array().unwrap() {
         let url = r["url"].as_str().unwrap_or_else(|| panic!("{s}"));
@@ -678,5 +679,13 @@ tick = "100ms"
         let (code, _, body) = Server::attach(addr).request("GET", "/metrics", "");
         assert_eq!(code, 200, "{url}");
         assert!(body.contains("frugal_"), "{url}: {body}");
+        let hits = body
+            .lines()
+            .find(|l| l.starts_with("frugal_prefix_cache_hit_tokens_total"))
+            .unwrap_or("frugal_prefix_cache_hit_tokens_total (not yet exported)");
+        println!(
+            "replica {} at {url}: {} requests; {hits}",
+            r["id"], r["requests"]
+        );
     }
 }
