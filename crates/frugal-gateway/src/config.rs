@@ -121,6 +121,9 @@ pub struct RawPool {
     pub tick: Option<String>,
     /// Requests held at most while the pool has no free replica; past it, 429 [default: 256].
     pub max_queue: Option<usize>,
+    /// How a request picks its replica: `prefix` (the one most likely to hold its prompt's
+    /// prefix, within a load bound) or `least_in_flight` [default: `prefix`].
+    pub routing: Option<PoolRouting>,
     /// A replica's price: its instance type, priced on demand from the catalog...
     pub instance: Option<String>,
     /// ...or USD per hour.
@@ -136,6 +139,15 @@ pub struct RawPool {
     pub semantic_threshold: Option<f32>,
     /// One cache for every tenant on this pool [default: false].
     pub shared_cache: Option<bool>,
+}
+
+/// How a pool picks a replica for a request (`routing`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolRouting {
+    #[default]
+    Prefix,
+    LeastInFlight,
 }
 
 /// What runs a pool's replicas.

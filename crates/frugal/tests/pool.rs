@@ -441,6 +441,10 @@ fn bad_pool_settings_are_refused_before_serving() {
         ("backend = \"local\"", "a local pool needs `model`"),
         ("backend = \"external\"", "an external pool needs `url`"),
         ("backend = \"lambda\"", "unknown variant `lambda`"),
+        (
+            "backend = \"process\"\ncommand = \"x {port}\"\nrouting = \"random\"",
+            "unknown variant `random`",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("frugal.toml");
@@ -521,4 +525,167 @@ tick = "100ms"
         "{s}"
     );
     assert_eq!(held.join().unwrap(), 503);
+}
+
+/// Issue 33, item 5: a pool of replicas that cache prefixes sends each conversation's later
+/// turns to the replica that served its first (`routing = "prefix"`, the default);
+/// `least_in_flight` sends them wherever is least busy. Each replica names itself in its
+/// answers (`--name POOL-ID`), so every turn says which replica served it.
+#[test]
+fn conversations_later_turns_go_to_the_replica_that_served_their_first() {
+    let pool = |name: &str, routing: &str| {
+        format!(
+            r#"
+[[serve.pool]]
+name = "{name}"
+backend = "process"
+command = "{bin} serve --model {{model}} --port {{port}} --no-meter --no-cache --price-per-hour 0 --name {name}-{{replica}}"
+model = "{model}"
+min_replicas = 3
+max_replicas = 3
+tick = "100ms"
+{routing}
+"#,
+            bin = env!("CARGO_BIN_EXE_frugal"),
+            model = model().display(),
+        )
+    };
+    let server = gateway(&format!(
+        "{}{}",
+        pool("sticky", ""),
+        pool("spread", "routing = \"least_in_flight\"")
+    ));
+    for p in ["sticky", "spread"] {
+        wait_for(&server, p, Duration::from_secs(120), |s| s["ready"] == 3);
+    }
+    const CONVERSATIONS: usize = 9;
+    const TURNS: usize = 3;
+    // One turn of conversation `c`: its history so far plus a question; the replica that
+    // answered (its name's suffix) and the answer, appended to the history.
+    let turn =
+        |addr: &str, pool: &str, history: &mut Vec<serde_json::Value>, c: usize, t: usize| {
+            if history.is_empty() {
+                // A short system prompt of its own: every message is shorter than a
+                // routing chunk (256 bytes), so a later turn finds its prefix by whole
+                // messages.
+                let system = format!("You are assistant number {c}. Answer briefly.");
+                history.push(serde_json::json!({ "role": "system", "content": system }));
+            }
+            history.push(serde_json::json!({
+                "role": "user",
+                "content": format!("Question {t} of conversation {c}: name a colour."),
+            }));
+            let body = serde_json::json!({
+                "model": pool, "messages": history, "max_tokens": 8, "temperature": 0,
+            })
+            .to_string();
+            let (code, _, body) =
+                Server::attach(addr).request("POST", "/v1/chat/completions", &body);
+            assert_eq!(code, 200, "{body}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let replica = v["model"].as_str().unwrap().to_owned();
+            assert!(replica.starts_with(&format!("{pool}-")), "{v}");
+            history.push(v["choices"][0]["message"].clone());
+            replica
+        };
+    // Later turns on their first turn's replica, of all later turns.
+    let sticky = |served: &[Vec<String>]| {
+        let same = served
+            .iter()
+            .map(|turns| turns[1..].iter().filter(|r| **r == turns[0]).count())
+            .sum::<usize>();
+        (same, served.len() * (TURNS - 1))
+    };
+    // The most loaded replica's requests over the mean, from the scale endpoint.
+    let share = |pool: &str| {
+        let s = status(&server, pool);
+        let counts: Vec<f64> = s["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["requests"].as_f64().unwrap())
+            .collect();
+        let mean = counts.iter().sum::<f64>() / counts.len() as f64;
+        (counts.iter().cloned().fold(0.0, f64::max) / mean, counts)
+    };
+    // Several conversations at once, each turn of every one released together: a replica
+    // busy with one is passed over by least-in-flight routing for the next.
+    let concurrent = |pool: &'static str| -> Vec<Vec<String>> {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(CONVERSATIONS));
+        let threads: Vec<_> = (0..CONVERSATIONS)
+            .map(|c| {
+                let (addr, barrier) = (server.addr.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let mut history = Vec::new();
+                    (0..TURNS)
+                        .map(|t| {
+                            barrier.wait();
+                            turn(&addr, pool, &mut history, c + 100, t)
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    };
+
+    // One request at a time: every later turn finds its prefix on its first turn's
+    // replica, and new conversations are spread over the replicas by hashing.
+    let mut histories = vec![Vec::new(); CONVERSATIONS];
+    let mut served = vec![Vec::new(); CONVERSATIONS];
+    for t in 0..TURNS {
+        for (c, history) in histories.iter_mut().enumerate() {
+            served[c].push(turn(&server.addr, "sticky", history, c, t));
+        }
+    }
+    let (same, later) = sticky(&served);
+    assert_eq!(same, later, "{served:?}");
+    let firsts: std::collections::HashSet<_> = served.iter().map(|t| &t[0]).collect();
+    assert!(
+        firsts.len() >= 2,
+        "first turns all on one replica: {served:?}"
+    );
+    let (_, _, metrics) = server.request("GET", "/metrics", "");
+    for (outcome, n) in [("hit", later), ("miss", CONVERSATIONS), ("overflow", 0)] {
+        let line = format!(
+            "frugal_pool_prefix_routed_total{{pool=\"sticky\",outcome=\"{outcome}\"}} {n}\n"
+        );
+        assert!(metrics.contains(&line), "{line}: {metrics}");
+    }
+    assert!(!metrics.contains("frugal_pool_prefix_routed_total{pool=\"spread\""));
+    let (top, counts) = share("sticky");
+    println!(
+        "prefix, one at a time: {same}/{later} later turns on their first turn's replica; most loaded replica {top:.2}x the mean {counts:?}"
+    );
+
+    // Concurrently, on both pools.
+    let spread = concurrent("spread");
+    let (spread_same, later) = sticky(&spread);
+    let (spread_top, spread_counts) = share("spread");
+    let prefix = concurrent("sticky");
+    let (prefix_same, _) = sticky(&prefix);
+    println!(
+        "concurrent, {CONVERSATIONS} conversations x {TURNS} turns: later turns on their first turn's replica: prefix {prefix_same}/{later}, least_in_flight {spread_same}/{later}; most loaded replica (all requests) prefix {:.2}x, least_in_flight {spread_top:.2}x the mean {spread_counts:?}",
+        share("sticky").0
+    );
+    assert!(spread_same < later, "least_in_flight: {spread:?}");
+
+    // Each replica's own /metrics, where the scale endpoint says it is, as a replay tool
+    // reads its prefix cache's hits.
+    let s = status(&server, "sticky");
+    for r in s["replicas"].as_array().unwrap() {
+        let url = r["url"].as_str().unwrap_or_else(|| panic!("{s}"));
+        let addr = url.strip_prefix("http://").unwrap();
+        let (code, _, body) = Server::attach(addr).request("GET", "/metrics", "");
+        assert_eq!(code, 200, "{url}");
+        assert!(body.contains("frugal_"), "{url}: {body}");
+        let hits = body
+            .lines()
+            .find(|l| l.starts_with("frugal_prefix_cache_hit_tokens_total"))
+            .unwrap_or("frugal_prefix_cache_hit_tokens_total (not yet exported)");
+        println!(
+            "replica {} at {url}: {} requests; {hits}",
+            r["id"], r["requests"]
+        );
+    }
 }

@@ -2,8 +2,10 @@
 //!
 //! A pool is a [`Backend`] under the model name clients ask for, so the caches, routes and
 //! the meter treat it like any other. Three parts:
-//! - the **activator** ([`Pool::acquire`]): a request goes to the ready replica with the
-//!   fewest requests in flight; at zero, or with every replica busy (at `max_in_flight`,
+//! - the **activator** ([`Pool::acquire`]): a request goes to the ready replica most
+//!   likely to hold its prompt's prefix, within a load bound ([`prefix`]), or with
+//!   `routing = "least_in_flight"` to the one with the fewest requests in flight; at
+//!   zero, or with every replica busy (at `max_in_flight`,
 //!   a hard limit above the autoscaler's soft `target_in_flight`, as Knative's
 //!   containerConcurrency is above its target), it is held in a bounded queue until a
 //!   replica is ready or frees up (503 with Retry-After when none can start in time, 429
@@ -19,6 +21,7 @@
 //! the rest of each span is idle capacity.
 
 pub mod autoscale;
+pub mod prefix;
 mod replica;
 pub mod settings;
 
@@ -37,12 +40,14 @@ use frugal_cost::{Money, ReplicaSpan, ReplicaState};
 
 use crate::backend::upstream::Ticket;
 use crate::backend::{Backend, Output, Plan, Priced, Work};
+use crate::config::PoolRouting;
 use crate::http::error::ApiError;
 use crate::http::validate::Job;
 use crate::meter::Meter;
 use crate::metrics::Histogram;
 
 use autoscale::{Autoscaler, Observed};
+use prefix::{Candidate, Outcome, Served};
 use replica::{Serving, Target};
 pub use settings::{Kind, PoolConfig};
 
@@ -82,6 +87,8 @@ pub struct Pool {
     need_bytes: OnceLock<Option<u64>>,
     stopping: AtomicBool,
     cold_starts: AtomicU64,
+    /// Requests routed by prefix, by [`Outcome`] (hit, miss, overflow).
+    routed: [AtomicU64; 3],
     cold_start_seconds: Histogram,
 }
 
@@ -113,6 +120,10 @@ struct Entry {
     share_mark: Duration,
     /// When its start began.
     started: Instant,
+    /// The prefixes it was sent, for prefix routing.
+    served: Served,
+    /// Requests it was given.
+    requests: u64,
 }
 
 /// A pool's demand and replicas, as `GET /v1/pools/NAME/scale` and `/metrics` show them
@@ -134,6 +145,27 @@ pub struct Status {
     /// Why the last start failed, while starts are failing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// `prefix` or `least_in_flight`.
+    pub routing: PoolRouting,
+    /// Each replica, oldest first: where a tool reads its own `/metrics` (`url`), and the
+    /// requests the pool gave it (the most loaded replica's share).
+    pub replicas: Vec<ReplicaStatus>,
+}
+
+/// One replica in [`Status`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicaStatus {
+    pub id: u32,
+    pub state: &'static str,
+    pub in_flight: u32,
+    /// Requests the pool sent it since it started, retries included.
+    pub requests: u64,
+    /// Prefix chunks it is remembered to hold (`routing = "prefix"`).
+    pub prefixes: usize,
+    /// Its origin (`http://127.0.0.1:PORT`): a `process` replica's, or an `external`
+    /// pool's endpoint; none for a `local` engine or a replica still starting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 impl Pool {
@@ -175,6 +207,7 @@ impl Pool {
             need_bytes: OnceLock::new(),
             stopping: AtomicBool::new(false),
             cold_starts: AtomicU64::new(0),
+            routed: Default::default(),
             cold_start_seconds: Histogram::with_bounds(COLD_START_BUCKETS),
         }))
     }
@@ -290,6 +323,8 @@ impl Pool {
             since: (now, SystemTime::now()),
             share_mark: Duration::ZERO,
             started: now,
+            served: Served::default(),
+            requests: 0,
         });
         if self.need_bytes.get().is_none() {
             // Beside the start, which reads the same file: spans closed before it is known
@@ -500,12 +535,14 @@ impl Pool {
         }
     }
 
-    /// A replica for one request: the ready one with the fewest in flight, or, at zero or
-    /// with every replica busy, the first to become ready or free (interactive requests
-    /// before batch lines). Returns the replica, its hold, and how long the request was held.
+    /// A replica for one request whose prompt has prefix `keys`: a ready one by the pool's
+    /// routing ([`Pool::choose`]), or, at zero or with every replica busy, the first to
+    /// become ready or free (interactive requests before batch lines). Returns the replica,
+    /// its hold, and how long the request was held.
     async fn acquire(
         &self,
         avoid: &[u32],
+        keys: &[u64],
         batch: bool,
     ) -> Result<(Arc<Serving>, Ticket, Duration), ApiError> {
         let arrived = Instant::now();
@@ -532,33 +569,16 @@ impl Pool {
                     });
                 }
                 st.last_activity = Instant::now();
-                let (mut best, mut live): (Option<(u32, &Arc<Serving>)>, u32) = (None, 0);
-                for e in &st.replicas {
-                    if e.phase != ReplicaState::Draining {
-                        live += 1;
-                    }
-                    let (ReplicaState::Ready, Some(s)) = (e.phase, &e.serving) else {
-                        continue;
-                    };
-                    // A replica that failed this request, or whose process is gone and not
-                    // yet removed, is passed over.
-                    if avoid.contains(&e.id) || s.process.as_ref().is_some_and(|p| p.has_exited()) {
-                        continue;
-                    }
-                    let n = s.in_flight();
-                    if best.is_none_or(|(m, _)| n < m) {
-                        best = Some((n, s));
-                    }
-                }
+                let live = st
+                    .replicas
+                    .iter()
+                    .filter(|e| e.phase != ReplicaState::Draining)
+                    .count() as u32;
                 // First come, first served: a slot goes to the oldest held interactive
                 // request, else to the oldest held batch line.
                 let first = st.first_in_line();
                 let my_turn = !fifo || first == held.as_ref().map(|h| h.1);
-                if my_turn
-                    && let Some((n, s)) = best
-                    && n < limit
-                {
-                    let s = s.clone();
+                if my_turn && let Some(s) = self.choose(&mut st, avoid, keys, limit) {
                     let ticket = Ticket::take(&s.clock, Some(self.changed.clone()));
                     drop(st);
                     drop(held);
@@ -619,6 +639,63 @@ impl Pool {
         }
     }
 
+    /// The ready replica for a request with prefix `keys`, among those it need not avoid:
+    /// by prefix within the load bound ([`prefix::pick`]), or the one with the fewest in
+    /// flight. Counts the request on it (and remembers its prefix there); `None` while
+    /// every one is at `limit`.
+    fn choose(
+        &self,
+        st: &mut State,
+        avoid: &[u32],
+        keys: &[u64],
+        limit: u32,
+    ) -> Option<Arc<Serving>> {
+        let usable: Vec<(usize, u32)> = st
+            .replicas
+            .iter()
+            .enumerate()
+            .filter_map(|(at, e)| {
+                let (ReplicaState::Ready, Some(s)) = (e.phase, &e.serving) else {
+                    return None;
+                };
+                // A replica that failed this request, or whose process is gone and not
+                // yet removed, is passed over.
+                if avoid.contains(&e.id) || s.process.as_ref().is_some_and(|p| p.has_exited()) {
+                    return None;
+                }
+                Some((at, s.in_flight()))
+            })
+            .collect();
+        let at = match self.config.routing {
+            PoolRouting::LeastInFlight => {
+                let &(at, n) = usable.iter().min_by_key(|(_, n)| *n)?;
+                if n >= limit {
+                    return None;
+                }
+                at
+            }
+            PoolRouting::Prefix => {
+                let cands: Vec<Candidate> = usable
+                    .iter()
+                    .map(|&(at, in_flight)| Candidate {
+                        id: st.replicas[at].id,
+                        in_flight,
+                        held: st.replicas[at].served.held(keys),
+                    })
+                    .collect();
+                let first = keys.first().copied().unwrap_or(0);
+                let (c, outcome) = prefix::pick(&cands, first, limit)?;
+                self.routed[outcome as usize].fetch_add(1, Ordering::Relaxed);
+                let at = usable[c].0;
+                st.replicas[at].served.remember(keys, prefix::REMEMBERED);
+                at
+            }
+        };
+        let e = &mut st.replicas[at];
+        e.requests += 1;
+        e.serving.clone()
+    }
+
     /// What the pool is doing now.
     pub fn status(&self) -> Status {
         let st = self.lock();
@@ -637,6 +714,23 @@ impl Pool {
             max_replicas: self.config.max_replicas,
             cold_starts: self.cold_starts.load(Ordering::Relaxed),
             last_error: st.last_error.clone(),
+            routing: self.config.routing,
+            replicas: st
+                .replicas
+                .iter()
+                .map(|e| ReplicaStatus {
+                    id: e.id,
+                    state: match e.phase {
+                        ReplicaState::Starting => "starting",
+                        ReplicaState::Ready => "ready",
+                        ReplicaState::Draining => "draining",
+                    },
+                    in_flight: e.serving.as_ref().map_or(0, |s| s.in_flight()),
+                    requests: e.requests,
+                    prefixes: e.served.remembered(),
+                    url: e.serving.as_ref().and_then(|s| s.url.clone()),
+                })
+                .collect(),
         }
     }
 
@@ -677,6 +771,16 @@ impl Pool {
             &format!("pool=\"{p}\""),
             &mut out.cold_start_seconds,
         );
+        if self.config.routing == PoolRouting::Prefix {
+            for o in Outcome::ALL {
+                let _ = writeln!(
+                    out.prefix_routed,
+                    "frugal_pool_prefix_routed_total{{pool=\"{p}\",outcome=\"{}\"}} {}",
+                    o.label(),
+                    self.routed[o as usize].load(Ordering::Relaxed)
+                );
+            }
+        }
     }
 
     /// Stops every replica (draining those with requests in flight) and writes their last
@@ -828,6 +932,7 @@ struct Metrics {
     in_flight: String,
     cold_starts: String,
     cold_start_seconds: String,
+    prefix_routed: String,
 }
 
 /// Appends the pools' series to a Prometheus page.
@@ -878,7 +983,16 @@ pub fn render_metrics<'a>(pools: impl Iterator<Item = &'a Arc<Pool>>, out: &mut 
             "Time from a replica's start to ready.",
             &m.cold_start_seconds,
         ),
+        (
+            "frugal_pool_prefix_routed_total",
+            "counter",
+            "Requests routed by prefix: to the replica holding their longest prefix (hit), by rendezvous hashing where none held any (miss), or to another past the load bound (overflow).",
+            &m.prefix_routed,
+        ),
     ] {
+        if lines.is_empty() {
+            continue;
+        }
         out.push_str(&format!(
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{lines}"
         ));
@@ -906,11 +1020,15 @@ impl Backend for Pool {
         work: &'a mut Work,
     ) -> BoxFuture<'a, Result<Output, ApiError>> {
         Box::pin(async move {
+            let keys = match self.config.routing {
+                PoolRouting::Prefix => prefix::keys(job),
+                PoolRouting::LeastInFlight => Vec::new(),
+            };
             let mut failed: Vec<u32> = Vec::new();
             let mut last: Option<ApiError> = None;
             loop {
                 let (serving, ticket, waited) =
-                    match self.acquire(&failed, job.batch.is_some()).await {
+                    match self.acquire(&failed, &keys, job.batch.is_some()).await {
                         Ok(got) => got,
                         // A retry that finds no replica ends as the failure it retried: the
                         // request is settled as failed, with the replica time it used.

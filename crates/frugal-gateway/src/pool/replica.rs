@@ -40,6 +40,8 @@ pub(crate) struct Serving {
     pub target: Target,
     pub clock: Arc<Mutex<Clock>>,
     pub process: Option<Process>,
+    /// Its origin, where its own `/metrics` is: none for an engine in this process.
+    pub url: Option<String>,
 }
 
 impl Serving {
@@ -141,6 +143,7 @@ pub(crate) async fn start(
                 target: Target::Http(Box::new(http_target(pool, id, url)?)),
                 clock: Clock::shared(),
                 process: None,
+                url: Some(origin(url).to_owned()),
             })
         }
     }
@@ -234,6 +237,7 @@ async fn start_process(
         )?)),
         clock: Clock::shared(),
         process: Some(process),
+        url: Some(format!("http://127.0.0.1:{port}")),
     })
 }
 
@@ -362,6 +366,7 @@ async fn start_local(pool: &PoolConfig, id: u32, model: &Path) -> Result<Serving
         target: Target::Local(Arc::new(local)),
         clock: Clock::shared(),
         process: None,
+        url: None,
     })
 }
 

@@ -9,7 +9,7 @@ use frugal_cost::Catalog;
 use frugal_cost::money::HourlyRate;
 
 use crate::assemble::ConfigError;
-use crate::config::{PoolBackend, RawPool};
+use crate::config::{PoolBackend, PoolRouting, RawPool};
 
 /// Knative's KPA defaults: demand averaged over 60 s, a 6 s panic window entered at 200% of
 /// capacity. See docs/pools.md for why these, against KEDA's and Ray Serve's.
@@ -56,6 +56,8 @@ pub struct PoolConfig {
     pub drain_grace: Duration,
     pub tick: Duration,
     pub max_queue: usize,
+    /// How a request picks its replica (see [`super::prefix`]).
+    pub routing: PoolRouting,
     /// A replica's hourly price, and its instance type where the catalog priced it.
     pub rate: Option<HourlyRate>,
     pub instance_type: Option<String>,
@@ -84,6 +86,7 @@ impl PoolConfig {
             drain_grace: DRAIN_GRACE,
             tick: TICK,
             max_queue: 256,
+            routing: PoolRouting::Prefix,
             rate: None,
             instance_type: None,
             timeout: Duration::from_secs(120),
@@ -243,6 +246,7 @@ pub fn pool(raw: &RawPool, catalog: &Catalog) -> Result<PoolConfig, ConfigError>
         // A request at zero must be held to wake the pool.
         return Err(bad("max_queue must be at least 1".into()));
     }
+    c.routing = raw.routing.unwrap_or(c.routing);
     if let Some(t) = raw.timeout_s {
         c.timeout = Duration::from_secs(t);
     }
@@ -311,6 +315,11 @@ mod tests {
             ),
             (0, 4, 8, 16)
         );
+        assert_eq!(c.routing, PoolRouting::Prefix);
+        let c =
+            checked("backend = \"process\"\ncommand = \"x {port}\"\nrouting = \"least_in_flight\"")
+                .unwrap();
+        assert_eq!(c.routing, PoolRouting::LeastInFlight);
         let c = checked(
             "backend = \"external\"\nurl = \"http://qwen:8080/v1/\"\nscale_to_zero_after = \"90s\"\ncold_start_timeout = \"1m\"\ntick = \"250ms\"\nprice_per_hour = \"1.01\"",
         )
