@@ -147,6 +147,11 @@ ALTER TABLE replica_spans ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE replica_spans ADD COLUMN row_hash BLOB;
 CREATE UNIQUE INDEX replica_spans_row_hash ON replica_spans (row_hash) WHERE row_hash IS NOT NULL;
 "#,
+    r#"
+-- v9: what the prefix cache saved: prompt tokens whose work was reused (the engine's
+-- prefill spared, an upstream's cached-input discount).
+ALTER TABLE rollup ADD COLUMN saved_prefix INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// A migration with its placeholders filled in.
