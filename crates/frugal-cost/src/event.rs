@@ -86,6 +86,9 @@ pub enum Lever {
     /// The engine served the request in a batch with others: the saving is what its
     /// decode steps would have cost alone.
     Batching,
+    /// Prompt tokens whose work was reused: on the engine, the prefill the prefix cache
+    /// spared; on an upstream, its cached-input discount.
+    PrefixCache,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -164,11 +167,12 @@ text_enum!(Precision, "precision", "fp32, tf32, bf16, fp16, fp8", {
     "fp8" | "float8" => Fp8,
 });
 
-text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching", {
+text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching, prefix_cache", {
     "cache" | "exact_cache" => Cache,
     "semantic_cache" | "semantic" => SemanticCache,
     "routing" | "cascade" => Routing,
     "batching" | "continuous_batching" => Batching,
+    "prefix_cache" | "prefix" => PrefixCache,
 });
 
 /// One row of the ledger.

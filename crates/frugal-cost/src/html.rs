@@ -310,6 +310,7 @@ fn savings_chart(r: &Report) -> Option<String> {
         ("semantic cache", PALETTE[2]),
         ("routing", PALETTE[3]),
         ("batching", PALETTE[4]),
+        ("prefix cache", PALETTE[5]),
     ];
     let row = |l: &InferenceLine| {
         let s = &l.saved;
@@ -318,7 +319,13 @@ fn savings_chart(r: &Report) -> Option<String> {
         }
         let paid = l.cost + l.idle_cost;
         let mut bars = vec![bar(paid, PALETTE[0], format!("{} paid", usd_unit(paid)))];
-        let amounts = [s.cache, s.semantic_cache, s.routing, s.batching];
+        let amounts = [
+            s.cache,
+            s.semantic_cache,
+            s.routing,
+            s.batching,
+            s.prefix_cache,
+        ];
         for ((name, fill), amount) in levers.iter().zip(amounts) {
             if amount > Money::ZERO {
                 bars.push(bar(

@@ -42,7 +42,7 @@ pub use migrate::{Migrated, migrate};
 pub use segments::TrainingSegment;
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Where a ledger lives: a SQLite file, or a PostgreSQL database. Shown (and put in
 /// errors) with any password hidden.

@@ -63,6 +63,7 @@ pub struct Sums {
     pub saved_semantic: Money,
     pub saved_routing: Money,
     pub saved_batching: Money,
+    pub saved_prefix: Money,
     pub first_ms: Millis,
     pub last_ms: Millis,
 }
@@ -94,6 +95,7 @@ impl Default for Sums {
             saved_semantic: Money::ZERO,
             saved_routing: Money::ZERO,
             saved_batching: Money::ZERO,
+            saved_prefix: Money::ZERO,
             first_ms: Millis::MAX,
             last_ms: Millis::MIN,
         }
@@ -127,11 +129,16 @@ impl Sums {
         self.saved_semantic += o.saved_semantic;
         self.saved_routing += o.saved_routing;
         self.saved_batching += o.saved_batching;
+        self.saved_prefix += o.saved_prefix;
     }
 
     /// All the levers saved.
     pub fn saved(&self) -> Money {
-        self.saved_cache + self.saved_semantic + self.saved_routing + self.saved_batching
+        self.saved_cache
+            + self.saved_semantic
+            + self.saved_routing
+            + self.saved_batching
+            + self.saved_prefix
     }
 }
 
@@ -208,6 +215,7 @@ impl Pending {
             saved_semantic: saved(Lever::SemanticCache),
             saved_routing: saved(Lever::Routing),
             saved_batching: saved(Lever::Batching),
+            saved_prefix: saved(Lever::PrefixCache),
             first_ms: e.ts_ms,
             last_ms: e.ts_ms + duration,
         };
@@ -267,6 +275,7 @@ impl Pending {
                     s.saved_semantic.nanos(),
                     s.saved_routing.nanos(),
                     s.saved_batching.nanos(),
+                    s.saved_prefix.nanos(),
                 ]
             })
             .collect()
@@ -316,6 +325,7 @@ fn spread(ts: Millis, duration: Millis, whole: &Sums) -> Vec<(Millis, Sums)> {
             saved_semantic: share(whole.saved_semantic, given.saved_semantic),
             saved_routing: share(whole.saved_routing, given.saved_routing),
             saved_batching: share(whole.saved_batching, given.saved_batching),
+            saved_prefix: share(whole.saved_prefix, given.saved_prefix),
             duration_ms: time(whole.duration_ms, given.duration_ms),
             instance_ms: time(whole.instance_ms, given.instance_ms),
             first_ms: from,
@@ -377,12 +387,12 @@ CREATE TABLE rollup (
 "#;
 
 /// Columns of the rollup table, at the current schema.
-pub const COLUMNS: usize = 34;
+pub const COLUMNS: usize = 35;
 
 /// Adds one folded row to SQLite's rollup table.
 pub const SQLITE_UPSERT: &str = "
 INSERT INTO rollup VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34)
+    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35)
 ON CONFLICT DO UPDATE SET
     events = events + excluded.events,
     requests = requests + excluded.requests,
@@ -407,6 +417,7 @@ ON CONFLICT DO UPDATE SET
     saved_semantic = saved_semantic + excluded.saved_semantic,
     saved_routing = saved_routing + excluded.saved_routing,
     saved_batching = saved_batching + excluded.saved_batching,
+    saved_prefix = saved_prefix + excluded.saved_prefix,
     first_ms = min(first_ms, excluded.first_ms),
     last_ms = max(last_ms, excluded.last_ms)";
 
@@ -463,6 +474,8 @@ pub fn decode(v: &[i64; COLUMNS]) -> Result<(Key, Sums), String> {
         saved_routing: money(32),
         // Added by v3.
         saved_batching: money(33),
+        // Added by v9.
+        saved_prefix: money(34),
     };
     Ok((key, sums))
 }

@@ -25,6 +25,9 @@ pub struct RawServe {
     pub instance: Option<String>,
     pub max_batch: Option<usize>,
     pub max_queue: Option<usize>,
+    /// The engine reuses the KV of prompt prefixes it has seen (system prompts, earlier
+    /// turns) [default: true]; pools' replicas follow it.
+    pub prefix_cache: Option<bool>,
     pub workload: Option<String>,
     pub cache: Option<bool>,
     /// Megabytes the exact cache holds at most [default: 256].

@@ -210,7 +210,8 @@ fn pools(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Vec<Arc<Pool>>, ConfigEr
                 ));
             }
             names.push(&p.name);
-            let config = pool_settings(p, inputs.catalog)?;
+            let mut config = pool_settings(p, inputs.catalog)?;
+            config.prefix_cache = raw.prefix_cache.unwrap_or(true);
             Pool::new(config, inputs.pool_logs.to_owned())
                 .map_err(|e| invalid(format!("pool `{}`", p.name), e.to_string()))
         })

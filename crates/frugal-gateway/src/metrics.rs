@@ -301,6 +301,14 @@ pub struct Gauges {
     /// Batch lines preempted for interactive requests, and the positions they prefilled again.
     pub preempted: u64,
     pub recomputed_tokens: u64,
+    /// The prefix cache: requests looked up, those that reused a prefix, the prompt tokens
+    /// reused, and the cached blocks evicted.
+    pub prefix_lookups: u64,
+    pub prefix_hits: u64,
+    pub prefix_hit_tokens: u64,
+    pub prefix_evictions: u64,
+    /// KV blocks held by running sequences, held only by the prefix cache, and free.
+    pub kv_blocks: [usize; 3],
 }
 
 impl Metrics {
@@ -413,6 +421,41 @@ impl Metrics {
             "counter",
             g.recomputed_tokens as f64,
         );
+        gauge(
+            out,
+            "frugal_prefix_cache_lookups_total",
+            "Requests looked up in the engine's prefix cache.",
+            "counter",
+            g.prefix_lookups as f64,
+        );
+        gauge(
+            out,
+            "frugal_prefix_cache_hits_total",
+            "Requests that reused a cached prompt prefix.",
+            "counter",
+            g.prefix_hits as f64,
+        );
+        gauge(
+            out,
+            "frugal_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose KV came from the prefix cache instead of being prefilled.",
+            "counter",
+            g.prefix_hit_tokens as f64,
+        );
+        gauge(
+            out,
+            "frugal_prefix_cache_evictions_total",
+            "Cached KV blocks evicted (least recently used) to make room.",
+            "counter",
+            g.prefix_evictions as f64,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP frugal_kv_blocks KV-cache blocks by state: held by running sequences, held only by the prefix cache (evictable), free.\n# TYPE frugal_kv_blocks gauge"
+        );
+        for (state, n) in ["used", "cached", "free"].iter().zip(g.kv_blocks) {
+            let _ = writeln!(out, "frugal_kv_blocks{{state=\"{state}\"}} {n}");
+        }
         gauge(
             out,
             "frugal_running_sequences",

@@ -1,7 +1,8 @@
 //! A mock OpenAI-compatible upstream for the end-to-end tests: a real HTTP server on
 //! loopback (axum, on a thread of its own). What it does depends on the request's message,
 //! so each test sentence picks a behaviour; any other message is echoed, with usage of 10
-//! prompt and 5 completion tokens (none for a message that starts "no usage"). It serves
+//! prompt and 5 completion tokens (none for a message that starts "no usage"; 1,000 prompt
+//! tokens of which 800 cached, as OpenAI reports them, for one that starts "cached"). It serves
 //! `/v1/embeddings` too ([`mock_embedding`]: three numbers per input, three tokens each).
 
 use std::collections::HashMap;
@@ -113,6 +114,9 @@ async fn answer(body: Value, call: usize) -> Response {
     // "no usage...": answered, streamed or whole, with no usage at all (some servers).
     let usage = if prompt.starts_with("no usage") {
         Value::Null
+    } else if prompt.starts_with("cached") {
+        json!({ "prompt_tokens": 1000, "completion_tokens": 5, "total_tokens": 1005,
+                "prompt_tokens_details": { "cached_tokens": 800 } })
     } else {
         json!({ "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15 })
     };

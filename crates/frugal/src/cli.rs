@@ -812,6 +812,10 @@ pub struct ServeArgs {
     /// computes every slot until its longest request ends; `drain` lets finished requests leave
     #[arg(long, value_enum, default_value_t = BatchingArg::Continuous)]
     pub batching: BatchingArg,
+    /// Prefill every prompt from its first token: no reuse of the KV of prefixes seen
+    /// before (system prompts, earlier turns); pools' replicas follow
+    #[arg(long, env = "FRUGAL_NO_PREFIX_CACHE")]
+    pub no_prefix_cache: bool,
     /// Price of this machine per hour, for the ledger and x-frugal-cost-usd
     #[arg(long, value_name = "USD", conflicts_with = "instance")]
     pub price_per_hour: Option<String>,

@@ -210,6 +210,9 @@ fn with_flags(file: &RawServe, args: &ServeArgs) -> RawServe {
     s.instance = args.instance.clone().or(s.instance);
     s.max_batch = args.max_batch.or(s.max_batch);
     s.max_queue = args.max_queue.or(s.max_queue);
+    if args.no_prefix_cache {
+        s.prefix_cache = Some(false);
+    }
     s.workload = args.workload.clone().or(s.workload);
     if args.no_cache {
         s.cache = Some(false);
@@ -303,6 +306,7 @@ fn start_local(
         max_batch: serve.max_batch.unwrap_or(16),
         max_queue: serve.max_queue.unwrap_or(256),
         kv_positions: four_contexts(c),
+        prefix_cache: serve.prefix_cache.unwrap_or(true),
         ..SchedulerConfig::default()
     };
     let machine = Machine {

@@ -204,6 +204,97 @@ fn the_ledger_and_the_report_say_what_routing_and_the_cache_saved() {
 }
 
 #[test]
+fn an_upstreams_cached_input_is_billed_at_its_cached_price_and_saved_once() {
+    let (url, calls) = mock_upstream();
+    // $1,000 per million input tokens, $100 cached, $2,000 output.
+    let prices =
+        "[[model]]\nname = \"mock-price\"\ninput = 1000.0\ncached_input = 100.0\noutput = 2000.0\n";
+    let server = gateway_priced(&url, "", prices);
+    // 1,000 prompt tokens of which 800 cached, 5 out: 200 x $0.001 + 800 x $0.0001 +
+    // 5 x $0.002 = $0.29, where uncached input would have cost $0.72 more.
+    let (status, head, body) =
+        server.request("POST", "/v1/chat/completions", &chat("cached prompt", ""));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header(&head, "x-frugal-cache"), Some("miss"), "{head}");
+    assert_eq!(header(&head, "x-frugal-cost-usd"), Some("0.290000000"));
+    assert_eq!(header(&head, "x-frugal-cached-tokens"), Some("800"));
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 800);
+    let saved = "frugal_saved_usd_total{lever=\"prefix_cache\",model=\"mock\"}";
+    assert!(
+        (server.metric(saved) - 0.72).abs() < 1e-9,
+        "{}",
+        server.metric(saved)
+    );
+    // Streamed with its usage: the usage chunk says so, and the call is priced the same.
+    let streamed = r#","stream":true,"stream_options":{"include_usage":true}"#;
+    let (status, head, sse) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        &chat("cached, streamed", streamed),
+    );
+    assert_eq!(status, 200, "{sse}");
+    assert_eq!(header(&head, "x-frugal-cached-tokens"), None, "{head}");
+    let usage: Value = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|v| v["usage"].is_object())
+        .unwrap();
+    assert_eq!(
+        usage["usage"]["prompt_tokens_details"]["cached_tokens"],
+        800
+    );
+    assert_eq!(usage["frugal"]["cost_usd"], "0.290000000");
+    assert!((server.metric(saved) - 1.44).abs() < 1e-9);
+    // The first asked again: the exact cache answers (its own lever), with no cached prompt
+    // tokens and no second prefix saving.
+    let (_, head, body) =
+        server.request("POST", "/v1/chat/completions", &chat("cached prompt", ""));
+    assert_eq!(header(&head, "x-frugal-cache"), Some("hit-exact"), "{head}");
+    assert_eq!(header(&head, "x-frugal-cached-tokens"), Some("0"));
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert!((server.metric(saved) - 1.44).abs() < 1e-9);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let (_, dir) = server.stop();
+    let ledger = dir.path().join("ledger.sqlite");
+    let db = rusqlite::Connection::open(&ledger).unwrap();
+    let rows: Vec<(i64, i64, Option<i64>, i64)> = db
+        .prepare(
+            "SELECT cached_tokens, cost, lever, saved FROM events
+             WHERE lever IS NOT NULL OR cached_tokens > 0 ORDER BY id",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let prefix = Some(frugal_cost::Lever::PrefixCache.code());
+    let cache = Some(frugal_cost::Lever::Cache.code());
+    // Each call's row, and beside it a row of its saving alone; the replay saved the call.
+    let call = (800, 290_000_000, None, 0);
+    let saving = (0, 0, prefix, 720_000_000);
+    assert_eq!(
+        rows,
+        [saving, call, saving, call, (0, 0, cache, 290_000_000)]
+    );
+    let report = common::report(&ledger, &["--json"]);
+    let r: Value = serde_json::from_str(&report).unwrap();
+    let line = r["inference"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["model"] == "mock")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(line["saved"]["prefix_cache"], 1_440_000_000, "{line}");
+    let text = common::report(&ledger, &[]);
+    assert!(text.contains("prefix cache"), "{text}");
+    assert!(text.contains("$1.44"), "{text}");
+}
+
+#[test]
 fn a_route_whose_first_tier_is_not_local_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("frugal.toml");

@@ -185,11 +185,17 @@ CREATE TRIGGER replica_spans_no_truncate BEFORE TRUNCATE ON replica_spans
 
 /// Migration `i` takes a PostgreSQL ledger from version `7 + i` to `8 + i` (the first
 /// PostgreSQL ledgers were made at 7, by `SCHEMA_V7`); SQLite's of the same versions.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
 -- v8: a writer's id for each span, unique, as events have one.
 ALTER TABLE replica_spans ADD COLUMN row_hash BYTEA;
 CREATE UNIQUE INDEX replica_spans_row_hash ON replica_spans (row_hash) WHERE row_hash IS NOT NULL;
-"];
+",
+    "
+-- v9: what the prefix cache saved: prompt tokens whose work was reused.
+ALTER TABLE rollup ADD COLUMN saved_prefix BIGINT NOT NULL DEFAULT 0;
+",
+];
 
 /// Adds a write's folded rows to the rollup table, a column an array, in the arrays'
 /// order (key order: see `commit`).
@@ -200,7 +206,7 @@ INSERT INTO rollup SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[]
     $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $21::BIGINT[],
     $22::BIGINT[], $23::BIGINT[], $24::BIGINT[], $25::BIGINT[], $26::BIGINT[], $27::BIGINT[],
     $28::BIGINT[], $29::BIGINT[], $30::BIGINT[], $31::BIGINT[], $32::BIGINT[], $33::BIGINT[],
-    $34::BIGINT[])
+    $34::BIGINT[], $35::BIGINT[])
 ON CONFLICT (hour_ms, kind, workload, model, run, instance, region, capacity, outcome)
 DO UPDATE SET
     events = rollup.events + excluded.events,
@@ -226,6 +232,7 @@ DO UPDATE SET
     saved_semantic = rollup.saved_semantic + excluded.saved_semantic,
     saved_routing = rollup.saved_routing + excluded.saved_routing,
     saved_batching = rollup.saved_batching + excluded.saved_batching,
+    saved_prefix = rollup.saved_prefix + excluded.saved_prefix,
     first_ms = LEAST(rollup.first_ms, excluded.first_ms),
     last_ms = GREATEST(rollup.last_ms, excluded.last_ms)";
 

@@ -147,6 +147,11 @@ ALTER TABLE replica_spans ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE replica_spans ADD COLUMN row_hash BLOB;
 CREATE UNIQUE INDEX replica_spans_row_hash ON replica_spans (row_hash) WHERE row_hash IS NOT NULL;
 "#,
+    r#"
+-- v9: what the prefix cache saved: prompt tokens whose work was reused (the engine's
+-- prefill spared, an upstream's cached-input discount).
+ALTER TABLE rollup ADD COLUMN saved_prefix INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// A migration with its placeholders filled in.
@@ -891,7 +896,10 @@ mod tests {
         let mut batched = event(20, 1);
         batched.saved = Money::from_cents(2);
         batched.lever = Some(crate::event::Lever::Batching);
-        ledger.append("t", &[hit, batched]).unwrap();
+        let mut reused = event(30, 2);
+        reused.saved = Money::from_cents(4);
+        reused.lever = Some(crate::event::Lever::PrefixCache);
+        ledger.append("t", &[hit, batched, reused]).unwrap();
         let version: i64 = ledger
             .sqlite_conn()
             .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -910,18 +918,19 @@ mod tests {
             [
                 (7, 0, None),
                 (0, 30_000_000, Some(0)),
-                (10_000_000, 20_000_000, Some(3))
+                (10_000_000, 20_000_000, Some(3)),
+                (20_000_000, 40_000_000, Some(4))
             ]
         );
-        let saved: (i64, i64) = ledger
+        let saved: (i64, i64, i64) = ledger
             .sqlite_conn()
             .query_row(
-                "SELECT sum(saved_cache), sum(saved_batching) FROM rollup",
+                "SELECT sum(saved_cache), sum(saved_batching), sum(saved_prefix) FROM rollup",
                 [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .unwrap();
-        assert_eq!(saved, (30_000_000, 20_000_000));
+        assert_eq!(saved, (30_000_000, 20_000_000, 40_000_000));
     }
 
     #[test]
@@ -1226,14 +1235,16 @@ mod tests {
         let path = dir.path().join("l.sqlite");
         let mut ledger = Ledger::open(&path).unwrap();
         ledger.append("ok", &[event(1, 1)]).unwrap();
+        let newer = SCHEMA_VERSION + 1;
         ledger
             .sqlite_conn()
-            .execute_batch("PRAGMA user_version = 9")
+            .execute_batch(&format!("PRAGMA user_version = {newer}"))
             .unwrap();
         drop(ledger);
         let err = Ledger::open(&path).err().unwrap().to_string();
-        let want =
-            format!("schema version 9, newer than this frugal understands ({SCHEMA_VERSION})");
+        let want = format!(
+            "schema version {newer}, newer than this frugal understands ({SCHEMA_VERSION})"
+        );
         assert!(err.contains(&want), "{err}");
         let conn = Connection::open(&path).unwrap();
         let n: i64 = conn

@@ -40,11 +40,12 @@ pub struct Savings {
     pub semantic_cache: Money,
     pub routing: Money,
     pub batching: Money,
+    pub prefix_cache: Money,
 }
 
 impl Savings {
     pub fn total(&self) -> Money {
-        self.cache + self.semantic_cache + self.routing + self.batching
+        self.cache + self.semantic_cache + self.routing + self.batching + self.prefix_cache
     }
 
     pub(super) fn add(&mut self, s: &Sums) {
@@ -52,6 +53,7 @@ impl Savings {
         self.semantic_cache += s.saved_semantic;
         self.routing += s.saved_routing;
         self.batching += s.saved_batching;
+        self.prefix_cache += s.saved_prefix;
     }
 
     pub(super) fn merge(&mut self, o: &Savings) {
@@ -59,6 +61,7 @@ impl Savings {
         self.semantic_cache += o.semantic_cache;
         self.routing += o.routing;
         self.batching += o.batching;
+        self.prefix_cache += o.prefix_cache;
     }
 }
 

@@ -10,8 +10,8 @@ pub mod text;
 pub mod upstream;
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::Stream;
@@ -56,6 +56,13 @@ pub trait Backend: Send + Sync {
 
     /// What `work` cost. Called once per settled request.
     fn price(&self, work: &Work) -> Priced;
+
+    /// What reusing `work.cached_tokens` prompt tokens saved (the lever `prefix_cache`):
+    /// nothing where the backend cannot tell. Called once per settled request, after
+    /// `price`.
+    fn prefix_saving(&self, _work: &Work) -> Money {
+        Money::ZERO
+    }
 }
 
 /// A job checked by its backend.
@@ -95,8 +102,9 @@ pub struct Work {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
-    /// The local engine's time.
+    /// The local engine's time, and its share until the first token (the prefill).
     pub engine: EngineTime,
+    pub prefill: Duration,
     /// An hourly machine held since the call began; the pipeline ends the hold and puts
     /// the call's share of the machine in `share`.
     pub hold: Option<Ticket>,
@@ -138,6 +146,36 @@ pub struct Local {
     /// Recent cost per token in nano-dollars (a moving average), for the worst case of a
     /// request before it runs: the engine is priced by time, not by token.
     per_token: AtomicI64,
+    /// The engine's recent prefill time per computed prompt token, which prices the
+    /// prefill a prefix-cache hit spared.
+    prefill: Mutex<PrefillRate>,
+}
+
+/// Prefill seconds and the prompt tokens they computed, both decayed by each new request,
+/// so their ratio is a moving average weighted by tokens: a turn that computed a few
+/// tokens past a long cached prefix (whose step costs are mostly fixed) moves it little.
+#[derive(Debug, Default, Clone, Copy)]
+struct PrefillRate {
+    secs: f64,
+    tokens: f64,
+}
+
+impl PrefillRate {
+    fn add(&mut self, prefill: Duration, tokens: u64) {
+        if tokens == 0 || prefill.is_zero() {
+            return;
+        }
+        self.secs = self.secs * 0.875 + prefill.as_secs_f64();
+        self.tokens = self.tokens * 0.875 + tokens as f64;
+    }
+
+    /// Engine time `tokens` prompt tokens take to prefill, by the recent rate.
+    fn time(&self, tokens: u64) -> Duration {
+        if self.tokens <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::try_from_secs_f64(self.secs / self.tokens * tokens as f64).unwrap_or_default()
+    }
 }
 
 impl Local {
@@ -155,6 +193,7 @@ impl Local {
             machine,
             aliases: Vec::new(),
             per_token: AtomicI64::new(0),
+            prefill: Mutex::new(PrefillRate::default()),
         }
     }
 
@@ -300,11 +339,32 @@ impl Backend for Local {
             let avg = if old == 0 { now } else { (old * 7 + now) / 8 };
             self.per_token.store(avg, Ordering::Relaxed);
         }
+        // The prompt tokens this request computed took its time to the first token.
+        let computed = work.prompt_tokens.saturating_sub(work.cached_tokens);
+        self.prefill_rate().add(work.prefill, computed);
         Priced {
             cost,
             busy: Some(work.engine.shared),
             batching_saved: self.machine.cost(work.engine.saved()),
         }
+    }
+
+    /// The engine time prefilling the cached tokens would have taken at the engine's
+    /// recent prefill rate, at the machine's price: what the bill (engine time actually
+    /// spent) did not include. The cached tokens sit at the start of the prompt, where
+    /// attention is cheapest, so the rate (over whole prompts) errs high by that.
+    fn prefix_saving(&self, work: &Work) -> Money {
+        if work.cached_tokens == 0 {
+            return Money::ZERO;
+        }
+        self.machine
+            .cost(self.prefill_rate().time(work.cached_tokens))
+    }
+}
+
+impl Local {
+    fn prefill_rate(&self) -> std::sync::MutexGuard<'_, PrefillRate> {
+        self.prefill.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -371,6 +431,7 @@ impl Backend for Upstream {
             prompt_tokens: work.prompt_tokens as usize,
             completion_tokens: work.completion_tokens as usize,
             total_tokens: (work.prompt_tokens + work.completion_tokens) as usize,
+            cached_tokens: work.cached_tokens as usize,
         };
         Priced {
             cost: self
@@ -379,5 +440,38 @@ impl Backend for Upstream {
             busy: self.machine().map(|_| work.share),
             batching_saved: Money::ZERO,
         }
+    }
+
+    /// The provider's cached-input discount on the tokens its usage says were cached
+    /// (none on an hourly machine: its bill is its time, which the reuse already cut).
+    fn prefix_saving(&self, work: &Work) -> Money {
+        let Some(Pricing::Tokens(price)) = &self.config.pricing else {
+            return Money::ZERO;
+        };
+        let (input, output) = (work.prompt_tokens, work.completion_tokens);
+        let full = price.saturating_cost(input, 0, output);
+        let paid = price.saturating_cost(input, work.cached_tokens, output);
+        (full - paid).max(Money::ZERO)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefill_rate_is_weighted_by_the_tokens_computed() {
+        let mut rate = PrefillRate::default();
+        assert_eq!(rate.time(100), Duration::ZERO, "nothing measured yet");
+        rate.add(Duration::from_millis(100), 100);
+        assert_eq!(rate.time(50), Duration::from_millis(50));
+        // A turn that computed one token past a cached prefix, whose step was mostly fixed
+        // costs: an average per request would make every token 5.5 ms.
+        rate.add(Duration::from_millis(10), 1);
+        let t = rate.time(100);
+        assert!(
+            t > Duration::from_millis(100) && t < Duration::from_millis(120),
+            "{t:?}"
+        );
     }
 }

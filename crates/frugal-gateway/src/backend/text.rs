@@ -25,6 +25,8 @@ pub enum Piece {
         reason: FinishReason,
         usage: Usage,
         engine: EngineTime,
+        /// This request's share of engine time until its first token: its prefill.
+        prefill: Duration,
         first_token: Option<Duration>,
         /// Each generated token's logprob, which a cascade judges; `None` where unknown.
         judged: Option<Vec<f32>>,
@@ -42,11 +44,15 @@ pub struct TextStream {
     held: String,
     logprobs: bool,
     prompt_tokens: usize,
+    /// Of the prompt, tokens the engine's prefix cache held (known at the end).
+    cached_tokens: usize,
     completion_tokens: usize,
     started: std::time::Instant,
     first_token: Option<Duration>,
     /// Engine time used so far, as the last token reported it.
     engine: EngineTime,
+    /// Engine time as the first token reported it.
+    prefill: Duration,
     /// The logprob of each token generated so far (one float each: the cascade's evidence).
     chosen: Vec<f32>,
     finished: Option<Piece>,
@@ -68,10 +74,12 @@ impl TextStream {
             held: String::new(),
             logprobs,
             prompt_tokens,
+            cached_tokens: 0,
             completion_tokens: 0,
             started: std::time::Instant::now(),
             first_token: None,
             engine: EngineTime::default(),
+            prefill: Duration::ZERO,
             chosen: Vec::new(),
             finished: None,
         }
@@ -91,6 +99,7 @@ impl TextStream {
             prompt_tokens: self.prompt_tokens,
             completion_tokens: self.completion_tokens,
             total_tokens: self.prompt_tokens + self.completion_tokens,
+            cached_tokens: self.cached_tokens,
         }
     }
 
@@ -107,6 +116,9 @@ impl TextStream {
             match event {
                 Some(Event::Token(sampled, engine)) => {
                     self.completion_tokens += 1;
+                    if self.first_token.is_none() {
+                        self.prefill = engine.shared;
+                    }
                     self.engine = engine;
                     self.chosen.push(sampled.logprob);
                     self.first_token
@@ -134,6 +146,7 @@ impl TextStream {
                             reason: FinishReason::Stop,
                             usage: self.usage(),
                             engine: self.engine,
+                            prefill: self.prefill,
                             first_token: self.first_token,
                             judged: Some(std::mem::take(&mut self.chosen)),
                         });
@@ -149,11 +162,13 @@ impl TextStream {
                 Some(Event::Done {
                     reason,
                     completion_tokens,
+                    cached_tokens,
                     engine,
                     first_token,
                     ..
                 }) => {
                     self.completion_tokens = completion_tokens;
+                    self.cached_tokens = cached_tokens;
                     let text = std::mem::take(&mut self.held);
                     self.rx = None;
                     self.engine = engine;
@@ -161,6 +176,7 @@ impl TextStream {
                         reason,
                         usage: self.usage(),
                         engine,
+                        prefill: self.prefill,
                         first_token: Some(first_token),
                         judged: Some(std::mem::take(&mut self.chosen)),
                     });
@@ -265,6 +281,7 @@ impl Replay {
             reason: answer.finish_reason,
             usage: answer.usage,
             engine: EngineTime::default(),
+            prefill: Duration::ZERO,
             first_token: None,
             judged: answer.judged.clone(),
         });

@@ -478,6 +478,7 @@ pub fn usage_of(v: &Value) -> Option<(Usage, u64)> {
             prompt_tokens: n("prompt_tokens"),
             completion_tokens: n("completion_tokens"),
             total_tokens: n("total_tokens"),
+            cached_tokens: cached as usize,
         },
         cached,
     ))

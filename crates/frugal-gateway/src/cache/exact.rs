@@ -519,6 +519,7 @@ mod tests {
                 prompt_tokens: 3,
                 completion_tokens: 1,
                 total_tokens: 4,
+                cached_tokens: 0,
             },
             cost: Money::from_nanos(1_000),
             judged: None,

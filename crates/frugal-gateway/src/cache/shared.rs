@@ -101,6 +101,7 @@ impl SharedCache {
                 prompt_tokens: stored.usage[0],
                 completion_tokens: stored.usage[1],
                 total_tokens: stored.usage[2],
+                cached_tokens: 0,
             },
             cost: Money::from_nanos(stored.cost_nanos),
             judged: stored.judged,

@@ -153,6 +153,7 @@ fn record_routing_saving(
             started: std::time::SystemTime::now(),
             model: route.name.clone(),
             saved,
+            lever: Lever::Routing,
             tenant,
         });
     }

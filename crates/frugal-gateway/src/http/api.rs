@@ -135,6 +135,17 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// Prompt tokens whose work was reused (the engine's prefix cache), written as OpenAI
+    /// does: `prompt_tokens_details.cached_tokens`. A cached answer's replay reused none.
+    #[serde(rename = "prompt_tokens_details", serialize_with = "details")]
+    pub cached_tokens: usize,
+}
+
+fn details<S: serde::Serializer>(cached: &usize, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct;
+    let mut d = s.serialize_struct("PromptTokensDetails", 1)?;
+    d.serialize_field("cached_tokens", cached)?;
+    d.end()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

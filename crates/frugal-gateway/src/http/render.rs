@@ -5,7 +5,9 @@
 //! `frugal` object (`cost_usd` exact as a decimal string, `cache`, `saved_usd`) on the last
 //! chunk before `[DONE]`, plus `usage.cost_usd` on the usage chunk when the client asked for
 //! usage. An upstream's stream is passed through event by event, its finish chunk held
-//! until its usage has priced the call.
+//! until its usage has priced the call. Prompt tokens whose work was reused are in
+//! `usage.prompt_tokens_details.cached_tokens`, and on a whole body in
+//! `x-frugal-cached-tokens` too (a stream's are known at its end, in its usage chunk only).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -251,6 +253,10 @@ pub fn json(f: Finished, kind: Kind, model: &str) -> Response {
     costed.stamp(&mut v);
     let mut r = Json(v).into_response();
     r.headers_mut().extend(costed.headers());
+    // Streams carry it in their usage chunk only: it is known at their end, after the
+    // headers went out.
+    r.headers_mut()
+        .insert("x-frugal-cached-tokens", HeaderValue::from(f.cached_tokens));
     r
 }
 

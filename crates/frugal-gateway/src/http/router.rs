@@ -242,6 +242,15 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
             waiting_batch: st.waiting_batch.load(Ordering::Relaxed),
             preempted: st.preempted.load(Ordering::Relaxed),
             recomputed_tokens: st.recomputed_tokens.load(Ordering::Relaxed),
+            prefix_lookups: st.prefix_lookups.load(Ordering::Relaxed),
+            prefix_hits: st.prefix_hits.load(Ordering::Relaxed),
+            prefix_hit_tokens: st.prefix_hit_tokens.load(Ordering::Relaxed),
+            prefix_evictions: st.prefix_evictions.load(Ordering::Relaxed),
+            kv_blocks: [
+                st.kv_blocks_used.load(Ordering::Relaxed),
+                st.kv_blocks_cached.load(Ordering::Relaxed),
+                st.kv_blocks_free.load(Ordering::Relaxed),
+            ],
         }
     });
     let mut text = s.inner.metrics.render(gauges.as_ref());

@@ -88,14 +88,16 @@ pub struct Row {
     pub batch: Option<Arc<str>>,
 }
 
-/// A saving apart from any call: a cascade's cheap tier answered, so its dearest tier's
-/// call (`saved`, priced on the same tokens) was not made.
+/// A saving in a row of its own, beside the call's: a cascade's cheap tier answered, so
+/// its dearest tier's call (`saved`, priced on the same tokens) was not made (`Routing`);
+/// a call reused a cached prompt prefix (`PrefixCache`), beside what its own row saved.
 #[derive(Debug, Clone)]
 pub struct Saving {
     pub started: SystemTime,
-    /// The route.
+    /// The route, or the served name.
     pub model: String,
     pub saved: Money,
+    pub lever: Lever,
     pub tenant: Option<String>,
 }
 

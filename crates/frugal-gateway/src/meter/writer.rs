@@ -186,7 +186,7 @@ impl Writer {
         );
         e.model = Some(s.model);
         e.saved = s.saved;
-        e.lever = Some(Lever::Routing);
+        e.lever = Some(s.lever);
         e.tenant = s.tenant;
         self.pending.push(e);
     }

@@ -25,6 +25,7 @@ use crate::backend::Local;
 use crate::backend::upstream::{Clock, Upstream, UpstreamConfig};
 use crate::meter::Machine;
 
+use super::settings::NO_PREFIX_CACHE_ENV;
 use super::{Kind, PoolConfig};
 
 /// How often a starting replica's health path is asked.
@@ -208,6 +209,9 @@ async fn start_process(
         .stdout(out)
         .stderr(err)
         .process_group(0);
+    if !pool.prefix_cache {
+        command.env(NO_PREFIX_CACHE_ENV, "true");
+    }
     die_with_parent(&mut command);
     let mut child = command
         .spawn()
@@ -350,6 +354,7 @@ async fn start_local(pool: &PoolConfig, id: u32, model: &Path) -> Result<Serving
     };
     let scheduler = SchedulerConfig {
         max_batch: (pool.target_in_flight as usize).clamp(1, 64),
+        prefix_cache: pool.prefix_cache,
         ..SchedulerConfig::default()
     };
     let load = tokio::task::spawn_blocking(move || {

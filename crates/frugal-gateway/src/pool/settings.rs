@@ -37,6 +37,10 @@ pub enum Kind {
     External { url: String },
 }
 
+/// Set (to `true`) on a `process` replica's environment when the gateway's prefix cache is
+/// off: `frugal serve` reads it as `--no-prefix-cache`; other servers ignore it.
+pub const NO_PREFIX_CACHE_ENV: &str = "FRUGAL_NO_PREFIX_CACHE";
+
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     pub name: String,
@@ -65,6 +69,9 @@ pub struct PoolConfig {
     pub timeout: Duration,
     /// The container image `frugal deploy kubernetes` runs a replica from.
     pub image: Option<String>,
+    /// Replicas reuse cached prompt prefixes (`[serve] prefix_cache`): `local` ones in
+    /// their engine, `process` ones told by `FRUGAL_NO_PREFIX_CACHE` when it is off.
+    pub prefix_cache: bool,
 }
 
 impl PoolConfig {
@@ -91,6 +98,7 @@ impl PoolConfig {
             instance_type: None,
             timeout: Duration::from_secs(120),
             image: None,
+            prefix_cache: true,
         }
     }
 }

@@ -52,6 +52,9 @@ pub struct Finished {
     /// Each token's logprob, where the backend gives them.
     pub judged: Option<Vec<f32>>,
     pub created: u64,
+    /// Prompt tokens whose work was reused (`x-frugal-cached-tokens`): the engine's prefix
+    /// cache, or an upstream's cached input; 0 on a cache hit.
+    pub cached_tokens: u64,
 }
 
 /// A finished answer's content.
@@ -184,6 +187,7 @@ pub fn estimated_usage(prompt_bytes: u64, answer_bytes: u64, chunks: u64) -> Usa
         prompt_tokens,
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
+        cached_tokens: 0,
     }
 }
 
@@ -312,9 +316,16 @@ impl Live {
         if let Piece::Text { text, logprobs } = &piece {
             self.bill.record(text, logprobs);
         }
-        if let Piece::Done { usage, engine, .. } = &piece {
-            self.bill.count(*usage, 0);
+        if let Piece::Done {
+            usage,
+            engine,
+            prefill,
+            ..
+        } = &piece
+        {
+            self.bill.count(*usage, usage.cached_tokens as u64);
             self.bill.work.engine = *engine;
+            self.bill.work.prefill = *prefill;
         }
         piece
     }
@@ -344,7 +355,7 @@ impl Live {
         if let Source::Live(t) = &self.source {
             let (usage, engine) = t.progress();
             let prompt = self.bill.work.prompt_tokens;
-            self.bill.count(usage, 0);
+            self.bill.count(usage, usage.cached_tokens as u64);
             self.bill.work.prompt_tokens = prompt.max(usage.prompt_tokens as u64);
             self.bill.work.engine = engine;
         }
@@ -409,6 +420,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
                             saved,
                             judged,
                             created,
+                            cached_tokens: usage.cached_tokens as u64,
                         });
                     }
                     Piece::Failed(e) => {
@@ -421,6 +433,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
         Output::Json(v) => {
             let (usage, cached) = usage_or_estimate(&v, kind, prompt_bytes);
             bill.count(usage, cached);
+            let cached_tokens = bill.work.cached_tokens;
             let plain = plain_answer(&v, kind);
             if let Some((text, _)) = &plain {
                 bill.record(text, &[]);
@@ -440,6 +453,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
                 saved,
                 judged: None,
                 created,
+                cached_tokens,
             })
         }
         Output::Events(_) => {

@@ -173,11 +173,12 @@ impl Bill {
         // A pool's retries on another replica added their holds already.
         self.work.share += share;
         let hit = matches!(self.cache, CacheUse::Hit(..));
-        // A cache hit used no backend: nothing to price.
-        let priced = if hit {
-            Priced::default()
+        // A cache hit used no backend: nothing to price, and no prompt it reused.
+        let (priced, prefix_saved) = if hit {
+            (Priced::default(), Money::ZERO)
         } else {
-            self.backend.price(&self.work)
+            let priced = self.backend.price(&self.work);
+            (priced, self.backend.prefix_saving(&self.work))
         };
         self.settled = Some(priced.cost);
         let elapsed = self.started.0.elapsed();
@@ -187,6 +188,9 @@ impl Bill {
         m.add_spend(&model, priced.cost);
         if priced.batching_saved > Money::ZERO {
             m.add_saving(Lever::Batching, &model, priced.batching_saved);
+        }
+        if prefix_saved > Money::ZERO {
+            m.add_saving(Lever::PrefixCache, &model, prefix_saved);
         }
         let outcome = match &end {
             End::Completed { first_token, .. } => {
@@ -218,11 +222,23 @@ impl Bill {
             (None, Some(t)) => t.spend(priced.cost, now),
             (None, None) => {}
         }
-        // One lever per row: a cache hit's saving, else batching's.
+        // One lever per row: a cache hit's saving, else batching's. The prefix cache's
+        // (which a cache hit never has) goes beside it, in a row of its own.
         let saved = self.cache.saved().or_else(|| {
             (priced.batching_saved > Money::ZERO)
                 .then_some((priced.batching_saved, Lever::Batching))
         });
+        if let Some(meter) = &inner.meter
+            && prefix_saved > Money::ZERO
+        {
+            meter.record_saving(meter::Saving {
+                started: self.started.1,
+                model: model.clone(),
+                saved: prefix_saved,
+                lever: Lever::PrefixCache,
+                tenant: self.tenant.as_ref().map(|t| t.name.clone()),
+            });
+        }
         if let Some(meter) = &inner.meter {
             meter.record(meter::Row {
                 started: self.started.1,
@@ -271,6 +287,8 @@ impl Bill {
                     prompt_tokens: self.work.prompt_tokens as usize,
                     completion_tokens: self.work.completion_tokens as usize,
                     total_tokens: (self.work.prompt_tokens + self.work.completion_tokens) as usize,
+                    // A replay reuses no prompt: it computes none.
+                    cached_tokens: 0,
                 },
                 cost,
                 judged,

@@ -171,14 +171,16 @@ fn a_newer_schema_is_refused_and_left_alone() {
     let (url, mut ledger) = fresh();
     ledger.append("ok", &[event(1, 1)]).unwrap();
     drop(ledger);
+    let newer = SCHEMA_VERSION + 1;
     raw(&url)
-        .batch_execute("UPDATE schema_version SET version = 9")
+        .batch_execute(&format!("UPDATE schema_version SET version = {newer}"))
         .unwrap();
     let err = Ledger::open(Location::parse(&url))
         .err()
         .unwrap()
         .to_string();
-    let want = format!("schema version 9, newer than this frugal understands ({SCHEMA_VERSION})");
+    let want =
+        format!("schema version {newer}, newer than this frugal understands ({SCHEMA_VERSION})");
     assert!(err.contains(&want), "{err}");
     assert!(!err.contains(PASSWORD), "{err}");
     let n: i64 = raw(&url)
