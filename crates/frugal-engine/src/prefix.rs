@@ -309,7 +309,11 @@ mod tests {
     fn a_lookup_finds_whole_blocks_then_the_longest_common_part_of_one() {
         let mut p = PrefixCache::default();
         let a = seq(0, 150);
-        assert_eq!(p.insert(&a, &computed(&a), 150), 3, "two full blocks, one partial");
+        assert_eq!(
+            p.insert(&a, &computed(&a), 150),
+            3,
+            "two full blocks, one partial"
+        );
         // The same start, diverging at 100: two blocks' worth... one whole, 36 of the next.
         let mut b = seq(0, 100);
         b.extend(seq(5000, 40));
@@ -332,7 +336,11 @@ mod tests {
         let short = seq(0, 80);
         p.insert(&short, &computed(&short), 80);
         let long = seq(0, 128);
-        assert_eq!(p.insert(&long, &computed(&long), 128), 1, "the second block, full");
+        assert_eq!(
+            p.insert(&long, &computed(&long), 128),
+            1,
+            "the second block, full"
+        );
         assert_eq!(p.len(), 2, "the 16-token partial block is gone");
         assert_eq!(p.peek(&seq(0, 200), 200), 128);
     }

@@ -132,9 +132,14 @@ impl EngineTime {
     }
 }
 
-/// What a request receives, in order: tokens, then `Done` or `Failed`.
+/// What a request receives, in order: `Admitted`, tokens, then `Done` or `Failed`.
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// The request joined the batch; `cached_tokens` of its prompt came from the prefix
+    /// cache (told before any token: a reader may stop at a stop sequence, before `Done`).
+    Admitted {
+        cached_tokens: usize,
+    },
     /// A token, with the engine time this request has used so far.
     Token(Sampled, EngineTime),
     Done {
@@ -616,6 +621,8 @@ impl Worker {
             }
             if s.admitted.is_none() {
                 s.cached_tokens = reused.min(s.job.request.prompt.len());
+                let cached_tokens = s.cached_tokens;
+                let _ = s.job.events.send(Event::Admitted { cached_tokens });
             }
             self.reserved += need;
             s.reserved = need;
@@ -1084,13 +1091,14 @@ mod tests {
                             .push([s.logprob.to_bits()].into_iter().chain(bits).collect());
                         self.first.get_or_insert(turn);
                     }
+                    Event::Admitted { cached_tokens } => self.cached_tokens = Some(cached_tokens),
                     Event::Done {
                         completion_tokens,
                         cached_tokens,
                         ..
                     } => {
+                        assert_eq!(self.cached_tokens, Some(cached_tokens), "told alike");
                         self.completion_tokens = Some(completion_tokens);
-                        self.cached_tokens = Some(cached_tokens);
                     }
                     Event::Failed(e) => panic!("failed: {e}"),
                 }
@@ -1121,6 +1129,7 @@ mod tests {
         let mut tokens = Vec::new();
         while let Some(e) = rx.blocking_recv() {
             match e {
+                Event::Admitted { .. } => {}
                 Event::Token(s, _) => tokens.push(s.token),
                 Event::Done { queued, .. } => return (tokens, queued),
                 Event::Failed(e) => panic!("failed: {e}"),

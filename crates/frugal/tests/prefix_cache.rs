@@ -247,3 +247,28 @@ fn pool_replicas_follow_the_gateways_prefix_cache() {
         assert_eq!(t.streamed, 0, "{pool}");
     }
 }
+
+/// An answer cut at a stop sequence ends before the engine's last event: what its prompt
+/// reused is told when it is admitted, so the cut answer still says it.
+#[test]
+fn an_answer_cut_at_a_stop_sequence_still_says_what_it_reused() {
+    let server = Server::start(&["--no-semantic-cache"]);
+    let ask = |q: &str, stop: Value| {
+        let body = json!({
+            "messages": [{ "role": "system", "content": SYSTEM }, { "role": "user", "content": q }],
+            "max_tokens": 16,
+            "temperature": 0,
+            "stop": stop,
+        });
+        let (status, _, text) = server.request("POST", "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    assert_eq!(cached_tokens(&ask(QUESTIONS[0], Value::Null)), 0);
+    let cut = ask(QUESTIONS[1], json!([" ", "."]));
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop", "{cut}");
+    assert!(
+        cached_tokens(&cut) > 0,
+        "the system prompt was reused: {cut}"
+    );
+}

@@ -114,6 +114,7 @@ impl TextStream {
             };
             let event = rx.recv().await;
             match event {
+                Some(Event::Admitted { cached_tokens }) => self.cached_tokens = cached_tokens,
                 Some(Event::Token(sampled, engine)) => {
                     self.completion_tokens += 1;
                     if self.first_token.is_none() {

@@ -218,6 +218,7 @@ impl Tier {
         let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
         while let Some(e) = rx.blocking_recv() {
             match e {
+                Event::Admitted { .. } => {}
                 Event::Token(s, _) => {
                     tokens.push(s.token);
                     logprobs.push(s.logprob);
