@@ -477,6 +477,82 @@ mod tests {
         assert!(err.contains("line 1"), "{err}");
     }
 
+    /// A server that streams llama-server's shape: no `prompt_tokens_details`, its own
+    /// `timings` (prompt tokens computed, `cache_n` reused) in the last chunk. It answers
+    /// "answer N" to a prompt of N messages and records each request's messages.
+    async fn llama_like() -> (String, Arc<std::sync::Mutex<Vec<Value>>>) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |body: axum::Json<Value>| {
+                let messages = body.0["messages"].clone();
+                let n = messages.as_array().map_or(0, Vec::len);
+                log.lock().unwrap().push(messages);
+                // Everything before the last message is cached.
+                let (prompt, cached) = (10 * n as u64, 10 * (n as u64 - 1));
+                let chunks = [
+                    json!({ "choices": [{ "delta": { "role": "assistant" } }] }),
+                    json!({ "choices": [{ "delta": { "content": "answer " } }] }),
+                    json!({ "choices": [{ "delta": { "content": n.to_string() } }] }),
+                    json!({ "choices": [{ "delta": {}, "finish_reason": "length" }],
+                            "usage": { "prompt_tokens": prompt, "completion_tokens": 2 },
+                            "timings": { "prompt_n": prompt - cached, "cache_n": cached } }),
+                ];
+                let sse: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+                async move { sse + "data: [DONE]\n\n" }
+            }),
+        );
+        (frugal_testkit::loopback::serve(app).await, seen)
+    }
+
+    #[tokio::test]
+    async fn turns_carry_the_answers_and_the_servers_own_cache_figures() {
+        let (url, seen) = llama_like().await;
+        let config = ReplayConfig {
+            bench: BenchConfig {
+                url: format!("{url}/v1"),
+                model: None,
+                rate: frugal_cost::money::HourlyRate(Money::ZERO),
+                timeout: Duration::from_secs(10),
+                distinct: false,
+            },
+            system: Some("be brief".into()),
+            max_turns: 2,
+            max_prompt: 1000,
+            max_tokens: 2,
+            in_flight: 2,
+            arrivals: None,
+        };
+        let c = Conversation {
+            id: "a".into(),
+            turns: vec!["one".into(), "two".into(), "three".into()],
+        };
+        let (s, t) = run(&config, vec![c], Arc::new(Counter::default()))
+            .await
+            .unwrap();
+        let sent = seen.lock().unwrap().clone();
+        // Turn 2 is the system message, turn 1, the server's answer to it, then turn 2.
+        assert_eq!(
+            sent[1],
+            json!([
+                { "role": "system", "content": "be brief" },
+                { "role": "user", "content": "one" },
+                { "role": "assistant", "content": "answer 2" },
+                { "role": "user", "content": "two" },
+            ])
+        );
+        assert_eq!(sent.len(), 2, "--turns caps the conversation");
+        assert_eq!(t[0].messages.len(), 5, "the last answer is kept too");
+        // 20 + 40 prompt tokens; 10 + 30 of them cached, as `cache_n` said.
+        assert_eq!(
+            (s.prompt_tokens, s.cached_tokens, s.prefill_tokens),
+            (60, 40, 20)
+        );
+        assert!(s.cache_reported);
+        assert_eq!((s.requests, s.later_turns, s.output_tokens), (2, 1, 4));
+    }
+
     #[test]
     fn messages_are_cut_at_a_character() {
         assert_eq!(cut("héllo", 2), "hé");
