@@ -11,6 +11,7 @@
 #   WORKLOAD=system scripts/bench-prefix.sh  # a ~900-token shared system prompt, short questions
 #   MODE=pool scripts/bench-prefix.sh        # 3 `process` replicas: routing prefix vs least_in_flight
 #   CONVERSATIONS=20 IN_FLIGHT=4 scripts/bench-prefix.sh   # a quick look
+#   SPEEDUP=0.2 scripts/bench-prefix.sh      # arrivals from the Azure conversation trace, x0.2
 #
 # Needs: the model (scripts/fetch-models.sh smollm2; the Q8_0 file is made from the shipped
 # Q4_1 with `frugal quantize` when missing), ShareGPT (scripts/fetch-sharegpt.sh, run here when
@@ -50,6 +51,9 @@ case $WORKLOAD in
 esac
 bench_args=("${load[@]}" --requests "$CONVERSATIONS" --concurrency "$IN_FLIGHT"
   --max-tokens "$MAX_TOKENS" --max-prompt "$MAX_PROMPT" --price-per-hour "$PRICE" --json)
+# SPEEDUP=X: conversations start at the Azure conversation trace's arrival times divided by X
+# (about 5.4 a second at X = 1) instead of IN_FLIGHT at a time.
+[ -z "${SPEEDUP:-}" ] || bench_args+=(--trace data/azure-llm-trace/AzureLLMInferenceTrace_conv.csv --speedup "$SPEEDUP")
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_up() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return; sleep 0.1; done; echo "server on $1 did not start" >&2; exit 1; }
@@ -150,7 +154,7 @@ TOML
 }
 
 lscpu | grep -m1 "Model name" || true
-echo "workload $WORKLOAD: $CONVERSATIONS conversations, $IN_FLIGHT in flight, <= $TURNS turns, <= $MAX_PROMPT prompt tokens, $MAX_TOKENS tokens an answer; $MODEL, $THREADS threads"
+echo "workload $WORKLOAD: $CONVERSATIONS conversations, ${SPEEDUP:+Azure arrivals x$SPEEDUP, not }$IN_FLIGHT in flight, <= $TURNS turns, <= $MAX_PROMPT prompt tokens, $MAX_TOKENS tokens an answer; $MODEL, $THREADS threads"
 if [ "$MODE" = pool ]; then
   runs="pool-prefix pool-least_in_flight"
   pool_run prefix
@@ -195,15 +199,17 @@ for r in runs:
     files = sorted(glob.glob(f"{out}/{r}/replica-*.metrics"))
     if not files:
         continue
-    rows = []
+    rows, counted = [], True
     for f in files:
         t = open(f).read()
+        counted &= "frugal_prefix_cache_hit_tokens_total" in t
         rows.append((os.path.basename(f)[:-8], metric(t, "frugal_requests_total"),
                      metric(t, "frugal_prompt_tokens_total"), metric(t, "frugal_prefix_cache_hit_tokens_total")))
     total = sum(n for _, n, _, _ in rows) or 1
     mean = total / len(rows)
+    rate = lambda hit, prompt: f"{hit / max(prompt, 1):.1%}" if counted else "- (no frugal_prefix_cache_hit_tokens_total)"
     for name, n, prompt, hit in rows:
-        print(f"  {r} {name}: {n:.0f} requests ({n / total:.0%}), prefix hit {hit / max(prompt, 1):.0%} of {prompt:.0f} prompt tokens")
+        print(f"  {r} {name}: {n:.0f} requests ({n / total:.0%}), prefix hit {rate(hit, prompt)} of {prompt:.0f} prompt tokens")
     prompt, hit = sum(p for *_, p, _ in rows), sum(h for *_, h in rows)
-    print(f"  {r}: prefix hit rate {hit / max(prompt, 1):.1%}, most loaded replica {max(n for _, n, _, _ in rows) / mean:.2f}x the mean")
+    print(f"  {r}: prefix hit rate {rate(hit, prompt)}, most loaded replica {max(n for _, n, _, _ in rows) / mean:.2f}x the mean")
 PY
