@@ -29,7 +29,9 @@ pub const BUNDLED: &[(&str, &[u8])] = &[
 
 pub mod eval;
 pub mod gguf;
+pub mod kv;
 pub mod model;
+pub mod prefix;
 pub mod prompt;
 pub mod quant;
 pub mod quantize;

@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use crate::gguf::{Gguf, GgufError};
+use crate::kv::{BLOCK, BlockRef, Elem, LayerView, Shape};
 use crate::quant::{self, QMatrix, QuantError, WeightType};
 
 #[derive(Debug, thiserror::Error)]
@@ -57,35 +58,7 @@ pub struct Config {
     pub kv: KvType,
 }
 
-/// How the KV cache stores keys and values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvType {
-    /// Exact.
-    #[default]
-    F32,
-    /// Each position's key and value of each KV head as 8-bit integers with one f32 scale
-    /// (amax / 127), as llama.cpp's q8_0 cache keeps them: a quarter of the bytes, so four
-    /// times the positions (long contexts, many sequences) in the same memory.
-    Q8_0,
-}
-
-impl KvType {
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F32 => "f32",
-            KvType::Q8_0 => "q8_0",
-        }
-    }
-
-    /// Bytes one position takes in every layer's cache.
-    pub fn bytes_per_position(self, c: &Config) -> usize {
-        let per_layer = match self {
-            KvType::F32 => 2 * c.kv_dim() * 4,
-            KvType::Q8_0 => 2 * c.kv_dim() + 2 * c.n_head_kv * 4,
-        };
-        per_layer * c.n_layer
-    }
-}
+pub use crate::kv::{KvCache, KvType};
 
 impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config, ModelError> {
@@ -133,6 +106,18 @@ impl Config {
     }
 }
 
+impl From<&Config> for Shape {
+    fn from(c: &Config) -> Shape {
+        Shape {
+            layers: c.n_layer,
+            rows: c.kv_dim(),
+            heads: c.n_head_kv,
+            head_dim: c.head_dim,
+            kv: c.kv,
+        }
+    }
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     /// Q, K and V rows stacked; qwen2 adds biases.
@@ -153,170 +138,6 @@ pub struct Model {
     /// `None` when the output projection is tied to the embedding.
     output: Option<QMatrix>,
     pool: rayon::ThreadPool,
-}
-
-/// One sequence's keys and values for every layer. Keys are transposed: each of the
-/// `kv_dim` rows (KV head by head, dimension by dimension) holds that dimension for every
-/// position, `cap` apart, so a query's scores are one multiply-add stream per dimension
-/// with no horizontal sum per position (position-major keys made attention 3x slower).
-/// Values stay position-major, `kv_dim` per position: the weighted sum of a head's values
-/// runs down the positions with the head's output held in registers.
-pub struct KvCache {
-    store: Store,
-    len: usize,
-    cap: usize,
-    rows: usize,
-    heads: usize,
-    head_dim: usize,
-}
-
-/// The buffers per layer. In 8 bits, each position's key (and value) of each KV head has a
-/// scale, kept head by head (`cap` apart) so that a head's scales over positions are one
-/// stream too.
-enum Store {
-    F32 {
-        k: Vec<Vec<f32>>,
-        v: Vec<Vec<f32>>,
-    },
-    Q8 {
-        k: Vec<Vec<i8>>,
-        v: Vec<Vec<i8>>,
-        k_scale: Vec<Vec<f32>>,
-        v_scale: Vec<Vec<f32>>,
-    },
-}
-
-/// Each buffer its own zeroed allocation, mapped lazily: room reserved and never used costs
-/// no memory (`vec![buf; n]` would clone, writing every page at admission).
-fn zeroed<T: Clone + Default>(layers: usize, len: usize) -> Vec<Vec<T>> {
-    (0..layers).map(|_| vec![T::default(); len]).collect()
-}
-
-/// `buf` holds `rows` rows `old` apart, `len` used each; makes them `new` apart.
-fn regrow<T: Copy + Default>(buf: &mut Vec<T>, rows: usize, old: usize, new: usize, len: usize) {
-    let mut grown = vec![T::default(); rows * new];
-    for (n, o) in grown
-        .chunks_exact_mut(new)
-        .zip(buf.chunks_exact(old.max(1)))
-    {
-        n[..len].copy_from_slice(&o[..len]);
-    }
-    *buf = grown;
-}
-
-/// `x` as 8-bit integers and the scale that multiplies them back.
-fn quantize_q8(x: &[f32], out: &mut [i8]) -> f32 {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = (v * inv).round() as i8;
-    }
-    d
-}
-
-impl KvCache {
-    pub fn new(config: &Config) -> KvCache {
-        KvCache::with_capacity(config, 0)
-    }
-
-    /// A cache with room for `positions` before it has to grow (and copy).
-    pub fn with_capacity(config: &Config, positions: usize) -> KvCache {
-        let rows = config.kv_dim();
-        let (layers, heads) = (config.n_layer, config.n_head_kv);
-        let store = match config.kv {
-            KvType::F32 => Store::F32 {
-                k: zeroed(layers, rows * positions),
-                v: zeroed(layers, rows * positions),
-            },
-            KvType::Q8_0 => Store::Q8 {
-                k: zeroed(layers, rows * positions),
-                v: zeroed(layers, rows * positions),
-                k_scale: zeroed(layers, heads * positions),
-                v_scale: zeroed(layers, heads * positions),
-            },
-        };
-        KvCache {
-            store,
-            len: 0,
-            cap: positions,
-            rows,
-            heads,
-            head_dim: config.head_dim,
-        }
-    }
-
-    /// Positions stored.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Room for `positions`, growing by at least half to keep appends amortized.
-    fn reserve(&mut self, positions: usize) {
-        if positions <= self.cap {
-            return;
-        }
-        let cap = positions.max(self.cap + self.cap / 2).max(64);
-        let (old, len, rows, heads) = (self.cap, self.len, self.rows, self.heads);
-        match &mut self.store {
-            Store::F32 { k, v } => {
-                k.iter_mut().for_each(|b| regrow(b, rows, old, cap, len));
-                v.iter_mut().for_each(|b| b.resize(rows * cap, 0.0));
-            }
-            Store::Q8 {
-                k,
-                v,
-                k_scale,
-                v_scale,
-            } => {
-                k.iter_mut().for_each(|b| regrow(b, rows, old, cap, len));
-                v.iter_mut().for_each(|b| b.resize(rows * cap, 0));
-                for b in k_scale.iter_mut().chain(v_scale.iter_mut()) {
-                    regrow(b, heads, old, cap, len);
-                }
-            }
-        }
-        self.cap = cap;
-    }
-
-    /// Stores position `pos` of `layer` (within the reserved room).
-    fn write(&mut self, layer: usize, pos: usize, key: &[f32], value: &[f32]) {
-        let (cap, rows, hd) = (self.cap, self.rows, self.head_dim);
-        match &mut self.store {
-            Store::F32 { k, v } => {
-                for (row, &x) in k[layer].chunks_exact_mut(cap).zip(key) {
-                    row[pos] = x;
-                }
-                v[layer][pos * rows..(pos + 1) * rows].copy_from_slice(value);
-            }
-            Store::Q8 {
-                k,
-                v,
-                k_scale,
-                v_scale,
-            } => {
-                let mut q = vec![0i8; hd];
-                for (h, head) in key.chunks_exact(hd).enumerate() {
-                    k_scale[layer][h * cap + pos] = quantize_q8(head, &mut q);
-                    for (j, &x) in q.iter().enumerate() {
-                        k[layer][(h * hd + j) * cap + pos] = x;
-                    }
-                }
-                let vrow = &mut v[layer][pos * rows..(pos + 1) * rows];
-                for (h, (head, out)) in value
-                    .chunks_exact(hd)
-                    .zip(vrow.chunks_exact_mut(hd))
-                    .enumerate()
-                {
-                    v_scale[layer][h * cap + pos] = quantize_q8(head, out);
-                }
-            }
-        }
-    }
 }
 
 /// One sequence's part of a forward step: its new tokens, appended after its cache.
@@ -631,20 +452,20 @@ impl Model {
         // Positions of every token of the step, and the checks that make the rest safe.
         let mut positions = Vec::with_capacity(total);
         for ch in chunks.iter() {
-            let need = ch.cache.len + ch.tokens.len();
+            let need = ch.cache.len() + ch.tokens.len();
             if need > c.ctx_len {
                 return Err(ModelError::Context {
                     need,
                     ctx: c.ctx_len,
                 });
             }
-            positions.extend(ch.cache.len..need);
+            positions.extend(ch.cache.len()..need);
             if let Some(&id) = ch.tokens.iter().find(|&&t| t as usize >= c.vocab) {
                 return Err(ModelError::Token { id, vocab: c.vocab });
             }
         }
         for ch in chunks.iter_mut() {
-            ch.cache.reserve(ch.cache.len + ch.tokens.len());
+            ch.cache.reserve(ch.cache.len() + ch.tokens.len());
         }
         let mut x = vec![0.0f32; total * d];
         let tokens = chunks.iter().flat_map(|ch| ch.tokens.iter().copied());
@@ -684,8 +505,8 @@ impl Model {
                     .chunks_exact(qkv_w)
                     .enumerate()
                 {
-                    ch.cache
-                        .write(li, ch.cache.len + i, &row[d..d + kvd], &row[d + kvd..]);
+                    let pos = ch.cache.len() + i;
+                    ch.cache.write(li, pos, &row[d..d + kvd], &row[d + kvd..]);
                 }
                 start += n;
             }
@@ -707,7 +528,7 @@ impl Model {
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
         }
         for ch in chunks.iter_mut() {
-            ch.cache.len += ch.tokens.len();
+            ch.cache.advance(ch.tokens.len());
         }
         // Logits only for the last token of the chunks that want them: the output
         // projection is a fifth of the weights, and prefill positions need none.
@@ -772,7 +593,7 @@ impl Model {
                 }
             }
             for (kv_head, outs) in per_head.into_iter().enumerate() {
-                jobs.push((outs, &*ch.cache, start, ch.cache.len, kv_head));
+                jobs.push((outs, &*ch.cache, start, ch.cache.len(), kv_head));
             }
             start += n;
         }
@@ -787,6 +608,7 @@ impl Model {
                             qs: &qkv[row..row + group * hd],
                             cache,
                             layer,
+                            kv_head,
                             first_row: kv_head * hd,
                             hd,
                             visible: past + t + 1,
@@ -810,7 +632,8 @@ struct HeadGroup<'a> {
     qs: &'a [f32],
     cache: &'a KvCache,
     layer: usize,
-    /// The KV head's first row in the cache.
+    kv_head: usize,
+    /// The KV head's first row in a block's keys and in each position's values.
     first_row: usize,
     hd: usize,
     visible: usize,
@@ -833,49 +656,69 @@ impl quant::Wide for Attend<'_> {
 }
 
 impl HeadGroup<'_> {
-    /// Softmax-weighted values into `o` (the group's heads, `hd` each); inlined, with
-    /// `dot`, `softmax` and `axpy`, into the wide-vector context of [`Attend`].
+    /// Softmax-weighted values into `o` (the group's heads, `hd` each), block by block;
+    /// inlined, with `dot`, `softmax` and `axpy`, into the wide-vector context of
+    /// [`Attend`].
     #[inline(always)]
     fn attend(&self, scores: &mut Vec<f32>, o: &mut [f32]) {
-        let (cap, layer) = (self.cache.cap, self.layer);
-        match &self.cache.store {
-            Store::F32 { k, v } => self.attend_rows(scores, o, &k[layer], &v[layer], None),
-            Store::Q8 {
-                k,
-                v,
-                k_scale,
-                v_scale,
-            } => {
-                let at = self.first_row / self.hd * cap;
-                let scales = (
-                    &k_scale[layer][at..at + self.visible],
-                    &v_scale[layer][at..at + self.visible],
-                );
-                self.attend_rows(scores, o, &k[layer], &v[layer], Some(scales));
+        let (hd, visible) = (self.hd, self.visible);
+        scores.clear();
+        scores.resize(self.qs.len() / hd * visible, 0.0);
+        let shape = self.cache.shape();
+        for (b, block) in self.blocks() {
+            match block {
+                BlockRef::F32(k) => self.block_scores(&k.layer(shape, self.layer), scores, b),
+                BlockRef::Q8(k) => self.block_scores(&k.layer(shape, self.layer), scores, b),
+            }
+        }
+        scores.chunks_exact_mut(visible).for_each(softmax);
+        // An 8-bit value's scale multiplies its weight.
+        for (b, block) in self.blocks() {
+            if let BlockRef::Q8(k) = block
+                && let Some(vs) = k.layer(shape, self.layer).v_scale
+            {
+                let (from, n) = self.span(b);
+                let vs = &vs[self.kv_head * BLOCK..][..n];
+                for w in scores.chunks_exact_mut(visible) {
+                    w[from..from + n]
+                        .iter_mut()
+                        .zip(vs)
+                        .for_each(|(w, d)| *w *= d);
+                }
+            }
+        }
+        for (og, w) in o.chunks_exact_mut(hd).zip(scores.chunks_exact(visible)) {
+            match hd {
+                64 => self.weighted_sum::<64>(w, og),
+                128 => self.weighted_sum::<128>(w, og),
+                _ => self.weighted_sum_any(w, og),
             }
         }
     }
 
-    /// [`HeadGroup::attend`] over keys and values of type `T`; with 8-bit ones, `scales`
-    /// holds each position's key and value scale for this KV head.
+    /// The blocks holding the visible positions, with their index.
     #[inline(always)]
-    fn attend_rows<T: Elem>(
-        &self,
-        scores: &mut Vec<f32>,
-        o: &mut [f32],
-        keys: &[T],
-        values: &[T],
-        scales: Option<(&[f32], &[f32])>,
-    ) {
-        let (hd, visible, cap) = (self.hd, self.visible, self.cache.cap);
-        scores.clear();
-        scores.resize(self.qs.len() / hd * visible, 0.0);
-        // scores[g] = sum over dimensions of q_g[dim] * keys[dim][..]: key rows serve
-        // every head of the group while they are in L1, four dimensions per pass.
-        let key = |dim: usize| {
-            let r = self.first_row + dim;
-            &keys[r * cap..r * cap + visible]
-        };
+    fn blocks(&self) -> impl Iterator<Item = (usize, &BlockRef)> {
+        self.cache.blocks()[..self.visible.div_ceil(BLOCK)]
+            .iter()
+            .enumerate()
+    }
+
+    /// Block `b`'s first position and how many of its positions are visible.
+    #[inline(always)]
+    fn span(&self, b: usize) -> (usize, usize) {
+        let from = b * BLOCK;
+        (from, (self.visible - from).min(BLOCK))
+    }
+
+    /// The scores of block `b`'s positions: scores[g] = sum over dimensions of
+    /// q_g[dim] * keys[dim][..], key rows serving every head of the group while they are in
+    /// L1, four dimensions per pass; an 8-bit key's scale multiplies its whole dot product.
+    #[inline(always)]
+    fn block_scores<T: Elem>(&self, view: &LayerView<'_, T>, scores: &mut [f32], b: usize) {
+        let (hd, visible) = (self.hd, self.visible);
+        let (from, n) = self.span(b);
+        let key = |dim: usize| &view.keys[(self.first_row + dim) * BLOCK..][..n];
         let mut dim = 0;
         while dim + 4 <= hd {
             let k = [key(dim), key(dim + 1), key(dim + 2), key(dim + 3)];
@@ -885,7 +728,7 @@ impl HeadGroup<'_> {
                 .zip(scores.chunks_exact_mut(visible))
             {
                 let a = [q[dim], q[dim + 1], q[dim + 2], q[dim + 3]].map(|x| x * self.scale);
-                axpy4(s, a, k);
+                axpy4(&mut s[from..from + n], a, k);
             }
             dim += 4;
         }
@@ -896,77 +739,77 @@ impl HeadGroup<'_> {
                 .zip(scores.chunks_exact_mut(visible))
             {
                 let a = q[dim] * self.scale;
-                s.iter_mut()
+                s[from..from + n]
+                    .iter_mut()
                     .zip(key(dim))
                     .for_each(|(s, k)| *s += a * k.f());
             }
         }
-        // An 8-bit key's scale multiplies its whole dot product; a value's, its weight.
-        if let Some((ks, _)) = scales {
+        if let Some(ks) = view.k_scale {
+            let ks = &ks[self.kv_head * BLOCK..][..n];
             for s in scores.chunks_exact_mut(visible) {
-                s.iter_mut().zip(ks).for_each(|(s, d)| *s *= d);
+                s[from..from + n]
+                    .iter_mut()
+                    .zip(ks)
+                    .for_each(|(s, d)| *s *= d);
             }
         }
-        scores.chunks_exact_mut(visible).for_each(softmax);
-        if let Some((_, vs)) = scales {
-            for w in scores.chunks_exact_mut(visible) {
-                w.iter_mut().zip(vs).for_each(|(w, d)| *w *= d);
+    }
+
+    /// `out = sum_p w[p] * value_p` over every visible position, the sum held in registers.
+    #[inline(always)]
+    fn weighted_sum<const HD: usize>(&self, w: &[f32], out: &mut [f32]) {
+        let mut acc = [0.0f32; HD];
+        let shape = self.cache.shape();
+        for (b, block) in self.blocks() {
+            let (from, n) = self.span(b);
+            let w = &w[from..from + n];
+            match block {
+                BlockRef::F32(v) => self.add_values(&v.layer(shape, self.layer), w, &mut acc),
+                BlockRef::Q8(v) => self.add_values(&v.layer(shape, self.layer), w, &mut acc),
             }
         }
-        let kvd = self.cache.rows;
-        for (og, w) in o.chunks_exact_mut(hd).zip(scores.chunks_exact(visible)) {
-            match hd {
-                64 => weighted_sum::<64, T>(w, values, kvd, self.first_row, og),
-                128 => weighted_sum::<128, T>(w, values, kvd, self.first_row, og),
-                _ => {
-                    og.fill(0.0);
-                    for (p, &wp) in w.iter().enumerate() {
-                        let v = &values[p * kvd + self.first_row..][..hd];
-                        og.iter_mut().zip(v).for_each(|(o, v)| *o += wp * v.f());
+        out.copy_from_slice(&acc);
+    }
+
+    #[inline(always)]
+    fn add_values<const HD: usize, T: Elem>(
+        &self,
+        view: &LayerView<'_, T>,
+        w: &[f32],
+        acc: &mut [f32; HD],
+    ) {
+        let rows = self.cache.shape().rows;
+        for (p, &wp) in w.iter().enumerate() {
+            if let Some(v) = view.values[p * rows + self.first_row..].first_chunk::<HD>() {
+                for i in 0..HD {
+                    acc[i] += wp * v[i].f();
+                }
+            }
+        }
+    }
+
+    /// [`HeadGroup::weighted_sum`] for a head size without registers of its own.
+    fn weighted_sum_any(&self, w: &[f32], out: &mut [f32]) {
+        let (shape, rows, hd) = (self.cache.shape(), self.cache.shape().rows, self.hd);
+        out.fill(0.0);
+        for (b, block) in self.blocks() {
+            let (from, n) = self.span(b);
+            for (p, &wp) in w[from..from + n].iter().enumerate() {
+                let at = p * rows + self.first_row;
+                match block {
+                    BlockRef::F32(v) => {
+                        let v = &v.layer(shape, self.layer).values[at..at + hd];
+                        out.iter_mut().zip(v).for_each(|(o, v)| *o += wp * v);
+                    }
+                    BlockRef::Q8(v) => {
+                        let v = &v.layer(shape, self.layer).values[at..at + hd];
+                        out.iter_mut().zip(v).for_each(|(o, v)| *o += wp * v.f());
                     }
                 }
             }
         }
     }
-}
-
-/// A KV cache element: f32, or an 8-bit integer its scale multiplies back.
-trait Elem: Copy {
-    fn f(self) -> f32;
-}
-
-impl Elem for f32 {
-    #[inline(always)]
-    fn f(self) -> f32 {
-        self
-    }
-}
-
-impl Elem for i8 {
-    #[inline(always)]
-    fn f(self) -> f32 {
-        f32::from(self)
-    }
-}
-
-/// `out = sum_p w[p] * values[p * stride + at ..][..HD]`, the sum held in registers.
-#[inline(always)]
-fn weighted_sum<const HD: usize, T: Elem>(
-    w: &[f32],
-    values: &[T],
-    stride: usize,
-    at: usize,
-    out: &mut [f32],
-) {
-    let mut acc = [0.0f32; HD];
-    for (p, &wp) in w.iter().enumerate() {
-        if let Some(v) = values[p * stride + at..].first_chunk::<HD>() {
-            for i in 0..HD {
-                acc[i] += wp * v[i].f();
-            }
-        }
-    }
-    out.copy_from_slice(&acc);
 }
 
 /// Rotary position embedding. llama GGUFs rotate adjacent pairs (the converter permutes

@@ -33,7 +33,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc as events;
 
+use crate::kv::{BLOCK, Shape};
 use crate::model::{Chunk, Config, KvCache, Model, ModelError};
+use crate::prefix::{Hit, PrefixCache};
 use crate::sampling::{Sampled, Sampler, SamplingParams};
 
 /// When waiting requests may join the batch.
@@ -249,6 +251,7 @@ impl Engine {
         let (tx, rx) = mpsc::sync_channel(config.max_queue);
         let stats = Arc::new(Stats::default());
         let ctx_len = model.config.ctx_len.min(config.kv_positions);
+        let shape = Shape::from(&model.config);
         let worker = Worker {
             model,
             config,
@@ -257,6 +260,9 @@ impl Engine {
             waiting_batch: VecDeque::new(),
             running: Vec::new(),
             stats: stats.clone(),
+            shape,
+            capacity: config.kv_positions.div_ceil(BLOCK),
+            prefix: PrefixCache::default(),
             reserved: 0,
             solo_decode: None,
         };
@@ -335,8 +341,16 @@ struct Sequence {
     /// Its first admission.
     admitted: Option<Instant>,
     engine: EngineTime,
-    /// KV positions reserved for it while it runs.
+    /// Positions its cache may reach: its prompt and max_tokens.
+    worst: usize,
+    /// KV blocks reserved for it while it runs, less those it moved to the prefix cache.
     reserved: usize,
+    /// Blocks of its cache offered to the prefix cache so far.
+    indexed: usize,
+    /// Prompt tokens its first admission found in the prefix cache.
+    cached_tokens: usize,
+    /// Times a later request with a longer cached prefix was admitted before it.
+    passed: u32,
     /// Positions its cache held when it was last preempted: prefilling them is recompute.
     computed: usize,
     /// Answered, and kept computing as static batching's padding.
@@ -354,7 +368,11 @@ impl Sequence {
             first_token: None,
             admitted: None,
             engine: EngineTime::default(),
+            worst: 0,
             reserved: 0,
+            indexed: 0,
+            cached_tokens: 0,
+            passed: 0,
             computed: 0,
             padding: false,
             job,
@@ -462,12 +480,24 @@ struct Worker {
     waiting_batch: VecDeque<Sequence>,
     running: Vec<Sequence>,
     stats: Arc<Stats>,
-    /// KV positions reserved by running sequences.
+    shape: Shape,
+    /// KV blocks in the budget: what running sequences reserve plus what the prefix cache
+    /// keeps stays within it.
+    capacity: usize,
+    prefix: PrefixCache,
+    /// KV blocks reserved by running sequences for blocks of their own (those they share
+    /// with the prefix cache are counted there).
     reserved: usize,
     /// A decode step with one sequence: a moving average of the steps that had one, first
     /// measured on a throwaway sequence when the batch first holds more than one.
     solo_decode: Option<Duration>,
 }
+
+/// Times a waiting request may be passed over for one with a longer cached prefix.
+const MAX_PASSED: u32 = 8;
+
+/// Waiting requests compared for their cached prefix at each admission.
+const LOOK_AHEAD: usize = 64;
 
 /// Weight of the newest solo decode step in the moving average.
 const SOLO_WEIGHT: f64 = 0.1;
@@ -523,7 +553,10 @@ impl Worker {
 
     /// Moves waiting jobs into the batch while their worst case fits: interactive ones
     /// first, preempting batch sequences for them if need be, then batch ones in the room
-    /// left. A batch job waits while an interactive one does.
+    /// left. A batch job waits while an interactive one does. Within a queue, the job with
+    /// the longest cached prefix goes first (it costs the least to start, and its blocks are
+    /// the likeliest to be evicted if it waits), unless the front one has been passed over
+    /// [`MAX_PASSED`] times: none waits for ever.
     fn admit(&mut self) {
         if self.config.batching != Batching::Continuous && !self.running.is_empty() {
             return;
@@ -541,15 +574,21 @@ impl Worker {
         loop {
             self.drop_gone_waiting();
             let from_batch = self.waiting.is_empty();
+            let Some(at) = self.next_waiting(from_batch) else {
+                break;
+            };
             let queue = if from_batch {
                 &self.waiting_batch
             } else {
                 &self.waiting
             };
-            let Some(s) = queue.front() else {
+            let Some(s) = queue.get(at) else {
                 break;
             };
-            let need = s.job.request.prompt.len() + longest.unwrap_or(s.job.request.max_tokens);
+            let worst = s.job.request.prompt.len() + longest.unwrap_or(s.job.request.max_tokens);
+            let (tokens, limit) = (s.context(0, s.context_len()), self.limit(s));
+            let hit = self.lookup(&tokens, limit);
+            let need = worst.div_ceil(BLOCK) - hit.whole_blocks;
             // A batch job never preempts; an interactive one preempts batch sequences only.
             if !self.fits(need) && (from_batch || !self.preempt_for(need)) {
                 break;
@@ -559,17 +598,115 @@ impl Worker {
             } else {
                 &mut self.waiting
             };
-            let Some(mut s) = queue.pop_front() else {
+            queue.iter_mut().take(at).for_each(|s| s.passed += 1);
+            let Some(mut s) = queue.remove(at) else {
                 break;
             };
             self.stats.dequeued(s.priority());
+            self.make_room(need);
+            let reused = hit.cache.len();
+            if self.config.prefix_cache {
+                self.stats.prefix_lookups.fetch_add(1, Ordering::Relaxed);
+                if reused > 0 {
+                    self.stats.prefix_hits.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .prefix_hit_tokens
+                        .fetch_add(reused as u64, Ordering::Relaxed);
+                }
+            }
+            if s.admitted.is_none() {
+                s.cached_tokens = reused.min(s.job.request.prompt.len());
+            }
             self.reserved += need;
             s.reserved = need;
-            s.cache = KvCache::with_capacity(&self.model.config, need);
+            s.worst = worst;
+            s.indexed = hit.whole_blocks;
+            s.cache = hit.cache;
             s.admitted.get_or_insert_with(Instant::now);
             self.running.push(s);
         }
         self.publish();
+    }
+
+    /// Which waiting job of a queue to admit next: the front one when it has waited long
+    /// enough or no prefix is cached, else the one with the longest cached prefix (the
+    /// earliest of equals).
+    fn next_waiting(&self, from_batch: bool) -> Option<usize> {
+        let queue = if from_batch {
+            &self.waiting_batch
+        } else {
+            &self.waiting
+        };
+        let front = queue.front()?;
+        if !self.config.prefix_cache || front.passed >= MAX_PASSED || self.prefix.is_empty() {
+            return Some(0);
+        }
+        let best = queue
+            .iter()
+            .take(LOOK_AHEAD)
+            .enumerate()
+            .map(|(i, s)| {
+                (
+                    self.prefix
+                        .peek(&s.context(0, s.context_len()), self.limit(s)),
+                    i,
+                )
+            })
+            .max_by_key(|&(cached, i)| (cached, std::cmp::Reverse(i)));
+        Some(best.map_or(0, |(_, i)| i))
+    }
+
+    /// Positions of a sequence's context that may come from the prefix cache: all but the
+    /// last prompt token, whose logits give the first token (a preempted sequence has its
+    /// next token already).
+    fn limit(&self, s: &Sequence) -> usize {
+        let n = s.context_len();
+        if s.next.is_some() { n } else { n - 1 }
+    }
+
+    /// The longest cached prefix of a waiting sequence's context, `tokens`, at most `limit`
+    /// long (none when the prefix cache is off).
+    fn lookup(&mut self, tokens: &[u32], limit: usize) -> Hit {
+        if !self.config.prefix_cache {
+            return Hit {
+                cache: KvCache::new(self.shape),
+                whole_blocks: 0,
+            };
+        }
+        self.prefix.lookup(self.shape, tokens, limit)
+    }
+
+    /// Evicts cached blocks until `need` more blocks fit the budget.
+    fn make_room(&mut self, need: usize) {
+        let over = (self.reserved + self.prefix.len() + need).saturating_sub(self.capacity);
+        if over > 0 {
+            let gone = self.prefix.evict(over);
+            self.stats
+                .prefix_evictions
+                .fetch_add(gone as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Offers a sequence's new full blocks to the prefix cache; with `tail`, its last,
+    /// partial block too (the sequence ends: nothing will write it again). The blocks taken
+    /// move from the sequence's reservation to the cache's count.
+    fn index(&mut self, i: usize, tail: bool) {
+        let Some(s) = self.running.get_mut(i) else {
+            return;
+        };
+        let upto = if tail {
+            s.cache.len()
+        } else {
+            s.cache.len() / BLOCK * BLOCK
+        };
+        if !self.config.prefix_cache || upto <= s.indexed * BLOCK {
+            return;
+        }
+        let tokens = s.context(0, upto);
+        let added = self.prefix.insert(&tokens, &s.cache, upto).min(s.reserved);
+        s.indexed = upto.div_ceil(BLOCK);
+        s.reserved -= added;
+        self.reserved -= added;
     }
 
     /// Drops the jobs at the queues' fronts whose client has gone.
@@ -583,10 +720,12 @@ impl Worker {
         }
     }
 
-    /// Whether a sequence of worst case `need` can join the batch now.
+    /// Whether a sequence needing `need` blocks of its own can join the batch now, once
+    /// cached blocks no sequence holds are evicted.
     fn fits(&self, need: usize) -> bool {
+        let held = self.prefix.len() - self.prefix.evictable();
         self.running.len() < self.config.max_batch
-            && (self.reserved + need <= self.config.kv_positions || self.running.is_empty())
+            && (self.reserved + held + need <= self.capacity || self.running.is_empty())
     }
 
     /// Preempts batch sequences, the most recently admitted first, until `need` fits; none
@@ -597,8 +736,7 @@ impl Worker {
             .iter()
             .filter(|s| self.rank(s) == Priority::Interactive)
             .fold((0, 0), |(n, kv), s| (n + 1, kv + s.reserved));
-        let enough = kept < self.config.max_batch
-            && (kept == 0 || kept_kv + need <= self.config.kv_positions);
+        let enough = kept < self.config.max_batch && (kept == 0 || kept_kv + need <= self.capacity);
         if !enough {
             return false;
         }
@@ -617,11 +755,12 @@ impl Worker {
 
     /// Sends running sequence `i` back to the front of the batch queue, without its cache.
     fn preempt(&mut self, i: usize) {
+        self.index(i, true);
         let mut s = self.running.remove(i);
         self.reserved -= s.reserved;
         s.reserved = 0;
         s.computed = s.computed.max(s.cache.len());
-        s.cache = KvCache::new(&self.model.config);
+        s.cache = KvCache::new(self.shape);
         tracing::debug!(
             generated = s.generated,
             recompute = s.context_len(),
@@ -634,25 +773,25 @@ impl Worker {
 
     /// Drops sequences whose client has gone, before any work is spent on them.
     fn filter_gone(&mut self) {
-        let mut freed = 0;
-        self.running.retain(|s| {
-            let gone = s.job.events.is_closed() && !s.padding;
-            if gone {
-                freed += s.reserved;
-            }
-            !gone
-        });
-        self.reserved -= freed;
-        self.publish();
+        let gone: Vec<usize> = (0..self.running.len())
+            .filter(|&i| {
+                let s = &self.running[i];
+                s.job.events.is_closed() && !s.padding
+            })
+            .collect();
+        self.remove(&gone);
     }
 
     fn publish(&self) {
-        self.stats
-            .running
-            .store(self.running.len(), Ordering::Relaxed);
-        self.stats
-            .kv_reserved
-            .store(self.reserved, Ordering::Relaxed);
+        let st = &self.stats;
+        st.running.store(self.running.len(), Ordering::Relaxed);
+        let cached = self.prefix.evictable();
+        let used = self.reserved + self.prefix.len() - cached;
+        st.kv_reserved.store(used * BLOCK, Ordering::Relaxed);
+        st.kv_blocks_used.store(used, Ordering::Relaxed);
+        st.kv_blocks_cached.store(cached, Ordering::Relaxed);
+        let free = self.capacity.saturating_sub(used + cached);
+        st.kv_blocks_free.store(free, Ordering::Relaxed);
     }
 
     /// One forward step of the work [`plan_step`] gives it; then each sequence that wanted
@@ -727,6 +866,9 @@ impl Worker {
                 return;
             }
         };
+        for (i, _, _) in &plan {
+            self.index(*i, false);
+        }
         let mut logits = logits.into_iter();
         let mut finished = Vec::new();
         for (i, part, tokens) in &plan {
@@ -758,7 +900,7 @@ impl Worker {
             let Some(row) = logits.next() else { continue };
             let sampled = s.sampler.sample(&row);
             let token = sampled.token;
-            let room = s.cache.len() < s.reserved.min(self.model.config.ctx_len);
+            let room = s.cache.len() < s.worst.min(self.model.config.ctx_len);
             if s.padding {
                 self.stats.padding_tokens.fetch_add(1, Ordering::Relaxed);
                 if room {
@@ -793,7 +935,7 @@ impl Worker {
                     reason,
                     prompt_tokens: s.job.request.prompt.len(),
                     completion_tokens: s.generated,
-                    cached_tokens: 0,
+                    cached_tokens: s.cached_tokens,
                     queued,
                     first_token: s.first_token.unwrap_or_default(),
                     engine: s.engine,
@@ -842,7 +984,12 @@ impl Worker {
         self.solo_decode
     }
 
+    /// Ends running sequences `indices`: what they computed stays in the prefix cache,
+    /// and their reservations are freed.
     fn remove(&mut self, indices: &[usize]) {
+        for &i in indices {
+            self.index(i, true);
+        }
         let mut freed = 0;
         let mut i = 0;
         self.running.retain(|s| {
@@ -910,6 +1057,9 @@ mod tests {
         /// The turn that brought the first token.
         first: Option<usize>,
         completion_tokens: Option<usize>,
+        cached_tokens: Option<usize>,
+        /// Each token's logprob and its top alternatives' bits: equal bits, equal logits.
+        logprobs: Vec<Vec<u32>>,
     }
 
     impl Client {
@@ -919,6 +1069,8 @@ mod tests {
                 tokens: Vec::new(),
                 first: None,
                 completion_tokens: None,
+                cached_tokens: None,
+                logprobs: Vec::new(),
             }
         }
 
@@ -927,11 +1079,19 @@ mod tests {
                 match e {
                     Event::Token(s, _) => {
                         self.tokens.push(s.token);
+                        let bits = s.top.iter().map(|(_, p)| p.to_bits());
+                        self.logprobs
+                            .push([s.logprob.to_bits()].into_iter().chain(bits).collect());
                         self.first.get_or_insert(turn);
                     }
                     Event::Done {
-                        completion_tokens, ..
-                    } => self.completion_tokens = Some(completion_tokens),
+                        completion_tokens,
+                        cached_tokens,
+                        ..
+                    } => {
+                        self.completion_tokens = Some(completion_tokens);
+                        self.cached_tokens = Some(cached_tokens);
+                    }
                     Event::Failed(e) => panic!("failed: {e}"),
                 }
             }
@@ -945,11 +1105,14 @@ mod tests {
     /// Turns `w` until every client is done, counting turns on from `turn`.
     fn finish(w: &mut Worker, clients: &mut [&mut Client], mut turn: usize) {
         while !clients.iter().all(|c| c.done()) {
-            let idle = w.running.is_empty() && w.waiting.is_empty() && w.waiting_batch.is_empty();
-            assert!(!idle, "clients wait on an idle engine");
             turn += 1;
             assert!(w.turn());
             clients.iter_mut().for_each(|c| c.poll(turn));
+            let idle = w.running.is_empty() && w.waiting.is_empty() && w.waiting_batch.is_empty();
+            assert!(
+                !idle || clients.iter().all(|c| c.done()),
+                "clients wait on an idle engine"
+            );
         }
     }
 
@@ -1117,10 +1280,12 @@ mod tests {
             ..batch(16)
         };
         let alone = drain(engine(Batching::Continuous, 4, 8).submit(line()).unwrap()).0;
-        // Room for the line (21 positions) or the chat (13), not both.
+        // Room for the line (21 positions) or the chat (13), not both; without the prefix
+        // cache, which would hand the line its own blocks back instead of a recompute.
         let (e, mut w) = by_hand(SchedulerConfig {
             max_batch: 4,
             kv_positions: 30,
+            prefix_cache: false,
             ..SchedulerConfig::default()
         });
         let mut batched = Client::submit(&e, line());
@@ -1200,5 +1365,235 @@ mod tests {
         assert_eq!(plan_step(16, &[resumed]), [(0, prefill(0, 7, false))]);
         let resumed = p(Priority::Batch, 7, 7, Some(3));
         assert_eq!(plan_step(16, &[resumed]), [(0, Part::Decode(3))]);
+    }
+
+    /// A greedy request for `prompt` that reports its top logprobs.
+    fn asking(prompt: Vec<u32>, max_tokens: usize) -> Request {
+        Request {
+            prompt,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                top_logprobs: 5,
+                ..SamplingParams::default()
+            },
+            ..request(max_tokens)
+        }
+    }
+
+    /// `n` tokens from `seed`, varied as text is (a prompt of one repeated token would hide
+    /// a position mix-up).
+    fn tokens(seed: u32, n: usize) -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| 300 + (seed * 7919 + i * 104_729) % 40_000)
+            .collect()
+    }
+
+    /// Runs `prompts` one after the other on a fresh worker with `config`; each client.
+    fn one_by_one(config: SchedulerConfig, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Client> {
+        let (e, mut w) = by_hand(config);
+        let mut out = Vec::new();
+        for p in prompts {
+            let mut c = Client::submit(&e, asking(p.clone(), max_tokens));
+            finish(&mut w, &mut [&mut c], 0);
+            out.push(c);
+        }
+        out
+    }
+
+    fn prefix_off() -> SchedulerConfig {
+        SchedulerConfig {
+            prefix_cache: false,
+            ..SchedulerConfig::default()
+        }
+    }
+
+    /// A conversation's second turn starts with the first turn's prompt and answer: with the
+    /// prefix cache it computes only what follows the answer's fed tokens, and its tokens and
+    /// logprobs are bit for bit those of a run without the cache (8-bit KV too).
+    #[test]
+    fn a_later_turn_reuses_the_earlier_turn_and_answers_alike() {
+        for kv in [crate::model::KvType::F32, crate::model::KvType::Q8_0] {
+            let load = |config| {
+                let options = LoadOptions {
+                    kv,
+                    ..LoadOptions::default()
+                };
+                Engine::new(Model::from_gguf(test_model(), options).unwrap(), config)
+            };
+            let first = tokens(1, 150);
+            let run = |config: SchedulerConfig| {
+                let (e, mut w) = load(config);
+                let mut one = Client::submit(&e, asking(first.clone(), 8));
+                finish(&mut w, &mut [&mut one], 0);
+                let second = [first.clone(), one.tokens.clone(), tokens(2, 20)].concat();
+                let mut two = Client::submit(&e, asking(second, 8));
+                finish(&mut w, &mut [&mut two], 0);
+                (one, two, e)
+            };
+            let (on1, on2, on) = run(SchedulerConfig::default());
+            let (off1, off2, _) = run(prefix_off());
+            assert_eq!(on1.cached_tokens, Some(0), "{kv:?}");
+            // The cache holds the prompt and every answer token but the last, never fed.
+            assert_eq!(on2.cached_tokens, Some(150 + 8 - 1), "{kv:?}");
+            assert_eq!(off2.cached_tokens, Some(0), "{kv:?}");
+            assert_eq!((&on1.tokens, &on2.tokens), (&off1.tokens, &off2.tokens));
+            assert_eq!(
+                (&on1.logprobs, &on2.logprobs),
+                (&off1.logprobs, &off2.logprobs)
+            );
+            let st = on.stats();
+            assert_eq!(st.prefix_lookups.load(Ordering::Relaxed), 2);
+            assert_eq!(st.prefix_hits.load(Ordering::Relaxed), 1);
+            assert_eq!(st.prefix_hit_tokens.load(Ordering::Relaxed), 157);
+            // Prefilled: the first prompt whole, of the second only its 21 new tokens.
+            assert_eq!(st.prompt_tokens.load(Ordering::Relaxed), 150 + 21);
+        }
+    }
+
+    /// A prompt that diverges inside a block reuses the block up to the divergence (copied
+    /// before it is written), at several split points, and leaves the cached original as it
+    /// was: the original asked again answers as the first time.
+    #[test]
+    fn a_prefix_ending_inside_a_block_is_reused_to_its_last_common_token() {
+        let base = tokens(3, 140);
+        for split in [1usize, 63, 64, 65, 100, 128, 139] {
+            let mut other = base.clone();
+            other.truncate(split);
+            other.extend(tokens(4, 30));
+            let prompts = [base.clone(), other.clone(), base.clone()];
+            let on = one_by_one(SchedulerConfig::default(), &prompts, 6);
+            let off = one_by_one(prefix_off(), &prompts, 6);
+            for (a, b) in on.iter().zip(&off) {
+                assert_eq!(a.tokens, b.tokens, "split {split}");
+                assert_eq!(a.logprobs, b.logprobs, "split {split}");
+            }
+            assert_eq!(on[1].cached_tokens, Some(split), "split {split}");
+            assert_eq!(on[2].cached_tokens, Some(139), "split {split}");
+        }
+    }
+
+    /// Two requests share a long prefix and the second arrives while the first is still
+    /// prefilling it: the second takes the blocks the first has completed, and both answer
+    /// as they would alone.
+    #[test]
+    fn a_request_reuses_the_blocks_of_one_still_prefilling() {
+        let shared = tokens(5, 300);
+        let a = [shared.clone(), tokens(6, 10)].concat();
+        let b = [shared.clone(), tokens(7, 12)].concat();
+        let config = SchedulerConfig {
+            step_tokens: 64,
+            ..SchedulerConfig::default()
+        };
+        let (e, mut w) = by_hand(config);
+        let mut ca = Client::submit(&e, asking(a.clone(), 6));
+        assert!(w.turn() && w.turn(), "two steps: 128 positions of a");
+        let mut cb = Client::submit(&e, asking(b.clone(), 6));
+        finish(&mut w, &mut [&mut ca, &mut cb], 2);
+        assert_eq!(cb.cached_tokens, Some(128), "two full blocks were computed");
+        let alone = one_by_one(prefix_off(), &[a, b], 6);
+        assert_eq!(
+            (&ca.tokens, &cb.tokens),
+            (&alone[0].tokens, &alone[1].tokens)
+        );
+        assert_eq!(
+            (&ca.logprobs, &cb.logprobs),
+            (&alone[0].logprobs, &alone[1].logprobs)
+        );
+    }
+
+    /// Under memory pressure the least recently used cached blocks go, and never those of a
+    /// running request: a long answer keeps its prefix cached while other prompts churn the
+    /// cache, blocks in use and cached stay within the budget, and every answer is the one
+    /// computed without the cache.
+    #[test]
+    fn eviction_frees_cold_blocks_and_never_a_running_requests() {
+        let config = SchedulerConfig {
+            kv_positions: 10 * BLOCK,
+            ..SchedulerConfig::default()
+        };
+        let (e, mut w) = by_hand(config);
+        let long = tokens(8, 130);
+        let mut held = Client::submit(&e, asking(long.clone(), 120));
+        assert!(w.turn(), "the long request is admitted and prefilled");
+        let mut turn = 1;
+        let mut churn = Vec::new();
+        for seed in 20..26 {
+            let mut c = Client::submit(&e, asking(tokens(seed, 70), 4));
+            while !c.done() {
+                turn += 1;
+                assert!(w.turn());
+                c.poll(turn);
+                held.poll(turn);
+                let st = e.stats();
+                let (used, cached) = (
+                    st.kv_blocks_used.load(Ordering::Relaxed),
+                    st.kv_blocks_cached.load(Ordering::Relaxed),
+                );
+                assert!(used + cached <= 10, "{used} used, {cached} cached");
+            }
+            churn.push(c);
+        }
+        assert!(!held.done(), "the long request still runs");
+        let evicted = e.stats().prefix_evictions.load(Ordering::Relaxed);
+        assert!(
+            evicted > 0,
+            "six prompts of two blocks each overflow the budget"
+        );
+        let mut again = Client::submit(&e, asking(long.clone(), 4));
+        finish(&mut w, &mut [&mut held, &mut again], turn);
+        assert!(
+            again.cached_tokens >= Some(128),
+            "the running request's blocks stayed: {:?}",
+            again.cached_tokens
+        );
+        let mut prompts: Vec<Vec<u32>> = (20..26).map(|seed| tokens(seed, 70)).collect();
+        prompts.push(long.clone());
+        let alone = one_by_one(prefix_off(), &prompts, 4);
+        for (c, a) in churn.iter().chain([&again]).zip(&alone) {
+            assert_eq!(c.tokens, a.tokens);
+        }
+        let long_alone = one_by_one(prefix_off(), &[long], 120);
+        assert_eq!(held.tokens, long_alone[0].tokens);
+    }
+
+    /// Among waiting requests the one with the longest cached prefix is admitted first, but
+    /// a request passed over [`MAX_PASSED`] times goes next.
+    #[test]
+    fn the_longest_cached_prefix_goes_first_without_starving_the_rest() {
+        let config = SchedulerConfig {
+            max_batch: 1,
+            ..SchedulerConfig::default()
+        };
+        let (e, mut w) = by_hand(config);
+        let shared = tokens(9, 200);
+        let mut warm = Client::submit(&e, asking(shared.clone(), 1));
+        finish(&mut w, &mut [&mut warm], 0);
+        // One slot, busy; then a cold request and nine that share the cached prefix.
+        let mut busy = Client::submit(&e, asking(tokens(10, 5), 3));
+        assert!(w.turn());
+        let mut cold = Client::submit(&e, asking(tokens(11, 50), 1));
+        let mut hot: Vec<Client> = (0..9)
+            .map(|i| Client::submit(&e, asking([shared.clone(), tokens(30 + i, 5)].concat(), 1)))
+            .collect();
+        let mut order = Vec::new();
+        let mut turn = 1;
+        while !(cold.done() && hot.iter().all(Client::done)) {
+            turn += 1;
+            assert!(w.turn());
+            busy.poll(turn);
+            cold.poll(turn);
+            if cold.done() && !order.contains(&"cold") {
+                order.push("cold");
+            }
+            for c in hot.iter_mut() {
+                let was = c.done();
+                c.poll(turn);
+                if c.done() && !was {
+                    order.push("hot");
+                }
+            }
+        }
+        let at = order.iter().position(|&o| o == "cold").unwrap();
+        assert_eq!(at, MAX_PASSED as usize, "{order:?}");
     }
 }

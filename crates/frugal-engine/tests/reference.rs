@@ -501,3 +501,56 @@ fn an_8_bit_kv_cache_keeps_the_logits() {
     assert_eq!(cq.len(), tokens.len());
     assert!(same * 10 >= steps * 9, "{same} of {steps}");
 }
+
+/// A cache sharing another's first positions (as the prefix cache hands them out) gives
+/// every logit bit for bit as a cache computed whole, wherever the split falls in a block,
+/// with exact and 8-bit KV; writing into the shared cache leaves the original's blocks as
+/// they were.
+#[test]
+fn a_shared_prefix_gives_the_logits_of_a_cache_computed_whole() {
+    use frugal_engine::model::KvType;
+    let g = Gguf::open(model_path()).unwrap();
+    let tokens: Vec<u32> = prompts(&g).concat().repeat(6);
+    let n = tokens.len();
+    assert!(n > 140, "{n}");
+    for kv in [KvType::F32, KvType::Q8_0] {
+        let options = LoadOptions {
+            kv,
+            ..LoadOptions::default()
+        };
+        let model = Model::from_gguf(&g, options).unwrap();
+        let run = |cache: &mut KvCache, part: &[u32]| {
+            model
+                .forward(&mut [Chunk {
+                    tokens: part,
+                    cache,
+                    logits: true,
+                }])
+                .unwrap()
+                .remove(0)
+        };
+        let mut whole = KvCache::new(&model.config);
+        let want = run(&mut whole, &tokens);
+        for split in [1, 63, 64, 65, 127, 128, n - 1] {
+            let mut shared = whole.prefix(split);
+            assert_eq!(shared.len(), split);
+            let got = run(&mut shared, &tokens[split..]);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kv:?} split {split}: {}",
+                max_diff(&got, &want)
+            );
+            // The shared cache went on with other tokens; the original still answers alike.
+            let mut other = whole.prefix(split);
+            let _ = run(&mut other, &[7, 8, 9]);
+            let mut again = whole.prefix(split);
+            assert_eq!(
+                run(&mut again, &tokens[split..]),
+                want,
+                "{kv:?} split {split}"
+            );
+        }
+    }
+}
