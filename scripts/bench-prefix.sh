@@ -17,7 +17,9 @@
 # Q4_1 with `frugal quantize` when missing), ShareGPT (scripts/fetch-sharegpt.sh, run here when
 # missing), and llama-server: LLAMA_SERVER=PATH, else built once into out/llama.cpp from the
 # llama.cpp tree vendored in the llama-cpp-python 0.3.36 sdist (cmake from PyPI when the machine
-# has none). Each run's JSON and transcripts are kept in out/bench-prefix/.
+# has none). Each run's JSON and transcripts are kept in out/bench-prefix/. BIN_WITHOUT=PATH: a
+# frugal built without the prefix cache, run as "frugal-no-prefix" where BIN has no
+# --no-prefix-cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/frugal}
@@ -165,8 +167,12 @@ else
   if has_flag --no-prefix-cache; then
     frugal_run frugal-no-prefix --no-prefix-cache
     runs="$runs frugal-no-prefix"
+  elif [ -n "${BIN_WITHOUT:-}" ]; then
+    # A frugal built before the prefix cache, as the run without it.
+    BIN=$BIN_WITHOUT frugal_run frugal-no-prefix
+    runs="$runs frugal-no-prefix"
   else
-    echo "(this frugal has no --no-prefix-cache: that run is left out)"
+    echo "(this frugal has no --no-prefix-cache and no BIN_WITHOUT was given: that run is left out)"
   fi
   llama_run
   runs="$runs llama-server"
