@@ -113,8 +113,9 @@ llama_run() {
     server=out/llama.cpp/build/bin/llama-server
   fi
   port=$(free_port)
-  # Each slot holds one conversation's context; cache_prompt (on by default) reuses a slot's.
-  "$server" -m "$MODEL" --port "$port" -t "$THREADS" --parallel "$SLOTS" -c $((SLOTS * 2048)) \
+  # Each slot holds one conversation's context (4096 tokens: the replay's estimate of a prompt's
+  # length can run over MAX_PROMPT); cache_prompt (on by default) reuses a slot's.
+  "$server" -m "$MODEL" --port "$port" -t "$THREADS" --parallel "$SLOTS" -c $((SLOTS * 4096)) \
     --cont-batching > "$OUT/llama-server.log" 2>&1 & local pid=$!
   wait_up "$port"
   bench llama-server "$port"

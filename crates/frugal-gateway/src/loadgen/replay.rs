@@ -236,25 +236,30 @@ async fn converse(
         chars += system.chars().count();
     }
     let turns = c.turns.len().min(config.max_turns.max(1));
-    let budget = config.max_prompt * 4;
-    let share = budget.saturating_sub(chars) / turns;
+    let share = (config.max_prompt * 4).saturating_sub(chars) / turns;
     let mut out = Transcript {
         id: c.id.clone(),
         messages: Vec::new(),
         turns: Vec::new(),
     };
+    // Characters a token, from the server's own count once a turn has told it (code and
+    // other languages run well under 4).
+    let mut per_token = 4.0;
     for (t, user) in c.turns.iter().take(turns).enumerate() {
         let mut user = cut(user, share.max(16)).to_owned();
         if t == 0 && config.bench.distinct {
             user = format!("{user} ({i})");
         }
         chars += user.chars().count();
-        if t > 0 && chars > budget {
+        if t > 0 && chars as f64 / per_token > config.max_prompt as f64 {
             break;
         }
         messages.push(json!({ "role": "user", "content": user }));
         let (turn, answer) = one_turn(client, config, &messages).await;
         done.0.fetch_add(1, Ordering::Relaxed);
+        if turn.prompt_tokens > 0 {
+            per_token = (chars as f64 / turn.prompt_tokens as f64).min(4.0);
+        }
         let failed = turn.error.is_some();
         out.turns.push(turn);
         if failed {
