@@ -21,6 +21,8 @@ use serde::Serialize;
 use frugal_cost::Money;
 use frugal_cost::money::HourlyRate;
 
+pub mod replay;
+
 /// One request of the load.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shot {

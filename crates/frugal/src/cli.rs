@@ -1072,7 +1072,8 @@ pub struct BenchArgs {
     /// server's own]
     #[arg(long, value_name = "NAME|FILE.gguf", value_parser = parse_model_ref)]
     pub model: Option<ModelRef>,
-    /// Concurrent clients sending back to back (ignored with --trace)
+    /// Concurrent clients sending back to back (ignored with --trace; with --conversations:
+    /// conversations in flight)
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// Requests in all (with --trace: trace rows used at most)
@@ -1081,7 +1082,7 @@ pub struct BenchArgs {
     /// Prompt length in tokens (about one per word), without --trace
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
-    /// Tokens generated per request, without --trace
+    /// Tokens generated per request, without --trace (with --conversations: per answer)
     #[arg(long, default_value_t = 128)]
     pub max_tokens: usize,
     /// Replay a trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), e.g.
@@ -1093,6 +1094,24 @@ pub struct BenchArgs {
     /// data/workload/qqp-replay.jsonl
     #[arg(long, value_name = "FILE", conflicts_with = "trace")]
     pub workload: Option<PathBuf>,
+    /// Replay multi-turn conversations: JSON lines of ShareGPT conversations ({"conversations":
+    /// [{"from": "human", "value": text}, ..]}) or of {"prompt": text}, e.g. from
+    /// scripts/fetch-sharegpt.sh. Each turn streams the conversation so far, the server's own
+    /// answers appended, and the next user message; --concurrency conversations in flight, or
+    /// each starting at --trace's arrival times. --requests: conversations at most
+    #[arg(long, value_name = "FILE", conflicts_with = "workload")]
+    pub conversations: Option<PathBuf>,
+    /// Turns sent per conversation at most (with --conversations)
+    #[arg(long, default_value_t = 4, requires = "conversations")]
+    pub turns: usize,
+    /// A system message ahead of every conversation, e.g. a long shared instruction block
+    /// (with --conversations)
+    #[arg(long, value_name = "FILE", requires = "conversations")]
+    pub system_prompt: Option<PathBuf>,
+    /// Write each replayed conversation as a JSON line: every message sent, the answers
+    /// included, and each turn's figures (with --conversations)
+    #[arg(long, value_name = "FILE", requires = "conversations")]
+    pub transcript: Option<PathBuf>,
     /// Replay the trace (or workload) this many times faster
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
@@ -1102,6 +1121,8 @@ pub struct BenchArgs {
     /// Scale the trace's output lengths [default: as --scale]
     #[arg(long)]
     pub output_scale: Option<f64>,
+    /// Prompt length at most, in tokens (with --conversations: estimated at 4 characters a
+    /// token; user messages are cut to their share and a conversation ends before a turn past it)
     #[arg(long, default_value_t = 512)]
     pub max_prompt: usize,
     #[arg(long, default_value_t = 256)]

@@ -673,6 +673,160 @@ fn batching_savings_reach_the_metrics_and_the_report() {
     );
 }
 
+#[test]
+fn bench_replays_conversations_turn_by_turn_with_the_servers_answers() {
+    let server = Server::start(&["--no-cache"]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("c.jsonl");
+    // ShareGPT lines: the data's own answers ("gpt") are never sent, the server's are.
+    let users: [&[&str]; 3] = [
+        &[
+            "Name a colour.",
+            "Why that one?",
+            "Name a fruit of that colour.",
+        ],
+        &[
+            "What is 2 + 2?",
+            "And 3 + 3?",
+            "Add them up.",
+            "One more turn than --turns.",
+        ],
+        &["Say hello in French."],
+    ];
+    let mut text = String::new();
+    for (i, turns) in users.iter().enumerate() {
+        let messages: Vec<_> = turns
+            .iter()
+            .flat_map(|u| {
+                [
+                    serde_json::json!({ "from": "human", "value": u }),
+                    serde_json::json!({ "from": "gpt", "value": "the data's answer" }),
+                ]
+            })
+            .collect();
+        text +=
+            &serde_json::json!({ "id": format!("c{i}"), "conversations": messages }).to_string();
+        text.push('\n');
+    }
+    std::fs::write(&data, text).unwrap();
+    let replay = |in_flight: &str, name: &str| {
+        let transcript = dir.path().join(name);
+        let s = bench(
+            &server,
+            &[
+                "--conversations",
+                data.to_str().unwrap(),
+                "--turns",
+                "3",
+                "--max-tokens",
+                "6",
+                "--concurrency",
+                in_flight,
+                "--price-per-hour",
+                "3.6",
+                "--transcript",
+                transcript.to_str().unwrap(),
+            ],
+        );
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&transcript)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (s, lines)
+    };
+    for (in_flight, name) in [("3", "together.jsonl"), ("1", "alone.jsonl")] {
+        let (s, transcripts) = replay(in_flight, name);
+        // 3 + 3 (of 4, capped by --turns) + 1 turns; all but the 3 first turns are later ones.
+        assert_eq!(
+            (s["conversations"].as_u64(), s["requests"].as_u64()),
+            (Some(3), Some(7)),
+            "{s}"
+        );
+        assert_eq!(
+            (s["errors"].as_u64(), s["later_turns"].as_u64()),
+            (Some(0), Some(4)),
+            "{s}"
+        );
+        // The figures add up: computed and cached make the prompt, turn by turn and in all.
+        let turns: Vec<&serde_json::Value> = transcripts
+            .iter()
+            .flat_map(|t| t["turns"].as_array().unwrap())
+            .collect();
+        let sum = |k: &str| {
+            turns
+                .iter()
+                .map(|t| t[k].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        };
+        assert_eq!(
+            s["prompt_tokens"].as_u64(),
+            Some(sum("prompt_tokens")),
+            "{s}"
+        );
+        assert_eq!(
+            s["output_tokens"].as_u64(),
+            Some(sum("output_tokens")),
+            "{s}"
+        );
+        assert_eq!(
+            sum("prefill_tokens") + sum("cached_tokens"),
+            sum("prompt_tokens"),
+            "{s}"
+        );
+        assert_eq!(
+            s["prefill_tokens"].as_u64().unwrap() + s["cached_tokens"].as_u64().unwrap(),
+            s["prompt_tokens"].as_u64().unwrap(),
+            "{s}"
+        );
+        assert!(s["first_turn_ttft"]["p50"].as_f64().unwrap() > 0.0, "{s}");
+        assert!(s["later_turn_ttft"]["p50"].as_f64().unwrap() > 0.0, "{s}");
+        // $3.60/h is $0.001 a second: priced by the wall time.
+        let cost = s["cost"].as_i64().unwrap();
+        let expected = (s["wall_s"].as_f64().unwrap() * 1e6) as i64;
+        assert!(
+            (cost - expected).abs() <= 1_000,
+            "{cost} vs {expected}: {s}"
+        );
+        for (t, turns) in transcripts.iter().zip(users) {
+            // The user messages in the data's order, each after the server's answer.
+            let messages = t["messages"].as_array().unwrap();
+            let sent = turns.len().min(3);
+            assert_eq!(messages.len(), 2 * sent, "{t}");
+            for (k, m) in messages.iter().enumerate() {
+                if k % 2 == 0 {
+                    assert_eq!(m["role"], "user", "{t}");
+                    assert_eq!(m["content"], turns[k / 2], "{t}");
+                } else {
+                    assert_eq!(m["role"], "assistant", "{t}");
+                    assert_ne!(m["content"], "the data's answer", "{t}");
+                    assert!(!m["content"].as_str().unwrap().is_empty(), "{t}");
+                }
+            }
+            if in_flight != "1" {
+                continue;
+            }
+            // Alone, each turn is the server's deterministic answer to exactly that prompt:
+            // asked again, it counts the same prompt tokens and gives the same answer.
+            for (k, turn) in t["turns"].as_array().unwrap().iter().enumerate() {
+                let body = serde_json::json!({
+                    "messages": &messages[..2 * k + 1],
+                    "max_tokens": 6,
+                    "temperature": 0,
+                });
+                let (status, v) = server.json("/v1/chat/completions", &body.to_string());
+                assert_eq!(status, 200, "{v}");
+                assert_eq!(v["usage"]["prompt_tokens"], turn["prompt_tokens"], "{t}");
+                assert_eq!(
+                    v["choices"][0]["message"]["content"],
+                    messages[2 * k + 1]["content"],
+                    "{t}"
+                );
+            }
+        }
+    }
+}
+
 /// `frugal bench --json` against the server, with `args`: its summary.
 fn bench(server: &Server, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_frugal"))
