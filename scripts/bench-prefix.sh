@@ -210,8 +210,11 @@ for r in runs:
     for f in files:
         t = open(f).read()
         counted &= "frugal_prefix_cache_hit_tokens_total" in t
+        # frugal_prompt_tokens_total counts the prompt tokens computed; with the ones reused,
+        # every prompt token.
+        hit = metric(t, "frugal_prefix_cache_hit_tokens_total")
         rows.append((os.path.basename(f)[:-8], metric(t, "frugal_requests_total"),
-                     metric(t, "frugal_prompt_tokens_total"), metric(t, "frugal_prefix_cache_hit_tokens_total")))
+                     metric(t, "frugal_prompt_tokens_total") + hit, hit))
     total = sum(n for _, n, _, _ in rows) or 1
     mean = total / len(rows)
     rate = lambda hit, prompt: f"{hit / max(prompt, 1):.1%}" if counted else "- (no frugal_prefix_cache_hit_tokens_total)"
