@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -230,33 +230,22 @@ pub async fn run(config: &BenchConfig, load: Load, done: Arc<Counter>) -> Result
     let outcomes: Vec<Outcome> = match load {
         Load::Closed { clients, shots } => {
             let shots = Arc::new(shots);
-            let next = Arc::new(AtomicU64::new(0));
-            let tasks: Vec<_> = (0..clients.max(1))
-                .map(|_| {
-                    let (client, config, shots, next, done) = (
-                        client.clone(),
-                        config.clone(),
-                        shots.clone(),
-                        next.clone(),
-                        done.clone(),
-                    );
-                    tokio::spawn(async move {
-                        let mut out = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                            let Some(shot) = shots.get(i) else { break };
-                            out.push(one(&client, &config, shot, i).await);
-                            done.0.fetch_add(1, Ordering::Relaxed);
-                        }
-                        out
-                    })
-                })
-                .collect();
-            let mut all = Vec::new();
-            for t in tasks {
-                all.extend(t.await.map_err(|e| format!("a client task failed: {e}"))?);
-            }
-            all
+            let n = shots.len();
+            let (client, config, done) = (client.clone(), config.clone(), done.clone());
+            closed_loop(clients, n, move |i| {
+                let (client, config, shots, done) =
+                    (client.clone(), config.clone(), shots.clone(), done.clone());
+                async move {
+                    let o = one(&client, &config, &shots[i], i).await;
+                    done.0.fetch_add(1, Ordering::Relaxed);
+                    o
+                }
+            })
+            .await
+            .map_err(|e| format!("a client task failed: {e}"))?
+            .into_iter()
+            .map(|(_, o)| o)
+            .collect()
         }
         Load::Open { shots } => {
             let tasks: Vec<_> = shots
@@ -287,6 +276,44 @@ pub async fn run(config: &BenchConfig, load: Load, done: Arc<Counter>) -> Result
         started.elapsed().as_secs_f64(),
         config.rate,
     ))
+}
+
+/// Runs `work(i)` for every index below `n` on `workers` tasks, each taking the next index
+/// as soon as it is free (a closed loop, as clients that wait for each answer); the results
+/// with their index.
+pub(crate) async fn closed_loop<R, F, Fut>(
+    workers: usize,
+    n: usize,
+    work: F,
+) -> Result<Vec<(usize, R)>, tokio::task::JoinError>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+    R: Send + 'static,
+{
+    let work = Arc::new(work);
+    let next = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..workers.max(1))
+        .map(|_| {
+            let (work, next) = (work.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    out.push((i, work(i).await));
+                }
+                out
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await?);
+    }
+    Ok(all)
 }
 
 fn summarize(outcomes: &[Outcome], wall_s: f64, rate: HourlyRate) -> Summary {

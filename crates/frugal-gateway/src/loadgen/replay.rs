@@ -8,7 +8,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use frugal_cost::Money;
 
-use super::{BenchConfig, Counter, Percentiles};
+use super::{BenchConfig, Counter, Percentiles, closed_loop};
 
 /// One conversation: its user messages, in order (the data's own answers are not sent: the
 /// server's are).
@@ -157,56 +157,56 @@ pub async fn run(
     let conversations = Arc::new(conversations);
     let started = Instant::now();
     let mut transcripts: Vec<Option<Transcript>> = vec![None; conversations.len()];
-    let tasks: Vec<_> = match &config.arrivals {
-        Some(arrivals) => (0..conversations.len())
-            .map(|i| {
-                let at = arrivals.get(i).copied().unwrap_or(0.0);
+    let answered: Vec<(usize, Transcript)> = match &config.arrivals {
+        Some(arrivals) => {
+            let tasks: Vec<_> = (0..conversations.len())
+                .map(|i| {
+                    let at = arrivals.get(i).copied().unwrap_or(0.0);
+                    let (client, config, conversations, done) = (
+                        client.clone(),
+                        config.clone(),
+                        conversations.clone(),
+                        done.clone(),
+                    );
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(tokio::time::Instant::from_std(
+                            started + Duration::from_secs_f64(at),
+                        ))
+                        .await;
+                        let c = &conversations[i];
+                        (i, converse(&client, &config, c, i, &done).await)
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for t in tasks {
+                all.push(t.await.map_err(|e| format!("a conversation failed: {e}"))?);
+            }
+            all
+        }
+        None => {
+            let (n, workers) = (conversations.len(), config.in_flight);
+            let (client, config, conversations, done) = (
+                client.clone(),
+                config.clone(),
+                conversations.clone(),
+                done.clone(),
+            );
+            closed_loop(workers, n, move |i| {
                 let (client, config, conversations, done) = (
                     client.clone(),
                     config.clone(),
                     conversations.clone(),
                     done.clone(),
                 );
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(tokio::time::Instant::from_std(
-                        started + Duration::from_secs_f64(at),
-                    ))
-                    .await;
-                    vec![(
-                        i,
-                        converse(&client, &config, &conversations[i], i, &done).await,
-                    )]
-                })
+                async move { converse(&client, &config, &conversations[i], i, &done).await }
             })
-            .collect(),
-        None => {
-            let next = Arc::new(AtomicU64::new(0));
-            (0..config.in_flight.max(1))
-                .map(|_| {
-                    let (client, config, conversations, done, next) = (
-                        client.clone(),
-                        config.clone(),
-                        conversations.clone(),
-                        done.clone(),
-                        next.clone(),
-                    );
-                    tokio::spawn(async move {
-                        let mut out = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                            let Some(c) = conversations.get(i) else { break };
-                            out.push((i, converse(&client, &config, c, i, &done).await));
-                        }
-                        out
-                    })
-                })
-                .collect()
+            .await
+            .map_err(|e| format!("a conversation failed: {e}"))?
         }
     };
-    for t in tasks {
-        for (i, transcript) in t.await.map_err(|e| format!("a conversation failed: {e}"))? {
-            transcripts[i] = Some(transcript);
-        }
+    for (i, transcript) in answered {
+        transcripts[i] = Some(transcript);
     }
     let transcripts: Vec<Transcript> = transcripts.into_iter().flatten().collect();
     let summary = summarize(&transcripts, started.elapsed().as_secs_f64(), &config);
