@@ -278,6 +278,41 @@ pub async fn run(config: &BenchConfig, load: Load, done: Arc<Counter>) -> Result
     ))
 }
 
+/// Reads a stream of server-sent events, handing each `data:` JSON event to `on` in order;
+/// an event that carries `error`, or a broken stream, ends it with that error.
+pub(crate) async fn each_event(
+    response: reqwest::Response,
+    mut on: impl FnMut(&serde_json::Value),
+) -> Result<(), String> {
+    let mut stream = response.bytes_stream();
+    let mut buf = String::new();
+    while let Some(piece) = stream.next().await {
+        let piece = piece.map_err(|e| format!("stream broke: {e}"))?;
+        buf.push_str(&String::from_utf8_lossy(&piece));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let Some(data) = event
+                .lines()
+                .find_map(|l| l.strip_prefix("data:"))
+                .map(str::trim)
+            else {
+                continue;
+            };
+            if data == "[DONE]" {
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
+                continue;
+            };
+            if let Some(e) = v.get("error") {
+                return Err(e.to_string());
+            }
+            on(&v);
+        }
+    }
+    Ok(())
+}
+
 /// Runs `work(i)` for every index below `n` on `workers` tasks, each taking the next index
 /// as soon as it is free (a closed loop, as clients that wait for each answer); the results
 /// with their index.
@@ -442,48 +477,23 @@ async fn one(client: &reqwest::Client, config: &BenchConfig, shot: &Shot, i: usi
         out.latency = started.elapsed().as_secs_f64();
         return out;
     }
-    let mut stream = response.bytes_stream();
-    let mut buf = String::new();
     let mut chunks = 0u64;
-    while let Some(piece) = stream.next().await {
-        let piece = match piece {
-            Ok(p) => p,
-            Err(e) => {
-                out.error = Some(format!("stream broke: {e}"));
-                return out;
-            }
-        };
-        buf.push_str(&String::from_utf8_lossy(&piece));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            let Some(data) = event
-                .lines()
-                .find_map(|l| l.strip_prefix("data:"))
-                .map(str::trim)
-            else {
-                continue;
-            };
-            if data == "[DONE]" {
-                continue;
-            }
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
-                continue;
-            };
-            if let Some(e) = v.get("error") {
-                out.error = Some(e.to_string());
-                return out;
-            }
-            let text = v["choices"][0]["text"].as_str().unwrap_or("");
-            if !text.is_empty() {
-                chunks += 1;
-                out.ttft
-                    .get_or_insert_with(|| started.elapsed().as_secs_f64());
-            }
-            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-                out.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
-                out.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
-            }
+    let read = each_event(response, |v| {
+        let text = v["choices"][0]["text"].as_str().unwrap_or("");
+        if !text.is_empty() {
+            chunks += 1;
+            out.ttft
+                .get_or_insert_with(|| started.elapsed().as_secs_f64());
         }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            out.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+            out.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+        }
+    })
+    .await;
+    if let Err(e) = read {
+        out.error = Some(e);
+        return out;
     }
     if out.output_tokens == 0 {
         out.output_tokens = chunks;

@@ -11,13 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use frugal_cost::Money;
 
-use super::{BenchConfig, Counter, Percentiles, closed_loop};
+use super::{BenchConfig, Counter, Percentiles, closed_loop, each_event};
 
 /// One conversation: its user messages, in order (the data's own answers are not sent: the
 /// server's are).
@@ -316,58 +315,35 @@ async fn one_turn(
         .get("x-frugal-cached-tokens")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
-    let mut stream = response.bytes_stream();
-    let mut buf = String::new();
-    let mut chunks = 0u64;
-    let mut computed = None;
-    while let Some(piece) = stream.next().await {
-        let piece = match piece {
-            Ok(p) => p,
-            Err(e) => {
-                turn.error = Some(format!("stream broke: {e}"));
-                return (turn, answer);
-            }
-        };
-        buf.push_str(&String::from_utf8_lossy(&piece));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            let Some(data) = event
-                .lines()
-                .find_map(|l| l.strip_prefix("data:"))
-                .map(str::trim)
-            else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<Value>(data) else {
-                continue;
-            };
-            if let Some(e) = v.get("error") {
-                turn.error = Some(e.to_string());
-                return (turn, answer);
-            }
-            let text = v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
-            if !text.is_empty() {
-                chunks += 1;
-                answer.push_str(text);
-                turn.ttft_s
-                    .get_or_insert_with(|| started.elapsed().as_secs_f64());
-            }
-            if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-                turn.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
-                turn.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
-                if let Some(n) = u["prompt_tokens_details"]["cached_tokens"].as_u64() {
-                    turn.cached_tokens = Some(n);
-                }
-            }
-            // llama-server's own account: prompt tokens computed and taken from its cache.
-            let timings = &v["timings"];
-            if let Some(n) = timings["prompt_n"].as_u64() {
-                computed = Some(n);
-                if let Some(cached) = timings["cache_n"].as_u64() {
-                    turn.cached_tokens = Some(cached);
-                }
+    let (mut chunks, mut computed) = (0u64, None);
+    let read = each_event(response, |v| {
+        let text = v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+        if !text.is_empty() {
+            chunks += 1;
+            answer.push_str(text);
+            turn.ttft_s
+                .get_or_insert_with(|| started.elapsed().as_secs_f64());
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            turn.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+            turn.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+            if let Some(n) = u["prompt_tokens_details"]["cached_tokens"].as_u64() {
+                turn.cached_tokens = Some(n);
             }
         }
+        // llama-server's own account: prompt tokens computed and taken from its cache.
+        let timings = &v["timings"];
+        if let Some(n) = timings["prompt_n"].as_u64() {
+            computed = Some(n);
+            if let Some(cached) = timings["cache_n"].as_u64() {
+                turn.cached_tokens = Some(cached);
+            }
+        }
+    })
+    .await;
+    if let Err(e) = read {
+        turn.error = Some(e);
+        return (turn, answer);
     }
     turn.cached_tokens = turn.cached_tokens.or(header_cached);
     if turn.output_tokens == 0 {
