@@ -36,13 +36,6 @@ impl Node {
     }
 }
 
-/// What a lookup found: a cache holding the longest cached prefix of the tokens.
-pub struct Hit {
-    pub cache: KvCache,
-    /// Blocks of `cache` no other write will copy: whole blocks inside the prefix.
-    pub whole_blocks: usize,
-}
-
 #[derive(Default)]
 pub struct PrefixCache {
     nodes: Vec<Option<Node>>,
@@ -129,8 +122,9 @@ impl PrefixCache {
     }
 
     /// The longest cached prefix of `tokens`, at most `limit` positions, as a cache sharing
-    /// its blocks (empty when nothing matches). Every node on the way is touched.
-    pub fn lookup(&mut self, shape: Shape, tokens: &[u32], limit: usize) -> Hit {
+    /// its blocks (empty when nothing matches; its whole blocks are never written again, a
+    /// last partial one is copied when written). Every node on the way is touched.
+    pub fn lookup(&mut self, shape: Shape, tokens: &[u32], limit: usize) -> KvCache {
         let (path, matched) = self.walk(&tokens[..limit.min(tokens.len())]);
         self.clock += 1;
         let clock = self.clock;
@@ -141,10 +135,7 @@ impl PrefixCache {
                 blocks.push(n.block.clone());
             }
         }
-        Hit {
-            cache: KvCache::from_blocks(shape, blocks, matched),
-            whole_blocks: matched / BLOCK,
-        }
+        KvCache::from_blocks(shape, blocks, matched)
     }
 
     /// Keeps the blocks of `cache` for its first `positions` positions, whose tokens are
@@ -319,7 +310,7 @@ mod tests {
         b.extend(seq(5000, 40));
         assert_eq!(p.peek(&b, b.len()), 100);
         let hit = p.lookup(SHAPE, &b, b.len());
-        assert_eq!((hit.cache.len(), hit.whole_blocks), (100, 1));
+        assert_eq!(hit.len(), 100);
         // A limit caps the match, inside a whole block too.
         assert_eq!(p.peek(&a, 149), 149);
         assert_eq!(p.peek(&a, 64), 64);

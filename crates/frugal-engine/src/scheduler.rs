@@ -35,7 +35,7 @@ use tokio::sync::mpsc as events;
 
 use crate::kv::{BLOCK, Shape};
 use crate::model::{Chunk, Config, KvCache, Model, ModelError};
-use crate::prefix::{Hit, PrefixCache};
+use crate::prefix::PrefixCache;
 use crate::sampling::{Sampled, Sampler, SamplingParams};
 
 /// When waiting requests may join the batch.
@@ -146,8 +146,6 @@ pub enum Event {
         reason: FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
-        /// Prompt tokens whose KV came from the prefix cache, not computed for this request.
-        cached_tokens: usize,
         /// Time in the queue, time to first token, and engine time this request used.
         queued: Duration,
         first_token: Duration,
@@ -352,8 +350,6 @@ struct Sequence {
     reserved: usize,
     /// Blocks of its cache offered to the prefix cache so far.
     indexed: usize,
-    /// Prompt tokens its first admission found in the prefix cache.
-    cached_tokens: usize,
     /// Times a later request with a longer cached prefix was admitted before it.
     passed: u32,
     /// Positions its cache held when it was last preempted: prefilling them is recompute.
@@ -376,7 +372,6 @@ impl Sequence {
             worst: 0,
             reserved: 0,
             indexed: 0,
-            cached_tokens: 0,
             passed: 0,
             computed: 0,
             padding: false,
@@ -593,7 +588,9 @@ impl Worker {
             let worst = s.job.request.prompt.len() + longest.unwrap_or(s.job.request.max_tokens);
             let (tokens, limit) = (s.context(0, s.context_len()), self.limit(s));
             let hit = self.lookup(&tokens, limit);
-            let need = worst.div_ceil(BLOCK) - hit.whole_blocks;
+            // Whole blocks of the hit are shared; a partial last one is copied, so it is own.
+            let shared = hit.len() / BLOCK;
+            let need = worst.div_ceil(BLOCK) - shared;
             // A batch job never preempts; an interactive one preempts batch sequences only.
             if !self.fits(need) && (from_batch || !self.preempt_for(need)) {
                 break;
@@ -609,7 +606,7 @@ impl Worker {
             };
             self.stats.dequeued(s.priority());
             self.make_room(need);
-            let reused = hit.cache.len();
+            let reused = hit.len();
             if self.config.prefix_cache {
                 self.stats.prefix_lookups.fetch_add(1, Ordering::Relaxed);
                 if reused > 0 {
@@ -620,15 +617,14 @@ impl Worker {
                 }
             }
             if s.admitted.is_none() {
-                s.cached_tokens = reused.min(s.job.request.prompt.len());
-                let cached_tokens = s.cached_tokens;
+                let cached_tokens = reused.min(s.job.request.prompt.len());
                 let _ = s.job.events.send(Event::Admitted { cached_tokens });
             }
             self.reserved += need;
             s.reserved = need;
             s.worst = worst;
-            s.indexed = hit.whole_blocks;
-            s.cache = hit.cache;
+            s.indexed = shared;
+            s.cache = hit;
             s.admitted.get_or_insert_with(Instant::now);
             self.running.push(s);
         }
@@ -673,12 +669,9 @@ impl Worker {
 
     /// The longest cached prefix of a waiting sequence's context, `tokens`, at most `limit`
     /// long (none when the prefix cache is off).
-    fn lookup(&mut self, tokens: &[u32], limit: usize) -> Hit {
+    fn lookup(&mut self, tokens: &[u32], limit: usize) -> KvCache {
         if !self.config.prefix_cache {
-            return Hit {
-                cache: KvCache::new(self.shape),
-                whole_blocks: 0,
-            };
+            return KvCache::new(self.shape);
         }
         self.prefix.lookup(self.shape, tokens, limit)
     }
@@ -942,7 +935,6 @@ impl Worker {
                     reason,
                     prompt_tokens: s.job.request.prompt.len(),
                     completion_tokens: s.generated,
-                    cached_tokens: s.cached_tokens,
                     queued,
                     first_token: s.first_token.unwrap_or_default(),
                     engine: s.engine,
@@ -1093,13 +1085,8 @@ mod tests {
                     }
                     Event::Admitted { cached_tokens } => self.cached_tokens = Some(cached_tokens),
                     Event::Done {
-                        completion_tokens,
-                        cached_tokens,
-                        ..
-                    } => {
-                        assert_eq!(self.cached_tokens, Some(cached_tokens), "told alike");
-                        self.completion_tokens = Some(completion_tokens);
-                    }
+                        completion_tokens, ..
+                    } => self.completion_tokens = Some(completion_tokens),
                     Event::Failed(e) => panic!("failed: {e}"),
                 }
             }

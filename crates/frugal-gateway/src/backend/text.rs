@@ -163,13 +163,11 @@ impl TextStream {
                 Some(Event::Done {
                     reason,
                     completion_tokens,
-                    cached_tokens,
                     engine,
                     first_token,
                     ..
                 }) => {
                     self.completion_tokens = completion_tokens;
-                    self.cached_tokens = cached_tokens;
                     let text = std::mem::take(&mut self.held);
                     self.rx = None;
                     self.engine = engine;

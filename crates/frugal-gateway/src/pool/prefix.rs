@@ -89,13 +89,6 @@ fn render(input: &Input) -> Vec<Vec<u8>> {
     }
 }
 
-/// A hash chain over one text's chunks.
-pub fn keys_of(text: &[u8]) -> Vec<u64> {
-    let mut keys = Vec::new();
-    chain(text, 0, &mut keys);
-    keys
-}
-
 /// Pushes the keys of `segment`'s chunks, chained on from `prev`; returns the last.
 fn chain(segment: &[u8], mut prev: u64, keys: &mut Vec<u64>) -> u64 {
     for chunk in segment.chunks(CHUNK) {
@@ -194,6 +187,13 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// A hash chain over one text's chunks.
+    fn keys_of(text: &[u8]) -> Vec<u64> {
+        let mut keys = Vec::new();
+        chain(text, 0, &mut keys);
+        keys
+    }
 
     fn idle(ids: &[u32]) -> Vec<Candidate> {
         ids.iter()
