@@ -11,7 +11,7 @@ use std::time::Duration;
 use frugal_cloud::price::{self, PriceError, Request};
 use frugal_cost::money::ParseMoneyError;
 use frugal_cost::{Catalog, Money};
-use frugal_semantic::{EmbedError, Embedder};
+use frugal_semantic::{EmbedError, Embedder, Verifier};
 use thiserror::Error;
 
 use crate::admit::keys::{KeyConfig, KeySet};
@@ -109,14 +109,17 @@ pub fn cache_config(raw: &RawServe) -> CacheConfig {
 }
 
 /// The semantic cache's settings: `semantic_threshold`, `semantic_aligned_threshold`,
-/// `semantic_entries`, `cache_ttl`.
+/// `semantic_entries`, `semantic_max_error`, `cache_ttl` (the verifier is loaded apart).
 pub fn semantic_config(raw: &RawServe) -> Result<SemanticConfig, ConfigError> {
     let mut config = SemanticConfig::default();
     if let Some(t) = raw.semantic_threshold {
+        let t = cosine_threshold(t).map_err(ConfigError::Serve)?;
         // The aligned pairs' threshold moves with it unless set too.
-        config.guard = config
-            .guard
-            .at(cosine_threshold(t).map_err(ConfigError::Serve)?);
+        config.guard = config.guard.at(t);
+        config.floor = t;
+    }
+    if let Some(e) = raw.semantic_max_error {
+        config.max_error = max_error(e).map_err(ConfigError::Serve)?;
     }
     if let Some(t) = raw.semantic_aligned_threshold {
         config.guard.aligned_threshold = cosine_threshold(t).map_err(ConfigError::Serve)?;
@@ -133,6 +136,16 @@ pub fn semantic_config(raw: &RawServe) -> Result<SemanticConfig, ConfigError> {
         config.max_entries = n;
     }
     Ok(config)
+}
+
+/// An error budget's bound, checked: a share in [0, 1).
+fn max_error(e: f64) -> Result<f64, String> {
+    if !(0.0..1.0).contains(&e) {
+        return Err(format!(
+            "semantic_max_error must be a share of served hits in [0, 1), such as 0.01, not {e}"
+        ));
+    }
+    Ok(e)
 }
 
 /// A semantic threshold, checked: a cosine in [0, 1].
@@ -209,30 +222,26 @@ pub fn upstream(
 /// Each served name's cache policy: the local model's from `[serve]`, then each upstream's
 /// and route's own.
 pub fn policies(raw: &RawServe, local: &str) -> Result<HashMap<String, CachePolicy>, ConfigError> {
-    let entries = std::iter::once((local, raw.shared_cache, None))
-        .chain(
-            raw.upstream
-                .iter()
-                .map(|u| (u.name.as_str(), u.shared_cache, u.semantic_threshold)),
-        )
-        .chain(
-            raw.route
-                .iter()
-                .map(|r| (r.name.as_str(), r.shared_cache, r.semantic_threshold)),
-        )
-        .chain(
-            raw.pool
-                .iter()
-                .map(|p| (p.name.as_str(), p.shared_cache, p.semantic_threshold)),
-        );
+    let entries = std::iter::once((local, raw.shared_cache, None, None))
+        .chain(raw.upstream.iter().map(|u| {
+            let n = u.name.as_str();
+            (n, u.shared_cache, u.semantic_threshold, u.semantic_max_error)
+        }))
+        .chain(raw.route.iter().map(|r| {
+            let n = r.name.as_str();
+            (n, r.shared_cache, r.semantic_threshold, r.semantic_max_error)
+        }))
+        .chain(raw.pool.iter().map(|p| {
+            let n = p.name.as_str();
+            (n, p.shared_cache, p.semantic_threshold, p.semantic_max_error)
+        }));
     entries
-        .map(|(name, shared, threshold)| {
+        .map(|(name, shared, threshold, bound)| {
+            let at = |e| invalid(format!("`{name}`"), e);
             let policy = CachePolicy {
                 shared: shared.unwrap_or(false),
-                semantic_threshold: threshold
-                    .map(cosine_threshold)
-                    .transpose()
-                    .map_err(|e| invalid(format!("`{name}`"), e))?,
+                semantic_threshold: threshold.map(cosine_threshold).transpose().map_err(at)?,
+                semantic_max_error: bound.map(max_error).transpose().map_err(at)?,
             };
             Ok((name.to_owned(), policy))
         })
@@ -390,19 +399,42 @@ pub fn key(raw: &RawKey) -> Result<KeyConfig, ConfigError> {
 }
 
 /// The embedder `named` (which must be there), else the first of `search` that holds one,
-/// else none.
+/// else none; with the folder it was loaded from.
 pub fn find_embedder(
     named: Option<&Path>,
     search: &[PathBuf],
-) -> Result<Option<Arc<Embedder>>, EmbedderError> {
+) -> Result<Option<(PathBuf, Arc<Embedder>)>, EmbedderError> {
     if let Some(dir) = named {
-        return load_embedder(dir, ", or --no-semantic-cache").map(Some);
+        return load_embedder(dir, ", or --no-semantic-cache").map(|e| Some((dir.to_owned(), e)));
     }
     search
         .iter()
         .find(|d| has_embedder(d))
-        .map(|d| load_embedder(d, ""))
+        .map(|d| load_embedder(d, "").map(|e| (d.clone(), e)))
         .transpose()
+}
+
+/// The paraphrase verifier `[serve] semantic_verifier` names ("none": the guard alone), else
+/// `default` (the one frugal ships) when it is there; on the embedder in `base`.
+pub fn find_verifier(
+    named: Option<&str>,
+    default: Option<&Path>,
+    base: &Path,
+) -> Result<Option<Arc<Verifier>>, ConfigError> {
+    let path = match named {
+        Some("none") => return Ok(None),
+        Some(p) => PathBuf::from(p),
+        None => match default.filter(|d| d.exists()) {
+            Some(d) => d.to_owned(),
+            None => return Ok(None),
+        },
+    };
+    Verifier::load(base, &path).map(|v| Some(Arc::new(v))).map_err(|e| {
+        invalid(
+            "serve.semantic_verifier".into(),
+            format!("{e}; semantic_verifier = \"none\" serves with the guard alone"),
+        )
+    })
 }
 
 /// Whether `dir` holds an embedding model's weights.
@@ -456,6 +488,7 @@ mod tests {
                 env: &env,
                 embedder_search: &[],
                 pool_logs: Path::new("."),
+                verifier: None,
             },
         )
     }
@@ -754,6 +787,7 @@ mod tests {
             env: &env,
             embedder_search: search,
             pool_logs: Path::new("."),
+            verifier: None,
         };
         let a = assemble(&raw(""), &inputs(std::slice::from_ref(&nowhere))).unwrap();
         assert!(a.no_embedder && a.semantic.is_none() && a.cache.is_some());

@@ -49,12 +49,20 @@ pub struct RawServe {
     /// Megabytes of Batch API files each tenant (with no keys, everyone) may keep; past it,
     /// `POST /v1/files` answers 429 [default: 10240].
     pub batch_upload_quota_mb: Option<u64>,
+    /// The semantic cache's least cosine: with the verifier, where its candidates start
+    /// [default: 0.7]; without it, the guard's threshold [default: 0.9525].
     pub semantic_threshold: Option<f32>,
     /// The threshold for pairs whose content words all align [default: the built-in one, or
     /// as far below `semantic_threshold` as the built-in ones are apart].
     pub semantic_aligned_threshold: Option<f32>,
     /// Questions the semantic cache holds at most [default: 10,000].
     pub semantic_entries: Option<usize>,
+    /// The share of served semantic hits that may be wrong: the error budget the paraphrase
+    /// verifier's calibrated probabilities are spent against [default: 0.01].
+    pub semantic_max_error: Option<f64>,
+    /// The paraphrase verifier's file, or "none" for the guard alone at its thresholds
+    /// [default: the one frugal ships, data/semantic-cache/verifier.safetensors].
+    pub semantic_verifier: Option<String>,
     /// The local model's cache is one for every tenant [default: false, one per tenant].
     pub shared_cache: Option<bool>,
     /// The embedding model's folder [default: the first found of the places searched].
@@ -140,6 +148,8 @@ pub struct RawPool {
     pub image: Option<String>,
     /// The semantic cache's least cosine for this pool [default: `[serve]`'s].
     pub semantic_threshold: Option<f32>,
+    /// The share of this pool's semantic hits that may be wrong [default: `[serve]`'s].
+    pub semantic_max_error: Option<f64>,
     /// One cache for every tenant on this pool [default: false].
     pub shared_cache: Option<bool>,
 }
@@ -182,6 +192,8 @@ pub struct RawRoute {
     pub skip_k: Option<usize>,
     /// The semantic cache's least cosine for this route [default: `[serve]`'s].
     pub semantic_threshold: Option<f32>,
+    /// The share of this route's semantic hits that may be wrong [default: `[serve]`'s].
+    pub semantic_max_error: Option<f64>,
     /// One cache for every tenant on this route [default: false].
     pub shared_cache: Option<bool>,
 }
@@ -223,6 +235,8 @@ pub struct RawUpstream {
     pub max_output_tokens: Option<u64>,
     /// The semantic cache's least cosine for this model [default: `[serve]`'s].
     pub semantic_threshold: Option<f32>,
+    /// The share of this model's semantic hits that may be wrong [default: `[serve]`'s].
+    pub semantic_max_error: Option<f64>,
     /// One cache for every tenant on this model [default: false].
     pub shared_cache: Option<bool>,
 }

@@ -14,7 +14,7 @@ use frugal_cost::Catalog;
 use crate::admit::budget::SharedBudgets;
 use crate::admit::keys::{KeyConfig, Keys};
 use crate::assemble::{
-    ConfigError, cache_config, find_embedder, has_embedder, invalid, keys, policies, route,
+    ConfigError, cache_config, find_embedder, find_verifier, has_embedder, invalid, keys, policies, route,
     route_name, semantic_config, upstream,
 };
 use crate::backend::Local;
@@ -44,6 +44,9 @@ pub struct Inputs<'a> {
     pub embedder_search: &'a [PathBuf],
     /// Where process pools' replicas log, unless a pool names its own `log_dir`.
     pub pool_logs: &'a Path,
+    /// The paraphrase verifier read when `[serve] semantic_verifier` names none; `None` or
+    /// not there: the guard alone decides.
+    pub verifier: Option<&'a Path>,
 }
 
 /// A gateway's parts from `[serve]`, checked; [`Assembly::into_parts`] adds what the caller
@@ -129,7 +132,7 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         .collect::<Result<Vec<_>, _>>()?;
     let pools = pools(raw, inputs)?;
     let cache = raw.cache.unwrap_or(true).then(|| cache_config(raw));
-    let semantic_config = semantic_config(raw)?;
+    let mut semantic_config = semantic_config(raw)?;
     let wants_semantic = cache.is_some() && raw.semantic_cache.unwrap_or(true);
     // One embedder for the semantic cache and the routes' skip rules.
     let embedder = if wants_semantic || raw.route.iter().any(|r| r.skip_examples.is_some()) {
@@ -137,6 +140,11 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
     } else {
         None
     };
+    if let Some((dir, _)) = embedder.as_ref().filter(|_| wants_semantic) {
+        semantic_config.verifier =
+            find_verifier(raw.semantic_verifier.as_deref(), inputs.verifier, dir)?;
+    }
+    let embedder = embedder.map(|(_, e)| e);
     let semantic = embedder
         .as_ref()
         .filter(|_| wants_semantic)

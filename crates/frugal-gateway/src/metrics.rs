@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use frugal_cost::Lever;
 use frugal_semantic::Veto;
+use frugal_semantic::budget::Served;
 
 /// Bucket upper bounds in seconds; the sub-millisecond ones are for cache hits.
 const BUCKETS: [f64; 18] = [
@@ -349,6 +350,47 @@ impl Metrics {
             self.reloads_refused_open.load(Ordering::Relaxed)
         );
         out
+    }
+
+    /// The semantic cache's error budgets, one series per bound in use: the bound, the
+    /// candidates the verifier read, the hits served, the wrong hits expected among them and
+    /// the estimated wrong-hit rate with its 95% interval.
+    pub fn render_semantic_budgets(out: &mut String, budgets: &[(f64, Served)]) {
+        if budgets.is_empty() {
+            return;
+        }
+        type Value = dyn Fn(f64, &Served) -> String;
+        let series = |out: &mut String, name: &str, kind: &str, help: &str, v: &Value| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (bound, served) in budgets {
+                let _ = writeln!(out, "{name}{{max_error=\"{bound}\"}} {}", v(*bound, served));
+            }
+        };
+        series(out, "frugal_semantic_max_error", "gauge",
+            "The share of served semantic hits that may be wrong (semantic_max_error).",
+            &|bound, _| bound.to_string());
+        series(out, "frugal_semantic_candidates_total", "counter",
+            "Near questions through the hard vetoes that the paraphrase verifier read.",
+            &|_, s| s.candidates.to_string());
+        series(out, "frugal_semantic_budget_hits_total", "counter",
+            "Semantic hits the error budget served.",
+            &|_, s| s.hits.to_string());
+        series(out, "frugal_semantic_expected_wrong_hits", "counter",
+            "Wrong hits expected among them: the sum of 1 - P(same) over the hits served.",
+            &|_, s| s.expected_wrong.to_string());
+        let _ = writeln!(
+            out,
+            "# HELP frugal_semantic_wrong_rate_estimate The estimated share of served semantic hits that were wrong, with its 95% interval.\n# TYPE frugal_semantic_wrong_rate_estimate gauge"
+        );
+        for (bound, served) in budgets {
+            let e = served.estimate();
+            for (which, v) in [("estimate", e.rate), ("low", e.low), ("high", e.high)] {
+                let _ = writeln!(
+                    out,
+                    "frugal_semantic_wrong_rate_estimate{{max_error=\"{bound}\",bound=\"{which}\"}} {v}"
+                );
+            }
+        }
     }
 
     /// Whether budgets are shared (`frugal_budget_shared`: 1 while the last call reached

@@ -4,7 +4,10 @@
 //! nearest cached prompts (by a flat scan, `flat`, or a graph, `hnsw`), `guard` decides
 //! whether a near neighbour really asks the same thing (the known failure of semantic caches:
 //! near-identical text with another meaning), `lexicon` tells from WordNet how two words
-//! relate (antonyms, synonyms, siblings, ...), and `eval` measures the cache on labelled pairs
+//! relate (antonyms, synonyms, siblings, ...), `verify` reads a candidate and the question
+//! together (a small cross-encoder) for the probability that one answer serves both,
+//! `budget` turns those probabilities into hits within the user's bound on wrong ones, and
+//! `eval` measures the cache on labelled pairs
 //! and chooses the guard's thresholds.
 
 /// The embedder's folder, relative to the repository root; `scripts/fetch-models.sh` fetches it.
@@ -19,14 +22,33 @@ pub const BUNDLED: &[(&str, &[u8])] = &[
         include_bytes!("../../../data/semantic-cache/similiar_qqp_full.json.gz"),
     ),
     (
-        NEAR_MISS,
+        NEAR_MISS[0],
         include_bytes!("../../../data/semantic-cache/nearmiss.json"),
+    ),
+    (
+        NEAR_MISS[1],
+        include_bytes!("../../../data/semantic-cache/reworded-paraphrases.json"),
+    ),
+    (
+        NEAR_MISS[2],
+        include_bytes!("../../../data/semantic-cache/reworded-nearmiss.json"),
+    ),
+    (
+        verify::DEFAULT_VERIFIER,
+        include_bytes!("../../../data/semantic-cache/verifier.safetensors"),
     ),
 ];
 
-/// The near misses and paraphrases `frugal eval-cache` reads when none is named.
-pub const NEAR_MISS: &str = "data/semantic-cache/nearmiss.json";
+/// The near misses and paraphrases written by hand that `frugal eval-cache` reads when none
+/// is named.
+pub const NEAR_MISS: [&str; 3] = [
+    "data/semantic-cache/nearmiss.json",
+    "data/semantic-cache/reworded-paraphrases.json",
+    "data/semantic-cache/reworded-nearmiss.json",
+];
 
+mod bert;
+pub mod budget;
 pub mod embed;
 pub mod eval;
 mod flat;
@@ -36,7 +58,9 @@ pub mod index;
 pub mod lexicon;
 #[doc(hidden)]
 pub mod synthetic;
+pub mod verify;
 
 pub use embed::{EmbedError, Embedder, Encoding};
 pub use guard::{Guard, Verdict, Veto};
 pub use index::{FlatIndex, VectorIndex};
+pub use verify::Verifier;

@@ -557,10 +557,18 @@ pub struct EvalCacheArgs {
     /// The embedding model folder
     #[arg(long, default_value = frugal_semantic::DEFAULT_EMBEDDER)]
     pub embedder: PathBuf,
-    /// Labelled near misses and paraphrases, each with a `kind`, reported per kind
-    /// [default: data/semantic-cache/nearmiss.json, compiled in]
+    /// Labelled near misses and paraphrases, each with a `kind`, reported per kind; repeat
+    /// for several files [default: data/semantic-cache/nearmiss.json,
+    /// reworded-paraphrases.json and reworded-nearmiss.json, compiled in]
     #[arg(long, value_name = "FILE")]
-    pub near_miss: Option<PathBuf>,
+    pub near_miss: Vec<PathBuf>,
+    /// The paraphrase verifier measured behind the guard ("none": the guard alone)
+    #[arg(long, value_name = "FILE", default_value = frugal_semantic::verify::DEFAULT_VERIFIER)]
+    pub verifier: PathBuf,
+    /// The error budget replayed over the held-out halves: the share of served semantic hits
+    /// that may be wrong (as `semantic_max_error`)
+    #[arg(long, default_value_t = frugal_semantic::budget::DEFAULT_MAX_ERROR)]
+    pub max_error: f64,
     /// Use this many pairs, evenly spread over the file [default: all]
     #[arg(long)]
     pub limit: Option<usize>,
@@ -861,13 +869,22 @@ pub struct ServeArgs {
     )]
     pub budget_redis: Option<String>,
     /// Turn the semantic cache off (on with the exact cache: a question asked in other
-    /// words gets the cached answer when the guard accepts the pair)
+    /// words gets the cached answer when the vetoes and the paraphrase verifier accept the
+    /// pair within the error budget)
     #[arg(long)]
     pub no_semantic_cache: bool,
-    /// Cosine similarity a semantic hit needs at least [default: 0.9525, chosen on QQP and
-    /// near-miss tuning pairs for <= 1% wrong hits]
+    /// Cosine similarity a semantic candidate needs at least [default: 0.7 with the verifier;
+    /// 0.9525 for the guard alone, chosen on QQP and near-miss tuning pairs]
     #[arg(long, value_name = "COSINE")]
     pub semantic_threshold: Option<f32>,
+    /// The share of served semantic hits that may be wrong, spent against the verifier's
+    /// calibrated probabilities [default: 0.01]
+    #[arg(long, value_name = "SHARE")]
+    pub semantic_max_error: Option<f64>,
+    /// The paraphrase verifier's file, or `none` for the guard alone at its thresholds
+    /// [default: the one frugal ships]
+    #[arg(long, value_name = "FILE")]
+    pub semantic_verifier: Option<String>,
     /// The semantic cache's embedding model folder (all-MiniLM-L6-v2)
     /// [default: models/minilm]
     #[arg(long, value_name = "DIR")]

@@ -100,9 +100,15 @@ impl Data {
             Command::EvalCache(a) => {
                 a.pairs = self.locate(&a.pairs)?;
                 a.embedder = self.locate(&a.embedder)?;
-                let near = a.near_miss.take();
-                let near = near.unwrap_or_else(|| frugal_semantic::NEAR_MISS.into());
-                a.near_miss = Some(self.locate(&near)?);
+                if a.near_miss.is_empty() {
+                    a.near_miss = frugal_semantic::NEAR_MISS.map(PathBuf::from).to_vec();
+                }
+                for p in &mut a.near_miss {
+                    *p = self.locate(p)?;
+                }
+                if a.verifier != Path::new("none") {
+                    a.verifier = self.locate(&a.verifier)?;
+                }
             }
             Command::Eval(EvalCommand::Ppl(a)) => {
                 a.model.model = self.locate(&a.model.model)?;

@@ -95,6 +95,9 @@ pub fn build(
     let search = embedder_search(config.data_home.as_deref());
     // Process pools' replicas log beside the ledger unless a pool says where.
     let pool_logs = config.beside_ledger().join("frugal-pools");
+    // The verifier frugal ships, installed from the binary when not found in place.
+    let verifier = crate::data::Data::new(config.data_home.as_deref())
+        .locate(Path::new(frugal_semantic::verify::DEFAULT_VERIFIER))?;
     let assembly = assemble(
         &serve,
         &Inputs {
@@ -103,6 +106,7 @@ pub fn build(
             env: &|var| std::env::var(var).ok(),
             embedder_search: &search,
             pool_logs: &pool_logs,
+            verifier: Some(&verifier),
         },
     )?;
     if assembly.no_embedder {
@@ -225,6 +229,8 @@ fn with_flags(file: &RawServe, args: &ServeArgs) -> RawServe {
         s.semantic_cache = Some(false);
     }
     s.semantic_threshold = args.semantic_threshold.or(s.semantic_threshold);
+    s.semantic_max_error = args.semantic_max_error.or(s.semantic_max_error);
+    s.semantic_verifier = args.semantic_verifier.clone().or(s.semantic_verifier);
     s.embedder = args.embedder.clone().or(s.embedder);
     s
 }

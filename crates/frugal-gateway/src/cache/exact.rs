@@ -109,6 +109,8 @@ pub struct Probe {
     pub text: String,
     /// The least cosine for a hit, where the model's policy sets one.
     pub threshold: Option<f32>,
+    /// The error budget's bound, where the model's policy sets one.
+    pub max_error: Option<f64>,
 }
 
 /// How one served name (the local model, an upstream, a route) uses the caches.
@@ -118,6 +120,8 @@ pub struct CachePolicy {
     pub shared: bool,
     /// The semantic cache's least cosine for a hit [default: the cache's own].
     pub semantic_threshold: Option<f32>,
+    /// The share of the semantic cache's hits that may be wrong [default: the cache's own].
+    pub semantic_max_error: Option<f64>,
 }
 
 type Pending = watch::Receiver<Option<Arc<Answer>>>;
@@ -269,6 +273,7 @@ pub fn lookup(
         space: format!("{head}{}", Value::Object(canon)).into(),
         text,
         threshold: None,
+        max_error: None,
     });
     Lookup::Key {
         key: key.into(),

@@ -255,6 +255,9 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
     });
     let mut text = s.inner.metrics.render(gauges.as_ref());
     pool::render_metrics(s.inner.pools.values(), &mut text);
+    if let Some(semantic) = &s.inner.semantic {
+        metrics::Metrics::render_semantic_budgets(&mut text, &semantic.budgets());
+    }
     if let Some(meter) = &s.inner.meter {
         meter.health().render(&mut text);
     }

@@ -19,7 +19,7 @@ use crate::backend::text::{Piece, Replay, Source};
 use crate::backend::upstream;
 use crate::backend::{Backend, Output, Plan};
 use crate::cache::exact::{self as cache, CachePolicy, Claim, Lookup};
-use crate::cache::semantic::Search;
+use crate::cache::semantic::{Bounds, Search};
 use crate::http::api::{TokenLogprob, Usage};
 use crate::http::error::ApiError;
 use crate::http::validate::{Job, Kind};
@@ -269,7 +269,10 @@ pub(crate) async fn consult(state: &AppState, lookup: &Lookup, model: &str) -> C
             .lookup(
                 probe.space.clone(),
                 probe.text.clone(),
-                probe.threshold,
+                Bounds {
+                    threshold: probe.threshold,
+                    max_error: probe.max_error,
+                },
                 *read,
             )
             .await;

@@ -425,6 +425,7 @@ impl AppState {
         } = &mut lookup
         {
             probe.threshold = policy.semantic_threshold;
+            probe.max_error = policy.semantic_max_error;
         }
         if job.batch.is_some()
             && !self.inner.batch_semantic

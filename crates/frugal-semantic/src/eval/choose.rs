@@ -33,7 +33,7 @@ pub struct Limits {
 
 impl Limits {
     /// Whether the near misses of `rates` are within the limits: overall and per kind.
-    fn near_misses_ok(&self, rates: &[KindRate]) -> bool {
+    pub(super) fn near_misses_ok(&self, rates: &[KindRate]) -> bool {
         let near: Vec<&KindRate> = rates.iter().filter(|r| !r.label).collect();
         let (pairs, hits) = near
             .iter()
@@ -174,6 +174,8 @@ mod tests {
             veto,
             aligned: false,
             label,
+            logit: None,
+            calibration: false,
         }
     }
 

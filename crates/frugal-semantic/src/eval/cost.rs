@@ -11,7 +11,7 @@ use crate::guard::{self, Guard, Verdict};
 /// Quantiles (p50, p99) in milliseconds.
 pub type Quantiles = (f64, f64);
 
-fn quantiles(mut ms: Vec<f64>) -> Quantiles {
+pub(super) fn quantiles(mut ms: Vec<f64>) -> Quantiles {
     ms.sort_by(f64::total_cmp);
     let q = |q: f64| {
         ms.get(((ms.len() as f64 - 1.0) * q) as usize)

@@ -134,8 +134,17 @@ pub fn with_totals(rates: Vec<KindRate>) -> Vec<KindRate> {
 /// `guard`'s hits per kind (pairs without one count as "other"): near misses first, then
 /// paraphrases, each by kind name.
 pub fn by_kind(guard: &Guard, pairs: &[&Pair], scored: &[Scored]) -> Vec<KindRate> {
+    by_kind_where(pairs, scored, |_, s| hits(guard, s))
+}
+
+/// Hits per kind as [`by_kind`] orders them, a pair hitting when `hit(its index, its score)`.
+pub fn by_kind_where(
+    pairs: &[&Pair],
+    scored: &[Scored],
+    hit: impl Fn(usize, &Scored) -> bool,
+) -> Vec<KindRate> {
     let mut rates: Vec<KindRate> = Vec::new();
-    for (p, s) in pairs.iter().zip(scored) {
+    for (i, (p, s)) in pairs.iter().zip(scored).enumerate() {
         let kind = p.kind.as_deref().unwrap_or("other");
         let at = match rates
             .iter()
@@ -153,7 +162,7 @@ pub fn by_kind(guard: &Guard, pairs: &[&Pair], scored: &[Scored]) -> Vec<KindRat
             }
         };
         rates[at].pairs += 1;
-        rates[at].hits += usize::from(hits(guard, s));
+        rates[at].hits += usize::from(hit(i, s));
     }
     rates.sort_by(|a, b| (a.label, &a.kind).cmp(&(b.label, &b.kind)));
     rates
@@ -164,6 +173,7 @@ pub fn by_kind(guard: &Guard, pairs: &[&Pair], scored: &[Scored]) -> Vec<KindRat
 pub fn veto_counts(scored: &[Scored], threshold: f32) -> Vec<(Veto, usize, usize)> {
     Veto::ALL
         .iter()
+        .filter(|&&v| v != Veto::Verifier)
         .map(|&v| {
             let near = scored
                 .iter()
@@ -206,7 +216,7 @@ mod tests {
             ),
             pair("What is 2+2?", "What is 3+3?", false),
         ];
-        let scored = score_pairs(e, &pairs, &|| {}).unwrap();
+        let scored = score_pairs(e, None, &pairs, &|| {}).unwrap();
         // Capitalized names replaced: French is not German.
         assert_eq!(scored[1].veto, Some(Veto::Entity));
         assert_eq!(scored[2].veto, Some(Veto::Numbers));

@@ -3,8 +3,9 @@
 //! non-duplicate pair serves a wrong answer (GPTCache's benchmark protocol).
 //!
 //! `pairs` reads and scores the pairs, `measure` says what a guard serves of them, `choose`
-//! picks the guard's thresholds on the tuning halves and reports the held-out ones, `cost`
-//! times a lookup, and `quant` compares a quantized embedder with the exact one.
+//! picks the guard's thresholds on the tuning halves and reports the held-out ones, `verified`
+//! measures the paraphrase verifier and the error budget behind the guard, `cost` times a
+//! lookup, and `quant` compares a quantized embedder with the exact one.
 
 mod choose;
 mod cost;
@@ -12,6 +13,7 @@ mod figures;
 mod measure;
 mod pairs;
 mod quant;
+mod verified;
 
 pub use choose::{
     Chosen, GUARDED, KindRow, Limits, PLAIN, SWEEP, choose, curve, kind_rows, tuning_errors,
@@ -23,6 +25,10 @@ pub use measure::{
     with_totals,
 };
 pub use pairs::{
-    EvalError, Half, Pair, Scored, Split, counts, is_held_out, read_pairs, sample, score_pairs,
+    EvalError, Half, Pair, Scored, Split, VERIFY_FROM, counts, is_calibration, is_held_out,
+    pair_hash, read_pairs, sample, score_pairs,
 };
 pub use quant::{QuantKept, quant_kept, roc_auc};
+pub use verified::{
+    FLOORS, Replay, Verified, calibrate, choose_verified, kind_rates, replay, verified_cost,
+};

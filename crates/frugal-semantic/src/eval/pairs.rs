@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use crate::embed::{EmbedError, Embedder, cosine};
 use crate::guard::{self, Veto};
+use crate::verify::Verifier;
 
 /// One labelled pair.
 #[derive(Debug, Clone, Deserialize)]
@@ -95,11 +96,23 @@ fn json_member(tar_bytes: &[u8]) -> Result<Vec<u8>, String> {
 /// Which split a pair belongs to: a hash of both texts, so the split does not depend on the
 /// file's order and a pair never moves between runs. `held_out` of 0.5 puts about half out.
 pub fn is_held_out(p: &Pair, held_out: f64) -> bool {
+    (pair_hash(p) % 10_000) as f64 / 10_000.0 < held_out
+}
+
+/// Whether a tuning pair is in the calibration fifth: kept out of the verifier's training
+/// (`scripts/train-verifier.py` splits alike), so its calibration and thresholds are chosen
+/// on pairs it has not seen.
+pub fn is_calibration(p: &Pair) -> bool {
+    (pair_hash(p) / 10_000) % 5 == 0
+}
+
+/// FNV-1a over `text_a`, a zero byte and `text_b`.
+pub fn pair_hash(p: &Pair) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in p.text_a.bytes().chain([0]).chain(p.text_b.bytes()) {
         h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
     }
-    (h % 10_000) as f64 / 10_000.0 < held_out
+    h
 }
 
 /// A pair as the guard sees it: similarity, the veto that applies (if any), label.
@@ -110,13 +123,22 @@ pub struct Scored {
     /// Every content word aligned (the guard's second threshold applies).
     pub aligned: bool,
     pub label: bool,
+    /// The verifier's logit, for a pair it would be asked about (at or above
+    /// [`VERIFY_FROM`], no hard veto) when a verifier scored the pairs.
+    pub logit: Option<f32>,
+    /// In the tuning half's calibration fifth ([`is_calibration`]).
+    pub calibration: bool,
 }
+
+/// The least cosine at which pairs are given to the verifier when scored.
+pub const VERIFY_FROM: f32 = 0.5;
 
 /// Embed both sides of every pair on the current rayon pool and read what differs, as the
 /// cache does when `text_b` is asked and `text_a` is cached; `tick` is called once per pair
 /// done (for a progress bar).
 pub fn score_pairs(
     e: &Embedder,
+    verifier: Option<&Verifier>,
     pairs: &[Pair],
     tick: &(dyn Fn() + Sync),
 ) -> Result<Vec<Scored>, EvalError> {
@@ -125,12 +147,19 @@ pub fn score_pairs(
         .map(|p| {
             let c = cosine(&e.embed(&p.text_a)?, &e.embed(&p.text_b)?);
             let x = guard::explain(&p.text_b, &p.text_a, Some(e));
+            let asked = c >= VERIFY_FROM && !x.veto.is_some_and(Veto::is_hard);
+            let logit = match verifier {
+                Some(v) if asked => Some(v.logit(&p.text_a, &p.text_b)?),
+                _ => None,
+            };
             tick();
             Ok(Scored {
                 cosine: c,
                 veto: x.veto,
                 aligned: x.aligned(),
                 label: p.label,
+                logit,
+                calibration: is_calibration(p),
             })
         })
         .collect()

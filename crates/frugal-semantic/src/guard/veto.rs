@@ -28,10 +28,13 @@ pub enum Veto {
     Content,
     /// The same content words in another order around a relation.
     Swapped,
+    /// Not a guard's veto: the paraphrase verifier, within the error budget, did not accept
+    /// the nearest candidate the vetoes let through.
+    Verifier,
 }
 
 impl Veto {
-    pub const ALL: [Veto; 12] = [
+    pub const ALL: [Veto; 13] = [
         Veto::Numbers,
         Veto::Unit,
         Veto::Code,
@@ -44,7 +47,20 @@ impl Veto {
         Veto::Entity,
         Veto::Content,
         Veto::Swapped,
+        Veto::Verifier,
     ];
+
+    /// Whether the veto stands in front of the paraphrase verifier: what differs is a fact
+    /// the answer turns on (a number, a unit, a name, a negation, a reversed relation, an
+    /// opposite, another force of modal), never left to a model. The rest (a sibling word, a
+    /// broader one, a degree word, content the embedder finds far) are where rewordings live,
+    /// and the verifier, reading both questions together, decides them.
+    pub fn is_hard(self) -> bool {
+        !matches!(
+            self,
+            Veto::Cohyponym | Veto::Broader | Veto::Degree | Veto::Content
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -60,6 +76,7 @@ impl Veto {
             Veto::Entity => "entity",
             Veto::Content => "content",
             Veto::Swapped => "swapped",
+            Veto::Verifier => "verifier",
         }
     }
 }

@@ -1,16 +1,19 @@
 //! `frugal eval-cache`: the semantic cache measured on labelled question pairs: QQP's, and
-//! the near misses and paraphrases of `data/semantic-cache/nearmiss.json` per kind. The
-//! guard's threshold is chosen on the tuning halves; the held-out halves report what it keeps.
+//! the hand-written near misses and paraphrases of `data/semantic-cache/` per kind. The
+//! guard's threshold is chosen on the tuning halves; the held-out halves report what it keeps,
+//! and what the paraphrase verifier and the error budget behind it keep
+//! (`eval_cache_verify`).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use frugal_semantic::eval::{
     self, Chosen, Figures, GUARDED, Limits, PLAIN, Point, SWEEP, Scored, Split,
 };
-use frugal_semantic::{Embedder, Guard};
+use frugal_semantic::{Embedder, Guard, Verifier};
 
+use super::eval_cache_verify as verify;
 use crate::cli::EvalCacheArgs;
 use crate::progress::Bar;
 use crate::table;
@@ -30,17 +33,27 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             args.embedder.display()
         )
     })?;
-    let pairs = eval::sample(eval::read_pairs(&args.pairs)?, args.limit);
-    let near_path: Option<PathBuf> = args.near_miss.clone();
-    let near_pairs = match &near_path {
-        Some(p) => eval::read_pairs(p)?,
-        None => Vec::new(),
+    let verifier = if args.verifier == Path::new("none") {
+        None
+    } else {
+        let v = Verifier::load(&args.embedder, &args.verifier)
+            .with_context(|| format!("cannot load the verifier {}", args.verifier.display()))?;
+        Some(v)
     };
-    let bar = Bar::count("embedding pairs");
+    let pairs = eval::sample(eval::read_pairs(&args.pairs)?, args.limit);
+    let mut near_pairs = Vec::new();
+    for p in &args.near_miss {
+        near_pairs.extend(eval::read_pairs(p)?);
+    }
+    let bar = Bar::count(if verifier.is_some() {
+        "embedding and verifying pairs"
+    } else {
+        "embedding pairs"
+    });
     frugal_cost::Progress::start(&bar, (pairs.len() + near_pairs.len()) as u64);
     let tick = || frugal_cost::Progress::advance(&bar, 1);
-    let scored = eval::score_pairs(&embedder, &pairs, &tick)?;
-    let near_scored = eval::score_pairs(&embedder, &near_pairs, &tick)?;
+    let scored = eval::score_pairs(&embedder, verifier.as_ref(), &pairs, &tick)?;
+    let near_scored = eval::score_pairs(&embedder, verifier.as_ref(), &near_pairs, &tick)?;
     frugal_cost::Progress::finish(&bar);
     let qqp = Split::new(&pairs, scored, args.held_out);
     let near = Split::new(&near_pairs, near_scored, args.held_out);
@@ -126,9 +139,12 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         eval::kind_rows(&at, &near)
     };
     if !near_pairs.is_empty() {
-        let name = near_path
-            .as_deref()
-            .map_or_else(String::new, |p| p.display().to_string());
+        let name = args
+            .near_miss
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
         writeln!(
             out,
             "{name}: hits per kind at the guarded threshold {:.4} (a near miss that hits \
@@ -242,11 +258,28 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
          (its aligned threshold keeps the same distance below)",
         at.threshold, at.aligned_threshold, at.threshold
     )?;
+    let verified = match &verifier {
+        Some(v) => verify::section(
+            &mut out,
+            &verify::Inputs {
+                embedder: &embedder,
+                verifier: v,
+                pairs: &pairs,
+                near_pairs: &near_pairs,
+                qqp: &qqp,
+                near: &near,
+                chosen: &chosen,
+                limits,
+                max_error: args.max_error,
+            },
+        )?,
+        None => None,
+    };
     if let Some(path) = &args.html {
         write_html(path, (held, &near.held.scored), &chosen, args.max_wrong)?;
     }
     if let Some(path) = &args.json {
-        let v = Figures {
+        let mut v = Figures {
             pairs: pairs.len(),
             held_out: (hd, hn),
             plain: &plain_pts,
@@ -256,6 +289,9 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             cost: &cost,
         }
         .to_json();
+        if let Some(verified) = verified {
+            v["verifier"] = verified;
+        }
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }

@@ -3,6 +3,7 @@
 mod deploy;
 mod eval;
 mod eval_cache;
+mod eval_cache_verify;
 mod eval_route;
 mod keys;
 mod ledger;

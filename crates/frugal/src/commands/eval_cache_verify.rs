@@ -1,0 +1,197 @@
+//! `frugal eval-cache`'s verifier section: the paraphrase verifier behind the guard's hard
+//! vetoes, at a fixed threshold chosen on the tuning halves' calibration fifth and under the
+//! error budget replayed over the held-out halves, per kind beside plain cosine and the guard
+//! alone; the budget's own estimate of its wrong-hit rate beside the labels'; its cost.
+
+use std::io::Write;
+
+use anyhow::Result;
+use frugal_cost::present::pct1;
+use frugal_semantic::eval::{self, Chosen, KindRate, Limits, Pair, Scored, Split};
+use frugal_semantic::{Embedder, Guard, Verifier};
+use serde_json::{Value, json};
+
+use crate::table;
+
+pub struct Inputs<'a> {
+    pub embedder: &'a Embedder,
+    pub verifier: &'a Verifier,
+    pub pairs: &'a [Pair],
+    pub near_pairs: &'a [Pair],
+    pub qqp: &'a Split<'a>,
+    pub near: &'a Split<'a>,
+    /// Plain cosine's and the guard's choices (plain cosine's is shown).
+    pub chosen: &'a [Chosen],
+    pub limits: Limits,
+    pub max_error: f64,
+}
+
+/// One rule's hits per kind of the near-miss set's held-out half, and on QQP's.
+struct Column {
+    name: String,
+    kinds: Vec<KindRate>,
+    qqp: (f64, f64),
+}
+
+fn column(
+    name: String,
+    near: &Split,
+    qqp: &Split,
+    hit: impl Fn(usize, &Scored, bool) -> bool,
+) -> Column {
+    let kinds = eval::with_totals(eval::kind_rates(&near.held, |i, s| hit(i, s, false)));
+    let qqp_hits: Vec<bool> = qqp
+        .held
+        .scored
+        .iter()
+        .enumerate()
+        .map(|(i, s)| hit(i, s, true))
+        .collect();
+    let rate = |label: bool| {
+        let of: Vec<bool> = qqp
+            .held
+            .scored
+            .iter()
+            .zip(&qqp_hits)
+            .filter(|(s, _)| s.label == label)
+            .map(|(_, h)| *h)
+            .collect();
+        of.iter().filter(|h| **h).count() as f64 / of.len().max(1) as f64
+    };
+    Column {
+        name,
+        kinds,
+        qqp: (rate(true), rate(false)),
+    }
+}
+
+/// Prints the section; its figures as JSON (`None` when no pair reached the verifier).
+pub fn section(out: &mut impl Write, x: &Inputs) -> Result<Option<Value>> {
+    let Some(rule) = eval::choose_verified(x.qqp, x.near, x.limits) else {
+        writeln!(
+            out,
+            "The verifier: no pair of the calibration fifth reached it, nothing to choose"
+        )?;
+        return Ok(None);
+    };
+    let replay = eval::replay(&rule, &[x.qqp, x.near], x.max_error);
+    // Plain cosine at its chosen threshold, and the guard alone as it ships.
+    let plain = x.chosen.iter().find(|c| !c.guard.vetoes).map(|c| c.guard);
+    let shipped = Guard::default();
+    let mut columns: Vec<Column> = plain
+        .map(|g| (format!("plain cosine {:.4}", g.threshold), g))
+        .into_iter()
+        .chain([(
+            format!("guard alone {:.4}/{:.4}", shipped.threshold, shipped.aligned_threshold),
+            shipped,
+        )])
+        .map(|(name, g)| column(name, x.near, x.qqp, |_, s, _| eval::hits(&g, s)))
+        .collect();
+    columns.push(column(
+        format!(
+            "verifier p >= {:.3} (cosine >= {:.2})",
+            rule.min_probability, rule.floor
+        ),
+        x.near,
+        x.qqp,
+        |_, s, _| rule.hits(s),
+    ));
+    columns.push(column(
+        format!("budget {} (cosine >= {:.2})", pct1(x.max_error), rule.floor),
+        x.near,
+        x.qqp,
+        |i, _, qqp| replay.served[usize::from(!qqp)][i],
+    ));
+    writeln!(
+        out,
+        "The paraphrase verifier behind the hard vetoes: candidates at cosine >= {:.2}, its \
+         logit calibrated as P(same) = 1 / (1 + exp(-({:.3} x + {:.3}))); a fixed threshold \
+         chosen on the tuning halves' calibration fifth (never trained on) within the limits \
+         above, and the error budget of {} replayed over both held-out halves in one stream",
+        rule.floor,
+        rule.calibration.a,
+        rule.calibration.b,
+        pct1(x.max_error)
+    )?;
+    let mut headers = vec!["kind".to_owned(), "pairs>".to_owned()];
+    headers.extend(columns.iter().map(|c| format!("{}>", c.name)));
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    let mut t = table::new(&headers);
+    for (k, first) in columns[0].kinds.iter().enumerate() {
+        let mut row = vec![
+            format!(
+                "{} ({})",
+                first.kind,
+                if first.label { "paraphrase" } else { "near miss" }
+            ),
+            first.pairs.to_string(),
+        ];
+        row.extend(columns.iter().map(|c| pct1(c.kinds[k].rate())));
+        t.add_row(row);
+    }
+    let (dup, other) = eval::counts(&x.qqp.held.scored);
+    for (name, n, pick) in [
+        ("QQP duplicates", dup, 0),
+        ("QQP others (wrong)", other, 1),
+    ] {
+        let mut row = vec![name.to_owned(), n.to_string()];
+        row.extend(
+            columns
+                .iter()
+                .map(|c| pct1(if pick == 0 { c.qqp.0 } else { c.qqp.1 })),
+        );
+        t.add_row(row);
+    }
+    writeln!(out, "{t}\n")?;
+
+    let e = replay.account.estimate();
+    writeln!(
+        out,
+        "The budget's own account over the replay: {} candidates, {} hits served; estimated \
+         wrong-hit rate {} (95% interval {} to {}); by the labels {} ({} wrong); its \
+         threshold at the end p >= {:.3}",
+        replay.account.candidates,
+        replay.account.hits,
+        pct1(e.rate),
+        pct1(e.low),
+        pct1(e.high),
+        pct1(replay.actual_rate()),
+        replay.wrong,
+        replay.threshold,
+    )?;
+    let (p, n) = eval::verified_cost(x.embedder, x.verifier, x.pairs, rule.floor)?;
+    let (np, nn) = eval::verified_cost(x.embedder, x.verifier, x.near_pairs, rule.floor)?;
+    writeln!(
+        out,
+        "A lookup that reaches the verifier (one thread: embed, the guard, the verifier on one \
+         candidate): QQP p50 {:.2} ms, p99 {:.2} ms ({n} questions); hand-written p50 {:.2} ms, \
+         p99 {:.2} ms ({nn})\n",
+        p.0, p.1, np.0, np.1
+    )?;
+    let kinds: Vec<Value> = columns
+        .iter()
+        .map(|c| {
+            json!({
+                "rule": c.name, "qqp_hit": c.qqp.0, "qqp_wrong": c.qqp.1,
+                "kinds": c.kinds.iter().map(|k| json!({
+                    "kind": k.kind, "paraphrase": k.label, "pairs": k.pairs, "hit": k.rate(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Some(json!({
+        "floor": rule.floor,
+        "calibration": {"a": rule.calibration.a, "b": rule.calibration.b},
+        "min_probability": rule.min_probability,
+        "rules": kinds,
+        "budget": {
+            "max_error": x.max_error, "candidates": replay.account.candidates,
+            "hits": replay.account.hits, "estimated_wrong_rate": e.rate,
+            "estimated_low": e.low, "estimated_high": e.high,
+            "actual_wrong_rate": replay.actual_rate(), "wrong": replay.wrong,
+            "threshold": replay.threshold,
+        },
+        "lookup_qqp_p50_ms": p.0, "lookup_qqp_p99_ms": p.1,
+        "lookup_hand_p50_ms": np.0, "lookup_hand_p99_ms": np.1,
+    })))
+}
