@@ -12,10 +12,10 @@ use crate::present::svg::{
     AXIS, BarRow, END, GRID, INSIDE, MIDDLE, WIDTH, axis_label, bar, hbars, line, nice_axis, open,
     pos, rect, text,
 };
-use crate::present::{pct, pct1, thousands, usd_f64, usd_unit, utc};
+use crate::present::{interval, pct, pct1, thousands, usd_f64, usd_unit, utc};
 use crate::report::{
     BatchJobLine, InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, ServerLine,
-    SpendLine, utilization_note,
+    SpendLine, WrongHits, utilization_note,
 };
 
 /// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
@@ -41,6 +41,7 @@ pub fn render(report: &Report, source: &str) -> String {
             money_goes(report),
             training_chart(report),
             savings_chart(report),
+            wrong_hits_table(report),
             levers_section(report),
             spend_table(report),
             inference_table(report),
@@ -353,6 +354,46 @@ fn savings_chart(r: &Report) -> Option<String> {
         note,
         &(hbars(&rows, title) + &legend(&keys)),
     ))
+}
+
+/// The semantic cache's verified hits per workload and model, with the estimated share of
+/// them that was wrong beside the bound they were served under.
+fn wrong_hits_table(r: &Report) -> Option<String> {
+    let cells = |workload: &str, model: &str, h: &WrongHits| {
+        vec![
+            esc(workload),
+            esc(model),
+            thousands(h.verified_hits),
+            format!("{:.1}", h.expected_wrong),
+            pct1(h.wrong_rate),
+            esc(&interval(h.wrong_low, h.wrong_high)),
+            h.max_error.map_or(NONE.to_owned(), pct1),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = r
+        .inference
+        .iter()
+        .filter_map(|l| {
+            let name = |n: &Option<String>| n.clone().unwrap_or(NONE.to_owned());
+            Some(cells(
+                &name(&l.workload),
+                &name(&l.model),
+                l.semantic.as_ref()?,
+            ))
+        })
+        .collect();
+    if rows.len() > 1
+        && let Some(all) = &r.semantic
+    {
+        rows.push(cells("total", "", all));
+    }
+    let rows = some(rows)?;
+    let head = "workload|model|verified hits>|likely wrong>|wrong rate>|95% interval>|bound>";
+    let title = "Semantic cache: wrong hits, estimated";
+    let note = "Semantic hits a paraphrase verifier let through, each wrong with the chance it \
+                gave (1 - p): likely wrong is their sum, the rate its share of the hits, with a \
+                95% interval; bound: semantic_max_error, the share that may be wrong.";
+    Some(section(title, note, &table(head, &rows)))
 }
 
 fn levers_section(r: &Report) -> Option<String> {
