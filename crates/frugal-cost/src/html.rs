@@ -707,6 +707,28 @@ mod tests {
     }
 
     #[test]
+    fn verified_semantic_hits_get_a_table_with_their_wrong_rate() {
+        assert!(!render_events(&events()).contains("wrong hits, estimated"));
+        let mut all = events();
+        all.extend((0..100).map(|_| {
+            let mut hit = event(Kind::Inference, "<b>&co", Some("small"), 1, "0");
+            (hit.saved, hit.lever) = (m("0.01"), Some(crate::event::Lever::SemanticCache));
+            hit.wrong_chance = Some(0.02);
+            hit
+        }));
+        let html = render_events(&all);
+        assert!(
+            html.contains("<h2>Semantic cache: wrong hits, estimated</h2>"),
+            "{html}"
+        );
+        // 100 hits at 2%: 2 likely wrong, 2.0% within 0.0% .. 4.7%; no bound given.
+        let row = "<td>&lt;b&gt;&amp;co</td><td>small</td><td class=\"n\">100</td>\
+                   <td class=\"n\">2.0</td><td class=\"n\">2.0%</td>\
+                   <td class=\"n\">0.0% .. 4.7%</td><td class=\"n\">–</td>";
+        assert!(html.contains(row), "{html}");
+    }
+
+    #[test]
     fn pools_get_a_table() {
         assert!(!render_events(&events()).contains("<h2>Pools</h2>"));
         let span = ReplicaSpan {

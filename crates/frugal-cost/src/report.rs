@@ -494,6 +494,7 @@ impl Builder<'_> {
             (b.cost + b.idle_cost)
                 .cmp(&(a.cost + a.idle_cost))
                 .then_with(|| a.workload.cmp(&b.workload))
+                .then_with(|| a.model.cmp(&b.model))
         });
         let mut by_model: HashMap<u32, UnitAcc> = HashMap::new();
         for ((_, model), acc) in &self.lines {

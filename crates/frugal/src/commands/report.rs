@@ -232,8 +232,7 @@ fn print_wrong_hits(out: &mut impl Write, r: &Report) -> Result<()> {
     }
     writeln!(
         out,
-        "\nSemantic cache: hits a paraphrase verifier let through, and the share likely wrong \
-         (each wrong with the chance it gave; bound: semantic_max_error)\n{t}"
+        "\nSemantic cache: verified hits and the share likely wrong (bound: semantic_max_error)\n{t}"
     )?;
     Ok(())
 }
