@@ -228,6 +228,10 @@ pub struct Event {
     /// Shares of a training segment's step time spent waiting on data and on host syncs.
     pub data_stall: Option<f64>,
     pub sync_stall: Option<f64>,
+    /// For a request the semantic cache answered with a hit a paraphrase verifier judged:
+    /// the chance the cached answer is wrong for the question asked, `1 - P(same)`, in
+    /// [0, 1]. `None` elsewhere. The report estimates the wrong-hit rate from these.
+    pub wrong_chance: Option<f64>,
 }
 
 /// A pool replica's state: starting (a cold start), ready (serving), draining (finishing
@@ -320,6 +324,7 @@ impl Event {
             precision: None,
             data_stall: None,
             sync_stall: None,
+            wrong_chance: None,
         }
     }
 
@@ -379,6 +384,21 @@ mod tests {
             err,
             "`gpu` is not a kind (expected one of: inference, training, idle, other)"
         );
+    }
+
+    /// The gateway's journal keeps events as JSON: a row it wrote before semantic hits
+    /// carried a chance of being wrong reads back without one.
+    #[test]
+    fn wrong_chances_go_through_json_and_older_rows_read_without_one() {
+        let mut e = Event::new(1, Kind::Inference, "w", Money::ZERO);
+        e.wrong_chance = Some(0.03);
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["wrong_chance"], 0.03);
+        assert_eq!(serde_json::from_value::<Event>(json.clone()).unwrap(), e);
+        let mut older = json;
+        older.as_object_mut().unwrap().remove("wrong_chance");
+        let read = serde_json::from_value::<Event>(older).unwrap();
+        assert_eq!(read.wrong_chance, None);
     }
 
     #[test]

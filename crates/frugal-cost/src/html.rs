@@ -12,10 +12,10 @@ use crate::present::svg::{
     AXIS, BarRow, END, GRID, INSIDE, MIDDLE, WIDTH, axis_label, bar, hbars, line, nice_axis, open,
     pos, rect, text,
 };
-use crate::present::{pct, pct1, thousands, usd_f64, usd_unit, utc};
+use crate::present::{interval, pct, pct1, thousands, usd_f64, usd_unit, utc};
 use crate::report::{
     BatchJobLine, InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, ServerLine,
-    SpendLine, utilization_note,
+    SpendLine, WrongHits, utilization_note,
 };
 
 /// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
@@ -41,6 +41,7 @@ pub fn render(report: &Report, source: &str) -> String {
             money_goes(report),
             training_chart(report),
             savings_chart(report),
+            wrong_hits_table(report),
             levers_section(report),
             spend_table(report),
             inference_table(report),
@@ -355,6 +356,46 @@ fn savings_chart(r: &Report) -> Option<String> {
     ))
 }
 
+/// The semantic cache's verified hits per workload and model, with the estimated share of
+/// them that was wrong beside the bound they were served under.
+fn wrong_hits_table(r: &Report) -> Option<String> {
+    let cells = |workload: &str, model: &str, h: &WrongHits| {
+        vec![
+            esc(workload),
+            esc(model),
+            thousands(h.verified_hits),
+            format!("{:.1}", h.expected_wrong),
+            pct1(h.wrong_rate),
+            esc(&interval(h.wrong_low, h.wrong_high)),
+            h.max_error.map_or(NONE.to_owned(), pct1),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = r
+        .inference
+        .iter()
+        .filter_map(|l| {
+            let name = |n: &Option<String>| n.clone().unwrap_or(NONE.to_owned());
+            Some(cells(
+                &name(&l.workload),
+                &name(&l.model),
+                l.semantic.as_ref()?,
+            ))
+        })
+        .collect();
+    if rows.len() > 1
+        && let Some(all) = &r.semantic
+    {
+        rows.push(cells("total", "", all));
+    }
+    let rows = some(rows)?;
+    let head = "workload|model|verified hits>|likely wrong>|wrong rate>|95% interval>|bound>";
+    let title = "Semantic cache: wrong hits, estimated";
+    let note = "Semantic hits a paraphrase verifier let through, each wrong with the chance it \
+                gave (1 - p): likely wrong is their sum, the rate its share of the hits, with a \
+                95% interval; bound: semantic_max_error, the share that may be wrong.";
+    Some(section(title, note, &table(head, &rows)))
+}
+
 fn levers_section(r: &Report) -> Option<String> {
     let row = |l: &Lever| BarRow {
         label: l.lever.to_owned(),
@@ -663,6 +704,28 @@ mod tests {
         let row = "<td>batch_&lt;1&gt;</td><td>llama</td><td class=\"n\">400</td>";
         assert!(html.contains(row), "{html}");
         assert!(html.contains("<td class=\"n\">$3.00</td><td class=\"n\">$2.00</td>"));
+    }
+
+    #[test]
+    fn verified_semantic_hits_get_a_table_with_their_wrong_rate() {
+        assert!(!render_events(&events()).contains("wrong hits, estimated"));
+        let mut all = events();
+        all.extend((0..100).map(|_| {
+            let mut hit = event(Kind::Inference, "<b>&co", Some("small"), 1, "0");
+            (hit.saved, hit.lever) = (m("0.01"), Some(crate::event::Lever::SemanticCache));
+            hit.wrong_chance = Some(0.02);
+            hit
+        }));
+        let html = render_events(&all);
+        assert!(
+            html.contains("<h2>Semantic cache: wrong hits, estimated</h2>"),
+            "{html}"
+        );
+        // 100 hits at 2%: 2 likely wrong, 2.0% within 0.0% .. 4.7%; no bound given.
+        let row = "<td>&lt;b&gt;&amp;co</td><td>small</td><td class=\"n\">100</td>\
+                   <td class=\"n\">2.0</td><td class=\"n\">2.0%</td>\
+                   <td class=\"n\">0.0% .. 4.7%</td><td class=\"n\">–</td>";
+        assert!(html.contains(row), "{html}");
     }
 
     #[test]

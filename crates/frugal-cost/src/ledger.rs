@@ -42,7 +42,7 @@ pub use migrate::{Migrated, migrate};
 pub use segments::TrainingSegment;
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Where a ledger lives: a SQLite file, or a PostgreSQL database. Shown (and put in
 /// errors) with any password hidden.
@@ -266,6 +266,8 @@ pub struct Row {
     pub wait_ms: Millis,
     /// The API key's tenant, where keys are in use.
     pub tenant: Option<u32>,
+    /// A verified semantic hit's chance of being wrong (`Event::wrong_chance`).
+    pub wrong_chance: Option<f64>,
 }
 
 impl Row {
@@ -427,7 +429,7 @@ const EXPORT: &str = "SELECT e.id, e.ts_ms, e.duration_ms, e.kind, w.name, m.nam
         i.name, g.name, e.capacity, e.instances, e.requests, e.input_tokens, e.output_tokens,
         e.cached_tokens, e.utilization, e.cost, e.input_cost, e.list_cost, e.outcome, e.lost_ms,
         e.saved, e.lever, t.name, e.row_hash, e.wait_ms, e.mfu, e.precision, e.data_stall,
-        e.sync_stall
+        e.sync_stall, e.wrong_chance
     FROM events e
     JOIN dims w ON w.id = e.workload
     LEFT JOIN dims m ON m.id = e.model
@@ -439,16 +441,17 @@ const EXPORT: &str = "SELECT e.id, e.ts_ms, e.duration_ms, e.kind, w.name, m.nam
 
 /// The raw values of one `EXPORT` row, as either backend reads them.
 struct ExportRow {
-    ints: [Option<i64>; 30],
+    ints: [Option<i64>; ExportRow::COLUMNS],
     names: [Option<String>; 6],
-    floats: [Option<f64>; 4],
+    floats: [Option<f64>; 5],
     key: Option<Vec<u8>>,
 }
 
 impl ExportRow {
     /// Indices of `EXPORT`'s columns by type.
     const NAMES: [usize; 6] = [4, 5, 6, 7, 8, 23];
-    const FLOATS: [usize; 4] = [15, 26, 28, 29];
+    const FLOATS: [usize; 5] = [15, 26, 28, 29, 30];
+    const COLUMNS: usize = 31;
     const KEY: usize = 24;
 
     fn into_stored(self) -> Result<Stored, String> {
@@ -482,6 +485,7 @@ impl ExportRow {
         e.precision = from_code(code(27), "precision", crate::event::Precision::from_code)?;
         e.data_stall = self.floats[2];
         e.sync_stall = self.floats[3];
+        e.wrong_chance = self.floats[4];
         let key = match self.key {
             None => None,
             Some(k) => {

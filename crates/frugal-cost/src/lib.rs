@@ -5,7 +5,8 @@
 //! exports (`import`), the unit-cost report (`report`, rendered by `html`), with how
 //! figures read and charts draw wherever they are shown (`present`), and capacity planning
 //! from demand and spot traces (`plan`), and URLs that carry secrets, as shown without them
-//! (`secret_url`: the ledger's, and the gateway's Redis). It knows nothing of HTTP or models.
+//! (`secret_url`: the ledger's, and the gateway's Redis), and the semantic cache's wrong-hit
+//! rate estimated from the hits served (`wrong`). It knows nothing of HTTP or models.
 
 pub mod catalog;
 pub mod causes;
@@ -20,6 +21,7 @@ pub mod present;
 pub mod report;
 pub mod rollup;
 pub mod secret_url;
+pub mod wrong;
 
 // The testkit's ledger row builders, compiled into this crate's unit tests so that they
 // build its own types (a testkit depending on this crate would bring a second copy).

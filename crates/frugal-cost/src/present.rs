@@ -12,5 +12,5 @@ pub mod json;
 pub mod page;
 pub mod svg;
 
-pub use format::{pct, pct1, thousands, usd, usd_f64, usd_per_1m, usd_unit, utc};
+pub use format::{interval, pct, pct1, thousands, usd, usd_f64, usd_per_1m, usd_unit, utc};
 pub use page::esc;

@@ -33,7 +33,7 @@ pub use by::{By, Spend, SpendLine};
 pub use lever::Lever;
 pub use pools::{PoolLine, RightSizing, Sizing};
 pub use servers::{CONSOLIDATE_TO, ServerLine};
-pub use unit::{InferenceLine, Savings};
+pub use unit::{InferenceLine, Savings, WrongHits};
 use unit::{UnitAcc, ratio};
 
 const HOUR_MS: Millis = 3_600_000;
@@ -108,12 +108,15 @@ pub struct Series {
 }
 
 /// What a report is asked for beyond its window.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// A pool whose replicas are busy less than this share of their time is flagged.
     pub pool_busy_below: f64,
     /// Spend grouped by tenant, model, workload or day, besides the rest ([`Report::spend`]).
     pub by: Option<By>,
+    /// The bounds the semantic cache's hits were served under, shown beside the estimate
+    /// of how many were wrong.
+    pub error_budgets: ErrorBudgets,
 }
 
 impl Default for Options {
@@ -121,7 +124,27 @@ impl Default for Options {
         Options {
             pool_busy_below: 0.3,
             by: None,
+            error_budgets: ErrorBudgets::default(),
         }
+    }
+}
+
+/// The semantic cache's error budgets (`semantic_max_error`: the share of served semantic
+/// hits that may be wrong) as frugal.toml sets them: `[serve]`'s, and the models that set
+/// their own (an upstream, a pool, a route), by the name their requests are recorded under.
+#[derive(Debug, Clone, Default)]
+pub struct ErrorBudgets {
+    pub default: Option<f64>,
+    pub by_model: HashMap<String, f64>,
+}
+
+impl ErrorBudgets {
+    /// The bound `model`'s semantic hits are served under, where known.
+    pub fn of(&self, model: Option<&str>) -> Option<f64> {
+        model
+            .and_then(|m| self.by_model.get(m))
+            .copied()
+            .or(self.default)
     }
 }
 
@@ -153,6 +176,9 @@ pub struct Report {
     pub servers: Vec<ServerLine>,
     pub levers: Vec<Lever>,
     pub series: Series,
+    /// Every semantic hit a verifier judged, and the estimate of how many were wrong; the
+    /// bound where every line's is the same.
+    pub semantic: Option<WrongHits>,
     /// Spend by tenant, model, workload or day, when asked for ([`Options::by`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spend: Option<Spend>,
@@ -263,12 +289,32 @@ impl Report {
         let reserve = reserve::lever(ledger, catalog, &names, window, &b.on_demand_serving)?;
         advice.levers.extend(reserve);
         let mut report = b.finish(window, pools, servers, advice, busy_below);
+        report.bound_semantic_hits(&options.error_budgets);
         // The rollups count the whole hours the window touches: the raw events too.
         report.spend = options
             .by
             .map(|by| by::spend(ledger, hours, by))
             .transpose()?;
         Ok(report)
+    }
+}
+
+impl Report {
+    /// Puts each line's error budget beside its estimate of wrong semantic hits.
+    fn bound_semantic_hits(&mut self, budgets: &ErrorBudgets) {
+        let mut bounds = Vec::new();
+        for line in self.inference.iter_mut().chain(self.models.iter_mut()) {
+            if let Some(hits) = &mut line.semantic {
+                hits.max_error = budgets.of(line.model.as_deref());
+                bounds.push(hits.max_error);
+            }
+        }
+        if let Some(all) = &mut self.semantic {
+            all.max_error = match bounds.split_first() {
+                Some((first, rest)) if rest.iter().all(|b| b == first) => *first,
+                _ => None,
+            };
+        }
     }
 }
 
@@ -448,6 +494,7 @@ impl Builder<'_> {
             (b.cost + b.idle_cost)
                 .cmp(&(a.cost + a.idle_cost))
                 .then_with(|| a.workload.cmp(&b.workload))
+                .then_with(|| a.model.cmp(&b.model))
         });
         let mut by_model: HashMap<u32, UnitAcc> = HashMap::new();
         for ((_, model), acc) in &self.lines {
@@ -527,6 +574,11 @@ impl Builder<'_> {
             servers,
             levers,
             series,
+            semantic: WrongHits::of(
+                self.all.verified_hits.max(0) as u64,
+                self.all.expected_wrong,
+                self.all.wrong_variance,
+            ),
             spend: None,
         }
     }

@@ -5,13 +5,14 @@
 //! thousand rollup rows instead of millions of events: reading every column of ten million
 //! events through SQLite takes longer than the whole report may. An event that spans hours
 //! has its money and time spread over them by overlap (remainders to the last hour, so the
-//! parts add up to the event exactly); counts (events, requests, tokens) stay in the hour
-//! it started.
+//! parts add up to the event exactly); counts (events, requests, tokens, a semantic hit's
+//! chance of being wrong) stay in the hour it started.
 
 use std::collections::HashMap;
 
 use crate::event::{Capacity, Event, Kind, Lever, Outcome};
 use crate::money::{Millis, Money};
+use crate::wrong::{self, Chances};
 
 pub const HOUR_MS: Millis = 3_600_000;
 
@@ -64,6 +65,11 @@ pub struct Sums {
     pub saved_routing: Money,
     pub saved_batching: Money,
     pub saved_prefix: Money,
+    /// Semantic hits a verifier judged (events with a `wrong_chance`), the sum of their
+    /// chances of being wrong, and the variance of their number wrong (Σ p(1 - p)).
+    pub verified_hits: i64,
+    pub expected_wrong: Chances,
+    pub wrong_variance: Chances,
     pub first_ms: Millis,
     pub last_ms: Millis,
 }
@@ -96,6 +102,9 @@ impl Default for Sums {
             saved_routing: Money::ZERO,
             saved_batching: Money::ZERO,
             saved_prefix: Money::ZERO,
+            verified_hits: 0,
+            expected_wrong: Chances::ZERO,
+            wrong_variance: Chances::ZERO,
             first_ms: Millis::MAX,
             last_ms: Millis::MIN,
         }
@@ -130,6 +139,9 @@ impl Sums {
         self.saved_routing += o.saved_routing;
         self.saved_batching += o.saved_batching;
         self.saved_prefix += o.saved_prefix;
+        self.verified_hits += o.verified_hits;
+        self.expected_wrong += o.expected_wrong;
+        self.wrong_variance += o.wrong_variance;
     }
 
     /// All the levers saved.
@@ -169,6 +181,7 @@ impl Pending {
                 Money::ZERO
             }
         };
+        let wrong = wrong::chance(e.wrong_chance);
         let whole = Sums {
             events: 1,
             requests: clamp(e.requests),
@@ -216,6 +229,9 @@ impl Pending {
             saved_routing: saved(Lever::Routing),
             saved_batching: saved(Lever::Batching),
             saved_prefix: saved(Lever::PrefixCache),
+            verified_hits: i64::from(wrong.is_some()),
+            expected_wrong: wrong.map_or(Chances::ZERO, Chances::from_f64),
+            wrong_variance: wrong.map_or(Chances::ZERO, |q| Chances::from_f64(q * (1.0 - q))),
             first_ms: e.ts_ms,
             last_ms: e.ts_ms + duration,
         };
@@ -276,6 +292,9 @@ impl Pending {
                     s.saved_routing.nanos(),
                     s.saved_batching.nanos(),
                     s.saved_prefix.nanos(),
+                    s.verified_hits,
+                    s.expected_wrong.billionths(),
+                    s.wrong_variance.billionths(),
                 ]
             })
             .collect()
@@ -342,6 +361,9 @@ fn spread(ts: Millis, duration: Millis, whole: &Sums) -> Vec<(Millis, Sums)> {
             part.split_output_tokens = whole.split_output_tokens;
             part.unlisted = whole.unlisted;
             part.lost_ms = whole.lost_ms;
+            part.verified_hits = whole.verified_hits;
+            part.expected_wrong = whole.expected_wrong;
+            part.wrong_variance = whole.wrong_variance;
         }
         given.merge(&part);
         parts.push((hour, part));
@@ -387,12 +409,13 @@ CREATE TABLE rollup (
 "#;
 
 /// Columns of the rollup table, at the current schema.
-pub const COLUMNS: usize = 35;
+pub const COLUMNS: usize = 38;
 
 /// Adds one folded row to SQLite's rollup table.
 pub const SQLITE_UPSERT: &str = "
 INSERT INTO rollup VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35)
+    ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35,
+    ?36, ?37, ?38)
 ON CONFLICT DO UPDATE SET
     events = events + excluded.events,
     requests = requests + excluded.requests,
@@ -418,6 +441,9 @@ ON CONFLICT DO UPDATE SET
     saved_routing = saved_routing + excluded.saved_routing,
     saved_batching = saved_batching + excluded.saved_batching,
     saved_prefix = saved_prefix + excluded.saved_prefix,
+    verified_hits = verified_hits + excluded.verified_hits,
+    expected_wrong = expected_wrong + excluded.expected_wrong,
+    wrong_variance = wrong_variance + excluded.wrong_variance,
     first_ms = min(first_ms, excluded.first_ms),
     last_ms = max(last_ms, excluded.last_ms)";
 
@@ -476,6 +502,10 @@ pub fn decode(v: &[i64; COLUMNS]) -> Result<(Key, Sums), String> {
         saved_batching: money(33),
         // Added by v9.
         saved_prefix: money(34),
+        // Added by v10, in billionths.
+        verified_hits: v[35],
+        expected_wrong: Chances::from_billionths(v[36]),
+        wrong_variance: Chances::from_billionths(v[37]),
     };
     Ok((key, sums))
 }
@@ -563,6 +593,51 @@ mod tests {
         );
         assert_eq!(s.saved(), Money::from_cents(14));
         assert_eq!(s.cost, Money::ZERO, "a saving is not a cost");
+    }
+
+    #[test]
+    fn verified_hits_sum_their_chances_of_being_wrong_in_their_first_hour() {
+        let ids = Ids {
+            workload: 1,
+            model: 2,
+            run: 0,
+            instance: 0,
+            region: 0,
+        };
+        let mut pending = Pending::default();
+        let hit = |ts, wrong| {
+            let mut e = Event::new(ts, Kind::Inference, "chat", Money::ZERO);
+            e.lever = Some(Lever::SemanticCache);
+            e.wrong_chance = wrong;
+            e
+        };
+        for i in 0..100 {
+            pending.add(&hit(i, Some(0.02)), ids);
+        }
+        // A hit no verifier judged, and one whose chance is not a number: not counted.
+        pending.add(&hit(100, None), ids);
+        pending.add(&hit(101, Some(f64::NAN)), ids);
+        // One that spans two hours counts once, in the hour it started.
+        let mut long = hit(HOUR_MS - 10, Some(0.5));
+        long.duration_ms = 20;
+        pending.add(&long, ids);
+        let rows = pending.into_values();
+        assert_eq!(rows.len(), 2);
+        let (first, second): (Vec<_>, Vec<_>) = rows
+            .iter()
+            .map(|r| decode(r).unwrap())
+            .partition(|(k, _)| k.hour_ms == 0);
+        let s = &first[0].1;
+        assert_eq!(s.events, 103);
+        assert_eq!(s.verified_hits, 101);
+        // 100 · 0.02 + 0.5; 100 · 0.02 · 0.98 + 0.25.
+        assert_eq!(s.expected_wrong, Chances::from_f64(2.5));
+        assert_eq!(s.wrong_variance, Chances::from_f64(2.21));
+        let later = &second[0].1;
+        assert_eq!(
+            (later.verified_hits, later.expected_wrong),
+            (0, Chances::ZERO)
+        );
     }
 
     #[test]

@@ -830,6 +830,41 @@ fn report_prints_pools_and_what_to_right_size() {
     );
 }
 
+/// Issue 34: beside the semantic cache's saving, `frugal report` shows the hits a verifier
+/// let through per workload and model, with the estimated wrong-hit rate and its interval;
+/// `--json` carries them.
+#[test]
+fn report_prints_verified_semantic_hits_with_their_wrong_rate() {
+    use frugal_cost::{Event, Kind, Lever, Money};
+    let env = Env::new();
+    let t0 = 1_793_000_000_000 - 1_793_000_000_000 % 3_600_000;
+    let hit = |i: i64, model: &str, wrong: f64| {
+        let mut e = Event::new(t0 + i, Kind::Inference, "chat", Money::ZERO);
+        (e.model, e.requests) = (Some(model.into()), 1);
+        (e.saved, e.lever) = (Money::from_cents(1), Some(Lever::SemanticCache));
+        e.wrong_chance = Some(wrong);
+        e
+    };
+    // qwen: 100 hits at 2% each; llama: 400 at 0.5%.
+    let mut events: Vec<Event> = (0..100).map(|i| hit(i, "qwen", 0.02)).collect();
+    events.extend((0..400).map(|i| hit(i, "llama", 0.005)));
+    let mut ledger = frugal_cost::Ledger::open(env.path("ledger.sqlite")).unwrap();
+    ledger.append("frugal serve", &events).unwrap();
+    let text = stdout(&ok(env.frugal(&["report"])));
+    let start = text.find("Semantic cache:").unwrap();
+    let section = &text[start..];
+    let section = &section[..section.find("\n\n").unwrap_or(section.len())];
+    insta::assert_snapshot!("report_wrong_hits", section);
+    let report = json(&ok(env.frugal(&["report", "--json"])));
+    let all = &report["semantic"];
+    assert_eq!(all["verified_hits"], 500);
+    // (100 · 0.02 + 400 · 0.005) / 500 = 0.8%.
+    assert!(
+        (all["wrong_rate"].as_f64().unwrap() - 0.008).abs() < 1e-9,
+        "{all}"
+    );
+}
+
 on_postgres!(
     a_killed_import_loses_nothing_acknowledged,
     a_bad_csv_imports_nothing_and_exits_non_zero,

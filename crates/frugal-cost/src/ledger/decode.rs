@@ -83,7 +83,8 @@ pub(super) fn placeholders(sql: &str, mark: &str) -> String {
 /// The events that start in `[#1, #2)`, as `row` reads them.
 pub(super) const SCAN: &str = "SELECT ts_ms, duration_ms, kind, workload, model, run, instance,
         region, capacity, instances, requests, input_tokens, output_tokens, cached_tokens,
-        utilization, cost, input_cost, list_cost, outcome, lost_ms, wait_ms, tenant
+        utilization, cost, input_cost, list_cost, outcome, lost_ms, wait_ms, tenant,
+        wrong_chance
  FROM events WHERE ts_ms >= #1 AND ts_ms < #2";
 
 /// One row of `SCAN`.
@@ -115,6 +116,7 @@ pub(super) fn row<C: Columns>(r: &C) -> Result<Row, Unread<C::Error>> {
         lost_ms: r.int(19)?,
         wait_ms: r.int(20)?,
         tenant: r.opt_int(21)?.map(|v| v as u32),
+        wrong_chance: r.opt_real(22)?,
     })
 }
 
@@ -195,12 +197,12 @@ pub(super) fn segment<C: Columns>(r: &C) -> Result<TrainingSegment, Unread<C::Er
 /// One row of `EXPORT`, its columns read by type.
 pub(super) fn export<C: Columns>(r: &C) -> Result<ExportRow, Unread<C::Error>> {
     let mut row = ExportRow {
-        ints: [None; 30],
+        ints: [None; ExportRow::COLUMNS],
         names: Default::default(),
-        floats: [None; 4],
+        floats: [None; 5],
         key: r.opt_blob(ExportRow::KEY)?,
     };
-    for i in 0..30 {
+    for i in 0..ExportRow::COLUMNS {
         if ExportRow::NAMES.contains(&i) || ExportRow::FLOATS.contains(&i) || i == ExportRow::KEY {
             continue;
         }

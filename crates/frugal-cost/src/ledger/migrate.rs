@@ -154,7 +154,11 @@ mod tests {
         advised.kind = Kind::Training;
         advised.duration_ms = 7_200_000;
         advised.mfu = Some(0.4);
-        from.append("serve", &[event(1, 5), event(2, 6), advised])
+        // A semantic hit a verifier judged: its chance of being wrong goes over too.
+        let mut judged = event(2, 6);
+        judged.lever = Some(crate::event::Lever::SemanticCache);
+        judged.wrong_chance = Some(0.1);
+        from.append("serve", &[event(1, 5), judged, advised])
             .unwrap();
         from.import("f.csv", "csv", |sink| {
             sink.push_row(&event(5, 1), RowHash([1; 16]))?;
@@ -187,6 +191,7 @@ mod tests {
             report(&to),
             "the report over both is the same"
         );
+        assert_eq!(report(&to)["semantic"]["verified_hits"], 1);
         // A rerun (as after a kill) copies nothing again; new events in the source go over.
         from.append("serve", &[event(9, 3)]).unwrap();
         let again = migrate(&from, &mut to, 2, &NoProgress).unwrap();

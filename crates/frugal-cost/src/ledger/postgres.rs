@@ -195,6 +195,14 @@ CREATE UNIQUE INDEX replica_spans_row_hash ON replica_spans (row_hash) WHERE row
 -- v9: what the prefix cache saved: prompt tokens whose work was reused.
 ALTER TABLE rollup ADD COLUMN saved_prefix BIGINT NOT NULL DEFAULT 0;
 ",
+    "
+-- v10: a semantic hit's chance of being wrong; per rollup, the hits judged, their chances
+-- summed and the variance of their number wrong (in billionths).
+ALTER TABLE events ADD COLUMN wrong_chance DOUBLE PRECISION;
+ALTER TABLE rollup ADD COLUMN verified_hits BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE rollup ADD COLUMN expected_wrong BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE rollup ADD COLUMN wrong_variance BIGINT NOT NULL DEFAULT 0;
+",
 ];
 
 /// Adds a write's folded rows to the rollup table, a column an array, in the arrays'
@@ -206,7 +214,7 @@ INSERT INTO rollup SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[]
     $16::BIGINT[], $17::BIGINT[], $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $21::BIGINT[],
     $22::BIGINT[], $23::BIGINT[], $24::BIGINT[], $25::BIGINT[], $26::BIGINT[], $27::BIGINT[],
     $28::BIGINT[], $29::BIGINT[], $30::BIGINT[], $31::BIGINT[], $32::BIGINT[], $33::BIGINT[],
-    $34::BIGINT[], $35::BIGINT[])
+    $34::BIGINT[], $35::BIGINT[], $36::BIGINT[], $37::BIGINT[], $38::BIGINT[])
 ON CONFLICT (hour_ms, kind, workload, model, run, instance, region, capacity, outcome)
 DO UPDATE SET
     events = rollup.events + excluded.events,
@@ -233,6 +241,9 @@ DO UPDATE SET
     saved_routing = rollup.saved_routing + excluded.saved_routing,
     saved_batching = rollup.saved_batching + excluded.saved_batching,
     saved_prefix = rollup.saved_prefix + excluded.saved_prefix,
+    verified_hits = rollup.verified_hits + excluded.verified_hits,
+    expected_wrong = rollup.expected_wrong + excluded.expected_wrong,
+    wrong_variance = rollup.wrong_variance + excluded.wrong_variance,
     first_ms = LEAST(rollup.first_ms, excluded.first_ms),
     last_ms = GREATEST(rollup.last_ms, excluded.last_ms)";
 
@@ -241,17 +252,17 @@ const INSERT_EVENTS: &str = "
 INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance, region, capacity,
     instances, requests, input_tokens, output_tokens, cached_tokens, utilization, cost,
     input_cost, list_cost, outcome, lost_ms, import, saved, lever, tenant, row_hash, wait_ms,
-    mfu, precision, data_stall, sync_stall)
+    mfu, precision, data_stall, sync_stall, wrong_chance)
 SELECT c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
-    c20, $21, c22, c23, c24, c25, c26, c27, c28, c29, c30
+    c20, $21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31
 FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[],
     $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[], $10::BIGINT[], $11::BIGINT[],
     $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::FLOAT8[], $16::BIGINT[], $17::BIGINT[],
     $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $22::BIGINT[], $23::BIGINT[],
     $24::BIGINT[], $25::BYTEA[], $26::BIGINT[], $27::FLOAT8[], $28::BIGINT[], $29::FLOAT8[],
-    $30::FLOAT8[])
+    $30::FLOAT8[], $31::FLOAT8[])
     AS u (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
-        c20, c22, c23, c24, c25, c26, c27, c28, c29, c30)
+        c20, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31)
 ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING
 RETURNING row_hash";
 
@@ -259,10 +270,10 @@ RETURNING row_hash";
 const STAGED: &str = "ts_ms, duration_ms, kind, workload, model, run, instance, region,
     capacity, instances, requests, input_tokens, output_tokens, cached_tokens, utilization,
     cost, input_cost, list_cost, outcome, lost_ms, saved, lever, tenant, row_hash, wait_ms,
-    mfu, precision, data_stall, sync_stall";
+    mfu, precision, data_stall, sync_stall, wrong_chance";
 
 /// The types of `seq` and `STAGED`, as `COPY ... (FORMAT binary)` writes them.
-const STAGED_TYPES: [Type; 30] = [
+const STAGED_TYPES: [Type; 31] = [
     Type::INT8, // seq
     Type::INT8,
     Type::INT8,
@@ -293,6 +304,7 @@ const STAGED_TYPES: [Type; 30] = [
     Type::INT8,
     Type::FLOAT8, // data_stall
     Type::FLOAT8, // sync_stall
+    Type::FLOAT8, // wrong_chance
 ];
 
 /// Batches from this size are copied into a staging table and moved into `events` by one
@@ -956,6 +968,7 @@ impl PgTx<'_> {
         let precision = opt(&|r| r.event.precision.map(Precision::code));
         let data_stall = float(&|r| r.event.data_stall);
         let sync_stall = float(&|r| r.event.sync_stall);
+        let wrong_chance = float(&|r| crate::wrong::chance(r.event.wrong_chance));
         let import_id = self.import_id;
         self.w
             .conn
@@ -992,6 +1005,7 @@ impl PgTx<'_> {
                     &precision,
                     &data_stall,
                     &sync_stall,
+                    &wrong_chance,
                 ],
             )
             .map_err(self.err())
@@ -1084,6 +1098,7 @@ impl PgTx<'_> {
                     &e.precision.map(Precision::code),
                     &e.data_stall,
                     &e.sync_stall,
+                    &crate::wrong::chance(e.wrong_chance),
                 ])
                 .map_err(err)?;
         }

@@ -152,6 +152,15 @@ CREATE UNIQUE INDEX replica_spans_row_hash ON replica_spans (row_hash) WHERE row
 -- prefill spared, an upstream's cached-input discount).
 ALTER TABLE rollup ADD COLUMN saved_prefix INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- v10: a semantic hit's chance of being wrong, as the paraphrase verifier judged it; per
+-- rollup, the hits judged, their chances summed and the variance of their number wrong
+-- (in billionths), for the report's estimate of the wrong-hit rate. Older rows have none.
+ALTER TABLE events ADD COLUMN wrong_chance REAL;
+ALTER TABLE rollup ADD COLUMN verified_hits INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollup ADD COLUMN expected_wrong INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollup ADD COLUMN wrong_variance INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// A migration with its placeholders filled in.
@@ -582,9 +591,9 @@ impl SqliteTx<'_> {
                     region, capacity, instances, requests, input_tokens, output_tokens,
                     cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
                     import, saved, lever, tenant, row_hash, wait_ms, mfu, precision, data_stall,
-                    sync_stall)
+                    sync_stall, wrong_chance)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)
                  ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING",
             )
             .and_then(|mut s| {
@@ -619,6 +628,7 @@ impl SqliteTx<'_> {
                     e.precision.map(Precision::code),
                     e.data_stall,
                     e.sync_stall,
+                    crate::wrong::chance(e.wrong_chance),
                 ])
             })
             .map_err(|err| self.write_err(err))?;
@@ -760,7 +770,9 @@ mod tests {
     use super::super::{Ledger, RowHash};
     use super::*;
     use crate::event::ReplicaState;
+    use crate::ledger::testing::{V9_ROLLUP, semantic_hit, v9_rows_kept, wrong_sums};
     use crate::test_events::event;
+    use crate::wrong::Chances;
 
     /// On both backends (`on_postgres!` below).
     #[test]
@@ -827,11 +839,71 @@ mod tests {
         assert_eq!(ledger.info().unwrap().events, 2);
     }
 
+    /// Issue 34, on both backends (`on_postgres!` below): a semantic hit's chance of being
+    /// wrong is stored by a batch big enough for PostgreSQL's COPY and by a small one, read
+    /// back by the scan and the export, and summed in the rollups.
+    #[test]
+    fn wrong_chances_round_trip_and_roll_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = crate::ledger::testing::fresh(dir.path());
+        let many: Vec<Event> = (0..300).map(|i| semantic_hit(i, Some(0.02))).collect();
+        ledger.append("meter", &many).unwrap();
+        let few = [semantic_hit(1_000, Some(0.125)), semantic_hit(1_001, None)];
+        ledger.append("meter", &few).unwrap();
+        let mut seen = Vec::new();
+        ledger
+            .scan(Window::default(), |r| seen.push((r.ts_ms, r.wrong_chance)))
+            .unwrap();
+        seen.sort_by_key(|(ts, _)| *ts);
+        assert_eq!(seen.len(), 302);
+        assert!(
+            seen[..300].iter().all(|(_, w)| *w == Some(0.02)),
+            "{seen:?}"
+        );
+        assert_eq!(seen[300..], [(1_000, Some(0.125)), (1_001, None)]);
+        let exported = ledger.store.export_events(i64::MIN, 1_000).unwrap();
+        let chances: Vec<Option<f64>> = exported.iter().map(|s| s.event.wrong_chance).collect();
+        assert!(chances[..300].iter().all(|w| *w == Some(0.02)));
+        assert_eq!(chances[300..], [Some(0.125), None]);
+        let (hits, expected, variance) = wrong_sums(&ledger);
+        assert_eq!(hits, 301);
+        // 300 · 0.02 + 0.125; 300 · 0.02 · 0.98 + 0.125 · 0.875.
+        assert_eq!(expected, Chances::from_billionths(6_125_000_000));
+        assert_eq!(
+            variance,
+            Chances::from_billionths(5_880_000_000 + 109_375_000)
+        );
+    }
+
     crate::ledger::testing::on_postgres!(
         append_then_scan_round_trips_and_reopens,
         a_failed_import_stores_nothing_and_the_ledger_goes_on,
-        row_hashes_and_files_are_found_again
+        row_hashes_and_files_are_found_again,
+        wrong_chances_round_trip_and_roll_up
     );
+
+    #[test]
+    fn a_v9_ledger_gains_wrong_chances_and_keeps_its_rows_and_rollups() {
+        let dir = tempfile::tempdir().unwrap();
+        // A ledger as frugal wrote it before the verifier: an event and its rollup row.
+        let mut ledger = old_ledger(
+            dir.path(),
+            9,
+            &format!(
+                "INSERT INTO imports (id, at_ms, source, format) VALUES (1, 0, 't', 'api');
+                 {OLD_EVENTS}, saved, lever) VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1, 30, 1);
+                 {V9_ROLLUP}"
+            ),
+        );
+        ledger.append("t", &[semantic_hit(10, Some(0.25))]).unwrap();
+        let version: i64 = ledger
+            .sqlite_conn()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!((version, SCHEMA_VERSION), (10, 10));
+        v9_rows_kept(&ledger);
+        assert_eq!(ledger.integrity_check().unwrap(), "ok");
+    }
 
     #[test]
     fn events_cannot_be_changed_or_removed() {
@@ -866,8 +938,7 @@ mod tests {
         let path = dir.join("l.sqlite");
         let conn = Connection::open(&path).unwrap();
         for m in &MIGRATIONS[..version] {
-            conn.execute_batch(&m.replace("{ROLLUP}", crate::rollup::SCHEMA))
-                .unwrap();
+            conn.execute_batch(&schema(m)).unwrap();
         }
         conn.execute_batch(&format!(
             "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version};

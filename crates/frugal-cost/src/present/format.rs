@@ -77,6 +77,11 @@ pub fn pct1(share: f64) -> String {
     format!("{:.1}%", share * 100.0)
 }
 
+/// An interval of shares to a tenth of a percent: `0.0% .. 4.7%`.
+pub fn interval(low: f64, high: f64) -> String {
+    format!("{} .. {}", pct1(low), pct1(high))
+}
+
 /// Epoch milliseconds in UTC, in a `chrono` format; the number itself when out of range.
 pub fn utc(ms: Millis, fmt: &str) -> String {
     let when = DateTime::from_timestamp_millis(ms);

@@ -452,7 +452,7 @@ fn pools_busy_below_the_threshold_and_on_oversized_instances_are_flagged() {
         pool_busy_below: 0.2,
         ..Options::default()
     };
-    let r = Report::build_with(&ledger, &catalog, Window::default(), options).unwrap();
+    let r = Report::build_with(&ledger, &catalog, Window::default(), options.clone()).unwrap();
     assert_eq!(r.pool_busy_below, 0.2);
     let flags: Vec<Sizing> = r.pools[0].right_sizing.iter().map(|f| f.flag).collect();
     assert_eq!(flags, [Sizing::OversizedInstance]);
@@ -603,7 +603,91 @@ fn watched_servers_by_hand_with_their_levers() {
     assert!(lever("right-size watched servers").is_some());
 }
 
+/// Issue 34: the report estimates the wrong-hit rate of the semantic hits a verifier let
+/// through, per workload and model, beside the bound each was served under.
+#[test]
+fn verified_semantic_hits_give_a_wrong_hit_rate_with_its_interval_and_bound() {
+    let hit = |workload: &str, model: &str, ts: Millis, wrong: Option<f64>| {
+        let mut e = inference(workload, model, 1, "0");
+        (e.ts_ms, e.saved, e.lever) = (ts, m("0.001"), Some(crate::event::Lever::SemanticCache));
+        e.wrong_chance = wrong;
+        e
+    };
+    // chat/small: 100 hits at 2% each, over two hours; one hit no verifier judged.
+    let mut events: Vec<Event> = (0..100)
+        .map(|i| hit("chat", "small", T0 + i * 60_000, Some(0.02)))
+        .collect();
+    events.push(hit("chat", "small", T0, None));
+    // api/llama: 10,000 hits at 2%, under a bound of its own.
+    events.extend((0..10_000).map(|i| hit("api", "llama", T0 + i, Some(0.02))));
+    events.push(inference("api", "plain", 5, "1"));
+    let (_dir, ledger) = ledger_with(&events);
+    let options = Options {
+        error_budgets: ErrorBudgets {
+            default: Some(0.01),
+            by_model: [("llama".to_owned(), 0.03)].into(),
+        },
+        ..Options::default()
+    };
+    let catalog = Catalog::builtin().unwrap();
+    let r = Report::build_with(&ledger, &catalog, Window::default(), options).unwrap();
+    let line = |model: &str| {
+        r.inference
+            .iter()
+            .find(|l| l.model.as_deref() == Some(model))
+            .unwrap()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    let small = line("small").semantic.unwrap();
+    assert_eq!(small.verified_hits, 100);
+    assert!(close(small.expected_wrong, 2.0), "{small:?}");
+    assert!(close(small.wrong_rate, 0.02), "{small:?}");
+    // ± 1.96 · sqrt(100 · 0.02 · 0.98) / 100 = ± 2.744%, clamped at 0.
+    assert_eq!(small.wrong_low, 0.0);
+    assert!(close(small.wrong_high, 0.04744), "{small:?}");
+    assert_eq!(small.max_error, Some(0.01));
+    let llama = line("llama").semantic.unwrap();
+    assert_eq!(llama.verified_hits, 10_000);
+    assert!(close(llama.wrong_rate, 0.02), "{llama:?}");
+    assert!(close(llama.wrong_low, 0.017256), "{llama:?}");
+    assert!(close(llama.wrong_high, 0.022744), "{llama:?}");
+    assert_eq!(llama.max_error, Some(0.03));
+    assert!(
+        line("plain").semantic.is_none(),
+        "no verified hits, no estimate"
+    );
+    // The whole window: 10,100 hits at 2%; the lines' bounds differ, so none is shown.
+    let all = r.semantic.unwrap();
+    assert_eq!(all.verified_hits, 10_100);
+    assert!(close(all.wrong_rate, 0.02), "{all:?}");
+    assert_eq!(all.max_error, None);
+    let by_model = r
+        .models
+        .iter()
+        .find(|l| l.model.as_deref() == Some("llama"));
+    assert_eq!(by_model.unwrap().semantic, Some(llama));
+    // JSON carries the fields docs/json.md names.
+    let json = serde_json::to_value(&r).unwrap();
+    let lines = json["inference"].as_array().unwrap();
+    let llama_json = lines.iter().find(|l| l["model"] == "llama").unwrap();
+    let fields = &llama_json["semantic"];
+    for key in [
+        "verified_hits",
+        "expected_wrong",
+        "wrong_rate",
+        "wrong_low",
+        "wrong_high",
+        "max_error",
+    ] {
+        assert!(!fields[key].is_null(), "{key} in {fields}");
+    }
+    // Without a bound the report shows none.
+    let r = Report::build(&ledger, &catalog, Window::default()).unwrap();
+    assert_eq!(r.semantic.unwrap().max_error, None);
+}
+
 crate::ledger::testing::on_postgres!(
+    verified_semantic_hits_give_a_wrong_hit_rate_with_its_interval_and_bound,
     unit_costs_by_hand,
     a_window_counts_the_cost_incurred_inside_it,
     the_series_spreads_long_segments_over_hours,

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::money::Money;
 use crate::rollup::Sums;
+use crate::wrong::{self, Chances};
 
 /// Unit costs of inference for one (workload, model) or one model.
 #[derive(Debug, Clone, Serialize)]
@@ -30,6 +31,41 @@ pub struct InferenceLine {
     pub utilization: Option<f64>,
     /// What the levers saved on these requests, beside what they cost.
     pub saved: Savings,
+    /// The semantic cache's hits a verifier judged, and how many of them were likely
+    /// wrong; `None` where there were none.
+    pub semantic: Option<WrongHits>,
+}
+
+/// Semantic hits served on a paraphrase verifier's word, with the estimated share of them
+/// that answered a different question (see `crate::wrong`), beside the bound they were
+/// served under where the report was told it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WrongHits {
+    pub verified_hits: u64,
+    /// The expected number of wrong hits among them: Σ (1 - p).
+    pub expected_wrong: f64,
+    /// The estimated wrong-hit rate, and its 95% interval.
+    pub wrong_rate: f64,
+    pub wrong_low: f64,
+    pub wrong_high: f64,
+    /// `semantic_max_error`: the share of semantic hits that may be wrong, where known.
+    pub max_error: Option<f64>,
+}
+
+impl WrongHits {
+    /// Over `hits` hits whose chances of being wrong sum to `expected`, with `variance`;
+    /// `None` for no hits.
+    pub(super) fn of(hits: u64, expected: Chances, variance: Chances) -> Option<WrongHits> {
+        let e = wrong::estimate(hits, expected.as_f64(), variance.as_f64());
+        (hits > 0).then_some(WrongHits {
+            verified_hits: hits,
+            expected_wrong: expected.as_f64(),
+            wrong_rate: e.rate,
+            wrong_low: e.low,
+            wrong_high: e.high,
+            max_error: None,
+        })
+    }
 }
 
 /// Money saved by each lever: the calls the caches answered and routing kept from the
@@ -82,6 +118,9 @@ pub(super) struct UnitAcc {
     capacity_cost: Money,
     busy_cost: Money,
     saved: Savings,
+    verified_hits: u64,
+    expected_wrong: Chances,
+    wrong_variance: Chances,
 }
 
 impl UnitAcc {
@@ -98,6 +137,9 @@ impl UnitAcc {
         self.capacity_cost += s.capacity_cost;
         self.busy_cost += s.capacity_cost - s.waste;
         self.saved.add(s);
+        self.verified_hits += s.verified_hits.max(0) as u64;
+        self.expected_wrong += s.expected_wrong;
+        self.wrong_variance += s.wrong_variance;
     }
 
     pub(super) fn add_idle(&mut self, cost: Money) {
@@ -119,6 +161,9 @@ impl UnitAcc {
         self.capacity_cost += o.capacity_cost;
         self.busy_cost += o.busy_cost;
         self.saved.merge(&o.saved);
+        self.verified_hits += o.verified_hits;
+        self.expected_wrong += o.expected_wrong;
+        self.wrong_variance += o.wrong_variance;
     }
 
     pub(super) fn line(&self, workload: Option<String>, model: Option<String>) -> InferenceLine {
@@ -140,6 +185,7 @@ impl UnitAcc {
             per_m_tokens: per(unsplit_cost, unsplit_tokens, 1_000_000),
             utilization: ratio(self.busy_cost, self.capacity_cost),
             saved: self.saved,
+            semantic: WrongHits::of(self.verified_hits, self.expected_wrong, self.wrong_variance),
         }
     }
 }

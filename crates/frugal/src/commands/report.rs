@@ -4,9 +4,9 @@ use std::io::Write;
 
 use anyhow::{Context, Result};
 use frugal_cost::import::parse_ts;
-use frugal_cost::present::{pct, pct1, thousands, usd, usd_unit};
+use frugal_cost::present::{interval, pct, pct1, thousands, usd, usd_unit};
 use frugal_cost::report::{
-    Options, PoolLine, Report, RightSizing, ServerLine, Spend, utilization_note,
+    Options, PoolLine, Report, RightSizing, ServerLine, Spend, WrongHits, utilization_note,
 };
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
@@ -54,6 +54,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> 
     let options = Options {
         pool_busy_below: args.pool_busy_below,
         by: args.by,
+        ..Options::default()
     };
     let report = Report::build_with(&ledger, catalog, window, options)?;
     tracing::info!(
@@ -183,6 +184,55 @@ fn print_savings(out: &mut impl Write, r: &Report) -> Result<()> {
     writeln!(
         out,
         "\nSaved by the levers (what the calls they replaced would have cost)\n{t}"
+    )?;
+    Ok(())
+}
+
+/// Beside the semantic cache's saving, the hits a paraphrase verifier let through and the
+/// estimated share of them that was wrong, with the bound they were served under.
+fn print_wrong_hits(out: &mut impl Write, r: &Report) -> Result<()> {
+    let lines: Vec<(String, String, &WrongHits)> = r
+        .inference
+        .iter()
+        .filter_map(|l| {
+            let workload = l.workload.clone().unwrap_or_default();
+            let model = l.model.clone().unwrap_or_else(|| "-".into());
+            Some((workload, model, l.semantic.as_ref()?))
+        })
+        .collect();
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut t = table::new(&[
+        "workload",
+        "model",
+        "verified hits>",
+        "likely wrong>",
+        "wrong rate>",
+        "95% interval>",
+        "bound>",
+    ]);
+    let row = |workload: String, model: String, h: &WrongHits| {
+        vec![
+            workload,
+            model,
+            thousands(h.verified_hits),
+            format!("{:.1}", h.expected_wrong),
+            pct1(h.wrong_rate),
+            interval(h.wrong_low, h.wrong_high),
+            h.max_error.map_or_else(|| "-".into(), pct1),
+        ]
+    };
+    let several = lines.len() > 1;
+    for (workload, model, h) in lines {
+        t.add_row(row(workload, model, h));
+    }
+    if several && let Some(all) = &r.semantic {
+        t.add_row(row("total".into(), String::new(), all));
+    }
+    writeln!(
+        out,
+        "\nSemantic cache: verified hits and the share likely wrong (bound: semantic_max_error)\n{t}"
     )?;
     Ok(())
 }
@@ -321,6 +371,7 @@ fn print_report(
             "\nInference: cost per unit (idle capacity charged to its workload)\n{t}"
         )?;
         print_savings(&mut out, r)?;
+        print_wrong_hits(&mut out, r)?;
         print_quality(&mut out, r, quality)?;
     }
 

@@ -101,6 +101,35 @@ fn a_v7_database_gains_span_ids_and_a_span_written_twice_with_its_id_is_stored_o
     assert_eq!(version, SCHEMA_VERSION);
 }
 
+/// Issue 34: a v9 database gains the wrong-chance columns in place, keeping its events and
+/// its rollup rows (the same rows and checks as SQLite's upgrade test).
+#[test]
+fn a_v9_database_gains_wrong_chances_and_keeps_its_rows_and_rollups() {
+    use crate::ledger::testing::{V9_ROLLUP, semantic_hit, v9_rows_kept};
+    let url = database();
+    let mut sql = SCHEMA_V7.replace("{ADVISED}", segments::ADVISED);
+    MIGRATIONS[..2].iter().for_each(|m| sql.push_str(m));
+    // Ids left to the identities, as a v9 frugal's writes took them.
+    sql.push_str(&format!(
+        "INSERT INTO schema_version (version) VALUES (9);
+         INSERT INTO dims (axis, name) VALUES (0, 'chat');
+         INSERT INTO imports (at_ms, source, format) VALUES (0, 't', 'api');
+         INSERT INTO events (ts_ms, duration_ms, kind, workload, instances, requests,
+             input_tokens, output_tokens, cached_tokens, cost, lost_ms, import, saved, lever)
+             VALUES (5, 0, 0, 1, 1, 1, 0, 0, 0, 7, 0, 1, 30, 1);
+         {V9_ROLLUP}"
+    ));
+    raw(&url).batch_execute(&sql).unwrap();
+    let mut ledger = Ledger::open(Location::Postgres(url.clone())).unwrap();
+    ledger.append("t", &[semantic_hit(10, Some(0.25))]).unwrap();
+    let version: i64 = raw(&url)
+        .query_one("SELECT version FROM schema_version", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!((version, SCHEMA_VERSION), (10, 10));
+    v9_rows_kept(&ledger);
+}
+
 /// A batch big enough to be copied through the staging table keeps the rules of a small
 /// one: a key stored before is skipped, a key twice in the batch is stored once (the
 /// first), every column comes back, and a second big batch in the same write works.
