@@ -18,6 +18,9 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
+pub use frugal_cost::wrong::Estimate;
+use frugal_cost::wrong;
+
 /// Candidates the threshold is learned from.
 pub const WINDOW: usize = 4096;
 /// The least probability ever served.
@@ -55,41 +58,11 @@ pub struct Served {
     pub variance: f64,
 }
 
-/// The estimated wrong-hit rate of served hits, with its 95% interval.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Estimate {
-    pub hits: u64,
-    pub rate: f64,
-    pub low: f64,
-    pub high: f64,
-}
-
 impl Served {
-    pub fn add(&mut self, other: &Served) {
-        self.candidates += other.candidates;
-        self.hits += other.hits;
-        self.expected_wrong += other.expected_wrong;
-        self.variance += other.variance;
-    }
-
+    /// The estimated wrong-hit rate of what was served, with its 95% interval (the ledger's
+    /// rows give the report the same estimate).
     pub fn estimate(&self) -> Estimate {
-        if self.hits == 0 {
-            return Estimate {
-                hits: 0,
-                rate: 0.0,
-                low: 0.0,
-                high: 0.0,
-            };
-        }
-        let n = self.hits as f64;
-        let rate = self.expected_wrong / n;
-        let half = 1.96 * self.variance.sqrt() / n;
-        Estimate {
-            hits: self.hits,
-            rate,
-            low: (rate - half).max(0.0),
-            high: (rate + half).min(1.0),
-        }
+        wrong::estimate(self.hits, self.expected_wrong, self.variance)
     }
 }
 

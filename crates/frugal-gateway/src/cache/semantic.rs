@@ -90,10 +90,12 @@ struct Entry {
     born: Instant,
 }
 
-/// A semantic hit: the answer and the similarity it was found at.
+/// A semantic hit: the answer, the similarity it was found at and, when the verifier read
+/// it, the calibrated probability that it is right.
 pub struct Found {
     pub answer: Arc<Answer>,
     pub similarity: f32,
+    pub probability: Option<f32>,
 }
 
 /// A candidate read out of the index, so that the guard and the verifier run without the
@@ -226,6 +228,7 @@ impl SemanticCache {
                     return Search::Hit(Found {
                         answer: n.answer,
                         similarity: n.score,
+                        probability: None,
                     });
                 }
                 Verdict::Veto(v) => {
@@ -262,6 +265,7 @@ impl SemanticCache {
                 return Search::Hit(Found {
                     answer: n.answer,
                     similarity: n.score,
+                    probability: Some(p),
                 });
             }
             why.get_or_insert(Veto::Verifier);

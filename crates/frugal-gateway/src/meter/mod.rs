@@ -267,6 +267,7 @@ mod tests {
             tenant: Some("t".into()),
             wait: Duration::ZERO,
             batch: None,
+            wrong_chance: None,
         }
     }
 

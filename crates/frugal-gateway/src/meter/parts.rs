@@ -86,6 +86,8 @@ pub struct Row {
     pub wait: Duration,
     /// The batch job it was a line of: recorded as workload `batch`, the job as its run.
     pub batch: Option<Arc<str>>,
+    /// A verified semantic hit's chance of being wrong.
+    pub wrong_chance: Option<f64>,
 }
 
 /// A saving in a row of its own, beside the call's: a cascade's cheap tier answered, so

@@ -173,6 +173,7 @@ impl Writer {
         e.output_tokens = r.completion_tokens;
         (e.saved, e.lever) = split(r.saved);
         e.tenant = r.tenant;
+        e.wrong_chance = r.wrong_chance;
         self.pending.push(e);
     }
 

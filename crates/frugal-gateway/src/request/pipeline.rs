@@ -246,7 +246,7 @@ pub(crate) async fn consult(state: &AppState, lookup: &Lookup, model: &str) -> C
     let hit = |answer: Arc<cache::Answer>, how: HitKind| {
         let (count, lever) = match how {
             HitKind::Exact => (&m.cache_hits, Lever::Cache),
-            HitKind::Semantic => (&m.semantic_hits, Lever::SemanticCache),
+            HitKind::Semantic(_) => (&m.semantic_hits, Lever::SemanticCache),
         };
         count.fetch_add(1, Ordering::Relaxed);
         m.add_saving(lever, model, answer.cost);
@@ -280,7 +280,7 @@ pub(crate) async fn consult(state: &AppState, lookup: &Lookup, model: &str) -> C
             m.semantic_lookup.observe(took.as_secs_f64());
         }
         match found {
-            Search::Hit(found) => return hit(found.answer, HitKind::Semantic),
+            Search::Hit(found) => return hit(found.answer, HitKind::Semantic(found.probability)),
             Search::Miss(Some(why)) => {
                 m.count_veto(why);
                 veto = Some(why);

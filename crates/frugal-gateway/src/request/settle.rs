@@ -49,10 +49,12 @@ impl CacheNote {
     };
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum HitKind {
     Exact,
-    Semantic,
+    /// With the verifier's calibrated probability that the answer is right, when it read
+    /// the pair (the guard alone gives none).
+    Semantic(Option<f32>),
 }
 
 impl CacheUse {
@@ -60,7 +62,7 @@ impl CacheUse {
     pub fn label(&self) -> CacheNote {
         let label = match self {
             CacheUse::Hit(_, HitKind::Exact) => "hit-exact",
-            CacheUse::Hit(_, HitKind::Semantic) => "hit-semantic",
+            CacheUse::Hit(_, HitKind::Semantic(_)) => "hit-semantic",
             CacheUse::Miss(..) => "miss",
             CacheUse::Bypass => "bypass",
         };
@@ -75,7 +77,16 @@ impl CacheUse {
     pub fn saved(&self) -> Option<(Money, Lever)> {
         match self {
             CacheUse::Hit(a, HitKind::Exact) => Some((a.cost, Lever::Cache)),
-            CacheUse::Hit(a, HitKind::Semantic) => Some((a.cost, Lever::SemanticCache)),
+            CacheUse::Hit(a, HitKind::Semantic(_)) => Some((a.cost, Lever::SemanticCache)),
+            _ => None,
+        }
+    }
+
+    /// A verified semantic hit's chance of serving a wrong answer, `1 - P(same)`, for its
+    /// ledger row.
+    pub fn wrong_chance(&self) -> Option<f64> {
+        match self {
+            CacheUse::Hit(_, HitKind::Semantic(Some(p))) => Some(1.0 - f64::from(*p)),
             _ => None,
         }
     }
@@ -254,6 +265,7 @@ impl Bill {
                 tenant: self.tenant.as_ref().map(|t| t.name.clone()),
                 wait: self.work.wait,
                 batch: self.batch.clone(),
+                wrong_chance: self.cache.wrong_chance(),
             });
         }
         if let End::Completed {

@@ -6,12 +6,14 @@ use anyhow::{Context, Result};
 use frugal_cost::import::parse_ts;
 use frugal_cost::present::{interval, pct, pct1, thousands, usd, usd_unit};
 use frugal_cost::report::{
-    Options, PoolLine, Report, RightSizing, ServerLine, Spend, WrongHits, utilization_note,
+    ErrorBudgets, Options, PoolLine, Report, RightSizing, ServerLine, Spend, WrongHits,
+    utilization_note,
 };
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::ReportArgs;
 use crate::config::Config;
+use frugal_gateway::config::RawServe;
 use crate::table::{self, date};
 
 /// `--since`/`--until`: a timestamp, or an age before now such as `7d`, `12h`, `30m`.
@@ -47,6 +49,25 @@ pub(super) fn window(since: Option<&str>, until: Option<&str>) -> Result<Window>
     })
 }
 
+/// The semantic cache's bounds as `frugal serve` reads them: `[serve]`'s, and each upstream's,
+/// pool's and route's own (its hits are billed under its name).
+fn error_budgets(s: &RawServe) -> ErrorBudgets {
+    let own = |name: &String, b: Option<f64>| Some((name.clone(), b?));
+    ErrorBudgets {
+        default: Some(
+            s.semantic_max_error
+                .unwrap_or(frugal_semantic::budget::DEFAULT_MAX_ERROR),
+        ),
+        by_model: s
+            .upstream
+            .iter()
+            .filter_map(|u| own(&u.name, u.semantic_max_error))
+            .chain(s.pool.iter().filter_map(|p| own(&p.name, p.semantic_max_error)))
+            .chain(s.route.iter().filter_map(|r| own(&r.name, r.semantic_max_error)))
+            .collect(),
+    }
+}
+
 pub fn run(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> {
     let ledger = Ledger::open_existing(&config.ledger)?;
     let window = window(args.since.as_deref(), args.until.as_deref())?;
@@ -54,7 +75,7 @@ pub fn run(config: &Config, catalog: &Catalog, args: &ReportArgs) -> Result<()> 
     let options = Options {
         pool_busy_below: args.pool_busy_below,
         by: args.by,
-        ..Options::default()
+        error_budgets: error_budgets(&config.serve),
     };
     let report = Report::build_with(&ledger, catalog, window, options)?;
     tracing::info!(
