@@ -16,9 +16,9 @@ Systems, each asked "is text_b served text_a's answer?":
   reproduces what GPTCache's own `SBERT("all-MiniLM-L6-v2")` returns (sentence-transformers'
   Transformer -> mean Pooling -> Normalize, max 256 tokens) with transformers over the local
   folder, because the Hugging Face hub is out of reach and sentence-transformers is not needed
-  for three modules. The cache's one departure from its defaults: the data manager's
-  `max_size` is raised above the entries put, so LRU eviction (default 1,000) never drops an
-  entry before it is asked for.
+  for three modules (checked equal to sentence-transformers 6.3.0's `encode`). The cache's one
+  departure from its defaults: its LRU eviction's size (default 1,000 entries) is raised above
+  the entries put, so no entry is dropped before it is asked for.
   Protocol: per file and half, one fresh cache holding every distinct text_a with its own answer
   ("A<n>"); then each text_b is asked. Served right: text_a's own answer comes back; served
   wrong: any answer for a near miss / non-duplicate, or another pair's answer for a paraphrase.
@@ -252,12 +252,17 @@ def gptcache_run(pairs, embedding, threshold, workdir):
         answers.setdefault(p["a"], len(answers))
     d = tempfile.mkdtemp(dir=workdir)
     cache = Cache()
-    manager = manager_factory("sqlite,faiss", data_dir=d, max_size=len(answers) + 1000,
+    # manager_factory's own `max_size` does not reach its memory eviction (gptcache 0.1.44
+    # reads eviction_params["max_size"], default 1,000): without this a cache of QQP's
+    # questions silently keeps its last 1,000 or fewer.
+    manager = manager_factory("sqlite,faiss", data_dir=d,
+                              eviction_params={"max_size": len(answers) + 1000},
                               vector_params={"dimension": embedding.dimension})
     init_similar_cache(data_dir=d, cache_obj=cache, embedding=embedding, data_manager=manager,
                        config=Config(similarity_threshold=threshold))
     questions = list(answers)
     cache.import_data(questions, [f"A{answers[q]}" for q in questions])
+    assert manager.v.count() == len(questions), (manager.v.count(), len(questions))
     served = []
     for p in pairs:
         seen = []
@@ -405,6 +410,11 @@ def main():
 
     loaded = {}
     for name, folder in embedders:
+        h = hashlib.sha256()
+        with open(os.path.join(folder, "model.safetensors"), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        result["meta"]["embedders"][name] = {"folder": folder, "model.safetensors sha256": h.hexdigest()}
         e = Embedder(name, folder, args.emb_cache)
         e.encode(texts)
         loaded[name] = e
