@@ -273,6 +273,18 @@ def gptcache_run(pairs, embedding, threshold, workdir):
     return served, answers
 
 
+def gptcache_pick(neg_scores):
+    """`pick` for GPTCache's threshold t: it serves when 4 - d >= 4t, compared in float32 (the
+    distance is numpy float32 and NumPy 2 keeps the Python float weak), so t must clear the
+    highest score kept out by one float32 step of 4t, not by one float64 step of t."""
+    neg = np.sort(np.asarray(neg_scores, dtype=np.float64))[::-1]
+    k = int(np.floor(MAX_WRONG * len(neg)))
+    if k >= len(neg):
+        return 0.0
+    rank = np.float32(4 * neg[k])
+    return float(np.nextafter(rank, np.float32(np.inf))) / 4
+
+
 def gptcache_outcome(pairs, served, answers):
     right = [s[0] is not None and s[0] == answers[p["a"]] for p, s in zip(pairs, served)]
     wrong = [s[0] is not None and (not p["label"] or s[0] != answers[p["a"]])
@@ -461,7 +473,7 @@ def main():
             served, _ = gptcache_run(h["tuning"], embedding, 0.0, work)
             negs = [s[1] for s, p in zip(served, h["tuning"]) if not p["label"] and s[1] is not None]
             (neg_qqp if setname == "qqp" else neg_hand).extend(negs)
-        t_hand, t_qqp = pick(neg_hand), (pick(neg_qqp) if qqp else 0.0)
+        t_hand, t_qqp = gptcache_pick(neg_hand), (gptcache_pick(neg_qqp) if qqp else 0.0)
         tuned = min(1.0, max(t_hand, t_qqp))
         for label, threshold in (("gptcache@0.8", GPTCACHE_DEFAULT), ("gptcache@tuned", tuned)):
             sysres = {"threshold": threshold, "cosine_equivalent": 2 * threshold - 1,
