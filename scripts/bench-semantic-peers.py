@@ -48,6 +48,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -495,6 +496,7 @@ def main():
                     r["auc"] = result["systems"].get("cosine:minilm", {}).get(half, {}).get(setname, {}).get("auc")
                     sysres[half][setname] = r
             result["systems"][label] = sysres
+        shutil.rmtree(work, ignore_errors=True)
         # GPTCache first in the table: it is the peer the issue names.
         for label in ("gptcache@tuned", "gptcache@0.8"):
             result["systems"].move_to_end(label, last=False)
