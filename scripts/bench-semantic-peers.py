@@ -43,6 +43,7 @@ Usage: bench-semantic-peers.py [--qqp-limit 4000] [--json OUT] [--peer-models DI
                                [--embedder NAME=DIR ...] [--emb-cache DIR] [--no-gptcache]
 """
 import argparse
+import atexit
 import gzip
 import hashlib
 import io
@@ -463,6 +464,8 @@ def main():
         minilm = loaded.get("minilm") or Embedder("minilm", "models/minilm", args.emb_cache)
         embedding = gptcache_embedding(minilm)
         work = tempfile.mkdtemp(prefix="gptcache-bench-")
+        # Each GPTCache flushes its store at exit; atexit runs last what it was given first.
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
         runs = list(sets.items()) + ([("qqp", qqp)] if qqp else [])
 
         # Scores of every ask at threshold 0 (everything found is served), to choose the tuned
@@ -496,7 +499,6 @@ def main():
                     r["auc"] = result["systems"].get("cosine:minilm", {}).get(half, {}).get(setname, {}).get("auc")
                     sysres[half][setname] = r
             result["systems"][label] = sysres
-        shutil.rmtree(work, ignore_errors=True)
         # GPTCache first in the table: it is the peer the issue names.
         for label in ("gptcache@tuned", "gptcache@0.8"):
             result["systems"].move_to_end(label, last=False)
