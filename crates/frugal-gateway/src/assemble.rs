@@ -225,15 +225,30 @@ pub fn policies(raw: &RawServe, local: &str) -> Result<HashMap<String, CachePoli
     let entries = std::iter::once((local, raw.shared_cache, None, None))
         .chain(raw.upstream.iter().map(|u| {
             let n = u.name.as_str();
-            (n, u.shared_cache, u.semantic_threshold, u.semantic_max_error)
+            (
+                n,
+                u.shared_cache,
+                u.semantic_threshold,
+                u.semantic_max_error,
+            )
         }))
         .chain(raw.route.iter().map(|r| {
             let n = r.name.as_str();
-            (n, r.shared_cache, r.semantic_threshold, r.semantic_max_error)
+            (
+                n,
+                r.shared_cache,
+                r.semantic_threshold,
+                r.semantic_max_error,
+            )
         }))
         .chain(raw.pool.iter().map(|p| {
             let n = p.name.as_str();
-            (n, p.shared_cache, p.semantic_threshold, p.semantic_max_error)
+            (
+                n,
+                p.shared_cache,
+                p.semantic_threshold,
+                p.semantic_max_error,
+            )
         }));
     entries
         .map(|(name, shared, threshold, bound)| {
@@ -429,12 +444,14 @@ pub fn find_verifier(
             None => return Ok(None),
         },
     };
-    Verifier::load(base, &path).map(|v| Some(Arc::new(v))).map_err(|e| {
-        invalid(
-            "serve.semantic_verifier".into(),
-            format!("{e}; semantic_verifier = \"none\" serves with the guard alone"),
-        )
-    })
+    Verifier::load(base, &path)
+        .map(|v| Some(Arc::new(v)))
+        .map_err(|e| {
+            invalid(
+                "serve.semantic_verifier".into(),
+                format!("{e}; semantic_verifier = \"none\" serves with the guard alone"),
+            )
+        })
 }
 
 /// Whether `dir` holds an embedding model's weights.

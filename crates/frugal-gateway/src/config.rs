@@ -58,7 +58,7 @@ pub struct RawServe {
     /// Questions the semantic cache holds at most [default: 10,000].
     pub semantic_entries: Option<usize>,
     /// The share of served semantic hits that may be wrong: the error budget the paraphrase
-    /// verifier's calibrated probabilities are spent against [default: 0.01].
+    /// verifier's calibrated probabilities are spent against [default: 0.02].
     pub semantic_max_error: Option<f64>,
     /// The paraphrase verifier's file, or "none" for the guard alone at its thresholds
     /// [default: the one frugal ships, data/semantic-cache/verifier.safetensors].

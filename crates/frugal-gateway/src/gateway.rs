@@ -14,8 +14,8 @@ use frugal_cost::Catalog;
 use crate::admit::budget::SharedBudgets;
 use crate::admit::keys::{KeyConfig, Keys};
 use crate::assemble::{
-    ConfigError, cache_config, find_embedder, find_verifier, has_embedder, invalid, keys, policies, route,
-    route_name, semantic_config, upstream,
+    ConfigError, cache_config, find_embedder, find_verifier, has_embedder, invalid, keys, policies,
+    route, route_name, semantic_config, upstream,
 };
 use crate::backend::Local;
 use crate::backend::embed;
@@ -143,6 +143,12 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
     if let Some((dir, _)) = embedder.as_ref().filter(|_| wants_semantic) {
         semantic_config.verifier =
             find_verifier(raw.semantic_verifier.as_deref(), inputs.verifier, dir)?;
+        // The floor chosen with the verifier's calibration, unless the config sets one.
+        if let Some(v) = &semantic_config.verifier
+            && raw.semantic_threshold.is_none()
+        {
+            semantic_config.floor = v.floor;
+        }
     }
     let embedder = embedder.map(|(_, e)| e);
     let semantic = embedder

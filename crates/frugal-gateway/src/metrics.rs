@@ -366,18 +366,34 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{max_error=\"{bound}\"}} {}", v(*bound, served));
             }
         };
-        series(out, "frugal_semantic_max_error", "gauge",
+        series(
+            out,
+            "frugal_semantic_max_error",
+            "gauge",
             "The share of served semantic hits that may be wrong (semantic_max_error).",
-            &|bound, _| bound.to_string());
-        series(out, "frugal_semantic_candidates_total", "counter",
+            &|bound, _| bound.to_string(),
+        );
+        series(
+            out,
+            "frugal_semantic_candidates_total",
+            "counter",
             "Near questions through the hard vetoes that the paraphrase verifier read.",
-            &|_, s| s.candidates.to_string());
-        series(out, "frugal_semantic_budget_hits_total", "counter",
+            &|_, s| s.candidates.to_string(),
+        );
+        series(
+            out,
+            "frugal_semantic_budget_hits_total",
+            "counter",
             "Semantic hits the error budget served.",
-            &|_, s| s.hits.to_string());
-        series(out, "frugal_semantic_expected_wrong_hits", "counter",
+            &|_, s| s.hits.to_string(),
+        );
+        series(
+            out,
+            "frugal_semantic_expected_wrong_hits",
+            "counter",
             "Wrong hits expected among them: the sum of 1 - P(same) over the hits served.",
-            &|_, s| s.expected_wrong.to_string());
+            &|_, s| s.expected_wrong.to_string(),
+        );
         let _ = writeln!(
             out,
             "# HELP frugal_semantic_wrong_rate_estimate The estimated share of served semantic hits that were wrong, with its 95% interval.\n# TYPE frugal_semantic_wrong_rate_estimate gauge"

@@ -163,7 +163,10 @@ impl Bert {
                     return Err(EmbedError::Tensor {
                         path: path.clone(),
                         name,
-                        why: format!("the adapter is {}x{inputs}, the layer {rows}x{cols}", bm.len() / rank.max(&1)),
+                        why: format!(
+                            "the adapter is {}x{inputs}, the layer {rows}x{cols}",
+                            bm.len() / rank.max(&1)
+                        ),
                     });
                 }
                 add_low_rank(&mut wt, bm, a, rows, cols, *rank);
@@ -174,7 +177,10 @@ impl Bert {
             Ok(QMatrix::from_f32(t, rows, cols, w)?)
         };
         let word = w.f32s("embeddings.word_embeddings.weight", &[30522, HIDDEN])?;
-        let position = w.f32s("embeddings.position_embeddings.weight", &[POSITIONS, HIDDEN])?;
+        let position = w.f32s(
+            "embeddings.position_embeddings.weight",
+            &[POSITIONS, HIDDEN],
+        )?;
         let types = w.f32s("embeddings.token_type_embeddings.weight", &[2, HIDDEN])?;
         let mut out = Vec::with_capacity(layers);
         for l in 0..layers.min(LAYERS) {

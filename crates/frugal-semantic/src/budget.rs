@@ -18,15 +18,17 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-pub use frugal_cost::wrong::Estimate;
 use frugal_cost::wrong;
+pub use frugal_cost::wrong::Estimate;
 
 /// Candidates the threshold is learned from.
 pub const WINDOW: usize = 4096;
 /// The least probability ever served.
 pub const FLOOR: f32 = 0.5;
-/// The default bound: 1% of served semantic hits wrong.
-pub const DEFAULT_MAX_ERROR: f64 = 0.01;
+/// The default bound: 2% of served semantic hits wrong, vCache's default. On the
+/// hand-written held-out pairs it serves 70% of paraphrases and 1% of near misses; 1% serves
+/// 38% of paraphrases (`frugal eval-cache`, BENCHMARKS.md).
+pub const DEFAULT_MAX_ERROR: f64 = 0.02;
 /// Candidates between recomputations of the threshold (a sort of the window).
 const REFRESH: usize = 32;
 
@@ -92,7 +94,11 @@ impl Budget {
     /// Records a candidate of probability `p` and says whether to serve it; a served one is
     /// charged to the estimate.
     pub fn consider(&self, p: f32) -> bool {
-        let p = if p.is_finite() { p.clamp(0.0, 1.0) } else { 0.0 };
+        let p = if p.is_finite() {
+            p.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let mut s = self.lock();
         if s.window.len() == WINDOW {
             s.window.pop_front();
@@ -200,7 +206,10 @@ mod tests {
             s.variance += 0.98 * 0.02;
         }
         let e = s.estimate();
-        assert!((e.rate - 0.02).abs() < 1e-9 && e.low < 0.02 && e.high > 0.02, "{e:?}");
+        assert!(
+            (e.rate - 0.02).abs() < 1e-9 && e.low < 0.02 && e.high > 0.02,
+            "{e:?}"
+        );
         let wide = e.high - e.low;
         for _ in 0..900 {
             s.hits += 1;

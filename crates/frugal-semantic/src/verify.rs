@@ -11,9 +11,10 @@
 //! calibration (about a megabyte). It runs on the embedder's forward pass (`bert`), ~0.8 ms
 //! a layer for a 28-token pair on one core.
 //!
-//! The logit becomes a probability by Platt scaling (`calibration` in the file's metadata,
-//! fitted by `frugal eval-cache` on pairs the verifier was not trained on): the error budget
-//! (`budget`) spends that probability, so it must mean what it says.
+//! The logit becomes a probability by a logistic calibration over it, the pair's cosine and
+//! the guard's reading (`calibration` in the file's metadata, fitted by `frugal eval-cache
+//! --calibrate` on pairs the verifier was not trained on): the error budget (`budget`) spends
+//! that probability, so it must mean what it says.
 
 use std::path::Path;
 
@@ -26,68 +27,150 @@ use crate::embed;
 /// The verifier frugal ships, relative to the repository root (compiled into the binary).
 pub const DEFAULT_VERIFIER: &str = "data/semantic-cache/verifier.safetensors";
 
-/// The least cosine at which a candidate is given to the verifier: chosen with the
-/// verifier's calibration by `frugal eval-cache` on the tuning halves' calibration fifth.
+/// The least cosine at which a candidate is given to the verifier, for a file that does not
+/// carry its own (`frugal eval-cache --calibrate` chooses it with the calibration).
 pub const DEFAULT_FLOOR: f32 = 0.7;
 
 /// A pair longer than this is cut, the longer question first (as it was trained).
 const DEFAULT_MAX_TOKENS: usize = 96;
 
-/// Platt scaling: `P(same) = 1 / (1 + exp(-(a * logit + b)))`.
+/// What is known of a candidate pair besides its text: the retrieval's cosine and the
+/// guard's reading (every content word aligned; a soft veto, which the verifier overrides).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub cosine: f32,
+    pub aligned: bool,
+    pub soft_veto: bool,
+}
+
+/// The features the calibration weighs: the verifier's logit, the cosine, alignment, a soft
+/// veto.
+pub const FEATURES: usize = 4;
+
+fn features(logit: f32, r: &Reading) -> [f64; FEATURES] {
+    [
+        f64::from(logit),
+        f64::from(r.cosine),
+        f64::from(u8::from(r.aligned)),
+        f64::from(u8::from(r.soft_veto)),
+    ]
+}
+
+/// Platt scaling widened to the pair's reading: `P(same) = 1 / (1 + exp(-(w . x + b)))` over
+/// [`FEATURES`]. The verifier alone ranks pairs less well than with the cosine beside it
+/// (the two err on different pairs), so both go into the probability the budget spends.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Calibration {
-    pub a: f32,
+    pub w: [f32; FEATURES],
     pub b: f32,
 }
 
 impl Calibration {
     /// Uncalibrated: the logit's own sigmoid.
-    pub const IDENTITY: Calibration = Calibration { a: 1.0, b: 0.0 };
+    pub const IDENTITY: Calibration = Calibration {
+        w: [1.0, 0.0, 0.0, 0.0],
+        b: 0.0,
+    };
 
-    pub fn probability(&self, logit: f32) -> f32 {
-        1.0 / (1.0 + (-(self.a * logit + self.b)).exp())
+    pub fn probability(&self, logit: f32, r: &Reading) -> f32 {
+        let z: f64 = features(logit, r)
+            .iter()
+            .zip(self.w)
+            .map(|(x, w)| x * f64::from(w))
+            .sum::<f64>()
+            + f64::from(self.b);
+        (1.0 / (1.0 + (-z).exp())) as f32
     }
 
-    /// The Platt fit of `(logit, same)` samples: logistic regression on one feature by
-    /// Newton's method, with Platt's smoothed targets so that a separable sample still gives
-    /// finite weights.
-    /// Each sample is `(logit, same, weight)`.
-    pub fn fit(samples: &[(f32, bool, f64)]) -> Calibration {
-        let pos: f64 = samples.iter().filter(|s| s.1).map(|s| s.2).sum();
-        let neg: f64 = samples.iter().filter(|s| !s.1).map(|s| s.2).sum();
-        let hi = (pos + 1.0) / (pos + 2.0);
-        let lo = 1.0 / (neg + 2.0);
-        let (mut a, mut b) = (1.0f64, 0.0f64);
-        for _ in 0..100 {
-            let (mut ga, mut gb, mut haa, mut hab, mut hbb) = (0.0, 0.0, 1e-9, 0.0, 1e-9);
-            for &(x, y, weight) in samples {
-                let x = f64::from(x);
-                let t = if y { hi } else { lo };
-                let p = 1.0 / (1.0 + (-(a * x + b)).exp());
+    /// Logistic regression of `(logit, reading, same, weight)` samples by Newton's method,
+    /// with Platt's smoothed targets (a separable sample still gives finite weights) and a
+    /// small ridge.
+    pub fn fit(samples: &[(f32, Reading, bool, f64)]) -> Calibration {
+        const N: usize = FEATURES + 1;
+        let pos: f64 = samples.iter().filter(|s| s.2).map(|s| s.3).sum();
+        let neg: f64 = samples.iter().filter(|s| !s.2).map(|s| s.3).sum();
+        let (hi, lo) = ((pos + 1.0) / (pos + 2.0), 1.0 / (neg + 2.0));
+        let mut theta = [0.0f64; N];
+        theta[0] = 1.0;
+        for _ in 0..50 {
+            let mut g = [0.0f64; N];
+            let mut h = [[0.0f64; N]; N];
+            for (i, row) in h.iter_mut().enumerate() {
+                row[i] = 1e-6;
+            }
+            for (logit, r, y, weight) in samples {
+                let f = features(*logit, r);
+                let x: [f64; N] = std::array::from_fn(|i| if i < FEATURES { f[i] } else { 1.0 });
+                let z: f64 = x.iter().zip(&theta).map(|(a, b)| a * b).sum();
+                let p = 1.0 / (1.0 + (-z).exp());
+                let t = if *y { hi } else { lo };
                 let w = weight * (p * (1.0 - p)).max(1e-12);
-                ga += weight * (p - t) * x;
-                gb += weight * (p - t);
-                haa += w * x * x;
-                hab += w * x;
-                hbb += w;
+                for i in 0..N {
+                    g[i] += weight * (p - t) * x[i];
+                    for j in 0..N {
+                        h[i][j] += w * x[i] * x[j];
+                    }
+                }
             }
-            let det = haa * hbb - hab * hab;
-            if det.abs() < 1e-18 {
-                break;
+            let Some(step) = solve(h, g) else { break };
+            for (t, d) in theta.iter_mut().zip(&step) {
+                *t -= d;
             }
-            let da = (hbb * ga - hab * gb) / det;
-            let db = (haa * gb - hab * ga) / det;
-            a -= da;
-            b -= db;
-            if da.abs() < 1e-9 && db.abs() < 1e-9 {
+            if step.iter().all(|d| d.abs() < 1e-9) {
                 break;
             }
         }
         Calibration {
-            a: a as f32,
-            b: b as f32,
+            w: std::array::from_fn(|i| theta[i] as f32),
+            b: theta[FEATURES] as f32,
         }
     }
+
+    /// The calibration as the file's metadata writes it: the weights, then the bias.
+    pub fn to_metadata(&self) -> String {
+        self.w
+            .iter()
+            .chain([&self.b])
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn from_metadata(text: &str) -> Option<Calibration> {
+        let v: Vec<f32> = text
+            .split_whitespace()
+            .map(|t| t.parse().ok().filter(|x: &f32| x.is_finite()))
+            .collect::<Option<_>>()?;
+        (v.len() == FEATURES + 1).then(|| Calibration {
+            w: std::array::from_fn(|i| v[i]),
+            b: v[FEATURES],
+        })
+    }
+}
+
+/// `h x = g` by Gaussian elimination with partial pivoting; `None` when singular.
+fn solve<const N: usize>(mut h: [[f64; N]; N], mut g: [f64; N]) -> Option<[f64; N]> {
+    for col in 0..N {
+        let pivot = (col..N).max_by(|&a, &b| h[a][col].abs().total_cmp(&h[b][col].abs()))?;
+        if h[pivot][col].abs() < 1e-15 {
+            return None;
+        }
+        h.swap(col, pivot);
+        g.swap(col, pivot);
+        for row in col + 1..N {
+            let f = h[row][col] / h[col][col];
+            for k in col..N {
+                h[row][k] -= f * h[col][k];
+            }
+            g[row] -= f * g[col];
+        }
+    }
+    let mut x = [0.0f64; N];
+    for row in (0..N).rev() {
+        let rest: f64 = (row + 1..N).map(|k| h[row][k] * x[k]).sum();
+        x[row] = (g[row] - rest) / h[row][row];
+    }
+    Some(x)
 }
 
 /// The loaded verifier. Immutable: share it across threads; each call runs on the caller's.
@@ -98,6 +181,8 @@ pub struct Verifier {
     head: Vec<f32>,
     bias: f32,
     pub calibration: Calibration,
+    /// The least cosine of a candidate, chosen with the calibration.
+    pub floor: f32,
 }
 
 impl Verifier {
@@ -131,12 +216,21 @@ impl Verifier {
         };
         let layers = number("layers")?.map_or(LAYERS, |l| l as usize);
         if !(1..=LAYERS).contains(&layers) {
-            return Err(bad("layers", format!("{layers} layers, expected 1 to {LAYERS}")));
+            return Err(bad(
+                "layers",
+                format!("{layers} layers, expected 1 to {LAYERS}"),
+            ));
         }
         let max_tokens = number("max_tokens")?.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
-        let calibration = match (number("platt_a")?, number("platt_b")?) {
-            (Some(a), Some(b)) => Calibration { a, b },
-            _ => Calibration::IDENTITY,
+        let floor = number("floor")?.unwrap_or(DEFAULT_FLOOR);
+        let calibration = match meta.get("calibration") {
+            Some(text) => Calibration::from_metadata(text).ok_or_else(|| {
+                bad(
+                    "calibration",
+                    format!("metadata {text:?} is not {} numbers", FEATURES + 1),
+                )
+            })?,
+            None => Calibration::IDENTITY,
         };
         let w = Weights { path: file, st };
         let mut adapter = Adapter::new();
@@ -153,7 +247,10 @@ impl Verifier {
                 return Err(bad(name, format!("shape {a_shape:?}, expected [rank, in]")));
             };
             if b_shape.len() != 2 || b_shape[1] != rank {
-                return Err(bad(&b_name, format!("shape {b_shape:?}, expected [out, {rank}]")));
+                return Err(bad(
+                    &b_name,
+                    format!("shape {b_shape:?}, expected [out, {rank}]"),
+                ));
             }
             let a = w.f32s(name, &a_shape)?;
             let b = w.f32s(&b_name, &b_shape)?;
@@ -169,6 +266,31 @@ impl Verifier {
             head,
             bias,
             calibration,
+            floor,
+        })
+    }
+
+    /// Writes the calibration `c` and the cosine `floor` chosen with it into `file`'s
+    /// metadata (in place, through a temporary file and a rename).
+    pub fn write_choice(file: &Path, c: &Calibration, floor: f32) -> Result<(), EmbedError> {
+        let bytes = std::fs::read(file).map_err(|source| EmbedError::Read {
+            path: file.to_path_buf(),
+            source,
+        })?;
+        let format = |source| EmbedError::Format {
+            path: file.to_path_buf(),
+            source,
+        };
+        let st = SafeTensors::deserialize(&bytes).map_err(format)?;
+        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(format)?;
+        let mut meta = meta.metadata().clone().unwrap_or_default();
+        meta.insert("calibration".into(), c.to_metadata());
+        meta.insert("floor".into(), floor.to_string());
+        let part = file.with_extension("part");
+        safetensors::serialize_to_file(st.tensors(), Some(meta), &part).map_err(format)?;
+        std::fs::rename(&part, file).map_err(|source| EmbedError::Read {
+            path: file.to_path_buf(),
+            source,
         })
     }
 
@@ -186,12 +308,18 @@ impl Verifier {
                 *m += v;
             }
         }
-        Ok(mean.iter().zip(&self.head).map(|(m, w)| m / n * w).sum::<f32>() + self.bias)
+        Ok(mean
+            .iter()
+            .zip(&self.head)
+            .map(|(m, w)| m / n * w)
+            .sum::<f32>()
+            + self.bias)
     }
 
-    /// The calibrated probability that `cached`'s answer is right for `asked`.
-    pub fn probability(&self, cached: &str, asked: &str) -> Result<f32, EmbedError> {
-        Ok(self.calibration.probability(self.logit(cached, asked)?))
+    /// The calibrated probability that `cached`'s answer is right for `asked`, given what
+    /// the retrieval and the guard read of the pair.
+    pub fn probability(&self, cached: &str, asked: &str, r: &Reading) -> Result<f32, EmbedError> {
+        Ok(self.calibration.probability(self.logit(cached, asked)?, r))
     }
 }
 

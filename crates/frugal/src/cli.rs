@@ -569,6 +569,10 @@ pub struct EvalCacheArgs {
     /// that may be wrong (as `semantic_max_error`)
     #[arg(long, default_value_t = frugal_semantic::budget::DEFAULT_MAX_ERROR)]
     pub max_error: f64,
+    /// Write the calibration and the cosine floor chosen here into the verifier's file (how
+    /// a newly trained verifier gets them; `frugal serve` reads them from it)
+    #[arg(long)]
+    pub calibrate: bool,
     /// Use this many pairs, evenly spread over the file [default: all]
     #[arg(long)]
     pub limit: Option<usize>,
@@ -878,7 +882,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "COSINE")]
     pub semantic_threshold: Option<f32>,
     /// The share of served semantic hits that may be wrong, spent against the verifier's
-    /// calibrated probabilities [default: 0.01]
+    /// calibrated probabilities [default: 0.02]
     #[arg(long, value_name = "SHARE")]
     pub semantic_max_error: Option<f64>,
     /// The paraphrase verifier's file, or `none` for the guard alone at its thresholds

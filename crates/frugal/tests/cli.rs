@@ -589,8 +589,19 @@ fn eval_cache_reports_both_splits_and_names_bad_input() {
         "{text}"
     );
     assert!(text.contains("negation"), "{text}");
+    // The verifier's section: per kind beside plain cosine and the guard, and the budget's
+    // own estimate beside the labels'.
+    assert!(
+        text.contains("The paraphrase verifier") && text.contains("The budget's own account"),
+        "{text}"
+    );
     let curves: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(env.path("curves.json")).unwrap()).unwrap();
+    let budget = &curves["verifier"]["budget"];
+    assert!(
+        budget["max_error"] == 0.02 && budget["hits"].is_u64(),
+        "{curves}"
+    );
     // Every non-duplicate differs by a negation: the guard never serves one.
     assert!(
         curves["guarded"]

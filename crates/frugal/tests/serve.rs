@@ -225,6 +225,14 @@ fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
     );
     assert_eq!(server.metric("frugal_semantic_search_seconds_count"), 6.0);
     assert!(server.saved("semantic_cache") > 0.0);
+    // The verifier's error budget, at its default bound, accounts what it read and served.
+    let budget = |name: &str| server.metric(&format!("{name}{{max_error=\"0.02\"}}"));
+    assert_eq!(budget("frugal_semantic_max_error"), 0.02);
+    assert_eq!(budget("frugal_semantic_budget_hits_total"), 1.0);
+    assert!(budget("frugal_semantic_candidates_total") >= 2.0);
+    let rate =
+        server.metric("frugal_semantic_wrong_rate_estimate{max_error=\"0.02\",bound=\"estimate\"}");
+    assert!((0.0..=0.02).contains(&rate), "{rate}");
     let model = common::model();
     let name = model.file_stem().unwrap().to_string_lossy();
     let spent = server.metric(&format!("frugal_spend_usd_total{{model=\"{name}\"}}"));

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use frugal_semantic::budget::{Budget, DEFAULT_MAX_ERROR, Served};
+use frugal_semantic::verify::Reading;
 use frugal_semantic::{Embedder, Guard, VectorIndex, Verdict, Verifier, Veto, guard};
 
 use crate::cache::exact::Answer;
@@ -162,8 +163,10 @@ impl SemanticCache {
     /// What each error budget has served: (bound, account), tightest first.
     pub fn budgets(&self) -> Vec<(f64, Served)> {
         let budgets = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<(f64, Served)> =
-            budgets.iter().map(|b| (b.max_error(), b.served())).collect();
+        let mut out: Vec<(f64, Served)> = budgets
+            .iter()
+            .map(|b| (b.max_error(), b.served()))
+            .collect();
         out.sort_by(|a, b| a.0.total_cmp(&b.0));
         out
     }
@@ -245,8 +248,8 @@ impl SemanticCache {
         let budget = self.budget(bounds.max_error.unwrap_or(self.config.max_error));
         let (mut why, mut read) = (None, 0);
         for n in near.into_iter().take_while(|n| n.score >= floor) {
-            if let Some(v) = guard::veto(text, &n.text, Some(&self.embedder)).filter(|v| v.is_hard())
-            {
+            let x = guard::explain(text, &n.text, Some(&self.embedder));
+            if let Some(v) = x.veto.filter(|v| v.is_hard()) {
                 why.get_or_insert(v);
                 continue;
             }
@@ -254,7 +257,12 @@ impl SemanticCache {
                 break;
             }
             read += 1;
-            let p = match verifier.probability(&n.text, text) {
+            let r = Reading {
+                cosine: n.score,
+                aligned: x.aligned(),
+                soft_veto: x.veto.is_some(),
+            };
+            let p = match verifier.probability(&n.text, text, &r) {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::warn!("semantic cache verifier: {e}");
@@ -518,13 +526,23 @@ mod tests {
         assert_eq!(hit.answer.text(), "Jane Austen");
         assert!(hit.similarity < frugal_semantic::guard::DEFAULT_THRESHOLD);
         // A reversed relation is a hard veto: no model decides it.
-        let Search::Miss(why) = search(&c, "How do I convert rupees to dollars?", Bounds::default()).await else {
+        let Search::Miss(why) =
+            search(&c, "How do I convert rupees to dollars?", Bounds::default()).await
+        else {
             panic!("a swapped question was served");
         };
         assert_eq!(why, Some(Veto::Swapped));
         // Another role in the same frame: the verifier (or a soft veto) turns it away.
-        let other = search(&c, "Who illustrated Pride and Prejudice?", Bounds::default()).await;
-        assert!(matches!(other, Search::Miss(Some(_))), "another question was served");
+        let other = search(
+            &c,
+            "Who illustrated Pride and Prejudice?",
+            Bounds::default(),
+        )
+        .await;
+        assert!(
+            matches!(other, Search::Miss(Some(_))),
+            "another question was served"
+        );
         // A route's own bound has its own budget: at 0 no hit is ever doubtful enough.
         let none_wrong = Bounds {
             max_error: Some(0.0),
@@ -539,13 +557,19 @@ mod tests {
         assert_eq!(served.hits, 1);
         assert!(served.candidates >= 2, "{served:?}");
         let e = served.estimate();
-        assert!(e.rate <= 0.05 && e.low <= e.rate && e.rate <= e.high, "{e:?}");
+        assert!(
+            e.rate <= 0.05 && e.low <= e.rate && e.rate <= e.high,
+            "{e:?}"
+        );
         // A floor above the pair's cosine: not even a candidate.
         let high = Bounds {
             threshold: Some(0.99),
             ..Bounds::default()
         };
-        assert!(matches!(search(&c, reworded, high).await, Search::Miss(None)));
+        assert!(matches!(
+            search(&c, reworded, high).await,
+            Search::Miss(None)
+        ));
     }
 
     #[tokio::test]

@@ -55,12 +55,17 @@ fn a_reworded_question_is_likelier_the_same_than_one_word_changed() {
             "What is the largest city of Australia?",
         ),
     ] {
-        let (p_same, p_other) = (
-            v.probability(cached, same).unwrap(),
-            v.probability(cached, other).unwrap(),
+        let (l_same, l_other) = (
+            v.logit(cached, same).unwrap(),
+            v.logit(cached, other).unwrap(),
         );
-        assert!(p_same > p_other, "{cached:?}: {p_same} <= {p_other}");
-        let p = v.probability(cached, same).unwrap();
+        assert!(l_same > l_other, "{cached:?}: {l_same} <= {l_other}");
+        let r = Reading {
+            cosine: 0.9,
+            aligned: false,
+            soft_veto: false,
+        };
+        let p = v.probability(cached, same, &r).unwrap();
         assert!((0.0..=1.0).contains(&p));
     }
 }
@@ -103,35 +108,73 @@ fn broken_verifier_files_are_clear_errors() {
     assert!(err(&f).contains("head.bias"), "{}", err(&f));
     write(&f, &[head.clone(), bias.clone()], &[("layers", "9")]);
     assert!(err(&f).contains("9 layers"), "{}", err(&f));
-    write(&f, &[head.clone(), bias.clone()], &[("platt_a", "x")]);
-    assert!(err(&f).contains("not a number"), "{}", err(&f));
+    write(
+        &f,
+        &[head.clone(), bias.clone()],
+        &[("calibration", "1 2 x")],
+    );
+    assert!(err(&f).contains("is not 5 numbers"), "{}", err(&f));
     // An adapter whose input width is not the layer's.
-    let a = ("encoder.layer.0.attention.self.query.lora_a", vec![2, 7], vec![0.0; 14]);
-    let b = ("encoder.layer.0.attention.self.query.lora_b", vec![HIDDEN, 2], vec![0.0; 2 * HIDDEN]);
+    let a = (
+        "encoder.layer.0.attention.self.query.lora_a",
+        vec![2, 7],
+        vec![0.0; 14],
+    );
+    let b = (
+        "encoder.layer.0.attention.self.query.lora_b",
+        vec![HIDDEN, 2],
+        vec![0.0; 2 * HIDDEN],
+    );
     write(&f, &[head.clone(), bias.clone(), a, b], &[("layers", "1")]);
     assert!(err(&f).contains("adapter"), "{}", err(&f));
-    // A head alone on one layer loads, and scores its bias for any pair.
-    write(&f, &[head, bias], &[("layers", "1"), ("platt_a", "2"), ("platt_b", "0")]);
+    // A head alone on one layer loads, and scores its bias for any pair; a calibration
+    // written into the file is read back.
+    write(&f, &[head, bias], &[("layers", "1")]);
+    let c = Calibration {
+        w: [2.0, 1.0, 0.5, -1.0],
+        b: -0.5,
+    };
+    Verifier::write_choice(&f, &c, 0.65).unwrap();
     let v = Verifier::load(&base(), &f).unwrap();
+    assert_eq!((v.calibration, v.floor), (c, 0.65));
     assert_eq!(v.logit("a", "b").unwrap(), 0.5);
-    assert!((v.probability("a", "b").unwrap() - 1.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
+    let r = Reading {
+        cosine: 0.8,
+        aligned: true,
+        soft_veto: false,
+    };
+    // 2 * 0.5 + 0.8 + 0.5 - 0.5 = 1.8
+    let want = 1.0 / (1.0 + (-1.8f32).exp());
+    assert!((v.probability("a", "b", &r).unwrap() - want).abs() < 1e-6);
 }
 
 #[test]
-fn the_platt_fit_recovers_a_known_calibration() {
-    // Logits on a grid, labelled so that P(same | x) = sigmoid(2x - 1) exactly in frequency.
+fn the_calibration_fit_recovers_known_weights() {
+    // Logits and cosines on a grid, labelled so that P(same | x) = sigmoid(2 logit + 3
+    // cosine - 2 - soft) exactly in frequency.
     let mut samples = Vec::new();
-    for i in -40..=40 {
-        let x = i as f32 / 10.0;
-        let p = 1.0 / (1.0 + (-(2.0 * x - 1.0)).exp());
-        let same = (p * 1000.0).round() as usize;
-        samples.extend(std::iter::repeat_n((x, true, 1.0), same));
-        samples.extend(std::iter::repeat_n((x, false, 1.0), 1000 - same));
+    for i in -20..=20 {
+        for (j, soft) in [(0, false), (5, false), (10, true)] {
+            let (x, c) = (i as f32 / 10.0, 0.5 + j as f32 / 20.0);
+            let r = Reading {
+                cosine: c,
+                aligned: false,
+                soft_veto: soft,
+            };
+            let z = 2.0 * x + 3.0 * c - 2.0 - f32::from(u8::from(soft));
+            let same = ((1.0 / (1.0 + (-z).exp())) * 1000.0).round() as usize;
+            samples.extend(std::iter::repeat_n((x, r, true, 1.0), same));
+            samples.extend(std::iter::repeat_n((x, r, false, 1.0), 1000 - same));
+        }
     }
     let c = Calibration::fit(&samples);
-    assert!((c.a - 2.0).abs() < 0.05 && (c.b + 1.0).abs() < 0.05, "{c:?}");
+    let close = |a: f32, b: f32| (a - b).abs() < 0.1;
+    assert!(
+        close(c.w[0], 2.0) && close(c.w[1], 3.0) && close(c.w[3], -1.0) && close(c.b, -2.0),
+        "{c:?}"
+    );
     // Weights count as repeats.
-    let halved: Vec<(f32, bool, f64)> = samples.iter().map(|s| (s.0, s.1, 0.5)).collect();
+    let halved: Vec<_> = samples.iter().map(|s| (s.0, s.1, s.2, 0.5)).collect();
     let h = Calibration::fit(&halved);
-    assert!((h.a - c.a).abs() < 0.05 && (h.b - c.b).abs() < 0.05, "{h:?}");
+    assert!(close(h.w[0], c.w[0]) && close(h.b, c.b), "{h:?}");
 }

@@ -275,6 +275,18 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         )?,
         None => None,
     };
+    if args.calibrate
+        && let Some((_, rule)) = &verified
+    {
+        Verifier::write_choice(&args.verifier, &rule.calibration, rule.floor)
+            .with_context(|| format!("cannot write {}", args.verifier.display()))?;
+        writeln!(
+            out,
+            "Wrote the calibration and the floor {:.2} into {}",
+            rule.floor,
+            args.verifier.display()
+        )?;
+    }
     if let Some(path) = &args.html {
         write_html(path, (held, &near.held.scored), &chosen, args.max_wrong)?;
     }
@@ -289,8 +301,8 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             cost: &cost,
         }
         .to_json();
-        if let Some(verified) = verified {
-            v["verifier"] = verified;
+        if let Some((figures, _)) = verified {
+            v["verifier"] = figures;
         }
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", path.display()))?;

@@ -13,8 +13,8 @@ use frugal_cost::{Catalog, Ledger, Money, Window};
 
 use crate::cli::ReportArgs;
 use crate::config::Config;
-use frugal_gateway::config::RawServe;
 use crate::table::{self, date};
+use frugal_gateway::config::RawServe;
 
 /// `--since`/`--until`: a timestamp, or an age before now such as `7d`, `12h`, `30m`.
 fn parse_bound(text: &str, now_ms: i64) -> Result<i64> {
@@ -62,8 +62,16 @@ fn error_budgets(s: &RawServe) -> ErrorBudgets {
             .upstream
             .iter()
             .filter_map(|u| own(&u.name, u.semantic_max_error))
-            .chain(s.pool.iter().filter_map(|p| own(&p.name, p.semantic_max_error)))
-            .chain(s.route.iter().filter_map(|r| own(&r.name, r.semantic_max_error)))
+            .chain(
+                s.pool
+                    .iter()
+                    .filter_map(|p| own(&p.name, p.semantic_max_error)),
+            )
+            .chain(
+                s.route
+                    .iter()
+                    .filter_map(|r| own(&r.name, r.semantic_max_error)),
+            )
             .collect(),
     }
 }
