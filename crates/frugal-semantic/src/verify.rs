@@ -159,8 +159,9 @@ fn solve<const N: usize>(mut h: [[f64; N]; N], mut g: [f64; N]) -> Option<[f64; 
         g.swap(col, pivot);
         for row in col + 1..N {
             let f = h[row][col] / h[col][col];
-            for k in col..N {
-                h[row][k] -= f * h[col][k];
+            let top = h[col];
+            for (cell, &above) in h[row].iter_mut().zip(&top).skip(col) {
+                *cell -= f * above;
             }
             g[row] -= f * g[col];
         }

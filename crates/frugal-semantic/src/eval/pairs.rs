@@ -103,7 +103,7 @@ pub fn is_held_out(p: &Pair, held_out: f64) -> bool {
 /// (`scripts/train-verifier.py` splits alike), so its calibration and thresholds are chosen
 /// on pairs it has not seen.
 pub fn is_calibration(p: &Pair) -> bool {
-    (pair_hash(p) / 10_000) % 5 == 0
+    (pair_hash(p) / 10_000).is_multiple_of(5)
 }
 
 /// FNV-1a over `text_a`, a zero byte and `text_b`.
