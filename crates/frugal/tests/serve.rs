@@ -229,7 +229,8 @@ fn the_semantic_cache_answers_rewordings_and_guards_meaning() {
     let budget = |name: &str| server.metric(&format!("{name}{{max_error=\"0.02\"}}"));
     assert_eq!(budget("frugal_semantic_max_error"), 0.02);
     assert_eq!(budget("frugal_semantic_budget_hits_total"), 1.0);
-    assert!(budget("frugal_semantic_candidates_total") >= 2.0);
+    let candidates = budget("frugal_semantic_candidates_total");
+    assert!(candidates >= 1.0, "{candidates}");
     let rate =
         server.metric("frugal_semantic_wrong_rate_estimate{max_error=\"0.02\",bound=\"estimate\"}");
     assert!((0.0..=0.02).contains(&rate), "{rate}");

@@ -722,6 +722,14 @@ fn bad_upstream_prices_and_cache_policies_are_refused() {
             "[serve]\nsemantic_entries = 0\n".to_owned(),
             "semantic_entries must be at least 1",
         ),
+        (
+            format!("{upstream}semantic_max_error = 1.0\n"),
+            "`mock`: semantic_max_error must be a share of served hits in [0, 1), such as 0.01, not 1",
+        ),
+        (
+            "[serve]\nsemantic_verifier = \"no-such-verifier.safetensors\"\n".to_owned(),
+            "no-such-verifier.safetensors",
+        ),
     ];
     for (text, want) in cases {
         std::fs::write(&config, &text).unwrap();
@@ -738,11 +746,11 @@ fn bad_upstream_prices_and_cache_policies_are_refused() {
 }
 
 #[test]
-fn cache_policies_share_entries_across_tenants_and_set_a_models_semantic_threshold() {
+fn cache_policies_share_entries_across_tenants_and_set_a_models_error_bound() {
     use frugal_gateway::admit::keys::hash_key;
     let (url, calls) = mock_upstream();
     let extra = format!(
-        "[[serve.upstream]]\nname = \"shared\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nshared_cache = true\nsemantic_threshold = 0.8\n\n[[serve.key]]\ntenant = \"a\"\nsha256 = \"{}\"\n\n[[serve.key]]\ntenant = \"b\"\nsha256 = \"{}\"\n",
+        "[[serve.upstream]]\nname = \"shared\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nshared_cache = true\nsemantic_max_error = 0.3\n\n[[serve.key]]\ntenant = \"a\"\nsha256 = \"{}\"\n\n[[serve.key]]\ntenant = \"b\"\nsha256 = \"{}\"\n",
         hash_key("key-a"),
         hash_key("key-b"),
     );
@@ -766,8 +774,8 @@ fn cache_policies_share_entries_across_tenants_and_set_a_models_semantic_thresho
     assert_eq!(cache("key-a", "shared", question), "miss");
     assert_eq!(cache("key-b", "shared", question), "hit-exact");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
-    // The same question in other words: under the default threshold a miss, under the
-    // shared model's own 0.8 a semantic hit.
+    // The same question in other words: under the default error bound (2%) a miss, under
+    // the shared model's own looser 30% a semantic hit.
     let other_words = "What is the best way to learn cooking?";
     assert_eq!(cache("key-a", "mock", other_words), "miss");
     assert_eq!(cache("key-b", "shared", other_words), "hit-semantic");
