@@ -10,7 +10,7 @@ a system message of its own, so its text_b meets only its own text_a (the protoc
 
 Usage: replay-semantic.py URL [--qqp N] [--json OUT]
   URL: the server, e.g. http://127.0.0.1:8080 (started with its defaults: the verifier and
-  semantic_max_error = 0.01, or what the run is to measure)
+  semantic_max_error = 0.02, or what the run is to measure)
 Standard library only.
 """
 import argparse

@@ -21,8 +21,10 @@ is kept out of training so that `frugal eval-cache` chooses and calibrates on un
   ("wrote" -> "illustrated" is not, "Paris" -> "Rome" is), or two of its content words
   swapped. Label: different. They teach the model that one word can change the answer.
 
-Usage: train-verifier.py [--layers 3] [--epochs 2] [--limit N] OUT_DIR
-Needs torch, transformers, peft and safetensors (CPU: about 15 minutes on 2 cores for 3 layers).
+Usage: train-verifier.py [--layers 3] [--epochs 1] [--limit N] OUT_DIR
+The bundled file came from `--limit 16000` (one epoch, about 33 minutes on 2 shared vCPUs);
+then `frugal eval-cache --verifier OUT_DIR/verifier.safetensors --calibrate` writes its
+calibration and floor. Needs torch, transformers, peft and safetensors.
 """
 import argparse
 import glob
@@ -228,7 +230,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out_dir")
     ap.add_argument("--layers", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--limit", type=int, default=0, help="QQP training pairs at most (a smoke test)")
     ap.add_argument("--threads", type=int, default=2)

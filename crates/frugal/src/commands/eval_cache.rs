@@ -253,9 +253,10 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
     )?;
     writeln!(
         out,
-        "To serve with them (frugal.toml): under [serve], semantic_threshold = {:.4} and \
-         semantic_aligned_threshold = {:.4}; on one upstream or route, semantic_threshold = {:.4} \
-         (its aligned threshold keeps the same distance below)",
+        "To serve with the guard alone at them (frugal.toml): under [serve], semantic_verifier = \
+         \"none\", semantic_threshold = {:.4} and semantic_aligned_threshold = {:.4}; on one \
+         upstream or route, semantic_threshold = {:.4} (its aligned threshold keeps the same \
+         distance below)",
         at.threshold, at.aligned_threshold, at.threshold
     )?;
     let verified = match &verifier {
@@ -276,7 +277,7 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         None => None,
     };
     if args.calibrate
-        && let Some((_, rule)) = &verified
+        && let Some(verify::Measured { rule, .. }) = &verified
     {
         Verifier::write_choice(&args.verifier, &rule.calibration, rule.floor)
             .with_context(|| format!("cannot write {}", args.verifier.display()))?;
@@ -288,7 +289,14 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
         )?;
     }
     if let Some(path) = &args.html {
-        write_html(path, (held, &near.held.scored), &chosen, args.max_wrong)?;
+        let bounds = verified.as_ref().map_or(&[][..], |m| &m.bounds[..]);
+        write_html(
+            path,
+            (held, &near.held.scored),
+            &chosen,
+            bounds,
+            args.max_wrong,
+        )?;
     }
     if let Some(path) = &args.json {
         let mut v = Figures {
@@ -301,8 +309,8 @@ pub fn run(args: &EvalCacheArgs) -> Result<()> {
             cost: &cost,
         }
         .to_json();
-        if let Some((figures, _)) = verified {
-            v["verifier"] = figures;
+        if let Some(m) = verified {
+            v["verifier"] = m.figures;
         }
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -319,8 +327,8 @@ struct Axes<'a> {
 }
 
 /// Plain cosine and the guard over `held` ([`eval::curve`]): the share of wrong pairs served
-/// against the share of right ones.
-fn curves(axes: &Axes, held: &[Scored], marks: Vec<Mark>) -> Chart {
+/// against the share of right ones; `budget`, the verifier's error budget at each bound, in %.
+fn curves(axes: &Axes, held: &[Scored], budget: Vec<(f64, f64)>, marks: Vec<Mark>) -> Chart {
     let curve = |g: Guard| -> Vec<(f64, f64)> {
         eval::curve(g, held)
             .iter()
@@ -344,7 +352,14 @@ fn curves(axes: &Axes, held: &[Scored], marks: Vec<Mark>) -> Chart {
                 colour: "#1f77b4",
                 points: curve(GUARDED),
             },
-        ],
+        ]
+        .into_iter()
+        .chain((!budget.is_empty()).then(|| Series {
+            name: "verifier, error budget 0.5% to 10%".into(),
+            colour: "#d62728",
+            points: budget,
+        }))
+        .collect(),
         marks,
     }
 }
@@ -353,8 +368,15 @@ fn write_html(
     path: &Path,
     (held, near_held): (&[Scored], &[Scored]),
     chosen: &[Chosen],
+    bounds: &[verify::AtBound],
     max_wrong: f64,
 ) -> Result<()> {
+    let budget = |x: fn(&verify::AtBound) -> f64, y: fn(&verify::AtBound) -> f64| {
+        bounds
+            .iter()
+            .map(|b| (x(b) * 100.0, y(b) * 100.0))
+            .collect()
+    };
     let mark = |name: &str, g: &Guard, p: &Point| Mark {
         label: format!("{name} at {:.4}", g.threshold),
         x: p.wrong_rate * 100.0,
@@ -368,6 +390,7 @@ fn write_html(
             x_max: 20.0,
         },
         held,
+        budget(|b| b.qqp_others, |b| b.qqp_duplicates),
         chosen
             .iter()
             .map(|c| mark(c.rule, &c.guard, &c.held))
@@ -395,6 +418,7 @@ fn write_html(
                 x_max: 100.0,
             },
             near_held,
+            budget(|b| b.near_misses, |b| b.paraphrases),
             marks,
         );
         let (para, miss) = eval::counts(near_held);
@@ -402,9 +426,45 @@ fn write_html(
             near,
             format!(
                 "Cosine thresholds 0.70 to 1.00; {para} paraphrases and {miss} near misses of \
-                 data/semantic-cache/nearmiss.json. Plain cosine cannot serve paraphrases \
-                 without serving near misses; the guard's vetoes hold the near misses near 0."
+                 the hand-written files. Plain cosine cannot serve paraphrases without serving \
+                 near misses; the guard's vetoes hold the near misses near 0, and the verifier's \
+                 budget (red, one point per bound) serves more paraphrases at as few."
             ),
+        ));
+    }
+    if let Some(top) = bounds.iter().map(|b| b.max_error).reduce(f64::max) {
+        let x_max = top * 100.0;
+        let estimate = Chart {
+            title: "The error budget: its own estimate against the labels (held-out replay)".into(),
+            x_label: "semantic_max_error, %".into(),
+            y_label: "wrong share of served hits, %".into(),
+            x_range: (0.0, x_max),
+            y_range: (0.0, x_max * 1.5),
+            series: vec![
+                Series {
+                    name: "the bound".into(),
+                    colour: "#999999",
+                    points: vec![(0.0, 0.0), (x_max, x_max)],
+                },
+                Series {
+                    name: "the budget's estimate".into(),
+                    colour: "#1f77b4",
+                    points: budget(|b| b.max_error, |b| b.estimated),
+                },
+                Series {
+                    name: "hand-written pairs, by their labels".into(),
+                    colour: "#d62728",
+                    points: budget(|b| b.max_error, |b| b.hand_written_actual),
+                },
+            ],
+            marks: vec![],
+        };
+        charts.push((
+            estimate,
+            "One stream of the held-out QQP and hand-written pairs through the budget at each \
+             bound. The hand-written labels are exact; QQP's (not drawn) mark many same-meaning \
+             pairs as different."
+                .into(),
         ));
     }
     let refs: Vec<(&Chart, &str)> = charts.iter().map(|(c, t)| (c, t.as_str())).collect();

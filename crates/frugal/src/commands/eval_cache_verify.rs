@@ -29,6 +29,29 @@ pub struct Inputs<'a> {
     pub max_error: f64,
 }
 
+/// The budget replayed at one bound: shares served, its estimate, the labels' figure.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct AtBound {
+    pub max_error: f64,
+    pub paraphrases: f64,
+    pub near_misses: f64,
+    pub qqp_duplicates: f64,
+    pub qqp_others: f64,
+    pub hits: u64,
+    pub estimated: f64,
+    pub low: f64,
+    pub high: f64,
+    pub actual: f64,
+    pub hand_written_actual: f64,
+}
+
+/// What the section measured: its figures as JSON, the rule chosen, the budget per bound.
+pub struct Measured {
+    pub figures: Value,
+    pub rule: Verified,
+    pub bounds: Vec<AtBound>,
+}
+
 /// One rule's hits per kind of the near-miss set's held-out half, and on QQP's.
 struct Column {
     name: String,
@@ -68,9 +91,8 @@ fn column(
     }
 }
 
-/// Prints the section; its figures as JSON and the rule chosen (`None` when no pair reached
-/// the verifier).
-pub fn section(out: &mut impl Write, x: &Inputs) -> Result<Option<(Value, Verified)>> {
+/// Prints the section; `None` when no pair reached the verifier.
+pub fn section(out: &mut impl Write, x: &Inputs) -> Result<Option<Measured>> {
     let Some(rule) = eval::choose_verified(x.qqp, x.near, x.limits) else {
         writeln!(
             out,
@@ -211,24 +233,32 @@ pub fn section(out: &mut impl Write, x: &Inputs) -> Result<Option<(Value, Verifi
         let (hand_right, hand_wrong) = (hand(true), hand(false));
         let hand_rate = hand_wrong as f64 / (hand_right + hand_wrong).max(1) as f64;
         let e = r.account.estimate();
+        let b = AtBound {
+            max_error: bound,
+            paraphrases: share(1, true),
+            near_misses: share(1, false),
+            qqp_duplicates: share(0, true),
+            qqp_others: share(0, false),
+            hits: r.account.hits,
+            estimated: e.rate,
+            low: e.low,
+            high: e.high,
+            actual: r.actual_rate(),
+            hand_written_actual: hand_rate,
+        };
         t.add_row(vec![
-            pct1(bound),
-            pct1(share(1, true)),
-            pct1(share(1, false)),
-            pct1(share(0, true)),
-            pct1(share(0, false)),
-            r.account.hits.to_string(),
-            pct1(e.rate),
-            format!("{} to {}", pct1(e.low), pct1(e.high)),
-            pct1(r.actual_rate()),
-            pct1(hand_rate),
+            pct1(b.max_error),
+            pct1(b.paraphrases),
+            pct1(b.near_misses),
+            pct1(b.qqp_duplicates),
+            pct1(b.qqp_others),
+            b.hits.to_string(),
+            pct1(b.estimated),
+            format!("{} to {}", pct1(b.low), pct1(b.high)),
+            pct1(b.actual),
+            pct1(b.hand_written_actual),
         ]);
-        curve.push(json!({
-            "max_error": bound, "paraphrases": share(1, true), "near_misses": share(1, false),
-            "qqp_duplicates": share(0, true), "qqp_others": share(0, false),
-            "hits": r.account.hits, "estimated": e.rate, "low": e.low, "high": e.high,
-            "actual": r.actual_rate(), "hand_written_actual": hand_rate,
-        }));
+        curve.push(b);
     }
     writeln!(
         out,
@@ -270,5 +300,9 @@ pub fn section(out: &mut impl Write, x: &Inputs) -> Result<Option<(Value, Verifi
         "lookup_qqp_p50_ms": p.0, "lookup_qqp_p99_ms": p.1,
         "lookup_hand_p50_ms": np.0, "lookup_hand_p99_ms": np.1,
     });
-    Ok(Some((figures, rule)))
+    Ok(Some(Measured {
+        figures,
+        rule,
+        bounds: curve,
+    }))
 }
