@@ -355,7 +355,7 @@ fn curves(axes: &Axes, held: &[Scored], budget: Vec<(f64, f64)>, marks: Vec<Mark
         ]
         .into_iter()
         .chain((!budget.is_empty()).then(|| Series {
-            name: "verifier, error budget 0.5% to 10%".into(),
+            name: "verifier + budget".into(),
             colour: "#d62728",
             points: budget,
         }))
@@ -428,7 +428,7 @@ fn write_html(
                 "Cosine thresholds 0.70 to 1.00; {para} paraphrases and {miss} near misses of \
                  the hand-written files. Plain cosine cannot serve paraphrases without serving \
                  near misses; the guard's vetoes hold the near misses near 0, and the verifier's \
-                 budget (red, one point per bound) serves more paraphrases at as few."
+                 budget (red, one point per bound from 0.5% to 10%) serves more paraphrases at as few."
             ),
         ));
     }
