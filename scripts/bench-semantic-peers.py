@@ -44,19 +44,18 @@ Usage: bench-semantic-peers.py [--qqp-limit 4000] [--json OUT] [--peer-models DI
 """
 import argparse
 import atexit
-import gzip
 import hashlib
-import io
 import json
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
 import time
 from collections import OrderedDict
 
 import numpy as np
+
+import semantic_pairs
 
 DATA = "data/semantic-cache"
 HAND = ["nearmiss.json", "reworded-paraphrases.json", "reworded-nearmiss.json"]
@@ -66,30 +65,14 @@ GPTCACHE_DEFAULT = 0.8
 
 
 def read_pairs(path):
-    """A JSON array of {kind?, text_a, text_b, label}, plain or in a gzip'd tar (as frugal reads)."""
-    raw = open(path, "rb").read()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-        if raw[257:262] == b"ustar":
-            with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-                member = next(m for m in tar.getmembers() if m.name.endswith(".json"))
-                raw = tar.extractfile(member).read()
     return [
         {"kind": p.get("kind"), "a": p["text_a"], "b": p["text_b"], "label": int(p["label"]) == 1}
-        for p in json.loads(raw)
+        for p in semantic_pairs.read_pairs(path)
     ]
 
 
-def pair_hash(a, b):
-    """FNV-1a over text_a, a zero byte and text_b: `frugal_semantic::eval::is_held_out`."""
-    h = 0xCBF29CE484222325
-    for byte in a.encode() + b"\0" + b.encode():
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
 def held_out(p):
-    return (pair_hash(p["a"], p["b"]) % 10_000) / 10_000 < 0.5
+    return semantic_pairs.held_out(p["a"], p["b"])
 
 
 def split(pairs, limit=None):

@@ -15,35 +15,18 @@ Standard library only.
 """
 import argparse
 import glob
-import gzip
-import io
 import json
 import re
-import tarfile
 import urllib.request
+
+import semantic_pairs
 
 QQP = "data/semantic-cache/similiar_qqp_full.json.gz"
 HAND = ["data/semantic-cache/nearmiss.json"] + sorted(glob.glob("data/semantic-cache/reworded-*.json"))
 
 
-def pair_hash(a, b):
-    h = 0xCBF29CE484222325
-    for byte in a.encode() + b"\0" + b.encode():
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
 def held_out(p):
-    return (pair_hash(p["text_a"], p["text_b"]) % 10_000) / 10_000 < 0.5
-
-
-def read_qqp():
-    raw = gzip.open(QQP).read()
-    if raw[257:262] == b"ustar":
-        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-            member = next(m for m in tar.getmembers() if m.name.endswith(".json"))
-            raw = tar.extractfile(member).read()
-    return json.loads(raw)
+    return semantic_pairs.held_out(p["text_a"], p["text_b"])
 
 
 def ask(url, system, question):
@@ -76,9 +59,9 @@ def main():
     pairs = []
     for path in HAND:
         pairs += [dict(p, set="hand") for p in json.load(open(path)) if held_out(p)]
-    qqp = [p for p in read_qqp() if held_out(p)]
+    qqp = [p for p in semantic_pairs.read_pairs(QQP) if held_out(p)]
     pairs += [dict(p, set="qqp", kind="qqp") for p in qqp[: args.qqp]]
-    pairs.sort(key=lambda p: pair_hash(p["text_a"], p["text_b"]))
+    pairs.sort(key=lambda p: semantic_pairs.pair_hash(p["text_a"], p["text_b"]))
     served = {"hand": [0, 0], "qqp": [0, 0]}  # [hits, wrong]
     per_kind = {}
     for i, p in enumerate(pairs):

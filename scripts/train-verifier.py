@@ -29,18 +29,18 @@ calibration and floor. Needs torch, transformers, peft and safetensors.
 import argparse
 import glob
 import gzip
-import io
 import json
 import os
 import random
 import re
-import tarfile
 import time
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import BertConfig, BertModel, BertTokenizerFast
+
+import semantic_pairs
 
 BASE = "models/minilm"
 QQP = "data/semantic-cache/similiar_qqp_full.json.gz"
@@ -55,30 +55,18 @@ about into than then so if not no any some all more most very just get""".split(
 
 
 def read_qqp(path):
-    raw = gzip.open(path).read()
-    if raw[257:262] == b"ustar":
-        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-            member = next(m for m in tar.getmembers() if m.name.endswith(".json"))
-            raw = tar.extractfile(member).read()
-    return [(p["text_a"], p["text_b"], int(p["label"]) == 1) for p in json.loads(raw)]
+    return [(p["text_a"], p["text_b"], int(p["label"]) == 1) for p in semantic_pairs.read_pairs(path)]
 
 
 def read_hand(path):
     return [(p["text_a"], p["text_b"], int(p["label"]) == 1, p["kind"]) for p in json.load(open(path))]
 
 
-def pair_hash(a, b):
-    """FNV-1a over text_a, a zero byte and text_b: `frugal_semantic::eval::pair_hash`."""
-    h = 0xCBF29CE484222325
-    for byte in a.encode() + b"\0" + b.encode():
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
 def split(a, b):
-    h = pair_hash(a, b)
-    if (h % 10_000) / 10_000 < 0.5:
+    """The halves of `frugal eval-cache`, and its calibration fifth of the tuning half."""
+    if semantic_pairs.held_out(a, b):
         return "held_out"
+    h = semantic_pairs.pair_hash(a, b)
     return "calib" if (h // 10_000) % 5 == 0 else "train"
 
 

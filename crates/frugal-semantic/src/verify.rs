@@ -16,6 +16,7 @@
 //! --calibrate` on pairs the verifier was not trained on): the error budget (`budget`) spends
 //! that probability, so it must mean what it says.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use frugal_engine::quant::WeightType;
@@ -174,6 +175,27 @@ fn solve<const N: usize>(mut h: [[f64; N]; N], mut g: [f64; N]) -> Option<[f64; 
     Some(x)
 }
 
+fn read(file: &Path) -> Result<Vec<u8>, EmbedError> {
+    std::fs::read(file).map_err(|source| EmbedError::Read {
+        path: file.to_path_buf(),
+        source,
+    })
+}
+
+/// `bytes`' tensors and metadata, read from `file`.
+fn parse<'a>(
+    file: &Path,
+    bytes: &'a [u8],
+) -> Result<(SafeTensors<'a>, HashMap<String, String>), EmbedError> {
+    let format = |source| EmbedError::Format {
+        path: file.to_path_buf(),
+        source,
+    };
+    let st = SafeTensors::deserialize(bytes).map_err(format)?;
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(format)?;
+    Ok((st, meta.metadata().clone().unwrap_or_default()))
+}
+
 /// The loaded verifier. Immutable: share it across threads; each call runs on the caller's.
 #[derive(Debug)]
 pub struct Verifier {
@@ -189,17 +211,8 @@ pub struct Verifier {
 impl Verifier {
     /// The verifier in `file` on the embedder in `base_dir` (`models/minilm`).
     pub fn load(base_dir: &Path, file: &Path) -> Result<Verifier, EmbedError> {
-        let bytes = std::fs::read(file).map_err(|source| EmbedError::Read {
-            path: file.to_path_buf(),
-            source,
-        })?;
-        let format = |source| EmbedError::Format {
-            path: file.to_path_buf(),
-            source,
-        };
-        let st = SafeTensors::deserialize(&bytes).map_err(format)?;
-        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(format)?;
-        let meta = meta.metadata().clone().unwrap_or_default();
+        let bytes = read(file)?;
+        let (st, meta) = parse(file, &bytes)?;
         let bad = |name: &str, why: String| EmbedError::Tensor {
             path: file.to_path_buf(),
             name: name.to_string(),
@@ -274,21 +287,16 @@ impl Verifier {
     /// Writes the calibration `c` and the cosine `floor` chosen with it into `file`'s
     /// metadata (in place, through a temporary file and a rename).
     pub fn write_choice(file: &Path, c: &Calibration, floor: f32) -> Result<(), EmbedError> {
-        let bytes = std::fs::read(file).map_err(|source| EmbedError::Read {
-            path: file.to_path_buf(),
-            source,
-        })?;
-        let format = |source| EmbedError::Format {
-            path: file.to_path_buf(),
-            source,
-        };
-        let st = SafeTensors::deserialize(&bytes).map_err(format)?;
-        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(format)?;
-        let mut meta = meta.metadata().clone().unwrap_or_default();
+        let bytes = read(file)?;
+        let (st, mut meta) = parse(file, &bytes)?;
         meta.insert("calibration".into(), c.to_metadata());
         meta.insert("floor".into(), floor.to_string());
         let part = file.with_extension("part");
-        safetensors::serialize_to_file(st.tensors(), Some(meta), &part).map_err(format)?;
+        safetensors::serialize_to_file(st.tensors(), Some(meta), &part)
+            .map_err(|source| EmbedError::Format {
+                path: part.clone(),
+                source,
+            })?;
         std::fs::rename(&part, file).map_err(|source| EmbedError::Read {
             path: file.to_path_buf(),
             source,
