@@ -292,11 +292,12 @@ impl Verifier {
         meta.insert("calibration".into(), c.to_metadata());
         meta.insert("floor".into(), floor.to_string());
         let part = file.with_extension("part");
-        safetensors::serialize_to_file(st.tensors(), Some(meta), &part)
-            .map_err(|source| EmbedError::Format {
+        safetensors::serialize_to_file(st.tensors(), Some(meta), &part).map_err(|source| {
+            EmbedError::Format {
                 path: part.clone(),
                 source,
-            })?;
+            }
+        })?;
         std::fs::rename(&part, file).map_err(|source| EmbedError::Read {
             path: file.to_path_buf(),
             source,

@@ -582,6 +582,11 @@ fn eval_cache_reports_both_splits_and_names_bad_input() {
         html.contains("<svg") && html.contains("plain cosine"),
         "{html}"
     );
+    // The verifier's budget on the curves, and its estimate against the labels per bound.
+    assert!(
+        html.contains("verifier + budget") && html.contains("its own estimate against the labels"),
+        "{html}"
+    );
     let text = stdout(&out);
     assert!(text.contains("24 pairs"), "{text}");
     assert!(
