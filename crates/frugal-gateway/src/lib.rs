@@ -34,6 +34,10 @@ pub const BUNDLED: &[(&str, &[u8])] = &[
         include_bytes!("../../../data/cascade/questions.jsonl"),
     ),
     (
+        "data/cascade/public-questions.jsonl",
+        include_bytes!("../../../data/cascade/public-questions.jsonl"),
+    ),
+    (
         "data/workload/qqp-replay.jsonl",
         include_bytes!("../../../data/workload/qqp-replay.jsonl"),
     ),

@@ -490,9 +490,10 @@ pub struct TuneArgs {
 
 #[derive(Debug, Args)]
 pub struct EvalRouteArgs {
-    /// JSON lines of {id, kind, question, answers, check}
-    #[arg(long, default_value = "data/cascade/questions.jsonl")]
-    pub questions: PathBuf,
+    /// JSON lines of {id, kind, question, answers, check}; repeat for several files (ids
+    /// unique across them) [default: data/cascade/questions.jsonl and public-questions.jsonl]
+    #[arg(long, value_name = "FILE", default_values = ["data/cascade/questions.jsonl", "data/cascade/public-questions.jsonl"], hide_default_value = true)]
+    pub questions: Vec<PathBuf>,
     /// The cheap tier (GGUF)
     #[arg(long, default_value = frugal_engine::DEFAULT_MODEL)]
     pub small: PathBuf,

@@ -92,7 +92,9 @@ impl Data {
         match command {
             Command::Plan(a) => a.spot_trace = self.locate(&a.spot_trace)?,
             Command::EvalRoute(a) => {
-                a.questions = self.locate(&a.questions)?;
+                for p in &mut a.questions {
+                    *p = self.locate(p)?;
+                }
                 a.small = self.locate(&a.small)?;
                 a.large = self.locate(&a.large)?;
                 a.embedder = self.locate(&a.embedder)?;

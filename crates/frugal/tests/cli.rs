@@ -649,6 +649,8 @@ fn eval_route_answers_with_both_tiers() {
             "\n",
             r#"{"id": 2, "kind": "addition", "question": "What is 20 + 22?", "answers": ["42"], "check": "last_number"}"#,
             "\n",
+            r#"{"id": 3, "kind": "mmlu", "question": "Which is a planet?\nA. Mars\nB. The Moon\nC. The Sun\nD. Sirius\nAnswer with the letter of the correct option.", "answers": ["A", "Mars"], "check": "choice"}"#,
+            "\n",
         ),
     );
     let (small, large) = (
@@ -681,15 +683,22 @@ fn eval_route_answers_with_both_tiers() {
         "{html}"
     );
     let text = stdout(&out);
-    assert!(text.contains("2 questions"), "{text}");
+    assert!(text.contains("3 questions"), "{text}");
     assert!(
         text.contains("min logprob") && text.contains("held-out cost cut"),
+        "{text}"
+    );
+    // Each router beside all large, all small and the oracle.
+    assert!(
+        text.contains("Routers on the held-out half")
+            && text.contains("oracle")
+            && text.contains("all small"),
         "{text}"
     );
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(env.path("route.json")).unwrap()).unwrap();
     let answers = v["answers"].as_array().unwrap();
-    assert_eq!(answers.len(), 2);
+    assert_eq!(answers.len(), 3);
     // The tuning questions, labelled, as a route's skip examples.
     let skip = std::fs::read_to_string(env.path("skip.jsonl")).unwrap();
     let tuning = answers.iter().filter(|a| a["held_out"] == false).count();
@@ -748,6 +757,14 @@ fn eval_route_answers_with_both_tiers() {
     }
     assert_eq!(again["tiers"], v["tiers"]);
     assert_eq!(again["bound"]["confidence"], 0.9);
+    // One id in two files: the split and the saved answers go by id.
+    let o = env.frugal(&["eval-route", "--questions", q, "--questions", q]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("question id 1 is in both"),
+        "{}",
+        stderr(&o)
+    );
     let o = env.frugal(&["eval-route", "--questions", q, "--confidence", "1"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 

@@ -16,7 +16,7 @@
 //! chosen on the tuning split with the threshold (leave-one-out there).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use frugal_cost::Progress;
 use frugal_engine::model::{LoadOptions, ModelError};
@@ -32,10 +32,17 @@ use thiserror::Error;
 
 use crate::assemble::DEFAULT_SKIP_K;
 use crate::backend::load_parts;
+use crate::cascade::learned::LinearRouter;
 use crate::cascade::route::{SkipExample, SkipRule, confidence};
 use crate::http::api::{ChatMessage, Content};
 use crate::http::validate::{Input, prompt_tokens};
 use crate::jsonl::JsonLinesError;
+
+/// Folds of the tuning questions the learned router is cross-fitted over.
+pub const FOLDS: usize = 5;
+
+/// The learned router's L2 penalty, per example.
+const ROUTER_L2: f32 = 1e-3;
 
 /// Nearest questions that vote in the skip rule, as `frugal serve` defaults to.
 pub const SKIP_K: usize = DEFAULT_SKIP_K;
@@ -54,6 +61,12 @@ pub enum EvalError {
     Embed(#[source] EmbedError),
     #[error("{path}: {message}")]
     Answers { path: String, message: String },
+    #[error("question id {id} is in both {first} and {second}: ids must be unique")]
+    DuplicateId {
+        id: u64,
+        first: String,
+        second: String,
+    },
     #[error("cannot load {path}")]
     Load {
         path: String,
@@ -80,6 +93,8 @@ pub enum Check {
     Contains,
     LastNumber,
     FirstNumber,
+    /// Multiple choice: `answers` holds the right option's letter, then its text.
+    Choice,
 }
 
 /// JSON lines of questions; an error names the line.
@@ -90,6 +105,26 @@ pub fn read_questions(path: &Path) -> Result<Vec<Question>, EvalError> {
     )?)
 }
 
+/// The questions of several files, in order; an id in two of them is an error (the split
+/// and saved answers go by id).
+pub fn read_question_files(paths: &[PathBuf]) -> Result<Vec<Question>, EvalError> {
+    let mut seen: HashMap<u64, &Path> = HashMap::new();
+    let mut out = Vec::new();
+    for path in paths {
+        for q in read_questions(path)? {
+            if let Some(first) = seen.insert(q.id, path) {
+                return Err(EvalError::DuplicateId {
+                    id: q.id,
+                    first: first.display().to_string(),
+                    second: path.display().to_string(),
+                });
+            }
+            out.push(q);
+        }
+    }
+    Ok(out)
+}
+
 /// Whether `reply` gives one of the accepted answers.
 pub fn is_correct(q: &Question, reply: &str) -> bool {
     let lower = reply.to_lowercase();
@@ -98,8 +133,16 @@ pub fn is_correct(q: &Question, reply: &str) -> bool {
             .answers
             .iter()
             .any(|a| contains_phrase(&lower, &a.to_lowercase())),
+        Check::Choice => match chosen_letter(reply) {
+            Some(letter) => q.answers.first().is_some_and(|a| a.starts_with(letter)),
+            None => q
+                .answers
+                .get(1)
+                .is_some_and(|text| contains_phrase(&lower, &text.to_lowercase())),
+        },
         Check::LastNumber | Check::FirstNumber => {
-            let numbers: Vec<&str> = lower
+            let digits = without_thousands_commas(&lower);
+            let numbers: Vec<&str> = digits
                 .split(|c: char| !c.is_ascii_digit())
                 .filter(|s| !s.is_empty())
                 .collect();
@@ -111,6 +154,38 @@ pub fn is_correct(q: &Question, reply: &str) -> bool {
             pick.is_some_and(|n| q.answers.iter().any(|a| a == n))
         }
     }
+}
+
+/// "1,000" read as "1000": a comma between digits.
+fn without_thousands_commas(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    chars
+        .iter()
+        .enumerate()
+        .filter(|&(i, &c)| {
+            !(c == ','
+                && i > 0
+                && chars[i - 1].is_ascii_digit()
+                && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+        })
+        .map(|(_, &c)| c)
+        .collect()
+}
+
+/// The option a reply names: the first capital A to E standing alone ("B", "(C)", "D.",
+/// "Answer: A"), but not "A" as an article ("A cat ...": a space and a small letter after).
+fn chosen_letter(reply: &str) -> Option<char> {
+    let chars: Vec<char> = reply.chars().collect();
+    (0..chars.len()).find_map(|i| {
+        let c = chars[i];
+        let alone = ('A'..='E').contains(&c)
+            && !(i > 0 && chars[i - 1].is_alphanumeric())
+            && !chars.get(i + 1).is_some_and(|n| n.is_alphanumeric());
+        let article = chars.get(i + 1) == Some(&' ')
+            && chars.get(i + 2).is_some_and(|n| n.is_lowercase())
+            && !(i > 0 && chars[i - 1] == '(');
+        (alone && !article).then_some(c)
+    })
 }
 
 /// `needle` in `hay` with no letter or digit right before or after it.
@@ -355,15 +430,19 @@ impl<'a> Replay<'a> {
         Replay { rows }
     }
 
-    /// Each row's share of right small answers among its [`SKIP_K`] nearest tuning
-    /// questions (itself left out), by `embedder`.
-    pub fn vote(&mut self, embedder: &Embedder) -> Result<(), EvalError> {
-        let vectors = self
-            .rows
+    /// Each row's question embedded by `embedder`, in row order.
+    pub fn embed(&self, embedder: &Embedder) -> Result<Vec<Vec<f32>>, EvalError> {
+        self.rows
             .iter()
             .map(|r| embedder.embed(&user_text(r.q)))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(EvalError::Embed)?;
+            .map_err(EvalError::Embed)
+    }
+
+    /// The kNN skip rule: each row's share of right small answers among its [`SKIP_K`]
+    /// nearest tuning questions (itself left out), by `vectors` ([`Replay::embed`]).
+    pub fn vote(&mut self, vectors: &[Vec<f32>]) {
+        let dim = vectors.first().map_or(0, Vec::len);
         let tuning: Vec<usize> = (0..self.rows.len())
             .filter(|&i| !self.rows[i].held_out)
             .collect();
@@ -373,13 +452,45 @@ impl<'a> Replay<'a> {
                     .iter()
                     .filter(|&&j| j != i)
                     .map(|&j| (vectors[j].clone(), self.rows[j].small.correct));
-                SkipRule::new(embedder.dim(), examples, SKIP_K, 0.0).share(&vectors[i])
+                SkipRule::new(dim, examples, SKIP_K, 0.0).share(&vectors[i])
             })
             .collect();
         for (r, s) in self.rows.iter_mut().zip(shares) {
             r.share = s;
         }
-        Ok(())
+    }
+
+    /// The learned router ([`LinearRouter`]): each row's chance that the small tier is
+    /// right. A tuning row's comes from a model fitted on the other [`FOLDS`] - 1 folds of
+    /// the tuning questions (cross-fitting, so the search never sees a score fitted on its
+    /// own answer); a held-out row's from one fitted on every tuning question, returned.
+    pub fn learn(&mut self, vectors: &[Vec<f32>]) -> LinearRouter {
+        let fold = |r: &Row| (r.q.id.wrapping_mul(0xD1B5_4A32_D192_ED03) >> 32) as usize % FOLDS;
+        let fit = |keep: &dyn Fn(&Row) -> bool| {
+            let examples: Vec<(&[f32], usize, bool)> = self
+                .rows
+                .iter()
+                .zip(vectors)
+                .filter(|(r, _)| !r.held_out && keep(r))
+                .map(|(r, v)| (&v[..], user_text(r.q).len(), r.small.correct))
+                .collect();
+            LinearRouter::fit(&examples, ROUTER_L2)
+        };
+        let folds: Vec<LinearRouter> = (0..FOLDS).map(|k| fit(&|r| fold(r) != k)).collect();
+        let all = fit(&|_| true);
+        let shares: Vec<f32> = self
+            .rows
+            .iter()
+            .zip(vectors)
+            .map(|(r, v)| {
+                let model = if r.held_out { &all } else { &folds[fold(r)] };
+                model.probability(v, user_text(r.q).len())
+            })
+            .collect();
+        for (r, s) in self.rows.iter_mut().zip(shares) {
+            r.share = s;
+        }
+        all
     }
 
     /// Per kind of question, in name order: how many, and how many each tier got right.
@@ -548,6 +659,48 @@ pub struct Choice {
     /// The lower confidence bound of `chosen.quality`.
     pub lower: f64,
     pub held: Outcome,
+}
+
+/// A routing without a threshold, on the held-out rows: every question to one tier, or to
+/// the one an oracle that knew the answers would pick (the small tier where it is right).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Fixed {
+    pub name: &'static str,
+    pub small_share: f64,
+    /// Accuracy over the large tier's alone.
+    pub quality: f64,
+    /// Cost over the large tier's alone.
+    pub cost: f64,
+}
+
+/// All large, all small, and the oracle over `rows`.
+pub fn fixed_routes(rows: &[&Row]) -> [Fixed; 3] {
+    let large_right = rows.iter().filter(|r| r.large.correct).count().max(1) as f64;
+    let large_cost = rows
+        .iter()
+        .map(|r| r.large.seconds)
+        .sum::<f64>()
+        .max(f64::MIN_POSITIVE);
+    let route = |name, small: &dyn Fn(&Row) -> bool| {
+        let (mut n_small, mut right, mut cost) = (0usize, 0usize, 0f64);
+        for r in rows {
+            let a = if small(r) { &r.small } else { &r.large };
+            n_small += usize::from(small(r));
+            right += usize::from(a.correct);
+            cost += a.seconds;
+        }
+        Fixed {
+            name,
+            small_share: n_small as f64 / rows.len().max(1) as f64,
+            quality: right as f64 / large_right,
+            cost: cost / large_cost,
+        }
+    };
+    [
+        route("all large", &|_| false),
+        route("all small", &|_| true),
+        route("oracle", &|r| r.small.correct || !r.large.correct),
+    ]
 }
 
 /// The cheapest choice on the tuning split (the first of equals).
@@ -929,6 +1082,34 @@ mod tests {
         assert!(is_correct(&larger, "74 is larger than 47."));
         assert!(!is_correct(&larger, "47"));
         assert!(!is_correct(&larger, "no number"));
+        let eggs = q(&["1200"], Check::LastNumber);
+        assert!(is_correct(&eggs, "She makes $1,200 a week."));
+        assert!(!is_correct(&eggs, "1, 200"));
+    }
+
+    #[test]
+    fn a_choice_is_the_letter_named_or_else_the_options_text() {
+        let c = q(&["C", "department store"], Check::Choice);
+        for right in [
+            "C",
+            "C. department store",
+            "(C)",
+            "Answer: C",
+            "The answer is C.",
+            "A department store",
+        ] {
+            assert!(is_correct(&c, right), "{right}");
+        }
+        for wrong in [
+            "B",
+            "B. library",
+            "(A) bank",
+            "A: bank",
+            "ABC",
+            "the library",
+        ] {
+            assert!(!is_correct(&c, wrong), "{wrong}");
+        }
     }
 
     fn answered(correct: bool, logprobs: Vec<f32>, seconds: f64) -> Answered {

@@ -11,8 +11,8 @@ use frugal_cost::present::pct1 as pct;
 use frugal_engine::model::LoadOptions;
 use frugal_gateway::assemble::load_embedder;
 use frugal_gateway::cascade::eval::{
-    Bound, Outcome, Replay, SKIP_K, Signal, Tier, best, curve, frontier, read_answers,
-    read_questions, tier_name,
+    Bound, FOLDS, Outcome, Replay, SKIP_K, Signal, Sweep, Tier, best, curve, fixed_routes,
+    frontier, read_answers, read_question_files, tier_name,
 };
 
 use crate::cli::{BoundFor, EvalRouteArgs};
@@ -46,9 +46,14 @@ fn bound_words(bound: Bound, tuning: usize, percentile: Option<f64>, candidates:
 }
 
 pub fn run(args: &EvalRouteArgs) -> Result<()> {
-    let questions = read_questions(&args.questions)?;
+    let questions = read_question_files(&args.questions)?;
     if questions.is_empty() {
-        bail!("{} holds no questions", args.questions.display());
+        let files: Vec<String> = args
+            .questions
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        bail!("{} hold no questions", files.join(", "));
     }
     let (small, large, small_answers, large_answers) = match &args.answers {
         Some(path) => {
@@ -72,7 +77,12 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     };
     let mut replay = Replay::new(&questions, small_answers, large_answers, args.held_out);
     let embedder = load_embedder(&args.embedder, "")?;
-    replay.vote(&embedder)?;
+    let vectors = replay.embed(&embedder)?;
+    replay.vote(&vectors);
+    let mut learned = Replay {
+        rows: replay.rows.clone(),
+    };
+    learned.learn(&vectors);
     let rows = &replay.rows;
     let (held, tune) = (replay.held(), replay.tuning());
     if let Some(path) = &args.skip_examples {
@@ -176,6 +186,7 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
             args.resamples
         )?;
     }
+    routers(&mut out, &replay, &learned, &sweep, args.min_quality, bound)?;
     let Some(best) = best(choices) else {
         return Ok(());
     };
@@ -330,5 +341,72 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// Each router on the held-out half beside all large, all small and the oracle: the kNN
+/// skip rule and the learned one, each with the cascade's threshold chosen on the tuning
+/// half as above.
+fn routers(
+    out: &mut impl Write,
+    knn: &Replay,
+    learned: &Replay,
+    knn_sweep: &Sweep,
+    min_quality: f64,
+    bound: Bound,
+) -> Result<()> {
+    let held = knn.held();
+    let mut t = table::new(&[
+        "router",
+        "tuning cost>",
+        "held-out quality>",
+        "held-out cost cut>",
+        "small tier only>",
+        "both tiers paid>",
+        "large tier only>",
+    ]);
+    for f in fixed_routes(&held) {
+        let large_only = if f.name == "all large" {
+            1.0
+        } else {
+            1.0 - f.small_share
+        };
+        t.add_row(vec![
+            f.name.into(),
+            "-".into(),
+            pct(f.quality),
+            pct(1.0 - f.cost),
+            pct(f.small_share),
+            pct(0.0),
+            pct(large_only),
+        ]);
+    }
+    let learned_sweep = learned.sweep(min_quality, bound);
+    for (name, sweep) in [
+        ("kNN skip rule + cascade", knn_sweep),
+        ("learned router + cascade", &learned_sweep),
+    ] {
+        let Some(c) = best(&sweep.choices) else {
+            continue;
+        };
+        let h = c.held;
+        t.add_row(vec![
+            format!(
+                "{name} ({}, skip below {:.3})",
+                c.signal.name(),
+                c.chosen.skip_below
+            ),
+            pct(c.chosen.cost),
+            pct(h.quality),
+            pct(1.0 - h.cost),
+            pct(h.small_share),
+            pct((1.0 - h.skipped - h.small_share).max(0.0)),
+            pct(h.skipped),
+        ]);
+    }
+    writeln!(
+        out,
+        "Routers on the held-out half (the learned router: logistic regression on the question's embedding and length, cross-fitted over {FOLDS} folds of the tuning half; each router's skip share and threshold chosen on the tuning half with the bound above)\n{t}\n"
+    )?;
     Ok(())
 }

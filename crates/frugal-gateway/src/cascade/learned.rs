@@ -1,0 +1,124 @@
+//! A learned router: the chance that the cheap tier answers a question right, from the
+//! question's embedding and length, by L2-regularised logistic regression.
+//!
+//! The kNN skip rule ([`super::route::SkipRule`]) votes with the few nearest labelled
+//! questions; a linear model weighs every labelled question at once, which is steadier when
+//! the neighbours are few or mixed (RouteLLM's strongest routers are of this family: a
+//! score from the prompt's embedding, a threshold on it). Fitted by full-batch gradient
+//! descent: a few hundred passes over a few thousand 385-wide rows take milliseconds, so no
+//! solver crate is worth its weight here.
+
+use serde::{Deserialize, Serialize};
+
+/// Passes of gradient descent, and its step.
+const PASSES: usize = 400;
+const STEP: f32 = 0.5;
+
+/// The model: weights over the embedding, one for the log of the question's length in
+/// bytes, and a bias.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinearRouter {
+    pub weights: Vec<f32>,
+    pub length: f32,
+    pub bias: f32,
+}
+
+/// The length feature: log bytes, centred near a short question's.
+fn length_feature(bytes: usize) -> f32 {
+    ((bytes.max(1) as f32).ln() - 4.0) / 2.0
+}
+
+fn sigmoid(z: f32) -> f32 {
+    1.0 / (1.0 + (-z).exp())
+}
+
+impl LinearRouter {
+    /// Fits on `(embedding, question length in bytes, the cheap tier was right)`, with L2
+    /// penalty `l2` on the weights (not the bias). Classes are weighted to balance, so a
+    /// set the cheap tier mostly fails still learns where it succeeds.
+    pub fn fit(examples: &[(&[f32], usize, bool)], l2: f32) -> LinearRouter {
+        let dim = examples.first().map_or(0, |e| e.0.len());
+        let mut r = LinearRouter {
+            weights: vec![0.0; dim],
+            length: 0.0,
+            bias: 0.0,
+        };
+        let n = examples.len();
+        if n == 0 {
+            return r;
+        }
+        let right = examples.iter().filter(|e| e.2).count();
+        let weight = |ok: bool| {
+            let of = if ok { right } else { n - right };
+            n as f32 / (2.0 * of.max(1) as f32)
+        };
+        let mut grad = vec![0.0f32; dim];
+        for _ in 0..PASSES {
+            grad.iter_mut().for_each(|g| *g = 0.0);
+            let (mut g_len, mut g_bias) = (0.0f32, 0.0f32);
+            for &(v, bytes, ok) in examples {
+                let x_len = length_feature(bytes);
+                let p = sigmoid(r.score(v, x_len));
+                let e = (p - f32::from(u8::from(ok))) * weight(ok);
+                for (g, x) in grad.iter_mut().zip(v) {
+                    *g += e * x;
+                }
+                g_len += e * x_len;
+                g_bias += e;
+            }
+            let scale = STEP / n as f32;
+            for (w, g) in r.weights.iter_mut().zip(&grad) {
+                *w -= scale * (g + l2 * n as f32 * *w);
+            }
+            r.length -= scale * (g_len + l2 * n as f32 * r.length);
+            r.bias -= scale * g_bias;
+        }
+        r
+    }
+
+    fn score(&self, v: &[f32], x_len: f32) -> f32 {
+        let dot: f32 = self.weights.iter().zip(v).map(|(w, x)| w * x).sum();
+        dot + self.length * x_len + self.bias
+    }
+
+    /// The chance the cheap tier answers this question right (balanced classes: 0.5 is
+    /// even odds against the base rate).
+    pub fn probability(&self, embedding: &[f32], bytes: usize) -> f32 {
+        sigmoid(self.score(embedding, length_feature(bytes)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_learns_which_side_the_cheap_tier_gets_right() {
+        // The cheap tier is right where the first coordinate is positive, whatever the rest.
+        let mut rng = 1u64;
+        let mut next = || {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let rows: Vec<(Vec<f32>, bool)> = (0..400)
+            .map(|_| {
+                let v: Vec<f32> = (0..8).map(|_| next()).collect();
+                let ok = v[0] > 0.0;
+                (v, ok)
+            })
+            .collect();
+        let examples: Vec<(&[f32], usize, bool)> =
+            rows.iter().map(|(v, ok)| (&v[..], 40, *ok)).collect();
+        let r = LinearRouter::fit(&examples, 1e-3);
+        let right = rows
+            .iter()
+            .filter(|(v, ok)| (r.probability(v, 40) > 0.5) == *ok)
+            .count();
+        assert!(right >= 380, "{right} of 400");
+        assert!(r.weights[0] > 5.0 * r.weights[1].abs(), "{:?}", r.weights);
+        // No examples: even odds.
+        assert_eq!(LinearRouter::fit(&[], 1e-3).probability(&[], 10), 0.5);
+    }
+}
