@@ -18,7 +18,8 @@ use crate::admit::keys::{KeyConfig, KeySet};
 use crate::backend::upstream::{Pricing, Upstream, UpstreamConfig};
 use crate::cache::exact::{CacheConfig, CachePolicy};
 use crate::cache::semantic::SemanticConfig;
-use crate::cascade::route::{RouteConfig, Skip, SkipExample};
+use crate::cascade::learned::{RouterFile, RouterFileError};
+use crate::cascade::route::{RouteConfig, Rule, Skip, SkipExample};
 use crate::config::{RawKey, RawRoute, RawServe, RawUpstream};
 use crate::jsonl::JsonLinesError;
 
@@ -52,6 +53,12 @@ pub enum ConfigError {
         what: String,
         #[source]
         source: SkipExamplesError,
+    },
+    #[error("{what}: cannot read its router")]
+    Router {
+        what: String,
+        #[source]
+        source: RouterFileError,
     },
     #[error("{what}: cannot embed the skip examples")]
     EmbedSkipExamples {
@@ -310,48 +317,85 @@ pub fn route(
             "quantile must be in [0, 1] and threshold a logprob <= 0",
         ));
     }
-    let skip = match &raw.skip_examples {
-        Some(path) => {
-            if last == local {
-                return Err(invalid(
-                    what,
-                    "skip_examples needs an upstream last tier to skip to",
-                ));
+    let rule = match (&raw.skip_examples, &raw.router) {
+        (None, None) => None,
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                what,
+                "skip_examples and router are two skip rules: name one",
+            ));
+        }
+        (Some(examples), None) => Some(SkipSource::Examples(examples)),
+        (None, Some(router)) => Some(SkipSource::Router(router)),
+    };
+    let skip = if let Some(rule) = rule {
+        if last == local {
+            return Err(invalid(
+                what,
+                "a skip rule (skip_examples or router) needs an upstream last tier to skip to",
+            ));
+        }
+        let below = raw.skip_below.unwrap_or(0.5);
+        if !(0.0..=1.0).contains(&below) {
+            return Err(invalid(
+                what,
+                format!("skip_below is a share in [0, 1], not {below}"),
+            ));
+        }
+        let Some(embedder) = embedder else {
+            let searched: Vec<String> = searched.iter().map(|d| d.display().to_string()).collect();
+            return Err(invalid(
+                what,
+                format!(
+                    "a skip rule needs the embedding model, and none is in {}: run `scripts/fetch-models.sh minilm` or pass --embedder DIR",
+                    searched.join(" or ")
+                ),
+            ));
+        };
+        let skip = match rule {
+            SkipSource::Examples(path) => {
+                let examples =
+                    read_skip_examples(path).map_err(|source| ConfigError::SkipExamples {
+                        what: what.clone(),
+                        source,
+                    })?;
+                let k = raw.skip_k.unwrap_or(DEFAULT_SKIP_K);
+                Skip::new(embedder.clone(), &examples, k, below).map_err(|source| {
+                    ConfigError::EmbedSkipExamples {
+                        what: what.clone(),
+                        source,
+                    }
+                })?
             }
-            let below = raw.skip_below.unwrap_or(0.5);
-            if !(0.0..=1.0).contains(&below) {
-                return Err(invalid(
-                    what,
-                    format!("skip_below is a share in [0, 1], not {below}"),
-                ));
-            }
-            let Some(embedder) = embedder else {
-                let searched: Vec<String> =
-                    searched.iter().map(|d| d.display().to_string()).collect();
-                return Err(invalid(
-                    what,
-                    format!(
-                        "skip_examples needs the embedding model, and none is in {}: run `scripts/fetch-models.sh minilm` or pass --embedder DIR",
-                        searched.join(" or ")
-                    ),
-                ));
-            };
-            let examples =
-                read_skip_examples(path).map_err(|source| ConfigError::SkipExamples {
+            SkipSource::Router(path) => {
+                let file = RouterFile::read(path).map_err(|source| ConfigError::Router {
                     what: what.clone(),
                     source,
                 })?;
-            let k = raw.skip_k.unwrap_or(DEFAULT_SKIP_K);
-            let skip = Skip::new(embedder.clone(), &examples, k, below).map_err(|source| {
-                ConfigError::EmbedSkipExamples {
-                    what: what.clone(),
-                    source,
+                if file.dim != embedder.dim() {
+                    return Err(invalid(
+                        what,
+                        format!(
+                            "router {} was trained on a {}-wide embedding, the embedder gives {}",
+                            path.display(),
+                            file.dim,
+                            embedder.dim()
+                        ),
+                    ));
                 }
-            })?;
-            tracing::info!(route = %raw.name, examples = examples.len(), below, "skip rule loaded");
-            Some(Arc::new(skip))
-        }
-        None => None,
+                Skip {
+                    rule: Rule::Learned {
+                        router: file.router,
+                        below,
+                    },
+                    embedder: embedder.clone(),
+                }
+            }
+        };
+        tracing::info!(route = %raw.name, below, "skip rule loaded");
+        Some(Arc::new(skip))
+    } else {
+        None
     };
     Ok(RouteConfig {
         name: raw.name.clone(),
@@ -360,6 +404,12 @@ pub fn route(
         threshold: raw.threshold,
         skip,
     })
+}
+
+/// Where a route's skip rule comes from.
+enum SkipSource<'a> {
+    Examples(&'a Path),
+    Router(&'a Path),
 }
 
 /// A skip rule's examples: JSON lines of `{"prompt": ..., "ok": true|false}`.
@@ -690,7 +740,7 @@ mod tests {
             ),
             (
                 route("[\"small\", \"small\"]", "skip_examples = \"skip.jsonl\"\n"),
-                "route `auto`: skip_examples needs an upstream last tier to skip to",
+                "route `auto`: a skip rule (skip_examples or router) needs an upstream last tier to skip to",
             ),
             (
                 route(
@@ -701,7 +751,7 @@ mod tests {
             ),
             (
                 route("[\"small\", \"mock\"]", "skip_examples = \"skip.jsonl\"\n"),
-                "route `auto`: skip_examples needs the embedding model, and none is in",
+                "route `auto`: a skip rule needs the embedding model, and none is in",
             ),
         ] {
             let err = refused(&text);

@@ -190,6 +190,9 @@ pub struct RawRoute {
     pub skip_below: Option<f32>,
     /// Nearest examples that vote [default: 8].
     pub skip_k: Option<usize>,
+    /// A learned router (`frugal route train` writes it) instead of `skip_examples`: the
+    /// cheap tier is skipped when its chance of being right is below `skip_below`.
+    pub router: Option<PathBuf>,
     /// The semantic cache's least cosine for this route [default: `[serve]`'s].
     pub semantic_threshold: Option<f32>,
     /// The share of this route's semantic hits that may be wrong [default: `[serve]`'s].

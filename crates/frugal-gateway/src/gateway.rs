@@ -135,7 +135,12 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
     let mut semantic_config = semantic_config(raw)?;
     let wants_semantic = cache.is_some() && raw.semantic_cache.unwrap_or(true);
     // One embedder for the semantic cache and the routes' skip rules.
-    let embedder = if wants_semantic || raw.route.iter().any(|r| r.skip_examples.is_some()) {
+    let embedder = if wants_semantic
+        || raw
+            .route
+            .iter()
+            .any(|r| r.skip_examples.is_some() || r.router.is_some())
+    {
         find_embedder(raw.embedder.as_deref(), inputs.embedder_search)?
     } else {
         None

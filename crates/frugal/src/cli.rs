@@ -67,6 +67,9 @@ pub enum Command {
     /// Measure a small-to-large cascade on questions with checkable answers: each tier's
     /// accuracy and cost, and the cost/quality curve over confidence thresholds
     EvalRoute(EvalRouteArgs),
+    /// Learned routers for cascade routes: `route train` fits one on labelled prompts
+    #[command(subcommand)]
+    Route(RouteCommand),
     /// Run a training command under a spot-safe supervisor: checkpoint before preemptions,
     /// resume from a store on any machine, restart after crashes, say why the GPU idles
     Train(TrainArgs),
@@ -546,6 +549,33 @@ pub struct EvalRouteArgs {
     #[arg(long, value_name = "FILE")]
     pub skip_examples: Option<PathBuf>,
     /// The embedding model the skip rule votes with
+    #[arg(long, value_name = "DIR", default_value = frugal_semantic::DEFAULT_EMBEDDER)]
+    pub embedder: PathBuf,
+    /// Also write the learned router fitted on the tuning questions, as `frugal route train`
+    /// does (`router` on a `[[serve.route]]`)
+    #[arg(long, value_name = "FILE")]
+    pub router: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RouteCommand {
+    /// Fit a router on prompts labelled by whether the cheap tier answered them right: the
+    /// chance it is right, from the prompt's embedding and length (logistic regression).
+    /// A `[[serve.route]]` names the file as `router`, and skips the cheap tier below
+    /// `skip_below`
+    Train(RouteTrainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RouteTrainArgs {
+    /// JSON lines of {"prompt": TEXT, "ok": BOOL}, as `frugal eval-route --skip-examples`
+    /// writes them
+    #[arg(long, value_name = "FILE")]
+    pub from: PathBuf,
+    /// Where to write the router (JSON)
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// The embedding model (the route's embedder must be the same)
     #[arg(long, value_name = "DIR", default_value = frugal_semantic::DEFAULT_EMBEDDER)]
     pub embedder: PathBuf,
 }

@@ -176,6 +176,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
     serve.embedder = serve.embedder.map(relative);
     for r in &mut serve.route {
         r.skip_examples = r.skip_examples.take().map(relative);
+        r.router = r.router.take().map(relative);
     }
     Ok(Config {
         ledger,

@@ -10,7 +10,7 @@ use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::cli::{Command, EvalCommand};
+use crate::cli::{Command, EvalCommand, RouteCommand};
 
 /// Every file compiled in, by its path in the repository.
 fn bundled(path: &Path) -> Option<&'static [u8]> {
@@ -99,6 +99,7 @@ impl Data {
                 a.large = self.locate(&a.large)?;
                 a.embedder = self.locate(&a.embedder)?;
             }
+            Command::Route(RouteCommand::Train(a)) => a.embedder = self.locate(&a.embedder)?,
             Command::EvalCache(a) => {
                 a.pairs = self.locate(&a.pairs)?;
                 a.embedder = self.locate(&a.embedder)?;

@@ -676,7 +676,14 @@ fn eval_route_answers_with_both_tiers() {
         &repo("models/minilm"),
         "--skip-examples",
         "skip.jsonl",
+        "--router",
+        "router.json",
     ]));
+    // The learned router fitted on the tuning questions, as a route reads it.
+    let router: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(env.path("router.json")).unwrap()).unwrap();
+    assert_eq!(router["kind"], "linear");
+    assert_eq!(router["router"]["weights"].as_array().unwrap().len(), 384);
     let html = std::fs::read_to_string(env.path("route.html")).unwrap();
     assert!(
         html.contains("<svg") && html.contains("all to the large tier"),

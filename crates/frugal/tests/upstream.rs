@@ -519,6 +519,49 @@ fn a_skip_rule_sends_requests_like_the_cheap_tiers_failures_straight_to_the_last
         server.metric("frugal_route_requests_total{route=\"auto\",tier=\"skip>mock\"}"),
         1.0
     );
+    drop(server);
+
+    // The same examples through a learned router: `frugal route train` writes it, a route
+    // names it, and it decides the same way before either tier runs.
+    let dir = tempfile::tempdir().unwrap();
+    let (from, out) = (
+        dir.path().join("skip.jsonl"),
+        dir.path().join("router.json"),
+    );
+    std::fs::write(&from, &examples).unwrap();
+    let trained = std::process::Command::new(env!("CARGO_BIN_EXE_frugal"))
+        .args(["route", "train", "--from"])
+        .arg(&from)
+        .arg("--out")
+        .arg(&out)
+        .arg("--embedder")
+        .arg(common::embedder())
+        .output()
+        .unwrap();
+    assert!(trained.status.success(), "{trained:?}");
+    let router = std::fs::read_to_string(&out).unwrap();
+    let config = config.replace(
+        "skip_examples = \"skip.jsonl\"\nskip_k = 3\n",
+        "router = \"router.json\"\nskip_below = 0.5\n",
+    );
+    let server = Server::start_with_files(
+        &[
+            ("prices.toml", prices),
+            ("frugal.toml", &config),
+            ("router.json", &router),
+        ],
+        &["--name", "small", "--no-semantic-cache"],
+    );
+    let ask = |content: &str| {
+        let body = format!(
+            r#"{{"model":"auto","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":8,"temperature":0}}"#
+        );
+        server.request("POST", "/v1/chat/completions", &body)
+    };
+    let (_, head, _) = ask("What is 33 plus 48?");
+    assert_eq!(header(&head, "x-frugal-route"), Some("skip>mock"), "{head}");
+    let (_, head, _) = ask("What is the capital of Peru?");
+    assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
 }
 
 #[test]
@@ -546,7 +589,15 @@ fn bad_skip_rules_are_refused() {
     let good = "{\"prompt\": \"What is 1 plus 2?\", \"ok\": false}\n";
     let err = run("tiers = [\"small\", \"small\"]\n", good);
     assert!(
-        err.contains("skip_examples needs an upstream last tier"),
+        err.contains("a skip rule (skip_examples or router) needs an upstream last tier"),
+        "{err}"
+    );
+    let err = run(
+        "tiers = [\"small\", \"mock\"]\nrouter = \"router.json\"\n",
+        good,
+    );
+    assert!(
+        err.contains("skip_examples and router are two skip rules"),
         "{err}"
     );
     let err = run("tiers = [\"small\", \"mock\"]\n", "{\"prompt\": 3}\n");
@@ -555,6 +606,28 @@ fn bad_skip_rules_are_refused() {
     assert!(err.contains("holds no examples"), "{err}");
     let err = run("tiers = [\"small\", \"mock\"]\nskip_below = 2.0\n", good);
     assert!(err.contains("skip_below is a share in [0, 1]"), "{err}");
+    // A router file that is not one.
+    std::fs::write(dir.path().join("router.json"), "{\"kind\": \"linear\"}").unwrap();
+    let config = dir.path().join("frugal.toml");
+    std::fs::write(
+        &config,
+        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n\n[[serve.route]]\nname = \"auto\"\nthreshold = -1.0\ntiers = [\"small\", \"mock\"]\nrouter = \"router.json\"\n",
+    )
+    .unwrap();
+    let err = common::serve_error(&[
+        "--config",
+        config.to_str().unwrap(),
+        "serve",
+        "--no-meter",
+        "--name",
+        "small",
+        "--embedder",
+        common::embedder().to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("cannot read its router") && err.contains("not a router file"),
+        "{err}"
+    );
 }
 
 /// A chat request to `model`.

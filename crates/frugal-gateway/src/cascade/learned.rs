@@ -8,7 +8,13 @@
 //! descent: a few hundred passes over a few thousand 385-wide rows take milliseconds, so no
 //! solver crate is worth its weight here.
 
+use std::path::{Path, PathBuf};
+
+use frugal_semantic::{EmbedError, Embedder};
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::cascade::route::SkipExample;
 
 /// Passes of gradient descent, and its step.
 const PASSES: usize = 400;
@@ -88,6 +94,109 @@ impl LinearRouter {
     }
 }
 
+/// What `frugal route train` writes and a route's `router` names: the model and what it
+/// was trained on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouterFile {
+    /// "linear": [`LinearRouter`] (the only kind so far; named so that others can follow).
+    pub kind: String,
+    /// The embedding width it was trained on: the route's embedder must match.
+    pub dim: usize,
+    /// Examples it was trained on, and how many the cheap tier answered right.
+    pub examples: usize,
+    pub right: usize,
+    pub router: LinearRouter,
+}
+
+/// The L2 penalty `frugal route train` fits with, as `frugal eval-route` does.
+pub const L2: f32 = 1e-3;
+
+#[derive(Debug, Error)]
+pub enum RouterFileError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a router file (`frugal route train` writes them): {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: a router of kind `{kind}`; this build reads `linear`")]
+    Kind { path: PathBuf, kind: String },
+    #[error("{path}: {weights} weights for a {dim}-wide embedding")]
+    Width {
+        path: PathBuf,
+        weights: usize,
+        dim: usize,
+    },
+}
+
+impl RouterFile {
+    /// `router`, `dim` wide, trained on examples labelled `labels` (the cheap tier right).
+    pub fn linear(router: LinearRouter, dim: usize, labels: impl Iterator<Item = bool>) -> Self {
+        let (mut examples, mut right) = (0, 0);
+        for ok in labels {
+            examples += 1;
+            right += usize::from(ok);
+        }
+        RouterFile {
+            kind: "linear".into(),
+            dim,
+            examples,
+            right,
+            router,
+        }
+    }
+
+    /// A linear router fitted on `examples`, each embedded by `embedder`.
+    pub fn train(embedder: &Embedder, examples: &[SkipExample]) -> Result<RouterFile, EmbedError> {
+        let vectors = examples
+            .iter()
+            .map(|e| embedder.embed(&e.prompt))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows: Vec<(&[f32], usize, bool)> = vectors
+            .iter()
+            .zip(examples)
+            .map(|(v, e)| (&v[..], e.prompt.len(), e.ok))
+            .collect();
+        Ok(RouterFile::linear(
+            LinearRouter::fit(&rows, L2),
+            embedder.dim(),
+            examples.iter().map(|e| e.ok),
+        ))
+    }
+
+    pub fn read(path: &Path) -> Result<RouterFile, RouterFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RouterFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let file: RouterFile =
+            serde_json::from_str(&text).map_err(|source| RouterFileError::Parse {
+                path: path.to_owned(),
+                source,
+            })?;
+        if file.kind != "linear" {
+            return Err(RouterFileError::Kind {
+                path: path.to_owned(),
+                kind: file.kind,
+            });
+        }
+        if file.router.weights.len() != file.dim {
+            return Err(RouterFileError::Width {
+                path: path.to_owned(),
+                weights: file.router.weights.len(),
+                dim: file.dim,
+            });
+        }
+        Ok(file)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +229,42 @@ mod tests {
         assert!(r.weights[0] > 5.0 * r.weights[1].abs(), "{:?}", r.weights);
         // No examples: even odds.
         assert_eq!(LinearRouter::fit(&[], 1e-3).probability(&[], 10), 0.5);
+    }
+
+    #[test]
+    fn router_files_are_read_strictly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("router.json");
+        let file = RouterFile {
+            kind: "linear".into(),
+            dim: 2,
+            examples: 4,
+            right: 2,
+            router: LinearRouter {
+                weights: vec![1.0, -1.0],
+                length: 0.0,
+                bias: 0.0,
+            },
+        };
+        let write = |f: &RouterFile| std::fs::write(&path, serde_json::to_string(f).unwrap());
+        write(&file).unwrap();
+        assert_eq!(RouterFile::read(&path).unwrap(), file);
+        let err = |f: &RouterFile| {
+            write(f).unwrap();
+            RouterFile::read(&path).unwrap_err().to_string()
+        };
+        let knn = RouterFile {
+            kind: "knn".into(),
+            ..file.clone()
+        };
+        assert!(err(&knn).contains("a router of kind `knn`"));
+        let wide = RouterFile {
+            dim: 3,
+            ..file.clone()
+        };
+        assert!(err(&wide).contains("2 weights for a 3-wide embedding"));
+        std::fs::write(&path, "{").unwrap();
+        let e = RouterFile::read(&path).unwrap_err().to_string();
+        assert!(e.contains("not a router file"), "{e}");
     }
 }

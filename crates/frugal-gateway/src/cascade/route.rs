@@ -13,6 +13,8 @@
 use std::sync::Arc;
 
 use frugal_semantic::{Embedder, FlatIndex};
+
+use crate::cascade::learned::LinearRouter;
 use serde::{Deserialize, Serialize};
 
 /// A route: `name` is what clients put in `model`.
@@ -42,8 +44,17 @@ pub struct SkipExample {
 /// A skip rule with the embedder its examples were embedded with.
 #[derive(Debug)]
 pub struct Skip {
-    pub rule: SkipRule,
+    pub rule: Rule,
     pub embedder: Arc<Embedder>,
+}
+
+/// How a route decides to skip its cheap tier before either runs.
+#[derive(Debug)]
+pub enum Rule {
+    /// The nearest labelled prompts vote (`skip_examples`).
+    Neighbours(SkipRule),
+    /// A learned router's chance the cheap tier is right, below `below` (`router`).
+    Learned { router: LinearRouter, below: f32 },
 }
 
 impl Skip {
@@ -58,7 +69,7 @@ impl Skip {
             .iter()
             .map(|e| Ok((embedder.embed(&e.prompt)?, e.ok)))
             .collect::<Result<Vec<_>, frugal_semantic::EmbedError>>()?;
-        let rule = SkipRule::new(embedder.dim(), vectors, k, below);
+        let rule = Rule::Neighbours(SkipRule::new(embedder.dim(), vectors, k, below));
         Ok(Skip { rule, embedder })
     }
 
@@ -66,7 +77,10 @@ impl Skip {
     pub async fn skips(&self, text: &str) -> bool {
         crate::cache::semantic::embed_off_thread(&self.embedder, text, "route skip rule")
             .await
-            .is_some_and(|v| self.rule.skips(&v))
+            .is_some_and(|v| match &self.rule {
+                Rule::Neighbours(rule) => rule.skips(&v),
+                Rule::Learned { router, below } => router.probability(&v, text.len()) < *below,
+            })
     }
 }
 

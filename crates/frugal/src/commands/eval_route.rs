@@ -14,6 +14,7 @@ use frugal_gateway::cascade::eval::{
     Bound, FOLDS, Outcome, Replay, SKIP_K, Signal, Sweep, Tier, best, curve, fixed_routes,
     frontier, read_answers, read_question_files, tier_name,
 };
+use frugal_gateway::cascade::learned::RouterFile;
 
 use crate::cli::{BoundFor, EvalRouteArgs};
 use crate::progress::Bar;
@@ -82,7 +83,13 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
     let mut learned = Replay {
         rows: replay.rows.clone(),
     };
-    learned.learn(&vectors);
+    let router = learned.learn(&vectors);
+    if let Some(path) = &args.router {
+        let labels = replay.tuning().into_iter().map(|r| r.small.correct);
+        let file = RouterFile::linear(router, embedder.dim(), labels);
+        std::fs::write(path, serde_json::to_string(&file)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let rows = &replay.rows;
     let (held, tune) = (replay.held(), replay.tuning());
     if let Some(path) = &args.skip_examples {

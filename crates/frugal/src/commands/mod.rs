@@ -11,6 +11,7 @@ mod plan;
 mod prices;
 mod quantize;
 mod report;
+mod route;
 
 use std::path::PathBuf;
 
@@ -19,6 +20,7 @@ use frugal_cost::Catalog;
 
 use crate::cli::{
     BatchCommand, Cli, Command, DeployCommand, EvalCommand, KeysCommand, LedgerCommand,
+    RouteCommand,
 };
 use crate::config::{self, Sources};
 
@@ -41,6 +43,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match command {
         Command::EvalCache(args) => eval_cache::run(&args),
         Command::EvalRoute(args) => eval_route::run(&args),
+        Command::Route(RouteCommand::Train(args)) => route::train(&args),
         Command::Eval(EvalCommand::Ppl(args)) => eval::ppl(&args, config.data_home.as_deref()),
         Command::Eval(EvalCommand::Tasks(args)) => eval::tasks(&args, config.data_home.as_deref()),
         Command::Eval(EvalCommand::Embedder(args)) => eval::embedder(&args),

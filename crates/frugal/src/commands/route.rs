@@ -1,0 +1,46 @@
+//! `frugal route train`: fits a learned router (`frugal_gateway::cascade::learned`) on
+//! labelled prompts and writes the file a `[[serve.route]]` names.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use frugal_gateway::assemble::{load_embedder, read_skip_examples};
+use frugal_gateway::cascade::learned::RouterFile;
+
+use crate::cli::RouteTrainArgs;
+
+pub fn train(args: &RouteTrainArgs) -> Result<()> {
+    let examples = read_skip_examples(&args.from)?;
+    let embedder = load_embedder(&args.embedder, "")?;
+    let file = RouterFile::train(&embedder, &examples).context("cannot embed the examples")?;
+    // In-sample agreement: a sanity check, not a measure (`frugal eval-route` holds out).
+    let agree = examples
+        .iter()
+        .filter(|e| {
+            embedder
+                .embed(&e.prompt)
+                .is_ok_and(|v| (file.router.probability(&v, e.prompt.len()) >= 0.5) == e.ok)
+        })
+        .count();
+    let text = serde_json::to_string(&file)?;
+    let part = args.out.with_extension("part");
+    std::fs::write(&part, text)
+        .and_then(|()| std::fs::rename(&part, &args.out))
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{}: {} examples ({} answered right by the cheap tier); on them, the router agrees with the label on {} ({:.1}%)",
+        args.out.display(),
+        file.examples,
+        file.right,
+        agree,
+        100.0 * agree as f64 / file.examples.max(1) as f64
+    )?;
+    writeln!(
+        out,
+        "In frugal.toml, on a [[serve.route]]:\nrouter = \"{}\"\nskip_below = 0.5   # skip the cheap tier below this chance of being right (`frugal eval-route` chooses it)",
+        args.out.display()
+    )?;
+    Ok(())
+}
