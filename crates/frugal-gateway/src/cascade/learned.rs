@@ -14,8 +14,6 @@ use frugal_semantic::{EmbedError, Embedder};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::cascade::route::SkipExample;
-
 /// Passes of gradient descent, and its step.
 const PASSES: usize = 400;
 const STEP: f32 = 0.5;
@@ -152,21 +150,22 @@ impl RouterFile {
         }
     }
 
-    /// A linear router fitted on `examples`, each embedded by `embedder`.
-    pub fn train(embedder: &Embedder, examples: &[SkipExample]) -> Result<RouterFile, EmbedError> {
+    /// A linear router fitted on `examples` (a prompt, and whether the cheap tier answered
+    /// it right), each embedded by `embedder`.
+    pub fn train(embedder: &Embedder, examples: &[(&str, bool)]) -> Result<RouterFile, EmbedError> {
         let vectors = examples
             .iter()
-            .map(|e| embedder.embed(&e.prompt))
+            .map(|(prompt, _)| embedder.embed(prompt))
             .collect::<Result<Vec<_>, _>>()?;
         let rows: Vec<(&[f32], usize, bool)> = vectors
             .iter()
             .zip(examples)
-            .map(|(v, e)| (&v[..], e.prompt.len(), e.ok))
+            .map(|(v, (prompt, ok))| (&v[..], prompt.len(), *ok))
             .collect();
         Ok(RouterFile::linear(
             LinearRouter::fit(&rows, L2),
             embedder.dim(),
-            examples.iter().map(|e| e.ok),
+            examples.iter().map(|e| e.1),
         ))
     }
 

@@ -12,7 +12,8 @@ use crate::cli::RouteTrainArgs;
 pub fn train(args: &RouteTrainArgs) -> Result<()> {
     let examples = read_skip_examples(&args.from)?;
     let embedder = load_embedder(&args.embedder, "")?;
-    let file = RouterFile::train(&embedder, &examples).context("cannot embed the examples")?;
+    let labelled: Vec<(&str, bool)> = examples.iter().map(|e| (e.prompt.as_str(), e.ok)).collect();
+    let file = RouterFile::train(&embedder, &labelled).context("cannot embed the examples")?;
     // In-sample agreement: a sanity check, not a measure (`frugal eval-route` holds out).
     let agree = examples
         .iter()
