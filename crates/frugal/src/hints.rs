@@ -143,6 +143,14 @@ fn sources() -> Vec<Source> {
             vec![&["eval-route"]],
             Need::All,
         ),
+        (
+            vec![
+                "frugal/src/commands/route.rs",
+                "frugal-gateway/src/cascade/learned.rs",
+            ],
+            vec![&["route", "train"]],
+            Need::All,
+        ),
         (vec!["frugal/src/bench.rs"], vec![&["bench"]], Need::All),
         (vec!["frugal/src/watch.rs"], vec![&["watch"]], Need::All),
     ]
