@@ -167,6 +167,11 @@ text_enum!(Precision, "precision", "fp32, tf32, bf16, fp16, fp8", {
     "fp8" | "float8" => Fp8,
 });
 
+text_enum!(Agreement, "agreement method", "exact, embedding", {
+    "exact" => Exact,
+    "embedding" => Embedding,
+});
+
 text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching, prefix_cache", {
     "cache" | "exact_cache" => Cache,
     "semantic_cache" | "semantic" => SemanticCache,
@@ -232,6 +237,35 @@ pub struct Event {
     /// the chance the cached answer is wrong for the question asked, `1 - P(same)`, in
     /// [0, 1]. `None` elsewhere. The report estimates the wrong-hit rate from these.
     pub wrong_chance: Option<f64>,
+    /// A shadow's row: the reference path run again on an answer a cheap lever served, to
+    /// measure the quality it kept. Such rows serve no request and save nothing.
+    pub shadow: Option<Shadow>,
+}
+
+/// A shadow's row (`Event::shadow`): the reference call's own (its cost, no verdict), or
+/// the quality sample that compared its answer with the one served (cost 0, a verdict).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shadow {
+    /// The lever whose served answer was checked.
+    pub lever: Lever,
+    pub verdict: Option<Verdict>,
+}
+
+/// Whether a served answer agreed with the reference path's, and how that was judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub agreed: bool,
+    pub method: Agreement,
+}
+
+/// How two answers are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Agreement {
+    /// The same text once case, whitespace and punctuation are set aside.
+    Exact,
+    /// A proxy: the cosine of the two answers' MiniLM embeddings at or above a threshold.
+    Embedding,
 }
 
 /// A pool replica's state: starting (a cold start), ready (serving), draining (finishing
@@ -325,6 +359,7 @@ impl Event {
             data_stall: None,
             sync_stall: None,
             wrong_chance: None,
+            shadow: None,
         }
     }
 
