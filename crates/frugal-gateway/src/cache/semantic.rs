@@ -138,6 +138,11 @@ impl State {
 }
 
 impl SemanticCache {
+    /// The embedder its entries are embedded with (a shadow compares answers with it).
+    pub fn embedder(&self) -> &Arc<Embedder> {
+        &self.embedder
+    }
+
     pub fn new(embedder: Arc<Embedder>, config: SemanticConfig) -> SemanticCache {
         // The guard's WordNet is parsed once; here, rather than in the first lookup.
         frugal_semantic::lexicon::Lexicon::get();
