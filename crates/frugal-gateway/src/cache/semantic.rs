@@ -413,7 +413,7 @@ pub async fn embed_off_thread(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::path::Path;
@@ -427,7 +427,8 @@ mod tests {
     use crate::cache::exact::Chunk;
     use crate::http::api::Usage;
 
-    fn embedder() -> Arc<Embedder> {
+    /// MiniLM, loaded once for the crate's tests.
+    pub(crate) fn embedder() -> Arc<Embedder> {
         static E: OnceLock<Arc<Embedder>> = OnceLock::new();
         E.get_or_init(|| {
             let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -19,7 +19,7 @@ use crate::http::render;
 use crate::http::validate::Job;
 use crate::meter::{self, ShadowOf};
 use crate::request::pipeline::{self, Ask, Body, Finished};
-use crate::request::shadow::Served;
+use crate::request::shadow::{self, Served};
 use crate::request::state::AppState;
 
 /// Answers `job` through `route`.
@@ -63,7 +63,10 @@ pub async fn run(
     }
     let first = for_tier(&job, &local_name, false);
     let finished = match pipeline::start(state, local.clone(), &first, &ask).await {
-        Ok(started) => pipeline::finish(started).await,
+        Ok(mut started) => {
+            shadow::spawn(state, started.shadow.take());
+            pipeline::finish(started).await
+        }
         Err(e) => Err(e),
     };
     let finished = match finished {

@@ -25,7 +25,7 @@ use crate::http::error::ApiError;
 use crate::http::validate::{Job, Kind};
 use crate::meter::ShadowOf;
 use crate::request::settle::{Bill, CacheNote, CacheUse, End, HitKind};
-use crate::request::shadow::Served;
+use crate::request::shadow::draw::{Drawn, Served};
 use crate::request::state::AppState;
 
 /// A request under way: its bill, and where its answer comes from.
@@ -37,6 +37,8 @@ pub struct Started {
     pub kind: Kind,
     /// What the request sends, for its tokens when an upstream reports no usage.
     pub prompt_bytes: u64,
+    /// A semantic hit drawn for a shadow, for the caller to start (`request::shadow`).
+    pub shadow: Option<Drawn>,
 }
 
 /// An answer run to its end and settled.
@@ -121,20 +123,24 @@ pub async fn start(
     let lookup = state.lookup(job, &name, ask.tenant.as_deref(), ask.headers, policy);
     bill.cache = consult(state, &lookup, &name).await;
     if let CacheUse::Hit(answer, how) = &bill.cache {
-        if matches!(how, HitKind::Semantic(_)) && ask.shadow.is_none() {
-            let rate = ask.shadow_rate.unwrap_or(state.inner.shadows.rate);
-            state.shadow(rate, || {
-                Some(Served {
-                    of: ShadowOf {
-                        lever: Lever::SemanticCache,
-                        model: name.clone(),
-                    },
-                    text: answer.chunks.iter().map(|c| c.text.as_str()).collect(),
-                    reference: backend.clone(),
-                    job: job.clone(),
+        // A semantic hit is a cheap lever's answer: a sampled share is checked.
+        let rate = ask.shadow_rate.unwrap_or(state.inner.shadows.rate);
+        let shadow = match how {
+            HitKind::Semantic(_) if ask.shadow.is_none() => {
+                state.inner.shadows.pick(rate, &state.inner.metrics, || {
+                    Some(Served {
+                        of: ShadowOf {
+                            lever: Lever::SemanticCache,
+                            model: name.clone(),
+                        },
+                        text: answer.chunks.iter().map(|c| c.text.as_str()).collect(),
+                        reference: backend.clone(),
+                        job: job.clone(),
+                    })
                 })
-            });
-        }
+            }
+            _ => None,
+        };
         let replay = Replay::new(answer, job.top.is_some());
         return Ok(Started {
             bill,
@@ -142,6 +148,7 @@ pub async fn start(
             id,
             kind: job.kind,
             prompt_bytes: job.prompt_bytes(),
+            shadow,
         });
     }
     let produced = backend.produce(job, plan, &mut bill.work).await;
@@ -152,6 +159,7 @@ pub async fn start(
             id,
             kind: job.kind,
             prompt_bytes: job.prompt_bytes(),
+            shadow: None,
         }),
         Err(e) if refused(&e) => {
             bill.discard();
@@ -402,6 +410,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
         id,
         kind,
         prompt_bytes,
+        ..
     } = started;
     let cache = bill.cache.label();
     let saved = bill.cache.saved().map(|(m, _)| m);

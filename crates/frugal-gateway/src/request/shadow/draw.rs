@@ -1,10 +1,16 @@
 //! Which cheap answers are shadowed (a seeded draw at the rate), and the slots that bound
-//! how many shadows run at once. Apart from the runner, so the gateway's state holds it.
+//! how many shadows run at once. Apart from the runner (which calls the pipeline), so the
+//! gateway's state and the pipeline hold and use it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::backend::Backend;
+use crate::http::validate::Job;
+use crate::meter::ShadowOf;
+use crate::metrics::Metrics;
 
 /// Shadows running at once, at most: more would spend on checking what the gateway serves
 /// more than a sample needs.
@@ -16,7 +22,7 @@ pub struct Shadows {
     pub rate: f64,
     /// SplitMix64's state: one seed gives the same draws.
     draws: AtomicU64,
-    pub(super) slots: Arc<Semaphore>,
+    slots: Arc<Semaphore>,
 }
 
 impl Shadows {
@@ -29,7 +35,7 @@ impl Shadows {
     }
 
     /// Whether one answer is shadowed at `rate`: never at 0, always at 1.
-    pub(super) fn draw(&self, rate: f64) -> bool {
+    fn draw(&self, rate: f64) -> bool {
         if rate <= 0.0 {
             return false;
         }
@@ -44,6 +50,44 @@ impl Shadows {
     }
 }
 
+impl Shadows {
+    /// The answer `served` describes, drawn at `rate` and given a slot; `served` is built
+    /// only when drawn. Drawn with every slot taken: dropped, and counted in `metrics`.
+    pub fn pick<T>(
+        &self,
+        rate: f64,
+        metrics: &Metrics,
+        served: impl FnOnce() -> Option<T>,
+    ) -> Option<Drawn<T>> {
+        if !self.draw(rate) {
+            return None;
+        }
+        let served = served()?;
+        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            metrics.count_shadow_dropped();
+            return None;
+        };
+        Some(Drawn { served, slot })
+    }
+}
+
+/// An answer a cheap lever served, to check.
+pub struct Served {
+    pub of: ShadowOf,
+    /// Its text.
+    pub text: String,
+    /// The reference path: the backend that answers without the lever.
+    pub reference: Arc<dyn Backend>,
+    /// The request as the client sent it.
+    pub job: Arc<Job>,
+}
+
+/// A shadow drawn (a [`Served`]), with its slot.
+pub struct Drawn<T = Served> {
+    pub served: T,
+    pub slot: OwnedSemaphorePermit,
+}
+
 impl Default for Shadows {
     fn default() -> Shadows {
         Shadows::new(0.0, 0)
@@ -53,6 +97,28 @@ impl Default for Shadows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Over the slots, a drawn shadow is dropped and counted; one with nothing to check
+    /// is neither; a slot given back is taken again.
+    #[test]
+    fn shadows_beyond_the_slots_are_dropped_and_counted() {
+        let shadows = Shadows::new(1.0, 0);
+        let metrics = Metrics::default();
+        let one = || Some(());
+        let held: Vec<Drawn<()>> = (0..IN_FLIGHT)
+            .map(|_| shadows.pick(1.0, &metrics, one).unwrap())
+            .collect();
+        assert!(shadows.pick(1.0, &metrics, one).is_none());
+        assert!(shadows.pick(0.0, &metrics, one).is_none(), "not drawn");
+        assert!(shadows.pick(1.0, &metrics, || None::<()>).is_none());
+        assert!(
+            metrics
+                .render(None)
+                .contains("frugal_shadow_dropped_total 1\n")
+        );
+        drop(held);
+        assert!(shadows.pick(1.0, &metrics, one).is_some());
+    }
 
     #[test]
     fn draws_follow_the_rate_and_repeat_with_the_seed() {

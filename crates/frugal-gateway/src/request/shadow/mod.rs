@@ -14,50 +14,40 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use frugal_cost::{Agreement, Verdict};
 use frugal_semantic::Embedder;
 
-use crate::backend::Backend;
-use crate::http::validate::Job;
-use crate::meter::{Sample, ShadowOf};
+use crate::meter::Sample;
 use crate::request::pipeline::{self, Ask, Body};
 use crate::request::state::AppState;
 
 pub mod draw;
 
+pub use draw::{Drawn, Served};
+
 /// The least cosine of the two answers' embeddings that counts as agreement, when the
 /// embedder is loaded: a proxy for "the same answer", stated beside each sample's method.
 pub const EMBEDDING_AGREES: f32 = 0.9;
-
-/// An answer a cheap lever served, to check.
-pub struct Served {
-    pub of: ShadowOf,
-    /// Its text.
-    pub text: String,
-    /// The reference path: the backend that answers without the lever.
-    pub reference: Arc<dyn Backend>,
-    /// The request as the client sent it.
-    pub job: Arc<Job>,
-}
 
 impl AppState {
     /// Shadows the answer `served` describes with chance `rate`, in the background;
     /// `served` is built only when drawn.
     pub(crate) fn shadow(&self, rate: f64, served: impl FnOnce() -> Option<Served>) {
-        let shadows = &self.inner.shadows;
-        if !shadows.draw(rate) {
-            return;
-        }
-        let Some(served) = served() else {
-            return;
-        };
-        let Ok(slot) = shadows.slots.clone().try_acquire_owned() else {
-            self.inner.metrics.count_shadow_dropped();
-            return;
-        };
-        let state = self.clone();
-        tokio::spawn(async move {
-            run(&state, served).await;
-            drop(slot);
-        });
+        spawn(
+            self,
+            self.inner.shadows.pick(rate, &self.inner.metrics, served),
+        );
     }
+}
+
+/// Runs a drawn shadow in the background, holding its slot until it is done (a semantic
+/// hit's: the one `pipeline::start` drew, started by its caller).
+pub fn spawn(state: &AppState, drawn: Option<Drawn>) {
+    let Some(Drawn { served, slot }) = drawn else {
+        return;
+    };
+    let state = state.clone();
+    tokio::spawn(async move {
+        run(&state, served).await;
+        drop(slot);
+    });
 }
 
 /// Asks the reference path, compares and records the sample.
@@ -172,5 +162,30 @@ mod tests {
         assert_eq!((same.agreed, same.method), (true, Agreement::Exact));
         let other = compare(None, "Paris".into(), "Rome".into()).await;
         assert_eq!((other.agreed, other.method), (false, Agreement::Exact));
+    }
+
+    /// With the embedder, answers that differ in words are judged by their cosine.
+    #[tokio::test]
+    async fn different_words_are_judged_by_their_embeddings_cosine() {
+        let e = crate::cache::semantic::tests::embedder();
+        let (a, b) = (
+            "The capital of France is Paris.",
+            "Paris is France's capital city.",
+        );
+        let cosine = frugal_semantic::embed::cosine(&e.embed(a).unwrap(), &e.embed(b).unwrap());
+        let close = compare(Some(e.clone()), a.into(), b.into()).await;
+        assert_eq!(
+            (close.agreed, close.method),
+            (cosine >= EMBEDDING_AGREES, Agreement::Embedding)
+        );
+        let far = compare(
+            Some(e.clone()),
+            a.into(),
+            "Bake the bread for an hour.".into(),
+        )
+        .await;
+        assert_eq!((far.agreed, far.method), (false, Agreement::Embedding));
+        let same = compare(Some(e), "Paris!".into(), "paris".into()).await;
+        assert_eq!((same.agreed, same.method), (true, Agreement::Exact));
     }
 }
