@@ -436,6 +436,28 @@ mod tests {
         assert_eq!(read.wrong_chance, None);
     }
 
+    /// The gateway's journal keeps events as JSON: a shadow's verdict goes through it, and
+    /// a row written before shadows reads back as none.
+    #[test]
+    fn shadows_go_through_json_and_older_rows_read_without_one() {
+        let mut e = Event::new(1, Kind::Inference, "w", Money::ZERO);
+        e.shadow = Some(Shadow {
+            lever: Lever::SemanticCache,
+            verdict: Some(Verdict {
+                agreed: false,
+                method: Agreement::Embedding,
+            }),
+        });
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["shadow"]["lever"], "semantic_cache");
+        assert_eq!(json["shadow"]["verdict"]["method"], "embedding");
+        assert_eq!(serde_json::from_value::<Event>(json.clone()).unwrap(), e);
+        let mut older = json;
+        older.as_object_mut().unwrap().remove("shadow");
+        assert_eq!(serde_json::from_value::<Event>(older).unwrap().shadow, None);
+        assert_eq!("Embedding".parse::<Agreement>(), Ok(Agreement::Embedding));
+    }
+
     #[test]
     fn waste_by_hand() {
         let mut e = Event::new(0, Kind::Training, "t", Money::from_cents(10_000));

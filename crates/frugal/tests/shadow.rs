@@ -198,6 +198,35 @@ fn cheap_answers_are_shadowed_in_the_background_sampled_once_and_reported() {
     }
 }
 
+/// A shadow under way when the gateway is stopped gets the drain to finish: its call and its
+/// sample reach the ledger, once.
+#[test]
+fn a_shadow_under_way_at_shutdown_is_drained_into_the_ledger_once() {
+    let (url, calls) = mock_upstream();
+    let config = format!(
+        "[serve]\nshadow_rate = 1.0\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\ntimeout_s = 30\nretries = 0\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\n"
+    );
+    let server = Server::start_with_files(&[("frugal.toml", &config)], &["--name", "small"]);
+    let (head, _) = ask(&server, "auto", "slow");
+    assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
+    wait_for("the shadow's call made", || {
+        calls.load(Ordering::SeqCst) == 1
+    });
+    let (status, dir) = server.stop();
+    assert!(status.success(), "{status:?}");
+    let db = rusqlite::Connection::open(dir.path().join("ledger.sqlite")).unwrap();
+    let (calls, samples): (i64, i64) = db
+        .query_row(
+            "SELECT count(*) FILTER (WHERE shadow_agreed IS NULL),
+                    count(*) FILTER (WHERE shadow_agreed IS NOT NULL)
+             FROM events WHERE shadow_lever IS NOT NULL",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((calls, samples), (1, 1));
+}
+
 #[test]
 fn a_shadow_rate_outside_zero_to_one_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

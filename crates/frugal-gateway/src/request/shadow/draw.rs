@@ -69,6 +69,12 @@ impl Shadows {
         };
         Some(Drawn { served, slot })
     }
+
+    /// Waits, up to `within`, for the shadows running to finish (their slots back).
+    pub async fn finish(&self, within: std::time::Duration) {
+        let all = self.slots.acquire_many(IN_FLIGHT as u32);
+        drop(tokio::time::timeout(within, all).await);
+    }
 }
 
 /// An answer a cheap lever served, to check.
