@@ -51,7 +51,7 @@ fn cheap_answers_are_shadowed_in_the_background_sampled_once_and_reported() {
     // The upstream answers "slow" after 5 s: a client that waited for its shadow would
     // see it. `loose` is the same upstream whose semantic hits are served at 30% error.
     let config = format!(
-        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 30\nretries = 0\n\n[[serve.upstream]]\nname = \"loose\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\nsemantic_max_error = 0.3\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\n"
+        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 30\nretries = 0\n\n[[serve.upstream]]\nname = \"loose\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\nsemantic_max_error = 0.3\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\n\n[[serve.route]]\nname = \"never\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\nshadow_rate = 0.0\n"
     );
     let prices = "[[model]]\nname = \"mock-price\"\ninput = 1000.0\noutput = 2000.0\n";
     let server = Server::start_with_files(
@@ -99,11 +99,15 @@ fn cheap_answers_are_shadowed_in_the_background_sampled_once_and_reported() {
     wait_for("the semantic hit's shadow compared", || {
         samples(&server, "semantic_cache", "loose") == 1.0
     });
+    // A route's own rate overrides [serve]'s: `never` is not shadowed.
+    let (head, _) = ask(&server, "never", "Name a bird.");
+    assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
     // The cascade's second answer was shadowed too (rate 1): both settled before stopping.
     wait_for("the second cascade shadow", || {
         samples(&server, "routing", "auto") == 2.0
     });
-    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "none for `never`");
+    assert_eq!(samples(&server, "routing", "never"), 0.0);
 
     let (_, dir) = server.stop();
     let ledger = dir.path().join("ledger.sqlite");
