@@ -167,6 +167,11 @@ text_enum!(Precision, "precision", "fp32, tf32, bf16, fp16, fp8", {
     "fp8" | "float8" => Fp8,
 });
 
+text_enum!(Agreement, "agreement method", "exact, embedding", {
+    "exact" => Exact,
+    "embedding" => Embedding,
+});
+
 text_enum!(Lever, "lever", "cache, semantic_cache, routing, batching, prefix_cache", {
     "cache" | "exact_cache" => Cache,
     "semantic_cache" | "semantic" => SemanticCache,
@@ -232,6 +237,35 @@ pub struct Event {
     /// the chance the cached answer is wrong for the question asked, `1 - P(same)`, in
     /// [0, 1]. `None` elsewhere. The report estimates the wrong-hit rate from these.
     pub wrong_chance: Option<f64>,
+    /// A shadow's row: the reference path run again on an answer a cheap lever served, to
+    /// measure the quality it kept. Such rows serve no request and save nothing.
+    pub shadow: Option<Shadow>,
+}
+
+/// A shadow's row (`Event::shadow`): the reference call's own (its cost, no verdict), or
+/// the quality sample that compared its answer with the one served (cost 0, a verdict).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shadow {
+    /// The lever whose served answer was checked.
+    pub lever: Lever,
+    pub verdict: Option<Verdict>,
+}
+
+/// Whether a served answer agreed with the reference path's, and how that was judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub agreed: bool,
+    pub method: Agreement,
+}
+
+/// How two answers are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Agreement {
+    /// The same text once case, whitespace and punctuation are set aside.
+    Exact,
+    /// A proxy: the cosine of the two answers' MiniLM embeddings at or above a threshold.
+    Embedding,
 }
 
 /// A pool replica's state: starting (a cold start), ready (serving), draining (finishing
@@ -325,6 +359,7 @@ impl Event {
             data_stall: None,
             sync_stall: None,
             wrong_chance: None,
+            shadow: None,
         }
     }
 
@@ -399,6 +434,28 @@ mod tests {
         older.as_object_mut().unwrap().remove("wrong_chance");
         let read = serde_json::from_value::<Event>(older).unwrap();
         assert_eq!(read.wrong_chance, None);
+    }
+
+    /// The gateway's journal keeps events as JSON: a shadow's verdict goes through it, and
+    /// a row written before shadows reads back as none.
+    #[test]
+    fn shadows_go_through_json_and_older_rows_read_without_one() {
+        let mut e = Event::new(1, Kind::Inference, "w", Money::ZERO);
+        e.shadow = Some(Shadow {
+            lever: Lever::SemanticCache,
+            verdict: Some(Verdict {
+                agreed: false,
+                method: Agreement::Embedding,
+            }),
+        });
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["shadow"]["lever"], "semantic_cache");
+        assert_eq!(json["shadow"]["verdict"]["method"], "embedding");
+        assert_eq!(serde_json::from_value::<Event>(json.clone()).unwrap(), e);
+        let mut older = json;
+        older.as_object_mut().unwrap().remove("shadow");
+        assert_eq!(serde_json::from_value::<Event>(older).unwrap().shadow, None);
+        assert_eq!("Embedding".parse::<Agreement>(), Ok(Agreement::Embedding));
     }
 
     #[test]

@@ -14,8 +14,8 @@ use crate::present::svg::{
 };
 use crate::present::{interval, pct, pct1, thousands, usd_f64, usd_unit, utc};
 use crate::report::{
-    BatchJobLine, InferenceLine, Item, Lever, PoolLine, Report, RunLine, Series, ServerLine,
-    SpendLine, WrongHits, utilization_note,
+    BatchJobLine, InferenceLine, Item, Lever, PoolLine, QUALITY_HEAD, QUALITY_NOTE, Report,
+    RunLine, Series, ServerLine, SpendLine, WrongHits, utilization_note,
 };
 
 /// Tableau 10 less its grey: told apart on white, and by most colour-blind readers.
@@ -42,6 +42,7 @@ pub fn render(report: &Report, source: &str) -> String {
             training_chart(report),
             savings_chart(report),
             wrong_hits_table(report),
+            quality_table(report),
             levers_section(report),
             spend_table(report),
             inference_table(report),
@@ -396,6 +397,22 @@ fn wrong_hits_table(r: &Report) -> Option<String> {
     Some(section(title, note, &table(head, &rows)))
 }
 
+/// Quality kept beside each lever's saving, where its answers were shadowed.
+fn quality_table(r: &Report) -> Option<String> {
+    let rows = r
+        .quality
+        .iter()
+        .map(|l| l.cells().iter().map(|c| esc(c)).collect())
+        .collect();
+    let rows = some(rows)?;
+    let title = "Quality kept beside each saving, measured online";
+    Some(section(
+        title,
+        QUALITY_NOTE,
+        &table(&QUALITY_HEAD.join("|"), &rows),
+    ))
+}
+
 fn levers_section(r: &Report) -> Option<String> {
     let row = |l: &Lever| BarRow {
         label: l.lever.to_owned(),
@@ -725,6 +742,31 @@ mod tests {
         let row = "<td>&lt;b&gt;&amp;co</td><td>small</td><td class=\"n\">100</td>\
                    <td class=\"n\">2.0</td><td class=\"n\">2.0%</td>\
                    <td class=\"n\">0.0% .. 4.7%</td><td class=\"n\">–</td>";
+        assert!(html.contains(row), "{html}");
+    }
+
+    #[test]
+    fn shadowed_levers_get_a_quality_table() {
+        assert!(!render_events(&events()).contains("Quality kept"));
+        let verdict = crate::event::Verdict {
+            agreed: true,
+            method: crate::event::Agreement::Embedding,
+        };
+        let mut all = events();
+        all.extend(crate::ledger::testing::shadow_rows(
+            T0,
+            2_000_000,
+            Some(verdict),
+        ));
+        let html = render_events(&all);
+        assert!(
+            html.contains("<h2>Quality kept beside each saving, measured online</h2>"),
+            "{html}"
+        );
+        // One sample that agreed: 100%, its Wilson interval 20.7% .. 100%, $0.002 to ask.
+        let row = "<td>routing</td><td>chat</td><td>route</td><td class=\"n\">$0.00</td>\
+                   <td class=\"n\">100.0%</td><td class=\"n\">20.7% .. 100.0%</td>\
+                   <td class=\"n\">1</td><td>embedding</td><td class=\"n\">$0.002000</td>";
         assert!(html.contains(row), "{html}");
     }
 

@@ -33,16 +33,18 @@ use crate::{Capacity, Kind, Outcome};
 mod decode;
 mod migrate;
 mod postgres;
+mod quality;
 mod segments;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod testing;
 
 pub use migrate::{Migrated, migrate};
+pub use quality::QualityRow;
 pub use segments::TrainingSegment;
 
 /// The schema this build writes. Older ledgers are migrated on open; newer ones refused.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// Where a ledger lives: a SQLite file, or a PostgreSQL database. Shown (and put in
 /// errors) with any password hidden.
@@ -364,6 +366,12 @@ trait Store: Send {
     ) -> Result<Vec<Option<Millis>>, LedgerError>;
     /// Rollup rows of the hours in `hours`, as `rollup::COLUMNS` values.
     fn rollups(&self, hours: Window, visit: &mut VisitRollup<'_>) -> Result<u64, LedgerError>;
+    /// `quality::QUALITY`'s rows over `window`.
+    fn quality(
+        &self,
+        window: Window,
+        visit: &mut dyn FnMut(&QualityRow),
+    ) -> Result<u64, LedgerError>;
     /// Training segments with watchdog figures that overlap `hours`, in time order.
     fn training_segments(
         &self,
@@ -429,7 +437,7 @@ const EXPORT: &str = "SELECT e.id, e.ts_ms, e.duration_ms, e.kind, w.name, m.nam
         i.name, g.name, e.capacity, e.instances, e.requests, e.input_tokens, e.output_tokens,
         e.cached_tokens, e.utilization, e.cost, e.input_cost, e.list_cost, e.outcome, e.lost_ms,
         e.saved, e.lever, t.name, e.row_hash, e.wait_ms, e.mfu, e.precision, e.data_stall,
-        e.sync_stall, e.wrong_chance
+        e.sync_stall, e.wrong_chance, e.shadow_lever, e.shadow_agreed, e.shadow_method
     FROM events e
     JOIN dims w ON w.id = e.workload
     LEFT JOIN dims m ON m.id = e.model
@@ -451,7 +459,7 @@ impl ExportRow {
     /// Indices of `EXPORT`'s columns by type.
     const NAMES: [usize; 6] = [4, 5, 6, 7, 8, 23];
     const FLOATS: [usize; 5] = [15, 26, 28, 29, 30];
-    const COLUMNS: usize = 31;
+    const COLUMNS: usize = 34;
     const KEY: usize = 24;
 
     fn into_stored(self) -> Result<Stored, String> {
@@ -486,6 +494,7 @@ impl ExportRow {
         e.data_stall = self.floats[2];
         e.sync_stall = self.floats[3];
         e.wrong_chance = self.floats[4];
+        e.shadow = quality::shadow_from_codes([code(31), code(32), code(33)])?;
         let key = match self.key {
             None => None,
             Some(k) => {
@@ -726,6 +735,15 @@ impl Ledger {
             visit(&key, &sums);
             Ok(())
         })
+    }
+
+    /// What the shadows found over the whole hours the window touches (as the rollups
+    /// count them), per lever, workload and model, in that order.
+    pub fn quality(&self, window: Window) -> Result<Vec<QualityRow>, LedgerError> {
+        let mut rows = Vec::new();
+        self.store
+            .quality(window.whole_hours(), &mut |r| rows.push(r.clone()))?;
+        Ok(rows)
     }
 
     /// Calls `visit` for each training segment with watchdog figures that overlaps the whole

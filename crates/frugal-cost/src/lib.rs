@@ -38,7 +38,10 @@ mod test_events;
 static ALLOC: frugal_testkit::fuzz::Capped = frugal_testkit::fuzz::Capped;
 
 pub use catalog::Catalog;
-pub use event::{Capacity, Event, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState};
+pub use event::{
+    Agreement, Capacity, Event, Kind, Lever, Outcome, Precision, ReplicaSpan, ReplicaState, Shadow,
+    Verdict,
+};
 pub use ledger::{Ledger, Location, Window};
 pub use money::Money;
 

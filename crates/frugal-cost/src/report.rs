@@ -23,6 +23,7 @@ mod batch;
 mod by;
 mod lever;
 mod pools;
+mod quality;
 mod reserve;
 mod servers;
 mod unit;
@@ -32,6 +33,7 @@ pub use batch::BatchJobLine;
 pub use by::{By, Spend, SpendLine};
 pub use lever::Lever;
 pub use pools::{PoolLine, RightSizing, Sizing};
+pub use quality::{QUALITY_HEAD, QUALITY_NOTE, QualityLine, wilson};
 pub use servers::{CONSOLIDATE_TO, ServerLine};
 pub use unit::{InferenceLine, Savings, WrongHits};
 use unit::{UnitAcc, ratio};
@@ -179,6 +181,8 @@ pub struct Report {
     /// Every semantic hit a verifier judged, and the estimate of how many were wrong; the
     /// bound where every line's is the same.
     pub semantic: Option<WrongHits>,
+    /// Quality kept beside each lever's saving, where answers were shadowed (`shadow_rate`).
+    pub quality: Vec<QualityLine>,
     /// Spend by tenant, model, workload or day, when asked for ([`Options::by`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spend: Option<Spend>,
@@ -290,6 +294,7 @@ impl Report {
         advice.levers.extend(reserve);
         let mut report = b.finish(window, pools, servers, advice, busy_below);
         report.bound_semantic_hits(&options.error_budgets);
+        report.quality = quality::lines(ledger.quality(window)?, &report.inference);
         // The rollups count the whole hours the window touches: the raw events too.
         report.spend = options
             .by
@@ -579,6 +584,7 @@ impl Builder<'_> {
                 self.all.expected_wrong,
                 self.all.wrong_variance,
             ),
+            quality: Vec::new(),
             spend: None,
         }
     }

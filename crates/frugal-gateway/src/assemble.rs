@@ -155,6 +155,17 @@ fn max_error(e: f64) -> Result<f64, String> {
     Ok(e)
 }
 
+/// A `shadow_rate`, checked: a share in [0, 1].
+pub fn shadow_rate(rate: f64) -> Result<f64, String> {
+    if (0.0..=1.0).contains(&rate) {
+        Ok(rate)
+    } else {
+        Err(format!(
+            "shadow_rate must be a share of cheap answers in [0, 1], such as 0.02, not {rate}"
+        ))
+    }
+}
+
 /// A semantic threshold, checked: a cosine in [0, 1].
 fn cosine_threshold(t: f32) -> Result<f32, String> {
     if !(0.0..=1.0).contains(&t) {
@@ -403,6 +414,11 @@ pub fn route(
         quantile,
         threshold: raw.threshold,
         skip,
+        shadow_rate: raw
+            .shadow_rate
+            .map(shadow_rate)
+            .transpose()
+            .map_err(|m| invalid(what, m))?,
     })
 }
 

@@ -67,6 +67,10 @@ pub struct RawServe {
     pub shared_cache: Option<bool>,
     /// The embedding model's folder [default: the first found of the places searched].
     pub embedder: Option<PathBuf>,
+    /// The share of answers a cheap lever served (a cascade's cheap tier, a semantic hit)
+    /// asked again of the reference path in the background and compared, in [0, 1]
+    /// [default: 0, off].
+    pub shadow_rate: Option<f64>,
     /// OpenAI-compatible servers served beside the local model.
     #[serde(default)]
     pub upstream: Vec<RawUpstream>,
@@ -199,6 +203,9 @@ pub struct RawRoute {
     pub semantic_max_error: Option<f64>,
     /// One cache for every tenant on this route [default: false].
     pub shared_cache: Option<bool>,
+    /// The share of this route's accepted cheap answers checked on its last tier
+    /// [default: `[serve]`'s].
+    pub shadow_rate: Option<f64>,
 }
 
 /// `[[serve.key]]`: one API key, by its hash (`frugal keys new` prints the entry).

@@ -15,7 +15,7 @@ use crate::admit::budget::SharedBudgets;
 use crate::admit::keys::{KeyConfig, Keys};
 use crate::assemble::{
     ConfigError, cache_config, find_embedder, find_verifier, has_embedder, invalid, keys, policies,
-    route, route_name, semantic_config, upstream,
+    route, route_name, semantic_config, shadow_rate, upstream,
 };
 use crate::backend::Local;
 use crate::backend::embed;
@@ -28,6 +28,7 @@ use crate::config::RawServe;
 use crate::meter::Meter;
 use crate::pool::Pool;
 use crate::pool::settings::pool as pool_settings;
+use crate::request::shadow::draw::Shadows;
 use crate::request::state::Parts;
 
 /// What assembly takes besides `[serve]`, resolved by the caller.
@@ -77,6 +78,8 @@ pub struct Assembly {
     pub batch_max_active: usize,
     /// `[serve] batch_upload_quota_mb`, in bytes.
     pub batch_upload_quota: u64,
+    /// `[serve] shadow_rate`.
+    pub shadow_rate: f64,
 }
 
 impl Assembly {
@@ -103,6 +106,7 @@ impl Assembly {
             pools: self.pools,
             batch_semantic: self.batch_semantic,
             batches: None,
+            shadows: Shadows::new(self.shadow_rate, seed()),
         }
     }
 }
@@ -190,7 +194,14 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         .iter()
         .map(|r| route(r, local, &served, embedder.as_ref(), inputs.embedder_search))
         .collect::<Result<Vec<_>, _>>()?;
+    let shadow_rate = raw
+        .shadow_rate
+        .map(shadow_rate)
+        .transpose()
+        .map_err(ConfigError::Serve)?
+        .unwrap_or(0.0);
     Ok(Assembly {
+        shadow_rate,
         upstreams,
         routes,
         policies,
@@ -212,6 +223,13 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
                 mb.saturating_mul(1 << 20)
             }),
     })
+}
+
+/// A seed for the shadows' draws: this start's own.
+fn seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The pools, checked: a name is served once, whatever serves it.

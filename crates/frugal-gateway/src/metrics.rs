@@ -272,6 +272,11 @@ pub struct Metrics {
     /// Semantic lookups whose nearest similar-enough entry the guard turned away, by reason
     /// (indexed as `Veto::ALL`).
     pub semantic_vetoes: [AtomicU64; Veto::ALL.len()],
+    /// Shadows' quality samples by lever, served name and whether they agreed; shadows
+    /// drawn and dropped for want of a slot; what shadows' calls cost, in nano-dollars.
+    shadows: std::sync::Mutex<std::collections::BTreeMap<(Lever, String, bool), u64>>,
+    shadow_dropped: AtomicU64,
+    shadow_cost: AtomicI64,
     /// Requests per cascade route and the tier whose answer was sent.
     routes: std::sync::Mutex<std::collections::BTreeMap<(String, String), u64>>,
     /// Keys reloaded (SIGHUP), and reloads refused (a config that did not parse or check).
@@ -326,6 +331,21 @@ impl Metrics {
     pub fn add_saving(&self, lever: Lever, model: &str, saved: frugal_cost::Money) {
         let mut map = self.saved.lock().unwrap_or_else(|p| p.into_inner());
         *map.entry((lever, model.to_owned())).or_default() += saved.nanos();
+    }
+
+    pub fn count_shadow(&self, lever: Lever, model: &str, agreed: bool) {
+        let mut shadows = self.shadows.lock().unwrap_or_else(|p| p.into_inner());
+        *shadows
+            .entry((lever, model.to_owned(), agreed))
+            .or_default() += 1;
+    }
+
+    pub fn count_shadow_dropped(&self) {
+        self.shadow_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn add_shadow_cost(&self, cost: frugal_cost::Money) {
+        self.shadow_cost.fetch_add(cost.nanos(), Ordering::Relaxed);
     }
 
     pub fn count_route(&self, route: &str, tier: &str) {
@@ -441,6 +461,32 @@ impl Metrics {
             out,
             "# HELP frugal_budget_shared 1 when the last budget catch-up read the other replicas' spend from the shared ledger, 0 when admission uses this gateway's local view.\n# TYPE frugal_budget_shared gauge\nfrugal_budget_shared {}\n# HELP frugal_budget_catch_up_age_seconds Since budgets last read the other replicas' spend from the shared ledger.\n# TYPE frugal_budget_catch_up_age_seconds gauge\nfrugal_budget_catch_up_age_seconds {age}",
             u8::from(shared)
+        );
+    }
+
+    fn render_shadows(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP frugal_shadow_samples_total Cheap answers checked on the reference path, by lever, served name (route) and agreement.\n# TYPE frugal_shadow_samples_total counter"
+        );
+        let shadows = self.shadows.lock().unwrap_or_else(|p| p.into_inner());
+        for ((lever, route, agree), n) in shadows.iter() {
+            let _ = writeln!(
+                out,
+                "frugal_shadow_samples_total{{lever=\"{}\",route=\"{route}\",agree=\"{agree}\"}} {n}",
+                lever.as_str()
+            );
+        }
+        drop(shadows);
+        let _ = writeln!(
+            out,
+            "# HELP frugal_shadow_dropped_total Shadows drawn and dropped: every slot was busy.\n# TYPE frugal_shadow_dropped_total counter\nfrugal_shadow_dropped_total {}",
+            self.shadow_dropped.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP frugal_shadow_cost_usd_total What shadows' calls cost, in dollars.\n# TYPE frugal_shadow_cost_usd_total counter\nfrugal_shadow_cost_usd_total {}",
+            self.shadow_cost.load(Ordering::Relaxed) as f64 / 1e9
         );
     }
 
@@ -643,6 +689,7 @@ impl Metrics {
             );
         }
         drop(spend);
+        self.render_shadows(out);
         let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
         if !routes.is_empty() {
             let _ = writeln!(

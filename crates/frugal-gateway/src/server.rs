@@ -192,6 +192,9 @@ impl Gateway {
         ));
         let app = crate::router(state.clone());
         let served = crate::serve(listener, app, shutdown, drain).await;
+        // Shadows under way get the same drain to reach their samples; one cut off after it
+        // settles as cancelled, billed, when the runtime drops it.
+        state.inner.shadows.finish(drain).await;
         // Running batches stop resumable before the pools they may use.
         state.stop_batches().await;
         Ok(served?)

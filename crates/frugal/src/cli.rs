@@ -920,6 +920,11 @@ pub struct ServeArgs {
     /// [default: the one frugal ships]
     #[arg(long, value_name = "FILE")]
     pub semantic_verifier: Option<String>,
+    /// The share of answers a cheap lever served (a cascade's cheap tier, a semantic hit)
+    /// asked again of the reference path in the background and compared, for the report's
+    /// quality kept (as `shadow_rate`) [default: 0, off]
+    #[arg(long, value_name = "SHARE")]
+    pub shadow_rate: Option<f64>,
     /// The semantic cache's embedding model folder (all-MiniLM-L6-v2)
     /// [default: models/minilm]
     #[arg(long, value_name = "DIR")]

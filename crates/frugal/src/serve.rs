@@ -231,6 +231,7 @@ fn with_flags(file: &RawServe, args: &ServeArgs) -> RawServe {
     s.semantic_threshold = args.semantic_threshold.or(s.semantic_threshold);
     s.semantic_max_error = args.semantic_max_error.or(s.semantic_max_error);
     s.semantic_verifier = args.semantic_verifier.clone().or(s.semantic_verifier);
+    s.shadow_rate = args.shadow_rate.or(s.shadow_rate);
     s.embedder = args.embedder.clone().or(s.embedder);
     s
 }

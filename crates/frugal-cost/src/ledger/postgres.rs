@@ -22,10 +22,11 @@ use r2d2_postgres::r2d2::{self, Pool, PooledConnection};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::decode::{self, Unread};
+use super::quality::{self, shadow_codes};
 use super::segments;
 use super::{
-    Axis, EXPORT, EventRow, LedgerError, LedgerInfo, Names, PoolRequests, PriorImport, Row,
-    SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, VisitRollup, Window, clamp,
+    Axis, EXPORT, EventRow, LedgerError, LedgerInfo, Names, PoolRequests, PriorImport, QualityRow,
+    Row, SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, VisitRollup, Window, clamp,
 };
 use crate::event::{Capacity, Kind, Lever, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
@@ -203,6 +204,14 @@ ALTER TABLE rollup ADD COLUMN verified_hits BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE rollup ADD COLUMN expected_wrong BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE rollup ADD COLUMN wrong_variance BIGINT NOT NULL DEFAULT 0;
 ",
+    "
+-- v11: shadows' rows (the lever whose answer was run again on the reference path) and the
+-- quality samples' verdicts: agreed (0 or 1) and how it was judged.
+ALTER TABLE events ADD COLUMN shadow_lever BIGINT;
+ALTER TABLE events ADD COLUMN shadow_agreed BIGINT;
+ALTER TABLE events ADD COLUMN shadow_method BIGINT;
+CREATE INDEX events_shadow ON events (ts_ms) WHERE shadow_lever IS NOT NULL;
+",
 ];
 
 /// Adds a write's folded rows to the rollup table, a column an array, in the arrays'
@@ -252,17 +261,18 @@ const INSERT_EVENTS: &str = "
 INSERT INTO events (ts_ms, duration_ms, kind, workload, model, run, instance, region, capacity,
     instances, requests, input_tokens, output_tokens, cached_tokens, utilization, cost,
     input_cost, list_cost, outcome, lost_ms, import, saved, lever, tenant, row_hash, wait_ms,
-    mfu, precision, data_stall, sync_stall, wrong_chance)
+    mfu, precision, data_stall, sync_stall, wrong_chance, shadow_lever, shadow_agreed,
+    shadow_method)
 SELECT c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
-    c20, $21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31
+    c20, $21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32, c33, c34
 FROM unnest($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[],
     $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[], $10::BIGINT[], $11::BIGINT[],
     $12::BIGINT[], $13::BIGINT[], $14::BIGINT[], $15::FLOAT8[], $16::BIGINT[], $17::BIGINT[],
     $18::BIGINT[], $19::BIGINT[], $20::BIGINT[], $22::BIGINT[], $23::BIGINT[],
     $24::BIGINT[], $25::BYTEA[], $26::BIGINT[], $27::FLOAT8[], $28::BIGINT[], $29::FLOAT8[],
-    $30::FLOAT8[], $31::FLOAT8[])
+    $30::FLOAT8[], $31::FLOAT8[], $32::BIGINT[], $33::BIGINT[], $34::BIGINT[])
     AS u (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
-        c20, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31)
+        c20, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32, c33, c34)
 ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING
 RETURNING row_hash";
 
@@ -270,10 +280,11 @@ RETURNING row_hash";
 const STAGED: &str = "ts_ms, duration_ms, kind, workload, model, run, instance, region,
     capacity, instances, requests, input_tokens, output_tokens, cached_tokens, utilization,
     cost, input_cost, list_cost, outcome, lost_ms, saved, lever, tenant, row_hash, wait_ms,
-    mfu, precision, data_stall, sync_stall, wrong_chance";
+    mfu, precision, data_stall, sync_stall, wrong_chance, shadow_lever, shadow_agreed,
+    shadow_method";
 
 /// The types of `seq` and `STAGED`, as `COPY ... (FORMAT binary)` writes them.
-const STAGED_TYPES: [Type; 31] = [
+const STAGED_TYPES: [Type; 34] = [
     Type::INT8, // seq
     Type::INT8,
     Type::INT8,
@@ -305,6 +316,9 @@ const STAGED_TYPES: [Type; 31] = [
     Type::FLOAT8, // data_stall
     Type::FLOAT8, // sync_stall
     Type::FLOAT8, // wrong_chance
+    Type::INT8,   // shadow_lever
+    Type::INT8,
+    Type::INT8,
 ];
 
 /// Batches from this size are copied into a staging table and moved into `events` by one
@@ -670,6 +684,14 @@ impl Store for PgStore {
             .collect())
     }
 
+    fn quality(
+        &self,
+        window: Window,
+        visit: &mut dyn FnMut(&QualityRow),
+    ) -> Result<u64, LedgerError> {
+        self.in_window(quality::QUALITY, window, quality::quality, visit)
+    }
+
     fn scan(&self, window: Window, visit: &mut dyn FnMut(&Row)) -> Result<u64, LedgerError> {
         self.in_window(decode::SCAN, window, decode::row, visit)
     }
@@ -969,6 +991,8 @@ impl PgTx<'_> {
         let data_stall = float(&|r| r.event.data_stall);
         let sync_stall = float(&|r| r.event.sync_stall);
         let wrong_chance = float(&|r| crate::wrong::chance(r.event.wrong_chance));
+        let [shadow_lever, shadow_agreed, shadow_method] =
+            [0, 1, 2].map(|i| opt(&|r| shadow_codes(r.event)[i]));
         let import_id = self.import_id;
         self.w
             .conn
@@ -1006,6 +1030,9 @@ impl PgTx<'_> {
                     &data_stall,
                     &sync_stall,
                     &wrong_chance,
+                    &shadow_lever,
+                    &shadow_agreed,
+                    &shadow_method,
                 ],
             )
             .map_err(self.err())
@@ -1099,6 +1126,9 @@ impl PgTx<'_> {
                     &e.data_stall,
                     &e.sync_stall,
                     &crate::wrong::chance(e.wrong_chance),
+                    &shadow_codes(e)[0],
+                    &shadow_codes(e)[1],
+                    &shadow_codes(e)[2],
                 ])
                 .map_err(err)?;
         }

@@ -9,13 +9,15 @@ use rusqlite::{Connection, params};
 
 use super::{
     Axis, EXPORT, EventIds, EventRow, LedgerError, LedgerInfo, Names, PoolRequests, PriorImport,
-    Row, SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, VisitRollup, Window, clamp,
+    QualityRow, Row, SCHEMA_VERSION, SpanIds, Store, Stored, TrainingSegment, Tx, VisitRollup,
+    Window, clamp,
 };
 use crate::event::{Capacity, Event, Kind, Outcome, Precision, ReplicaSpan};
 use crate::money::{Millis, Money};
 use crate::rollup::{self, Pending};
 
 use super::decode::{self, Unread};
+use super::quality::{self, shadow_codes};
 use super::segments;
 
 /// `PRAGMA application_id` of a frugal ledger: "FRUG".
@@ -160,6 +162,15 @@ ALTER TABLE events ADD COLUMN wrong_chance REAL;
 ALTER TABLE rollup ADD COLUMN verified_hits INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE rollup ADD COLUMN expected_wrong INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE rollup ADD COLUMN wrong_variance INTEGER NOT NULL DEFAULT 0;
+"#,
+    r#"
+-- v11: shadows' rows (the lever whose served answer was run again on the reference path)
+-- and the quality samples' verdicts: agreed (0 or 1) and how it was judged. Older rows
+-- have none; the index keeps the report's read of them short.
+ALTER TABLE events ADD COLUMN shadow_lever INTEGER;
+ALTER TABLE events ADD COLUMN shadow_agreed INTEGER;
+ALTER TABLE events ADD COLUMN shadow_method INTEGER;
+CREATE INDEX events_shadow ON events (ts_ms) WHERE shadow_lever IS NOT NULL;
 "#,
 ];
 
@@ -405,6 +416,14 @@ impl Store for SqliteStore {
     }
 
     /// Calls `visit` for every raw event that starts in the window.
+    fn quality(
+        &self,
+        window: Window,
+        visit: &mut dyn FnMut(&QualityRow),
+    ) -> Result<u64, LedgerError> {
+        self.in_window(quality::QUALITY, window, |r| quality::quality(r), visit)
+    }
+
     fn scan(&self, window: Window, visit: &mut dyn FnMut(&Row)) -> Result<u64, LedgerError> {
         self.in_window(decode::SCAN, window, |r| decode::row(r), visit)
     }
@@ -584,6 +603,7 @@ impl SqliteTx<'_> {
         ids: &EventIds,
         key: Option<&[u8; 16]>,
     ) -> Result<bool, LedgerError> {
+        let shadow = shadow_codes(e);
         let stored = self
             .tx
             .prepare_cached(
@@ -591,9 +611,10 @@ impl SqliteTx<'_> {
                     region, capacity, instances, requests, input_tokens, output_tokens,
                     cached_tokens, utilization, cost, input_cost, list_cost, outcome, lost_ms,
                     import, saved, lever, tenant, row_hash, wait_ms, mfu, precision, data_stall,
-                    sync_stall, wrong_chance)
+                    sync_stall, wrong_chance, shadow_lever, shadow_agreed, shadow_method)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)
+                    ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31,
+                    ?32, ?33, ?34)
                  ON CONFLICT (row_hash) WHERE row_hash IS NOT NULL DO NOTHING",
             )
             .and_then(|mut s| {
@@ -629,6 +650,9 @@ impl SqliteTx<'_> {
                     e.data_stall,
                     e.sync_stall,
                     crate::wrong::chance(e.wrong_chance),
+                    shadow[0],
+                    shadow[1],
+                    shadow[2],
                 ])
             })
             .map_err(|err| self.write_err(err))?;
@@ -900,8 +924,10 @@ mod tests {
             .sqlite_conn()
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!((version, SCHEMA_VERSION), (10, 10));
+        assert_eq!((version, SCHEMA_VERSION), (11, 11));
         v9_rows_kept(&ledger);
+        // v11: shadows' columns added in place.
+        crate::ledger::testing::shadows_stored(&mut ledger, 4);
         assert_eq!(ledger.integrity_check().unwrap(), "ok");
     }
 

@@ -5,8 +5,8 @@
 use std::cell::Cell;
 use std::path::Path;
 
-use super::{Ledger, Location, Window};
-use crate::event::{Event, Lever};
+use super::{Ledger, Location, QualityRow, Window};
+use crate::event::{Agreement, Event, Kind, Lever, Shadow, Verdict};
 use crate::money::Money;
 use crate::wrong::Chances;
 
@@ -92,6 +92,61 @@ pub(crate) fn v9_rows_kept(ledger: &Ledger) {
     let (_, expected, variance) = wrong_sums(ledger);
     assert_eq!(expected, Chances::from_f64(0.25));
     assert_eq!(variance, Chances::from_f64(0.1875));
+}
+
+/// A shadow's rows of workload `chat` and model `route` at `ts`: the reference call's (its
+/// cost, in nano-dollars) and, unless `verdict` is `None`, its sample's (cost 0).
+pub(crate) fn shadow_rows(ts: i64, cost: i64, verdict: Option<Verdict>) -> Vec<Event> {
+    let row = |cost, verdict| {
+        let mut e = Event::new(ts, Kind::Inference, "chat", Money::from_nanos(cost));
+        e.model = Some("route".into());
+        e.requests = 0;
+        e.shadow = Some(Shadow {
+            lever: Lever::Routing,
+            verdict,
+        });
+        e
+    };
+    let mut rows = vec![row(cost, None)];
+    rows.extend(verdict.map(|v| row(0, Some(v))));
+    rows
+}
+
+/// After `shadow_rows` at `ts` 1..=`n` (every third disagreeing by embedding, the rest
+/// agreeing exactly; one call failed, with no sample), the ledger's quality line and its
+/// export: what `append` stored, read back on either backend.
+pub(crate) fn shadows_stored(ledger: &mut Ledger, n: i64) {
+    let verdict = |i: i64| Verdict {
+        agreed: i % 3 != 0,
+        method: if i % 3 == 0 {
+            Agreement::Embedding
+        } else {
+            Agreement::Exact
+        },
+    };
+    let mut rows: Vec<Event> = (1..=n)
+        .flat_map(|i| shadow_rows(i, 5, Some(verdict(i))))
+        .collect();
+    rows.extend(shadow_rows(n + 1, 7, None));
+    ledger.append("meter", &rows).unwrap();
+    let disagreed = (1..=n).filter(|i| i % 3 == 0).count() as u64;
+    let got = ledger.quality(Window::default()).unwrap();
+    assert_eq!(
+        got,
+        [QualityRow {
+            lever: Lever::Routing,
+            workload: "chat".into(),
+            model: Some("route".into()),
+            samples: n as u64,
+            agreed: n as u64 - disagreed,
+            cost: Money::from_nanos(5 * n + 7),
+            methods: vec![Agreement::Exact, Agreement::Embedding],
+        }]
+    );
+    let exported = ledger.store.export_events(i64::MIN, i64::MAX).unwrap();
+    let shadows: Vec<_> = exported.iter().filter_map(|s| s.event.shadow).collect();
+    assert_eq!(shadows.len(), 2 * n as usize + 1);
+    assert_eq!(shadows[1].verdict, Some(verdict(1)));
 }
 
 /// `#[test]`s named after the given tests, running them on PostgreSQL.

@@ -138,6 +138,11 @@ impl State {
 }
 
 impl SemanticCache {
+    /// The embedder its entries are embedded with (a shadow compares answers with it).
+    pub fn embedder(&self) -> &Arc<Embedder> {
+        &self.embedder
+    }
+
     pub fn new(embedder: Arc<Embedder>, config: SemanticConfig) -> SemanticCache {
         // The guard's WordNet is parsed once; here, rather than in the first lookup.
         frugal_semantic::lexicon::Lexicon::get();
@@ -408,7 +413,7 @@ pub async fn embed_off_thread(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::path::Path;
@@ -422,7 +427,8 @@ mod tests {
     use crate::cache::exact::Chunk;
     use crate::http::api::Usage;
 
-    fn embedder() -> Arc<Embedder> {
+    /// MiniLM, loaded once for the crate's tests.
+    pub(crate) fn embedder() -> Arc<Embedder> {
         static E: OnceLock<Arc<Embedder>> = OnceLock::new();
         E.get_or_init(|| {
             let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

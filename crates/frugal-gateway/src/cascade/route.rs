@@ -29,6 +29,8 @@ pub struct RouteConfig {
     pub threshold: f32,
     /// Send requests like those the cheap tier failed straight to the last tier.
     pub skip: Option<Arc<Skip>>,
+    /// The share of accepted cheap answers checked on the last tier; `None`: `[serve]`'s.
+    pub shadow_rate: Option<f64>,
 }
 
 /// One labelled prompt of a skip rule's examples file (JSON lines, as `frugal eval-route

@@ -17,8 +17,9 @@ use crate::http::api::Usage;
 use crate::http::error::ApiError;
 use crate::http::render;
 use crate::http::validate::Job;
-use crate::meter;
+use crate::meter::{self, ShadowOf};
 use crate::request::pipeline::{self, Ask, Body, Finished};
+use crate::request::shadow::{self, Served};
 use crate::request::state::AppState;
 
 /// Answers `job` through `route`.
@@ -40,6 +41,7 @@ pub async fn run(
         .and_then(|t| state.upstream(t));
     let ask = Ask {
         policy: Some(state.policy(&route.name)),
+        shadow_rate: route.shadow_rate,
         ..ask
     };
     let m = &state.inner.metrics;
@@ -61,7 +63,10 @@ pub async fn run(
     }
     let first = for_tier(&job, &local_name, false);
     let finished = match pipeline::start(state, local.clone(), &first, &ask).await {
-        Ok(started) => pipeline::finish(started).await,
+        Ok(mut started) => {
+            shadow::spawn(state, started.shadow.take());
+            pipeline::finish(started).await
+        }
         Err(e) => Err(e),
     };
     let finished = match finished {
@@ -73,9 +78,24 @@ pub async fn run(
         .as_deref()
         .map(|lp| route::confidence(lp, route.quantile));
     let confident = confidence.is_some_and(|c| c >= route.threshold);
-    match last.filter(|_| !confident) {
+    match last.clone().filter(|_| !confident) {
         None => {
             m.count_route(&route.name, &local_name);
+            // The cheap answer stands: a sampled share is checked on the last tier.
+            if let (Some(reference), Body::Text { text, .. }) = (last, &finished.body) {
+                let rate = route.shadow_rate.unwrap_or(state.inner.shadows.rate);
+                state.shadow(rate, || {
+                    Some(Served {
+                        of: ShadowOf {
+                            lever: Lever::Routing,
+                            model: route.name.clone(),
+                        },
+                        text: text.clone(),
+                        reference,
+                        job: job.clone(),
+                    })
+                });
+            }
             record_routing_saving(
                 state,
                 &route,

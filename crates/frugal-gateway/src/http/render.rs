@@ -31,6 +31,7 @@ use crate::http::validate::{Job, Kind};
 use crate::request::pipeline::Ask;
 use crate::request::pipeline::{self, Body, Finished, Live, Started};
 use crate::request::settle::{Bill, CacheNote, End};
+use crate::request::shadow;
 use crate::request::state::AppState;
 
 /// One request through the pipeline on `backend`, streamed or whole.
@@ -40,10 +41,11 @@ pub(crate) async fn answer(
     job: Arc<Job>,
     ask: &Ask<'_>,
 ) -> Response {
-    let started = match pipeline::start(state, backend.clone(), &job, ask).await {
+    let mut started = match pipeline::start(state, backend.clone(), &job, ask).await {
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };
+    shadow::spawn(state, started.shadow.take());
     if job.common.stream {
         let usage = job
             .common
@@ -326,6 +328,7 @@ pub fn stream(started: Started, include_usage: bool) -> Response {
         id,
         kind,
         prompt_bytes,
+        ..
     } = started;
     let headers = Costed {
         cost: None,

@@ -315,6 +315,8 @@ impl AppState {
             tenant,
             headers,
             policy: None,
+            shadow_rate: None,
+            shadow: None,
         };
         match self.target(&job) {
             Ok(Target::Backend(backend)) => render::answer(self, backend, job, &ask).await,

@@ -79,6 +79,8 @@ pub struct Job {
     /// The batch job this request is a line of (set by the batch runner, never by a
     /// client): it is billed to the job and yields to interactive requests.
     pub batch: Option<Arc<str>>,
+    /// A shadow's call (`request::shadow`): it too yields to interactive requests.
+    pub shadow: bool,
 }
 
 impl Job {
@@ -149,6 +151,7 @@ impl Job {
             top,
             input,
             batch: None,
+            shadow: false,
         })
     }
 
@@ -400,8 +403,8 @@ pub fn engine_request(
             },
             stop_tokens: stop_tokens.to_vec(),
             ignore_eos: c.ignore_eos,
-            // A batch job's line yields to interactive requests in the engine.
-            priority: if job.batch.is_some() {
+            // A batch job's line, or a shadow, yields to interactive requests in the engine.
+            priority: if job.batch.is_some() || job.shadow {
                 Priority::Batch
             } else {
                 Priority::Interactive

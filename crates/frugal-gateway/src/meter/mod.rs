@@ -40,7 +40,7 @@ use frugal_cost::{Ledger, Money, ReplicaSpan};
 pub use crate::metrics::LedgerHealth;
 use journal::Journal;
 pub use journal::JournalError;
-pub use parts::{BATCH_WORKLOAD, Machine, MeterConfig, Row, Saving};
+pub use parts::{BATCH_WORKLOAD, Machine, MeterConfig, Row, Sample, Saving, ShadowOf};
 use parts::{Durable, Record};
 use ship::{Shipper, Wake};
 use target::Target;
@@ -165,6 +165,10 @@ impl Meter {
         self.send(Record::Saving(saving));
     }
 
+    pub fn record_sample(&self, sample: Sample) {
+        self.send(Record::Sample(sample));
+    }
+
     /// A span of a pool replica's life; `idle` (its cost no request paid) is written as
     /// idle capacity beside it.
     pub fn record_span(&self, span: ReplicaSpan, idle: Money) {
@@ -268,6 +272,7 @@ mod tests {
             wait: Duration::ZERO,
             batch: None,
             wrong_chance: None,
+            shadow: None,
         }
     }
 

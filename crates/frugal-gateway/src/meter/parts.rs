@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
 use frugal_cost::money::HourlyRate;
-use frugal_cost::{Capacity, Lever, Money, Outcome, ReplicaSpan};
+use frugal_cost::{Capacity, Lever, Money, Outcome, ReplicaSpan, Verdict};
 
 pub const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// Rows kept in memory at most while neither the ledger nor the journal takes them.
@@ -88,6 +88,26 @@ pub struct Row {
     pub batch: Option<Arc<str>>,
     /// A verified semantic hit's chance of being wrong.
     pub wrong_chance: Option<f64>,
+    /// A shadow's call: recorded as no request and no saving, under the served name of
+    /// the answer it checks.
+    pub shadow: Option<ShadowOf>,
+}
+
+/// What a shadow checks: the lever that served an answer, and the served name it went out
+/// under (a route, or a model).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowOf {
+    pub lever: Lever,
+    pub model: String,
+}
+
+/// A quality sample: a shadow's answer compared with the one served. Its call's cost is on
+/// the call's own row.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub started: SystemTime,
+    pub of: ShadowOf,
+    pub verdict: Verdict,
 }
 
 /// A saving in a row of its own, beside the call's: a cascade's cheap tier answered, so
@@ -106,6 +126,7 @@ pub struct Saving {
 pub enum Record {
     Row(Row),
     Saving(Saving),
+    Sample(Sample),
     /// A pool replica's span, and the part of its cost no request paid (idle).
     Span(ReplicaSpan, Money),
 }

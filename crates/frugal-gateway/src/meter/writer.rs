@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use frugal_cost::{Event, Kind, Lever, Money, Outcome, ReplicaSpan};
+use frugal_cost::{Event, Kind, Lever, Money, Outcome, ReplicaSpan, Shadow};
 
 use super::journal::Journal;
 use super::parts::{
-    BATCH_WORKLOAD, Durable, FLUSH_EVERY, Machine, MeterConfig, PENDING_MAX, Record, Row, Saving,
+    BATCH_WORKLOAD, Durable, FLUSH_EVERY, Machine, MeterConfig, PENDING_MAX, Record, Row, Sample,
+    Saving,
 };
 use super::ship::Wake;
 use super::target::Target;
@@ -126,6 +127,7 @@ impl Writer {
         match record {
             Record::Row(row) => self.add(row),
             Record::Saving(saving) => self.add_saving(saving),
+            Record::Sample(sample) => self.add_sample(sample),
             Record::Span(span, idle) => self.add_span(span, idle),
         }
     }
@@ -174,6 +176,32 @@ impl Writer {
         (e.saved, e.lever) = split(r.saved);
         e.tenant = r.tenant;
         e.wrong_chance = r.wrong_chance;
+        if let Some(of) = r.shadow {
+            // Not user traffic, and no lever's saving: only its cost, under what it checks.
+            e.requests = 0;
+            (e.saved, e.lever) = (Money::ZERO, None);
+            e.model = Some(of.model);
+            e.shadow = Some(Shadow {
+                lever: of.lever,
+                verdict: None,
+            });
+        }
+        self.pending.push(e);
+    }
+
+    /// A quality sample's row: no request, no cost, the verdict.
+    fn add_sample(&mut self, s: Sample) {
+        let mut e = Event::new(
+            epoch_ms(s.started),
+            Kind::Inference,
+            self.config.workload.clone(),
+            Money::ZERO,
+        );
+        e.model = Some(s.of.model);
+        e.shadow = Some(Shadow {
+            lever: s.of.lever,
+            verdict: Some(s.verdict),
+        });
         self.pending.push(e);
     }
 

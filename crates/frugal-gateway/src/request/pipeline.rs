@@ -23,7 +23,9 @@ use crate::cache::semantic::{Bounds, Search};
 use crate::http::api::{TokenLogprob, Usage};
 use crate::http::error::ApiError;
 use crate::http::validate::{Job, Kind};
+use crate::meter::ShadowOf;
 use crate::request::settle::{Bill, CacheNote, CacheUse, End, HitKind};
+use crate::request::shadow::draw::{Drawn, Served};
 use crate::request::state::AppState;
 
 /// A request under way: its bill, and where its answer comes from.
@@ -35,6 +37,8 @@ pub struct Started {
     pub kind: Kind,
     /// What the request sends, for its tokens when an upstream reports no usage.
     pub prompt_bytes: u64,
+    /// A semantic hit drawn for a shadow, for the caller to start (`request::shadow`).
+    pub shadow: Option<Drawn>,
 }
 
 /// An answer run to its end and settled.
@@ -77,6 +81,10 @@ pub struct Ask<'a> {
     /// The cache policy of the name the client asked for (a route's holds for every tier
     /// it calls); `None`: the backend's own.
     pub policy: Option<CachePolicy>,
+    /// The share of cheap answers shadowed (a route's `shadow_rate`); `None`: `[serve]`'s.
+    pub shadow_rate: Option<f64>,
+    /// This call is a shadow of a served answer: billed as one, and never shadowed itself.
+    pub shadow: Option<ShadowOf>,
 }
 
 /// Prepares `job` on `backend`, holds its worst case from the tenant's budgets, consults
@@ -105,6 +113,7 @@ pub async fn start(
         reservation,
     );
     bill.batch.clone_from(&job.batch);
+    bill.shadow.clone_from(&ask.shadow);
     let id = response_id(job.kind, started);
     if let Some(tokens) = plan.prompt_tokens {
         bill.work.prompt_tokens = tokens;
@@ -113,7 +122,25 @@ pub async fn start(
     let policy = ask.policy.unwrap_or_else(|| state.policy(&name));
     let lookup = state.lookup(job, &name, ask.tenant.as_deref(), ask.headers, policy);
     bill.cache = consult(state, &lookup, &name).await;
-    if let CacheUse::Hit(answer, _) = &bill.cache {
+    if let CacheUse::Hit(answer, how) = &bill.cache {
+        // A semantic hit is a cheap lever's answer: a sampled share is checked.
+        let rate = ask.shadow_rate.unwrap_or(state.inner.shadows.rate);
+        let shadow = match how {
+            HitKind::Semantic(_) if ask.shadow.is_none() => {
+                state.inner.shadows.pick(rate, &state.inner.metrics, || {
+                    Some(Served {
+                        of: ShadowOf {
+                            lever: Lever::SemanticCache,
+                            model: name.clone(),
+                        },
+                        text: answer.chunks.iter().map(|c| c.text.as_str()).collect(),
+                        reference: backend.clone(),
+                        job: job.clone(),
+                    })
+                })
+            }
+            _ => None,
+        };
         let replay = Replay::new(answer, job.top.is_some());
         return Ok(Started {
             bill,
@@ -121,6 +148,7 @@ pub async fn start(
             id,
             kind: job.kind,
             prompt_bytes: job.prompt_bytes(),
+            shadow,
         });
     }
     let produced = backend.produce(job, plan, &mut bill.work).await;
@@ -131,6 +159,7 @@ pub async fn start(
             id,
             kind: job.kind,
             prompt_bytes: job.prompt_bytes(),
+            shadow: None,
         }),
         Err(e) if refused(&e) => {
             bill.discard();
@@ -381,6 +410,7 @@ pub async fn finish(started: Started) -> Result<Finished, ApiError> {
         id,
         kind,
         prompt_bytes,
+        ..
     } = started;
     let cache = bill.cache.label();
     let saved = bill.cache.saved().map(|(m, _)| m);

@@ -120,6 +120,8 @@ pub struct Bill {
     settled: Option<Money>,
     /// The batch job the request is a line of.
     pub batch: Option<Arc<str>>,
+    /// A shadow's call: billed, but no request of a user's and no lever's saving.
+    pub shadow: Option<meter::ShadowOf>,
 }
 
 impl Bill {
@@ -140,6 +142,7 @@ impl Bill {
             recorded: Vec::new(),
             settled: None,
             batch: None,
+            shadow: None,
         }
     }
 
@@ -197,13 +200,25 @@ impl Bill {
         let m = &inner.metrics;
         let model = self.backend.name().to_owned();
         m.add_spend(&model, priced.cost);
-        if priced.batching_saved > Money::ZERO {
+        let shadow = self.shadow.is_some();
+        if shadow {
+            m.add_shadow_cost(priced.cost);
+        }
+        // A shadow saves nothing: its reuse of a prompt or a batch is no lever's doing.
+        let prefix_saved = if shadow { Money::ZERO } else { prefix_saved };
+        if priced.batching_saved > Money::ZERO && !shadow {
             m.add_saving(Lever::Batching, &model, priced.batching_saved);
         }
         if prefix_saved > Money::ZERO {
             m.add_saving(Lever::PrefixCache, &model, prefix_saved);
         }
         let outcome = match &end {
+            // A shadow's outcome is on its row; its latency is no user's.
+            _ if shadow => match &end {
+                End::Completed { .. } => None,
+                End::Failed => Some(Outcome::Failed),
+                End::Cancelled => Some(Outcome::Cancelled),
+            },
             End::Completed { first_token, .. } => {
                 m.requests_ok.fetch_add(1, Ordering::Relaxed);
                 m.latency.observe(elapsed.as_secs_f64());
@@ -266,6 +281,7 @@ impl Bill {
                 wait: self.work.wait,
                 batch: self.batch.clone(),
                 wrong_chance: self.cache.wrong_chance(),
+                shadow: self.shadow.clone(),
             });
         }
         if let End::Completed {

@@ -25,6 +25,7 @@ use crate::http::validate::Job;
 use crate::meter::Meter;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
+use crate::request::shadow::draw::Shadows;
 use frugal_cost::causes::with_causes;
 
 /// Everything a handler needs; cheap to clone.
@@ -55,6 +56,7 @@ pub(crate) struct Inner {
     pub policies: HashMap<String, CachePolicy>,
     pub keys: Keys,
     pub metrics: Metrics,
+    pub shadows: Shadows,
     pub started: i64,
     /// Batch lines consult the semantic cache.
     pub batch_semantic: bool,
@@ -97,6 +99,8 @@ pub struct Parts {
     /// The Batch API's data directory (files, batches) and how its batches run; opened by
     /// [`AppState::start_batches`].
     pub batches: Option<BatchConfig>,
+    /// The sampling of cheap answers to check (`[serve] shadow_rate`).
+    pub shadows: Shadows,
 }
 
 /// Where a request's model name leads.
@@ -151,6 +155,7 @@ impl AppState {
                 batch_config: p.batches,
                 batches: OnceLock::new(),
                 metrics: Metrics::default(),
+                shadows: p.shadows,
                 started: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs() as i64),

@@ -6,8 +6,8 @@ use anyhow::{Context, Result};
 use frugal_cost::import::parse_ts;
 use frugal_cost::present::{interval, pct, pct1, thousands, usd, usd_unit};
 use frugal_cost::report::{
-    ErrorBudgets, Options, PoolLine, Report, RightSizing, ServerLine, Spend, WrongHits,
-    utilization_note,
+    ErrorBudgets, Options, PoolLine, QUALITY_HEAD, QUALITY_NOTE, Report, RightSizing, ServerLine,
+    Spend, WrongHits, utilization_note,
 };
 use frugal_cost::{Catalog, Ledger, Money, Window};
 
@@ -266,6 +266,22 @@ fn print_wrong_hits(out: &mut impl Write, r: &Report) -> Result<()> {
     Ok(())
 }
 
+/// Beside each lever's saving, the quality its shadowed answers kept (`shadow_rate`).
+fn print_quality_kept(out: &mut impl Write, r: &Report) -> Result<()> {
+    if r.quality.is_empty() {
+        return Ok(());
+    }
+    let mut t = table::new(&QUALITY_HEAD);
+    for line in &r.quality {
+        t.add_row(line.cells());
+    }
+    writeln!(
+        out,
+        "\nQuality kept beside each saving, measured online (shadow_rate)\n{t}\n{QUALITY_NOTE}"
+    )?;
+    Ok(())
+}
+
 /// Beside the savings, what `frugal eval` last measured of the models served here, each way
 /// it was run: a lever's saving is never shown without the quality it keeps.
 fn print_quality(
@@ -401,6 +417,7 @@ fn print_report(
         )?;
         print_savings(&mut out, r)?;
         print_wrong_hits(&mut out, r)?;
+        print_quality_kept(&mut out, r)?;
         print_quality(&mut out, r, quality)?;
     }
 

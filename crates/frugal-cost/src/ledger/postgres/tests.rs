@@ -126,8 +126,10 @@ fn a_v9_database_gains_wrong_chances_and_keeps_its_rows_and_rollups() {
         .query_one("SELECT version FROM schema_version", &[])
         .unwrap()
         .get(0);
-    assert_eq!((version, SCHEMA_VERSION), (10, 10));
+    assert_eq!((version, SCHEMA_VERSION), (11, 11));
     v9_rows_kept(&ledger);
+    // v11: shadows' columns added in place.
+    crate::ledger::testing::shadows_stored(&mut ledger, 4);
 }
 
 /// A batch big enough to be copied through the staging table keeps the rules of a small
