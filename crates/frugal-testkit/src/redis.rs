@@ -2,7 +2,7 @@
 //! killed when dropped; it can be killed and started again on the same port (empty, as a
 //! Redis without persistence comes back), or paused and resumed.
 
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,14 +16,24 @@ pub struct Redis {
 impl Redis {
     /// Starts one; fails with a clear error when `redis-server` is not installed.
     pub fn start() -> io::Result<Redis> {
-        let port = crate::free_port()?;
-        let mut redis = Redis {
-            child: None,
-            port,
-            url: format!("redis://127.0.0.1:{port}/"),
-        };
-        redis.restart()?;
-        Ok(redis)
+        // A free port can be taken by another test's server before this one binds it: that
+        // server then answers here and vanishes with its test. Ours must be the one answering,
+        // so a start that lost its port tries another.
+        let mut last = None;
+        for _ in 0..5 {
+            let port = crate::free_port()?;
+            let mut redis = Redis {
+                child: None,
+                port,
+                url: format!("redis://127.0.0.1:{port}/"),
+            };
+            match redis.restart() {
+                Ok(()) => return Ok(redis),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("redis-server did not start")))
     }
 
     /// Kills the server (no shutdown, as a crash).
@@ -69,13 +79,43 @@ impl Redis {
             })?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        loop {
+            // Exited: its port was taken (the only way a fresh server stops on its own).
+            if let Some(child) = &mut self.child
+                && child.try_wait()?.is_some()
+            {
+                self.child = None;
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("redis-server could not bind port {}", self.port),
+                ));
+            }
+            if self.answering_pid() == self.child.as_ref().map(Child::id) {
+                return Ok(());
+            }
             if Instant::now() > deadline {
                 return Err(io::Error::other("redis-server did not start within 10 s"));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(())
+    }
+
+    /// The process id of the server answering on the port, by `INFO server`.
+    fn answering_pid(&self) -> Option<u32> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        stream.write_all(b"INFO server\r\n").ok()?;
+        let mut text = Vec::new();
+        let mut chunk = [0u8; 4096];
+        // The reply is one bulk string; process_id comes early in it.
+        while !String::from_utf8_lossy(&text).contains("\nrun_id:") {
+            let n = stream.read(&mut chunk).ok().filter(|&n| n > 0)?;
+            text.extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8_lossy(&text)
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
     }
 }
 
