@@ -487,20 +487,8 @@ fn a_skip_rule_sends_requests_like_the_cheap_tiers_failures_straight_to_the_last
         "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\nskip_examples = \"skip.jsonl\"\nskip_k = 3\n"
     );
     let prices = "[[model]]\nname = \"mock-price\"\ninput = 1.0\noutput = 2.0\n";
-    let server = Server::start_with_files(
-        &[
-            ("prices.toml", prices),
-            ("frugal.toml", &config),
-            ("skip.jsonl", &examples),
-        ],
-        &["--name", "small", "--no-semantic-cache"],
-    );
-    let ask = |content: &str| {
-        let body = format!(
-            r#"{{"model":"auto","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":8,"temperature":0}}"#
-        );
-        server.request("POST", "/v1/chat/completions", &body)
-    };
+    let server = route_server(prices, &config, ("skip.jsonl", &examples));
+    let ask = |content: &str| ask_auto(&server, content);
     let (status, head, body) = ask("What is 33 plus 48?");
     assert_eq!(status, 200, "{body}");
     assert_eq!(header(&head, "x-frugal-route"), Some("skip>mock"), "{head}");
@@ -544,24 +532,28 @@ fn a_skip_rule_sends_requests_like_the_cheap_tiers_failures_straight_to_the_last
         "skip_examples = \"skip.jsonl\"\nskip_k = 3\n",
         "router = \"router.json\"\nskip_below = 0.5\n",
     );
-    let server = Server::start_with_files(
-        &[
-            ("prices.toml", prices),
-            ("frugal.toml", &config),
-            ("router.json", &router),
-        ],
-        &["--name", "small", "--no-semantic-cache"],
-    );
-    let ask = |content: &str| {
-        let body = format!(
-            r#"{{"model":"auto","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":8,"temperature":0}}"#
-        );
-        server.request("POST", "/v1/chat/completions", &body)
-    };
+    let server = route_server(prices, &config, ("router.json", &router));
+    let ask = |content: &str| ask_auto(&server, content);
     let (_, head, _) = ask("What is 33 plus 48?");
     assert_eq!(header(&head, "x-frugal-route"), Some("skip>mock"), "{head}");
     let (_, head, _) = ask("What is the capital of Peru?");
     assert_eq!(header(&head, "x-frugal-route"), Some("small"), "{head}");
+}
+
+/// A server with `config`'s route and its rule's file, the semantic cache off.
+fn route_server(prices: &str, config: &str, rule: (&str, &str)) -> Server {
+    Server::start_with_files(
+        &[("prices.toml", prices), ("frugal.toml", config), rule],
+        &["--name", "small", "--no-semantic-cache"],
+    )
+}
+
+/// Asks the route `auto`.
+fn ask_auto(server: &Server, content: &str) -> (u16, String, String) {
+    let body = format!(
+        r#"{{"model":"auto","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":8,"temperature":0}}"#
+    );
+    server.request("POST", "/v1/chat/completions", &body)
 }
 
 #[test]
