@@ -559,12 +559,11 @@ fn ask_auto(server: &Server, content: &str) -> (u16, String, String) {
 #[test]
 fn bad_skip_rules_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |route: &str, examples: &str| {
-        std::fs::write(dir.path().join("skip.jsonl"), examples).unwrap();
+    let refused = |route: &str| {
         let config = dir.path().join("frugal.toml");
         std::fs::write(
             &config,
-            format!("[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n\n[[serve.route]]\nname = \"auto\"\nthreshold = -1.0\nskip_examples = \"skip.jsonl\"\n{route}"),
+            format!("[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n\n[[serve.route]]\nname = \"auto\"\nthreshold = -1.0\n{route}"),
         )
         .unwrap();
         common::serve_error(&[
@@ -577,6 +576,10 @@ fn bad_skip_rules_are_refused() {
             "--embedder",
             common::embedder().to_str().unwrap(),
         ])
+    };
+    let run = |route: &str, examples: &str| {
+        std::fs::write(dir.path().join("skip.jsonl"), examples).unwrap();
+        refused(&format!("skip_examples = \"skip.jsonl\"\n{route}"))
     };
     let good = "{\"prompt\": \"What is 1 plus 2?\", \"ok\": false}\n";
     let err = run("tiers = [\"small\", \"small\"]\n", good);
@@ -600,22 +603,7 @@ fn bad_skip_rules_are_refused() {
     assert!(err.contains("skip_below is a share in [0, 1]"), "{err}");
     // A router file that is not one.
     std::fs::write(dir.path().join("router.json"), "{\"kind\": \"linear\"}").unwrap();
-    let config = dir.path().join("frugal.toml");
-    std::fs::write(
-        &config,
-        "[[serve.upstream]]\nname = \"mock\"\nurl = \"http://127.0.0.1:9/v1\"\n\n[[serve.route]]\nname = \"auto\"\nthreshold = -1.0\ntiers = [\"small\", \"mock\"]\nrouter = \"router.json\"\n",
-    )
-    .unwrap();
-    let err = common::serve_error(&[
-        "--config",
-        config.to_str().unwrap(),
-        "serve",
-        "--no-meter",
-        "--name",
-        "small",
-        "--embedder",
-        common::embedder().to_str().unwrap(),
-    ]);
+    let err = refused("tiers = [\"small\", \"mock\"]\nrouter = \"router.json\"\n");
     assert!(
         err.contains("cannot read its router") && err.contains("not a router file"),
         "{err}"

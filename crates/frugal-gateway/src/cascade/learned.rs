@@ -151,8 +151,12 @@ impl RouterFile {
     }
 
     /// A linear router fitted on `examples` (a prompt, and whether the cheap tier answered
-    /// it right), each embedded by `embedder`.
-    pub fn train(embedder: &Embedder, examples: &[(&str, bool)]) -> Result<RouterFile, EmbedError> {
+    /// it right), each embedded by `embedder`; and how many of them it labels right itself
+    /// (in-sample: a sanity check, not a measure).
+    pub fn train(
+        embedder: &Embedder,
+        examples: &[(&str, bool)],
+    ) -> Result<(RouterFile, usize), EmbedError> {
         let vectors = examples
             .iter()
             .map(|(prompt, _)| embedder.embed(prompt))
@@ -162,11 +166,13 @@ impl RouterFile {
             .zip(examples)
             .map(|(v, (prompt, ok))| (&v[..], prompt.len(), *ok))
             .collect();
-        Ok(RouterFile::linear(
-            LinearRouter::fit(&rows, L2),
-            embedder.dim(),
-            examples.iter().map(|e| e.1),
-        ))
+        let router = LinearRouter::fit(&rows, L2);
+        let agree = rows
+            .iter()
+            .filter(|&&(v, bytes, ok)| (router.probability(v, bytes) >= 0.5) == ok)
+            .count();
+        let labels = examples.iter().map(|e| e.1);
+        Ok((RouterFile::linear(router, embedder.dim(), labels), agree))
     }
 
     pub fn read(path: &Path) -> Result<RouterFile, RouterFileError> {

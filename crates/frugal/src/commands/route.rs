@@ -13,16 +13,8 @@ pub fn train(args: &RouteTrainArgs) -> Result<()> {
     let examples = read_skip_examples(&args.from)?;
     let embedder = load_embedder(&args.embedder, "")?;
     let labelled: Vec<(&str, bool)> = examples.iter().map(|e| (e.prompt.as_str(), e.ok)).collect();
-    let file = RouterFile::train(&embedder, &labelled).context("cannot embed the examples")?;
-    // In-sample agreement: a sanity check, not a measure (`frugal eval-route` holds out).
-    let agree = examples
-        .iter()
-        .filter(|e| {
-            embedder
-                .embed(&e.prompt)
-                .is_ok_and(|v| (file.router.probability(&v, e.prompt.len()) >= 0.5) == e.ok)
-        })
-        .count();
+    let (file, agree) =
+        RouterFile::train(&embedder, &labelled).context("cannot embed the examples")?;
     let text = serde_json::to_string(&file)?;
     let part = args.out.with_extension("part");
     std::fs::write(&part, text)
