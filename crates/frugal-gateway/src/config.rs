@@ -71,6 +71,10 @@ pub struct RawServe {
     /// asked again of the reference path in the background and compared, in [0, 1]
     /// [default: 0, off].
     pub shadow_rate: Option<f64>,
+    /// Append each routing shadow's question and verdict to this file as a skip example
+    /// (JSON lines of {"prompt", "ok"}), for `frugal route train --from` to refit a route's
+    /// router on what the shadows measured. It holds users' questions: opt-in [default: off].
+    pub shadow_examples: Option<PathBuf>,
     /// OpenAI-compatible servers served beside the local model.
     #[serde(default)]
     pub upstream: Vec<RawUpstream>,

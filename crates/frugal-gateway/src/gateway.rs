@@ -28,7 +28,7 @@ use crate::config::RawServe;
 use crate::meter::Meter;
 use crate::pool::Pool;
 use crate::pool::settings::pool as pool_settings;
-use crate::request::shadow::draw::Shadows;
+use crate::request::shadow::draw::{Examples, Shadows};
 use crate::request::state::Parts;
 
 /// What assembly takes besides `[serve]`, resolved by the caller.
@@ -80,6 +80,8 @@ pub struct Assembly {
     pub batch_upload_quota: u64,
     /// `[serve] shadow_rate`.
     pub shadow_rate: f64,
+    /// `[serve] shadow_examples`, open to append to.
+    pub shadow_examples: Option<Examples>,
 }
 
 impl Assembly {
@@ -106,7 +108,7 @@ impl Assembly {
             pools: self.pools,
             batch_semantic: self.batch_semantic,
             batches: None,
-            shadows: Shadows::new(self.shadow_rate, seed()),
+            shadows: Shadows::new(self.shadow_rate, seed()).with_examples(self.shadow_examples),
         }
     }
 }
@@ -200,8 +202,21 @@ pub fn assemble(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Assembly, ConfigE
         .transpose()
         .map_err(ConfigError::Serve)?
         .unwrap_or(0.0);
+    let shadow_examples = raw
+        .shadow_examples
+        .as_deref()
+        .map(|path| {
+            Examples::open(path).map_err(|e| {
+                invalid(
+                    "serve.shadow_examples".into(),
+                    format!("cannot open {} to append to: {e}", path.display()),
+                )
+            })
+        })
+        .transpose()?;
     Ok(Assembly {
         shadow_rate,
+        shadow_examples,
         upstreams,
         routes,
         policies,

@@ -6,9 +6,9 @@
 //! near-identical text with another meaning), `lexicon` tells from WordNet how two words
 //! relate (antonyms, synonyms, siblings, ...), `verify` reads a candidate and the question
 //! together (a small cross-encoder) for the probability that one answer serves both,
-//! `budget` turns those probabilities into hits within the user's bound on wrong ones, and
-//! `eval` measures the cache on labelled pairs
-//! and chooses the guard's thresholds.
+//! `budget` turns those probabilities into hits within the user's bound on wrong ones, `eval`
+//! measures the cache on labelled pairs and chooses the guard's thresholds, and `agree`
+//! judges whether two answers agree (a shadow's quality sample, online and offline).
 
 /// The embedder's folder, relative to the repository root; `scripts/fetch-models.sh` fetches it.
 pub const DEFAULT_EMBEDDER: &str = "models/minilm";
@@ -47,6 +47,7 @@ pub const NEAR_MISS: [&str; 3] = [
     "data/semantic-cache/reworded-nearmiss.json",
 ];
 
+pub mod agree;
 mod bert;
 pub mod budget;
 pub mod embed;

@@ -569,9 +569,9 @@ pub enum RouteCommand {
 #[derive(Debug, Args)]
 pub struct RouteTrainArgs {
     /// JSON lines of {"prompt": TEXT, "ok": BOOL}, as `frugal eval-route --skip-examples`
-    /// writes them
-    #[arg(long, value_name = "FILE")]
-    pub from: PathBuf,
+    /// and `frugal serve`'s `shadow_examples` write them; repeat to fit on several files
+    #[arg(long, value_name = "FILE", required = true)]
+    pub from: Vec<PathBuf>,
     /// Where to write the router (JSON)
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,

@@ -174,6 +174,7 @@ pub fn resolve(sources: Sources<'_>) -> Result<Config> {
     let mut serve = raw.serve;
     serve.model = serve.model.map(relative);
     serve.embedder = serve.embedder.map(relative);
+    serve.shadow_examples = serve.shadow_examples.map(relative);
     for r in &mut serve.route {
         r.skip_examples = r.skip_examples.take().map(relative);
         r.router = r.router.take().map(relative);

@@ -51,7 +51,7 @@ fn cheap_answers_are_shadowed_in_the_background_sampled_once_and_reported() {
     // The upstream answers "slow" after 5 s: a client that waited for its shadow would
     // see it. `loose` is the same upstream whose semantic hits are served at 30% error.
     let config = format!(
-        "[prices]\nfiles = [\"prices.toml\"]\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 30\nretries = 0\n\n[[serve.upstream]]\nname = \"loose\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\nsemantic_max_error = 0.3\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\n\n[[serve.route]]\nname = \"never\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\nshadow_rate = 0.0\n"
+        "[prices]\nfiles = [\"prices.toml\"]\n\n[serve]\nshadow_examples = \"shadows.jsonl\"\n\n[[serve.upstream]]\nname = \"mock\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\ntimeout_s = 30\nretries = 0\n\n[[serve.upstream]]\nname = \"loose\"\nurl = \"{url}\"\nmodel = \"upstream-name\"\nprice = \"mock-price\"\nsemantic_max_error = 0.3\n\n[[serve.route]]\nname = \"auto\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\n\n[[serve.route]]\nname = \"never\"\ntiers = [\"small\", \"mock\"]\nthreshold = -1000.0\nshadow_rate = 0.0\n"
     );
     let prices = "[[model]]\nname = \"mock-price\"\ninput = 1000.0\noutput = 2000.0\n";
     let server = Server::start_with_files(
@@ -110,6 +110,22 @@ fn cheap_answers_are_shadowed_in_the_background_sampled_once_and_reported() {
     assert_eq!(samples(&server, "routing", "never"), 0.0);
 
     let (_, dir) = server.stop();
+    // Each routing shadow's question and verdict, as skip examples `frugal route train`
+    // reads (a semantic hit's are not: no router learns from them).
+    let examples = std::fs::read_to_string(dir.path().join("shadows.jsonl")).unwrap();
+    let examples: Vec<Value> = examples
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let prompts: Vec<&str> = examples
+        .iter()
+        .map(|e| e["prompt"].as_str().unwrap())
+        .collect();
+    assert_eq!(prompts, ["slow", "slow"], "{examples:?}");
+    assert!(
+        examples.iter().all(|e| e["ok"].is_boolean()),
+        "{examples:?}"
+    );
     let ledger = dir.path().join("ledger.sqlite");
     let db = rusqlite::Connection::open(&ledger).unwrap();
     // Each shadow: its call's row (its cost, no request, no verdict) and its sample's.

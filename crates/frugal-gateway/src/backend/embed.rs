@@ -84,7 +84,7 @@ impl LocalEmbedder {
     }
 
     /// The embedder, loaded on first use (off the async threads).
-    async fn embedder(&self) -> Result<Arc<Embedder>, ApiError> {
+    pub(crate) async fn embedder(&self) -> Result<Arc<Embedder>, ApiError> {
         self.embedder
             .get_or_try_init(|| async {
                 let Some(dir) = self.dir.clone() else {

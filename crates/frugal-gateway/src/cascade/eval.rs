@@ -18,12 +18,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use frugal_cost::Progress;
+use frugal_cost::{Agreement, Progress};
 use frugal_engine::model::{LoadOptions, ModelError};
 use frugal_engine::sampling::SamplingParams;
 use frugal_engine::scheduler::{Engine, Event, Priority, Request, SchedulerConfig};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
+use frugal_semantic::agree::agree;
 use frugal_semantic::{EmbedError, Embedder};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -749,12 +750,12 @@ fn replay(
     for (i, (r, &value)) in rows.iter().zip(values).enumerate() {
         large_correct += usize::from(r.large.correct);
         large_cost += r.large.seconds;
-        let skip = threshold.is_finite() && r.share < skip_below;
+        let skip = skips(r, threshold, skip_below);
         skipped += usize::from(skip);
         if threshold.is_finite() && !skip {
             cost += r.small.seconds;
         }
-        let right = if !skip && value >= threshold {
+        let right = if small_answers(r, value, threshold, skip_below) {
             small += 1;
             r.small.correct
         } else {
@@ -778,6 +779,52 @@ fn replay(
         },
         cost: cost / large_cost.max(f64::MIN_POSITIVE),
     }
+}
+
+/// Whether the skip rule sends `r` straight to the large tier (never for the baseline, an
+/// infinite threshold).
+fn skips(r: &Row, threshold: f32, skip_below: f32) -> bool {
+    threshold.is_finite() && r.share < skip_below
+}
+
+/// Whether the cascade serves `r` the small tier's answer, its confidence being `value`.
+fn small_answers(r: &Row, value: f32, threshold: f32, skip_below: f32) -> bool {
+    !skips(r, threshold, skip_below) && value >= threshold
+}
+
+/// What shadows of a cascade's accepted cheap answers would measure: of the rows it serves
+/// the small tier's answer, how many agree with the large tier's by [`agree`] (the rule
+/// `frugal serve` judges a shadow by), and how many the checks find no worse.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Shadowed {
+    pub accepted: usize,
+    pub agreed: usize,
+    /// Judged by the embeddings' cosine (the two texts differ).
+    pub by_embedding: usize,
+    /// Right by the check, or the large tier wrong too.
+    pub no_worse: usize,
+}
+
+/// [`Shadowed`] for the cascade at `threshold` and `skip_below` over `rows`.
+pub fn shadowed(
+    rows: &[&Row],
+    signal: Signal,
+    threshold: f32,
+    skip_below: f32,
+    embedder: &Embedder,
+) -> Shadowed {
+    let mut s = Shadowed::default();
+    for r in rows {
+        if !small_answers(r, signal.of(&r.small.logprobs), threshold, skip_below) {
+            continue;
+        }
+        let v = agree(Some(embedder), &r.small.text, &r.large.text);
+        s.accepted += 1;
+        s.agreed += usize::from(v.agreed);
+        s.by_embedding += usize::from(v.method == Agreement::Embedding);
+        s.no_worse += usize::from(r.small.correct || !r.large.correct);
+    }
+    s
 }
 
 /// The cheapest threshold (and share to skip below, one of `skip_belows`) on `rows` whose

@@ -8,11 +8,12 @@ use anyhow::{Context, Result, bail};
 use frugal_cost::Progress;
 use frugal_cost::present::chart::{self, Chart, Mark, Series};
 use frugal_cost::present::pct1 as pct;
+use frugal_cost::report::wilson;
 use frugal_engine::model::LoadOptions;
 use frugal_gateway::assemble::load_embedder;
 use frugal_gateway::cascade::eval::{
-    Bound, FOLDS, Outcome, Replay, SKIP_K, Signal, Sweep, Tier, best, curve, fixed_routes,
-    frontier, read_answers, read_question_files, tier_name,
+    Bound, FOLDS, Outcome, Replay, SKIP_K, Shadowed, Signal, Sweep, Tier, best, curve,
+    fixed_routes, frontier, read_answers, read_question_files, shadowed, tier_name,
 };
 use frugal_gateway::cascade::learned::RouterFile;
 
@@ -246,6 +247,8 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
         pct(h.cost),
         pct(1.0 - h.cost)
     )?;
+    let shadow = shadowed(&held, signal, chosen.threshold, skip, &embedder);
+    shadow_line(&mut out, &shadow)?;
     if let Signal::Quantile(q) = signal {
         let examples = args.skip_examples.as_ref().filter(|_| skip > 0.0);
         writeln!(
@@ -344,10 +347,35 @@ pub fn run(args: &EvalRouteArgs) -> Result<()> {
             BoundFor::Population => "population",
         };
         let bound_json = serde_json::json!({"min_quality": args.min_quality, "confidence": args.confidence, "for": bound_for, "resamples": args.resamples, "resample_size": bound.resample_size(tune.len()), "family_wise": bound.family_wise, "percentile": sweep.percentile, "unresolved": sweep.unresolved, "candidates": sweep.candidates});
-        let v = serde_json::json!({"signal": signal.name(), "chosen": chosen_json, "held_out": h, "held_out_cost_cut": 1.0 - h.cost, "curve": curve, "bound": bound_json, "choices": every, "tiers": [small, large], "answers": answers});
+        let v = serde_json::json!({"signal": signal.name(), "chosen": chosen_json, "held_out": h, "held_out_cost_cut": 1.0 - h.cost, "curve": curve, "bound": bound_json, "choices": every, "tiers": [small, large], "shadowed": shadow, "answers": answers});
         std::fs::write(path, serde_json::to_string_pretty(&v)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// What `frugal serve`'s shadows of the chosen route would measure on the held-out half,
+/// judged by the same rule: the online figure (`frugal report`, "Quality kept") to hold it
+/// against.
+fn shadow_line(out: &mut impl Write, s: &Shadowed) -> Result<()> {
+    let Some((share, low, high)) = wilson(s.agreed as u64, s.accepted as u64) else {
+        return Ok(writeln!(
+            out,
+            "shadows would measure nothing: the chosen route serves no held-out question the small tier's answer"
+        )?);
+    };
+    writeln!(
+        out,
+        "shadows of this route (`shadow_rate`) would find on the held-out half: {} of the {} accepted cheap answers agree with the large tier's ({}, 95% {}-{}; {} judged by embedding), and by the checks {} are no worse ({})",
+        s.agreed,
+        s.accepted,
+        pct(share),
+        pct(low),
+        pct(high),
+        s.by_embedding,
+        s.no_worse,
+        pct(s.no_worse as f64 / s.accepted as f64)
+    )?;
     Ok(())
 }
 

@@ -10,7 +10,10 @@ use frugal_gateway::cascade::learned::RouterFile;
 use crate::cli::RouteTrainArgs;
 
 pub fn train(args: &RouteTrainArgs) -> Result<()> {
-    let examples = read_skip_examples(&args.from)?;
+    let mut examples = Vec::new();
+    for path in &args.from {
+        examples.extend(read_skip_examples(path)?);
+    }
     let embedder = load_embedder(&args.embedder, "")?;
     let labelled: Vec<(&str, bool)> = examples.iter().map(|e| (e.prompt.as_str(), e.ok)).collect();
     let (file, agree) =

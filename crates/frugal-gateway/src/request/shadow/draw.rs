@@ -2,12 +2,16 @@
 //! how many shadows run at once. Apart from the runner (which calls the pipeline), so the
 //! gateway's state and the pipeline hold and use it.
 
-use std::sync::Arc;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::backend::Backend;
+use crate::cascade::route::SkipExample;
 use crate::http::validate::Job;
 use crate::meter::ShadowOf;
 use crate::metrics::Metrics;
@@ -23,6 +27,44 @@ pub struct Shadows {
     /// SplitMix64's state: one seed gives the same draws.
     draws: AtomicU64,
     slots: Arc<Semaphore>,
+    /// `[serve] shadow_examples`.
+    pub examples: Option<Examples>,
+}
+
+/// `[serve] shadow_examples`: the file each routing shadow's question and verdict is
+/// appended to, one skip example a line, so that the router can be refitted on what the
+/// shadows measured (`frugal route train --from`).
+#[derive(Debug)]
+pub struct Examples {
+    path: PathBuf,
+    file: Mutex<File>,
+}
+
+impl Examples {
+    /// Opens `path` to append to, created if missing.
+    pub fn open(path: &Path) -> std::io::Result<Examples> {
+        let file = File::options().create(true).append(true).open(path)?;
+        Ok(Examples {
+            path: path.to_owned(),
+            file: Mutex::new(file),
+        })
+    }
+
+    /// Appends one example as a whole line (one write, so a line is never torn by another);
+    /// a failed write (a full disk) is logged and the example lost, never the request.
+    pub fn append(&self, example: &SkipExample) {
+        let Ok(mut line) = serde_json::to_vec(example) else {
+            return;
+        };
+        line.push(b'\n');
+        let written = match self.file.lock() {
+            Ok(mut f) => f.write_all(&line),
+            Err(_) => return,
+        };
+        if let Err(e) = written {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot append a shadow's example");
+        }
+    }
 }
 
 impl Shadows {
@@ -31,7 +73,13 @@ impl Shadows {
             rate,
             draws: AtomicU64::new(seed),
             slots: Arc::new(Semaphore::new(IN_FLIGHT)),
+            examples: None,
         }
+    }
+
+    /// Appending each routing shadow's example to `examples`, if any.
+    pub fn with_examples(self, examples: Option<Examples>) -> Shadows {
+        Shadows { examples, ..self }
     }
 
     /// Whether one answer is shadowed at `rate`: never at 0, always at 1.

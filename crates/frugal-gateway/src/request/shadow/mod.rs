@@ -11,9 +11,12 @@ use std::time::SystemTime;
 
 use axum::http::{HeaderMap, HeaderValue, header};
 
-use frugal_cost::{Agreement, Verdict};
+use frugal_cost::{Lever, Verdict};
 use frugal_semantic::Embedder;
+use frugal_semantic::agree::agree;
 
+use crate::cache::exact::question_text;
+use crate::cascade::route::SkipExample;
 use crate::meter::Sample;
 use crate::request::pipeline::{self, Ask, Body};
 use crate::request::state::AppState;
@@ -21,10 +24,6 @@ use crate::request::state::AppState;
 pub mod draw;
 
 pub use draw::{Drawn, Served};
-
-/// The least cosine of the two answers' embeddings that counts as agreement, when the
-/// embedder is loaded: a proxy for "the same answer", stated beside each sample's method.
-pub const EMBEDDING_AGREES: f32 = 0.9;
 
 impl AppState {
     /// Shadows the answer `served` describes with chance `rate`, in the background;
@@ -83,9 +82,23 @@ async fn run(state: &AppState, served: Served) {
     let Some(reference) = answer_text(&finished.body, job.kind) else {
         return;
     };
-    let embedder = state.inner.semantic.as_ref().map(|s| s.embedder().clone());
+    // The local embedder (the semantic cache's, else loaded on first use, as for
+    // /v1/embeddings); without one, the answers are compared exactly, as each sample says.
+    let embedder = match &state.inner.embedder {
+        Some(local) => local.embedder().await.ok(),
+        None => None,
+    };
     let verdict = compare(embedder, served.text, reference).await;
     let of = served.of;
+    if let Some(examples) = &state.inner.shadows.examples
+        && of.lever == Lever::Routing
+        && let Some(prompt) = question_text(&job.body)
+    {
+        examples.append(&SkipExample {
+            prompt,
+            ok: verdict.agreed,
+        });
+    }
     state
         .inner
         .metrics
@@ -107,85 +120,12 @@ fn answer_text(body: &Body, kind: crate::http::validate::Kind) -> Option<String>
     }
 }
 
-/// The verdict on two answers: exactly the same once normalised; else, with an embedder,
-/// whether their embeddings' cosine reaches [`EMBEDDING_AGREES`].
+/// The verdict on two answers ([`agree`]), the embedding off the async threads.
 async fn compare(embedder: Option<Arc<Embedder>>, served: String, reference: String) -> Verdict {
-    let exact = Verdict {
-        agreed: normalised(&served) == normalised(&reference),
-        method: Agreement::Exact,
-    };
-    let Some(embedder) = embedder.filter(|_| !exact.agreed) else {
-        return exact;
-    };
-    // The embedding takes CPU: off the async threads.
-    let cosine = tokio::task::spawn_blocking(move || {
-        let a = embedder.embed(&served).ok()?;
-        let b = embedder.embed(&reference).ok()?;
-        Some(frugal_semantic::embed::cosine(&a, &b))
-    })
-    .await
-    .ok()
-    .flatten();
-    match cosine {
-        Some(c) => Verdict {
-            agreed: c >= EMBEDDING_AGREES,
-            method: Agreement::Embedding,
-        },
-        None => exact,
-    }
-}
-
-/// Text as compared exactly: lower case, punctuation dropped, whitespace runs as one space.
-pub fn normalised(text: &str) -> String {
-    let kept: String = text
-        .chars()
-        .filter(|c| !c.is_ascii_punctuation())
-        .flat_map(char::to_lowercase)
-        .collect();
-    kept.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn answers_are_compared_without_case_whitespace_or_punctuation() {
-        assert_eq!(normalised("  The answer is: 42!\n"), "the answer is 42");
-        assert_eq!(normalised("Paris."), normalised("paris"));
-        assert_ne!(normalised("Paris"), normalised("Rome"));
-    }
-
-    #[tokio::test]
-    async fn exact_agreement_needs_no_embedder_and_a_difference_without_one_disagrees() {
-        let same = compare(None, "Paris.".into(), "paris".into()).await;
-        assert_eq!((same.agreed, same.method), (true, Agreement::Exact));
-        let other = compare(None, "Paris".into(), "Rome".into()).await;
-        assert_eq!((other.agreed, other.method), (false, Agreement::Exact));
-    }
-
-    /// With the embedder, answers that differ in words are judged by their cosine.
-    #[tokio::test]
-    async fn different_words_are_judged_by_their_embeddings_cosine() {
-        let e = crate::cache::semantic::tests::embedder();
-        let (a, b) = (
-            "The capital of France is Paris.",
-            "Paris is France's capital city.",
-        );
-        let cosine = frugal_semantic::embed::cosine(&e.embed(a).unwrap(), &e.embed(b).unwrap());
-        let close = compare(Some(e.clone()), a.into(), b.into()).await;
-        assert_eq!(
-            (close.agreed, close.method),
-            (cosine >= EMBEDDING_AGREES, Agreement::Embedding)
-        );
-        let far = compare(
-            Some(e.clone()),
-            a.into(),
-            "Bake the bread for an hour.".into(),
-        )
-        .await;
-        assert_eq!((far.agreed, far.method), (false, Agreement::Embedding));
-        let same = compare(Some(e), "Paris!".into(), "paris".into()).await;
-        assert_eq!((same.agreed, same.method), (true, Agreement::Exact));
-    }
+    tokio::task::spawn_blocking(move || agree(embedder.as_deref(), &served, &reference))
+        .await
+        .unwrap_or(Verdict {
+            agreed: false,
+            method: frugal_cost::Agreement::Exact,
+        })
 }
