@@ -3,8 +3,9 @@
 //! and 16 sequences decoding after 512-token prompts (where attention over the cache is a
 //! large part of each step).
 //!
-//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant TYPE] [--kv q8_0]` (default: the
-//! default model as stored; TYPE a GGML type name such as q8_0, q4_k), on the kernel that
+//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant TYPE] [--kv q8_0] [--threads N]`
+//! (default: the default model as stored, one thread per core; TYPE a GGML type name such as
+//! q8_0, q4_k), on the kernel that
 //! `FRUGAL_ISA=avx512|avx2|scalar` names (default: the one `frugal serve` would run, chosen
 //! by measurement at start or from its cache; `FRUGAL_CALIBRATE=1` measures again). Figures
 //! go to BENCHMARKS.md beside llama.cpp's.
@@ -52,12 +53,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some("f32") | None => KvType::F32,
         Some(other) => return Err(format!("unknown --kv {other}: f32 or q8_0").into()),
     };
+    let threads = match args.iter().position(|a| a == "--threads") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .ok_or("--threads takes a number")?,
+        ),
+        None => None,
+    };
     let g = Gguf::open(&path)?;
     let model = Model::from_gguf(
         &g,
         LoadOptions {
             requantize,
-            threads: None,
+            threads,
             kv,
         },
     )?;
