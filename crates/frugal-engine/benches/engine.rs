@@ -3,10 +3,12 @@
 //! and 16 sequences decoding after 512-token prompts (where attention over the cache is a
 //! large part of each step).
 //!
-//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant TYPE] [--kv q8_0]` (default: the
-//! default model as stored; TYPE a GGML type name such as q8_0, q4_k), on the kernel that
-//! `FRUGAL_ISA=avx512|avx2|scalar` names (default: the fastest the CPU has). Figures go to
-//! BENCHMARKS.md beside llama.cpp's.
+//! `cargo bench -p frugal-engine --bench engine -- MODEL.gguf [--quant TYPE] [--kv q8_0] [--threads N]`
+//! (default: the default model as stored, one thread per core; TYPE a GGML type name such as
+//! q8_0, q4_k), on the kernel that
+//! `FRUGAL_ISA=avx512|avx2|scalar` names (default: the one `frugal serve` would run, chosen
+//! by measurement at start or from its cache; `FRUGAL_CALIBRATE=1` measures again). Figures
+//! go to BENCHMARKS.md beside llama.cpp's.
 
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
@@ -15,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use frugal_engine::gguf::Gguf;
-use frugal_engine::model::{Chunk, KvCache, KvType, LoadOptions, Model};
+use frugal_engine::model::{Calibrate, Chunk, KvCache, KvType, LoadOptions, Model};
 use frugal_engine::quant::{Kernel, WeightType};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,22 +53,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some("f32") | None => KvType::F32,
         Some(other) => return Err(format!("unknown --kv {other}: f32 or q8_0").into()),
     };
+    let threads = match args.iter().position(|a| a == "--threads") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .ok_or("--threads takes a number")?,
+        ),
+        None => None,
+    };
     let g = Gguf::open(&path)?;
     let model = Model::from_gguf(
         &g,
         LoadOptions {
             requantize,
-            threads: None,
+            threads,
             kv,
         },
     )?;
+    let started = Instant::now();
+    let kernels = model.calibrate(&Calibrate::from_env());
     println!(
-        "{} ({:.0} MB of weights{}, {} kernels, {} KV cache)",
+        "{} ({:.0} MB of weights{}, {} KV cache)\n{kernels} (in {:.0} ms)",
         path.display(),
         model.weight_bytes() as f64 / 1e6,
         requantize.map_or(String::new(), |q| format!(", requantized to {q}")),
-        Kernel::active(),
-        kv.name()
+        kv.name(),
+        started.elapsed().as_secs_f64() * 1e3
     );
     let prompt: Vec<u32> = (0..128).map(|i| 1000 + (i * 37) % 20000).collect();
     let best =

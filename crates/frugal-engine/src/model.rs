@@ -5,12 +5,17 @@
 //! Each sequence brings its own KV cache and positions; attention reads only that cache.
 //! Q, K and V are one fused matrix, and so are the FFN's gate and up projections: fewer,
 //! larger matmuls cost less dispatch than many small ones on a small model.
+//! `calibrate` chooses, at start, the kernel that runs the model's matrices fastest here.
+
+mod calibrate;
 
 use std::path::Path;
 
 use crate::gguf::{Gguf, GgufError};
 use crate::kv::{BLOCK, BlockRef, Elem, LayerView, Shape};
 use crate::quant::{self, QMatrix, QuantError, WeightType};
+
+pub use calibrate::{Calibrate, Calibration, Source, Timing};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

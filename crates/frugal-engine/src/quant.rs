@@ -10,8 +10,9 @@
 //! * [`matmul`] computes `out[b * rows + r] = dot(W[r], x[b])`. It quantizes the activations
 //!   once per call into 32-value blocks (f32 scale, i8 quants, their sum), then every 16-row
 //!   tile meets every activation row with integer dot products, so a batch reuses each weight
-//!   block from registers. The kernel is picked once at runtime: AVX-512 VNNI, AVX2, scalar
-//!   (the fastest the CPU has, unless [`Kernel::select`] chose another).
+//!   block from registers. The kernel is fixed once per process: AVX-512 VNNI, AVX2 or
+//!   scalar, the one [`Kernel::select`] chose (`frugal serve` times the model's matrices on
+//!   each at start, see `model::calibrate`), else the widest the CPU has.
 //!   Work is split over the rayon pool by row tiles.
 //!
 //! Threading: run the whole decode step inside `pool.install(..)`, so that each matmul starts
@@ -288,9 +289,9 @@ pub fn quantize_row(t: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), Quan
     Ok(())
 }
 
-/// The integer kernel implementations. [`Kernel::active`] is what [`matmul`] uses: the
-/// fastest the CPU runs, unless [`Kernel::select`] chose another so that every path can be
-/// tested and benchmarked on one machine.
+/// The integer kernel implementations. [`Kernel::active`] is what [`matmul`] uses: the one
+/// [`Kernel::select`] chose (by measurement at start, or `FRUGAL_ISA` so that every path can
+/// be tested and benchmarked on one machine), else the widest the CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     Scalar,
@@ -331,7 +332,8 @@ pub fn vectorized(work: impl Wide) {
 static ACTIVE: OnceLock<Kernel> = OnceLock::new();
 
 impl Kernel {
-    /// The fastest kernel this CPU runs (detected once).
+    /// The widest kernel this CPU runs (detected once), not always the fastest: see
+    /// `model::calibrate`.
     pub fn best() -> Kernel {
         static BEST: OnceLock<Kernel> = OnceLock::new();
         *BEST.get_or_init(|| {
@@ -345,6 +347,11 @@ impl Kernel {
     /// The kernel [`matmul`] uses: the one [selected](Kernel::select), else [`Kernel::best`].
     pub fn active() -> Kernel {
         *ACTIVE.get_or_init(Kernel::best)
+    }
+
+    /// The kernel fixed for the process, if one is yet (selected, or used by a matmul).
+    pub fn fixed() -> Option<Kernel> {
+        ACTIVE.get().copied()
     }
 
     /// Use `self` for every later matmul in this process instead of the fastest (e.g. the
@@ -638,7 +645,7 @@ impl Scratch {
         batch: usize,
         cols: usize,
     ) -> Result<Input<'a>, QuantError> {
-        self.prepare(x, batch, cols, true, None)
+        self.prepare(x, batch, cols, true, None, Kernel::active())
     }
 
     /// [`Scratch::quantize`], split over `pool` when the input is large (batched rows): at
@@ -650,7 +657,7 @@ impl Scratch {
         cols: usize,
         pool: &rayon::ThreadPool,
     ) -> Result<Input<'a>, QuantError> {
-        self.prepare(x, batch, cols, true, Some(pool))
+        self.prepare(x, batch, cols, true, Some(pool), Kernel::active())
     }
 
     fn prepare<'a>(
@@ -660,6 +667,7 @@ impl Scratch {
         cols: usize,
         quantize: bool,
         pool: Option<&rayon::ThreadPool>,
+        kernel: Kernel,
     ) -> Result<Input<'a>, QuantError> {
         let n = batch.checked_mul(cols).ok_or(QuantError::TooLarge)?;
         expect_len("activations", n, x.len())?;
@@ -682,6 +690,7 @@ impl Scratch {
         let (q, d, sd) = (&mut self.q[..], &mut self.d[..], &mut self.sd[..]);
         let (sum, lo) = (&mut self.sum[..], &mut self.lo[..]);
         let threads = pool.map_or(1, |p| p.current_num_threads());
+        let isa = kernel.isa().ok_or(QuantError::KernelUnavailable(kernel))?;
         match pool {
             Some(pool) if threads > 1 && blocks >= PAR_MIN_QUANT_BLOCKS => {
                 let per = blocks.div_ceil(threads);
@@ -693,11 +702,11 @@ impl Scratch {
                         .zip(lo.par_chunks_mut(per))
                         .zip(sd.par_chunks_mut(per))
                         .for_each(|(((((x, q), d), sum), lo), sd)| {
-                            quantize_blocks(x, q, d, Sums { sum, lo, sd })
+                            quantize_blocks(isa, x, q, d, Sums { sum, lo, sd })
                         });
                 });
             }
-            _ => quantize_blocks(x, q, d, Sums { sum, lo, sd }),
+            _ => quantize_blocks(isa, x, q, d, Sums { sum, lo, sd }),
         }
         for ((n8, n128), &s) in self.neg8.iter_mut().zip(self.neg128.iter_mut()).zip(&*sum) {
             *n8 = -8 * s;
@@ -727,15 +736,15 @@ impl Scratch {
 /// Activation blocks below which quantizing on more threads does not pay (~2 us of work).
 const PAR_MIN_QUANT_BLOCKS: usize = 256;
 
-/// Quantize whole blocks (`x.len() == q.len() == 32 * d.len()`, and so on) with the best
-/// available SIMD, or the bit-identical scalar code.
-fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], mut s: Sums<'_>) {
-    let done = match Kernel::active().isa() {
+/// Quantize whole blocks (`x.len() == q.len() == 32 * d.len()`, and so on) with the SIMD of
+/// `isa`, or the bit-identical scalar code.
+fn quantize_blocks(isa: Isa, x: &[f32], q: &mut [i8], d: &mut [f32], mut s: Sums<'_>) {
+    let done = match isa {
         #[cfg(target_arch = "x86_64")]
-        Some(Isa::Avx512(k)) => k.quantize(x, q, d, s.reborrow()),
+        Isa::Avx512(k) => k.quantize(x, q, d, s.reborrow()),
         #[cfg(target_arch = "x86_64")]
-        Some(Isa::Avx2(k)) => k.quantize(x, q, d, s.reborrow()),
-        _ => false,
+        Isa::Avx2(k) => k.quantize(x, q, d, s.reborrow()),
+        Isa::Scalar => false,
     };
     if !done {
         for (k, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate() {
@@ -779,9 +788,23 @@ pub fn matmul_with_scratch(
     pool: &rayon::ThreadPool,
     scratch: &mut Scratch,
 ) -> Result<(), QuantError> {
+    matmul_with_kernel(w, x, batch, out, pool, scratch, Kernel::active())
+}
+
+/// [`matmul_with_scratch`] on `kernel`, which also quantizes the activations, whatever the
+/// process's kernel: what the calibration at start times.
+pub fn matmul_with_kernel(
+    w: &QMatrix,
+    x: &[f32],
+    batch: usize,
+    out: &mut [f32],
+    pool: &rayon::ThreadPool,
+    scratch: &mut Scratch,
+    kernel: Kernel,
+) -> Result<(), QuantError> {
     let needs_q8 = matches!(w.repr, Repr::Packed(_));
-    let input = scratch.prepare(x, batch, w.cols, needs_q8, Some(pool))?;
-    matmul_input(w, &input, out, pool)
+    let input = scratch.prepare(x, batch, w.cols, needs_q8, Some(pool), kernel)?;
+    matmul_input_with_kernel(w, &input, out, pool, kernel)
 }
 
 /// [`matmul`] on prepared activations (quantized once, used for several matrices).

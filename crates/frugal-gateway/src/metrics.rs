@@ -315,6 +315,9 @@ pub struct Gauges {
     pub prefix_evictions: u64,
     /// KV blocks held by running sequences, held only by the prefix cache, and free.
     pub kv_blocks: [usize; 3],
+    /// The integer kernel the engine runs, its threads, and how the kernel was chosen
+    /// (`measured` at start, `cached`, `flags`, `fixed`).
+    pub kernel: (&'static str, usize, &'static str),
 }
 
 impl Metrics {
@@ -497,6 +500,11 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
         };
+        let (kernel, threads, chosen) = g.kernel;
+        let _ = writeln!(
+            out,
+            "# HELP frugal_engine_info The engine's integer kernel, its threads, and how the kernel was chosen.\n# TYPE frugal_engine_info gauge\nfrugal_engine_info{{kernel=\"{kernel}\",threads=\"{threads}\",chosen=\"{chosen}\"}} 1"
+        );
         gauge(
             out,
             "frugal_queue_depth",

@@ -97,7 +97,10 @@ impl Gateway {
         setup: Setup,
     ) -> Result<Gateway, BuildError> {
         let what = match &local {
-            Some(l) => format!("{} (machine at {}/h)", l.machine.model, l.machine.rate.0),
+            Some(l) => format!(
+                "{} (machine at {}/h; {})",
+                l.machine.model, l.machine.rate.0, l.kernels
+            ),
             None => format!(
                 "a gateway to {} upstream(s) and {} pool(s)",
                 assembly.upstreams.len(),

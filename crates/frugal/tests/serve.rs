@@ -439,6 +439,43 @@ fn sigterm_under_load_loses_no_answered_request() {
     );
 }
 
+/// The kernel the engine runs is chosen at start (measured, with a cache in
+/// `$XDG_CACHE_HOME/frugal`) and said in the start line and in `/metrics`.
+#[test]
+fn the_kernel_choice_is_said_at_start_and_in_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let server = Server::start_env(
+        dir,
+        &[],
+        &[],
+        &[("XDG_CACHE_HOME", cache.to_str().unwrap())],
+    );
+    let logs = server.logs();
+    let said = logs
+        .lines()
+        .find(|l| l.contains("on http://"))
+        .and_then(|l| l.split_once("; "))
+        .map(|(_, rest)| rest.split(" kernels on ").collect::<Vec<_>>())
+        .unwrap_or_default();
+    let [kernel, rest] = said[..] else {
+        panic!("no kernels in the start line: {logs}");
+    };
+    let (threads, how) = rest.split_once(" threads, ").unwrap();
+    let chosen = if how.starts_with("measured:") {
+        "measured"
+    } else {
+        assert!(how.starts_with("by instruction set"), "{logs}");
+        "flags"
+    };
+    let info = format!(
+        "frugal_engine_info{{kernel=\"{kernel}\",threads=\"{threads}\",chosen=\"{chosen}\"}} "
+    );
+    assert_eq!(server.metric(&info), 1.0, "{info}");
+    let file = cache.join("frugal/kernels.json");
+    assert_eq!(file.exists(), chosen == "measured", "{}", file.display());
+}
+
 #[test]
 fn a_client_that_disconnects_frees_its_sequence() {
     let server = Server::start(&[]);

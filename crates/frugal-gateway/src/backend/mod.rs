@@ -22,7 +22,9 @@ use frugal_cost::Money;
 use frugal_cost::catalog::ModelPrice;
 use frugal_cost::money::HourlyRate;
 use frugal_engine::gguf::Gguf;
-use frugal_engine::model::{Config as ModelConfig, KvType, LoadOptions, Model, ModelError};
+use frugal_engine::model::{
+    Calibrate, Calibration, Config as ModelConfig, KvType, LoadOptions, Model, ModelError,
+};
 use frugal_engine::scheduler::{Engine, EngineTime, SchedulerConfig, SubmitError};
 use frugal_engine::template::ChatTemplate;
 use frugal_engine::tokenizer::Tokenizer;
@@ -143,6 +145,8 @@ pub struct Local {
     /// Other names that reach it (the file's own name, when it is served under the name of
     /// a re-quantization); it is listed and billed under `machine.model` alone.
     pub aliases: Vec<String>,
+    /// The kernels it runs on and how they were chosen (measured at start, or cached).
+    pub kernels: Calibration,
     /// Recent cost per token in nano-dollars (a moving average), for the worst case of a
     /// request before it runs: the engine is priced by time, not by token.
     per_token: AtomicI64,
@@ -184,6 +188,7 @@ impl Local {
         tokenizer: Tokenizer,
         template: ChatTemplate,
         machine: Machine,
+        kernels: Calibration,
     ) -> Local {
         Local {
             engine,
@@ -192,6 +197,7 @@ impl Local {
             template,
             machine,
             aliases: Vec::new(),
+            kernels,
             per_token: AtomicI64::new(0),
             prefill: Mutex::new(PrefillRate::default()),
         }
@@ -220,9 +226,11 @@ impl Local {
             secs = started.elapsed().as_secs_f64(),
             "model loaded"
         );
+        // Before the engine's first step fixes the process's kernel.
+        let kernels = model.calibrate(&Calibrate::from_env());
         let scheduler = scheduler(&model.config);
         let engine = Engine::start(model, scheduler).map_err(LoadError::Engine)?;
-        Ok(Local::new(engine, tokenizer, template, machine))
+        Ok(Local::new(engine, tokenizer, template, machine, kernels))
     }
 
     /// Whether a request naming `name` is for this model.

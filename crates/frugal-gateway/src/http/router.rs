@@ -251,6 +251,11 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
                 st.kv_blocks_cached.load(Ordering::Relaxed),
                 st.kv_blocks_free.load(Ordering::Relaxed),
             ],
+            kernel: (
+                l.kernels.kernel.name(),
+                l.kernels.threads,
+                l.kernels.source.name(),
+            ),
         }
     });
     let mut text = s.inner.metrics.render(gauges.as_ref());
