@@ -78,7 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = model.forward(&mut [Chunk {
             tokens: &prompt,
             cache: &mut cache,
-            logits: true,
+            logits: 1,
         }]);
         t.elapsed().as_secs_f64()
     });
@@ -93,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let _ = model.forward(&mut [Chunk {
                     tokens: &prompt[..8],
                     cache: c,
-                    logits: false,
+                    logits: 0,
                 }]);
             }
             decode(&model, &mut caches, 128)
@@ -112,7 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model.forward(&mut [Chunk {
             tokens: &long,
             cache: c,
-            logits: false,
+            logits: 0,
         }])?;
     }
     let secs = best(3, &mut || decode(&model, &mut caches, 16));
@@ -133,7 +133,7 @@ fn decode(model: &Model, caches: &mut [KvCache], steps: u32) -> f64 {
             .map(|(t, c)| Chunk {
                 tokens: t,
                 cache: c,
-                logits: true,
+                logits: 1,
             })
             .collect();
         let _ = model.forward(&mut chunks);
