@@ -97,15 +97,23 @@ fn main() -> Result<(), Error> {
         priority: Priority::Interactive,
     };
     println!(
-        "\n{:<20} {:>8} {:>6} {:>6} {:>9} {:>9} {:>6} {:>9}",
-        "prompt", "kind", "prompt", "tokens", "plain t/s", "ngram t/s", "ratio", "accepted"
+        "\n{:<20} {:>8} {:>6} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9}",
+        "prompt",
+        "kind",
+        "prompt",
+        "tokens",
+        "plain t/s",
+        "ngram t/s",
+        "ratio",
+        "accepted",
+        "steps"
     );
     // Per kind: tokens decoded and seconds, plain and speculating.
     let mut totals: Vec<(String, usize, f64, f64)> = Vec::new();
     let mut mismatches = Vec::new();
     for p in &prompts {
         let (mut best_plain, mut best_spec): (Option<Run>, Option<Run>) = (None, None);
-        let before = counters(&spec);
+        let (before, plain_before) = (counters(&spec), counters(&plain));
         for _ in 0..runs {
             for (engine, best) in [(&plain, &mut best_plain), (&spec, &mut best_spec)] {
                 let run = generate(engine, request(p, greedy))?;
@@ -114,7 +122,7 @@ fn main() -> Result<(), Error> {
                 }
             }
         }
-        let after = counters(&spec);
+        let (after, plain_after) = (counters(&spec), counters(&plain));
         let (Some(a), Some(b)) = (best_plain, best_spec) else {
             continue;
         };
@@ -124,8 +132,9 @@ fn main() -> Result<(), Error> {
         let n = a.tokens.len().saturating_sub(1);
         let (ta, tb) = (n as f64 / a.decode, n as f64 / b.decode);
         let (drafted, accepted) = (after.0 - before.0, after.1 - before.1);
+        let steps = |a: (u64, u64, u64), b: (u64, u64, u64)| (b.2 - a.2) / runs as u64;
         println!(
-            "{:<20} {:>8} {:>6} {:>6} {:>9.1} {:>9.1} {:>5.2}x {:>4}/{:<4}",
+            "{:<20} {:>8} {:>6} {:>6} {:>9.1} {:>9.1} {:>5.2}x {:>4}/{:<4} {:>4}/{:<4}",
             p.name,
             p.kind,
             p.tokens.len(),
@@ -134,7 +143,9 @@ fn main() -> Result<(), Error> {
             tb,
             tb / ta,
             accepted,
-            drafted
+            drafted,
+            steps(before, after),
+            steps(plain_before, plain_after),
         );
         match totals.iter_mut().find(|t| t.0 == p.kind) {
             Some(t) => {
@@ -196,13 +207,14 @@ fn main() -> Result<(), Error> {
     }
 }
 
-/// Drafted and accepted tokens so far.
-fn counters(e: &Engine) -> (u64, u64) {
+/// Drafted and accepted tokens, and steps, so far.
+fn counters(e: &Engine) -> (u64, u64, u64) {
     use std::sync::atomic::Ordering::Relaxed;
     let st = e.stats();
     (
         st.drafted_tokens.load(Relaxed),
         st.accepted_tokens.load(Relaxed),
+        st.steps.load(Relaxed),
     )
 }
 
@@ -251,7 +263,7 @@ fn step_costs(model: &Model) -> Result<(), Error> {
     print!("step ms by drafted tokens per sequence:");
     for batch in [1usize, 8] {
         print!("\n  {batch} sequence(s):");
-        for k in [0usize, 1, 2, 4, 8] {
+        for k in [0usize, 1, 2, 3, 4, 7, 8] {
             let tokens: Vec<u32> = (0..=k as u32).map(|i| 2000 + i * 13).collect();
             let mut best = f64::MAX;
             for _ in 0..5 {

@@ -11,13 +11,15 @@
 //! positions a step computes), and an accepted draft saves a whole step.
 //!
 //! A drafted token that is refused still cost its share of the step, so the drafter adapts
-//! per sequence: its draft length follows what was accepted, and after a few steps of
-//! drafts all refused it stops drafting for a while, twice as long each time.
+//! per sequence: it estimates how likely a drafted token is to be accepted after a match of
+//! each n-gram length, drafts as many tokens as pay for themselves at that rate, and after
+//! a few steps of drafts all refused stops drafting for a while, twice as long each time.
 
 use std::collections::HashMap;
 
-/// How the engine drafts tokens to verify.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the engine drafts tokens to verify (`[serve] speculate`, written by [`Speculate::name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Speculate {
     /// Plain decoding: one token per sequence and step.
     #[default]
@@ -53,8 +55,16 @@ impl std::str::FromStr for Speculate {
 const MAX_N: usize = 3;
 /// The shortest.
 const MIN_N: usize = 1;
-/// Drafted tokens per step at most.
-pub const MAX_DRAFT: usize = 8;
+/// Drafted tokens per step at most: with the pending token, one pass of the matmul kernels
+/// (`MAX_NB` = 8 rows); a ninth row takes a second pass.
+pub const MAX_DRAFT: usize = 7;
+/// What a drafted token adds to a decode step of one sequence, as a share of the step:
+/// `cargo bench -p frugal-engine --bench speculate` measured 1.08, 1.19 and 1.55 steps for
+/// 1, 2 and 4 drafted tokens (SmolLM2-135M, 2 AVX-512 cores).
+const DRAFT_COST: f32 = 0.12;
+/// The first estimate of a drafted token's chance, and how far each verified token moves it.
+const FIRST_ODDS: f32 = 0.5;
+const LEARN: f32 = 0.25;
 /// Steps in a row whose drafts were all refused before drafting pauses.
 const MISSES: u32 = 3;
 /// The first pause, in steps, and the longest.
@@ -76,8 +86,11 @@ pub(crate) struct Drafter {
     indexed: usize,
     /// The last draft proposed.
     draft: Vec<u32>,
-    /// Tokens the next draft may have.
-    length: usize,
+    /// Per n-gram length: the estimated chance that a token drafted after a match is
+    /// accepted, given that those before it were.
+    odds: [f32; MAX_N],
+    /// The n-gram length the last draft matched.
+    matched: usize,
     /// Steps in a row with every drafted token refused.
     misses: u32,
     /// Steps left without drafting, and the next pause.
@@ -98,7 +111,8 @@ impl Drafter {
             after: Default::default(),
             indexed: 0,
             draft: Vec::with_capacity(MAX_DRAFT),
-            length: MAX_DRAFT,
+            odds: [FIRST_ODDS; MAX_N],
+            matched: 0,
             misses: 0,
             paused: 0,
             pause: FIRST_PAUSE,
@@ -126,15 +140,14 @@ impl Drafter {
             }
         }
         self.indexed = len;
-        let max = max.min(self.length);
-        if max == 0 {
-            return &[];
-        }
         self.draft.clear();
-        let found = (MIN_N..=MAX_N.min(len))
-            .rev()
-            .find_map(|n| self.after[n - 1].get(&key(&self.tokens[len - n..])));
-        if let Some(&p) = found {
+        let found = (MIN_N..=MAX_N.min(len)).rev().find_map(|n| {
+            let p = self.after[n - 1].get(&key(&self.tokens[len - n..]))?;
+            Some((n, *p))
+        });
+        if let Some((n, p)) = found {
+            self.matched = n;
+            let max = max.min(worth_drafting(self.odds[n - 1]));
             // Copied forward as LZ77 copies: past the end, the draft repeats itself, so a
             // sequence caught in a loop drafts whole turns of it.
             for i in p as usize..p as usize + max {
@@ -149,16 +162,17 @@ impl Drafter {
         &self.draft
     }
 
-    /// Of `drafted` tokens verified, the first `accepted` were kept: the next draft's length,
-    /// and whether drafting pauses.
+    /// Of `drafted` tokens verified, the first `accepted` were kept: the estimate for the
+    /// n-gram length matched, and whether drafting pauses.
     pub fn verified(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
-        if accepted == drafted {
-            self.length = (self.length * 2).min(MAX_DRAFT);
-        } else {
-            self.length = accepted + 1;
+        if let Some(odds) = self.odds.get_mut(self.matched.wrapping_sub(1)) {
+            let refused = (accepted < drafted).then_some(0.0);
+            for kept in std::iter::repeat_n(1.0, accepted).chain(refused) {
+                *odds += LEARN * (kept - *odds);
+            }
         }
         if accepted > 0 {
             self.misses = 0;
@@ -174,6 +188,23 @@ impl Drafter {
     }
 }
 
+/// The draft length that makes the most tokens per unit of step time when each drafted
+/// token is accepted with chance `odds` after the ones before it: 1 + p + ... + p^k tokens
+/// for 1 + k * DRAFT_COST of a step. At least one: the pauses bound what a poor match costs.
+fn worth_drafting(odds: f32) -> usize {
+    let (mut best, mut best_rate) = (1, 0.0);
+    let (mut tokens, mut chance) = (1.0, 1.0);
+    for k in 1..=MAX_DRAFT {
+        chance *= odds;
+        tokens += chance;
+        let rate = tokens / (1.0 + k as f32 * DRAFT_COST);
+        if rate > best_rate {
+            (best, best_rate) = (k, rate);
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,30 +217,37 @@ mod tests {
         assert!(err.contains("ngram or none"), "{err}");
     }
 
+    /// A drafter of `prompt` sure of its drafts: as long as the bound lets them be.
+    fn sure(prompt: &[u32]) -> Drafter {
+        let mut d = Drafter::new(prompt);
+        d.odds = [1.0; MAX_N];
+        d
+    }
+
     #[test]
     fn the_longest_repeated_suffix_proposes_what_followed_its_latest_occurrence() {
         // "1 2 3 4 5 9 1 2 3": "4 5 9 1 2 3" followed the earlier "1 2 3", and after them
         // the draft repeats itself.
-        let mut d = Drafter::new(&[1, 2, 3, 4, 5, 9, 1, 2]);
+        let mut d = sure(&[1, 2, 3, 4, 5, 9, 1, 2]);
         d.push(3);
-        assert_eq!(d.propose(8), [4, 5, 9, 1, 2, 3, 4, 5]);
+        assert_eq!(d.propose(8), [4, 5, 9, 1, 2, 3, 4]);
         assert_eq!(d.propose(2), [4, 5]);
         // The latest occurrence wins: "3" was followed by 4, then by 7.
-        let mut d = Drafter::new(&[3, 4, 9, 3, 7, 5]);
+        let mut d = sure(&[3, 4, 9, 3, 7, 5]);
         d.push(3);
         assert_eq!(d.propose(1), [7]);
         // The longest suffix wins: "8 3" was followed by 4, "3" last by 7.
-        let mut d = Drafter::new(&[8, 3, 4, 3, 7, 8]);
+        let mut d = sure(&[8, 3, 4, 3, 7, 8]);
         d.push(3);
         assert_eq!(d.propose(1), [4]);
-        let mut d = Drafter::new(&[1, 2]);
+        let mut d = sure(&[1, 2]);
         d.push(3);
         assert!(d.propose(8).is_empty(), "nothing repeats");
     }
 
     #[test]
     fn the_index_grows_with_the_sequence() {
-        let mut d = Drafter::new(&[5, 6, 7]);
+        let mut d = sure(&[5, 6, 7]);
         assert!(d.propose(4).is_empty());
         for t in [8, 5, 6] {
             d.push(t);
@@ -219,14 +257,27 @@ mod tests {
     }
 
     #[test]
-    fn refused_drafts_shorten_then_pause_drafting_longer_each_time() {
-        // A loop drafts whole turns of itself.
+    fn drafts_are_as_long_as_their_acceptance_pays_for() {
+        let lengths = [0.05, 0.4, 0.6, 0.7, 0.8, 0.9].map(worth_drafting);
+        assert_eq!(lengths, [1, 2, 3, 4, 5, MAX_DRAFT]);
+        // A loop drafts whole turns of itself, as many tokens as the odds of its 3-gram
+        // match are worth: two at first, more once they were accepted.
         let mut d = Drafter::new(&[1, 2, 1, 2, 1, 2, 1]);
-        assert_eq!(d.propose(8), [2, 1, 2, 1, 2, 1, 2, 1]);
-        d.verified(8, 2);
-        assert_eq!(d.propose(8).len(), 3, "two kept: three next");
-        d.verified(3, 3);
-        assert_eq!(d.propose(8).len(), 6, "all kept: twice as many");
+        assert_eq!(d.propose(8), [2, 1]);
+        d.verified(2, 2);
+        assert_eq!(d.propose(8), [2, 1, 2, 1]);
+        d.verified(4, 1);
+        assert_eq!(d.propose(8).len(), 3);
+        assert_eq!(d.propose(2).len(), 2, "the caller's bound");
+        // The odds are kept per n-gram length: a 1-gram match starts afresh.
+        let mut d = Drafter::new(&[7, 1, 2, 3, 4, 5]);
+        d.push(7);
+        assert_eq!(d.propose(8), [1, 2]);
+    }
+
+    #[test]
+    fn steps_of_refused_drafts_pause_drafting_longer_each_time() {
+        let mut d = Drafter::new(&[1, 2, 1, 2, 1, 2, 1]);
         for _ in 0..MISSES {
             assert!(!d.propose(8).is_empty());
             d.verified(1, 0);
@@ -234,7 +285,7 @@ mod tests {
         for _ in 0..FIRST_PAUSE {
             assert!(d.propose(8).is_empty(), "paused");
         }
-        assert_eq!(d.propose(8).len(), 1);
+        assert_eq!(d.propose(8).len(), 1, "the odds fell");
         for _ in 0..MISSES {
             d.verified(1, 0);
         }
