@@ -454,9 +454,9 @@ impl Part {
     }
 }
 
-/// Tokens a step may reach with drafted ones. A decode step streams every weight once
-/// whatever its few tokens, so a drafted token costs little there; a larger step is bound
-/// by its arithmetic, where each costs as much as a decoded one.
+/// Tokens a step may reach with drafted ones. The drafter weighs a drafted token against a
+/// decode step of its sequence; in a large step, bound by its arithmetic, every token costs
+/// about as much as any other and refused drafts only slow the batch.
 const DRAFT_STEP_TOKENS: usize = 32;
 
 /// A step's work under a budget of `step_tokens`, in running order: every decode (never
@@ -1445,6 +1445,40 @@ mod tests {
         assert_eq!(plan_step(16, &[resumed]), [(0, prefill(0, 7, false))]);
         let resumed = p(Priority::Batch, 7, 7, Some(3));
         assert_eq!(plan_step(16, &[resumed]), [(0, decode(3, 0))]);
+    }
+
+    #[test]
+    fn drafted_tokens_take_only_what_decodes_and_prefill_leave() {
+        let p = |cached, context, pending, drafts| Progress {
+            priority: Priority::Interactive,
+            cached,
+            context,
+            pending,
+            drafts,
+        };
+        let decode = |token, drafts| Part::Decode { token, drafts };
+        let seqs = [p(4, 4, Some(9), 5), p(0, 10, None, 0), p(6, 6, Some(3), 7)];
+        // Two decodes and a prompt of ten in 16 tokens: four left, for the first's drafts.
+        let prompt = Part::Prefill {
+            start: 0,
+            end: 10,
+            logits: true,
+        };
+        assert_eq!(
+            plan_step(16, &seqs),
+            [(0, decode(9, 4)), (1, prompt), (2, decode(3, 0))]
+        );
+        assert_eq!(
+            plan_step(256, &seqs),
+            [(0, decode(9, 5)), (1, prompt), (2, decode(3, 7))]
+        );
+        // Eight decodes drafting seven each: the step stops at DRAFT_STEP_TOKENS.
+        let many = [p(4, 4, Some(9), 7); 8];
+        let drafts: Vec<usize> = plan_step(256, &many)
+            .into_iter()
+            .map(|(_, part)| part.logits() - 1)
+            .collect();
+        assert_eq!(drafts, [7, 7, 7, 3, 0, 0, 0, 0]);
     }
 
     /// A greedy request for `prompt` that reports its top logprobs.
