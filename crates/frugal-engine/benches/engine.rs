@@ -90,7 +90,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = model.forward(&mut [Chunk {
             tokens: &prompt,
             cache: &mut cache,
-            logits: true,
+            logits: 1,
         }]);
         t.elapsed().as_secs_f64()
     });
@@ -105,7 +105,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let _ = model.forward(&mut [Chunk {
                     tokens: &prompt[..8],
                     cache: c,
-                    logits: false,
+                    logits: 0,
                 }]);
             }
             decode(&model, &mut caches, 128)
@@ -124,7 +124,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model.forward(&mut [Chunk {
             tokens: &long,
             cache: c,
-            logits: false,
+            logits: 0,
         }])?;
     }
     let secs = best(3, &mut || decode(&model, &mut caches, 16));
@@ -145,7 +145,7 @@ fn decode(model: &Model, caches: &mut [KvCache], steps: u32) -> f64 {
             .map(|(t, c)| Chunk {
                 tokens: t,
                 cache: c,
-                logits: true,
+                logits: 1,
             })
             .collect();
         let _ = model.forward(&mut chunks);

@@ -134,14 +134,11 @@ pub fn scored_per_chunk(ctx: usize) -> usize {
 /// The logits of a chunk's scored positions.
 fn scored_logits(model: &Model, chunk: &[u32]) -> Result<Vec<Vec<f32>>, EvalError> {
     let mut cache = KvCache::with_capacity(&model.config, chunk.len());
-    let mut logits = model.forward_from(
-        Chunk {
-            tokens: chunk,
-            cache: &mut cache,
-            logits: true,
-        },
-        first_scored(chunk.len()),
-    )?;
+    let mut logits = model.forward(&mut [Chunk {
+        tokens: chunk,
+        cache: &mut cache,
+        logits: chunk.len() - first_scored(chunk.len()),
+    }])?;
     logits.pop(); // the last position predicts past the chunk
     Ok(logits)
 }

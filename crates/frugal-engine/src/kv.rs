@@ -313,4 +313,101 @@ impl KvCache {
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;
     }
+
+    /// Forgets every position from `positions` on (drafted tokens that were not accepted),
+    /// and lets go of the blocks that held only those. Nothing is written: a block kept and
+    /// shared with another holder is copied before the next write into it, as always.
+    pub fn truncate(&mut self, positions: usize) {
+        if positions < self.len {
+            self.len = positions;
+            self.blocks.truncate(positions.div_ceil(BLOCK));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: Shape = Shape {
+        layers: 2,
+        rows: 4,
+        heads: 2,
+        head_dim: 2,
+        kv: KvType::F32,
+    };
+
+    /// Writes positions `from..to` of every layer: each key and value `tag + position`, plus
+    /// 1000 per layer.
+    fn fill(c: &mut KvCache, from: usize, to: usize, tag: f32) {
+        c.reserve(to);
+        for layer in 0..SHAPE.layers {
+            for p in from..to {
+                let v = [tag + p as f32 + 1000.0 * layer as f32; 4];
+                c.write(layer, p, &v, &v);
+            }
+        }
+        c.advance(to - from);
+    }
+
+    /// The first key row and value of every layer at each stored position, less each
+    /// layer's 1000s: the tags written.
+    fn read(c: &KvCache) -> Vec<f32> {
+        let mut out = Vec::new();
+        for p in 0..c.len() {
+            let BlockRef::F32(b) = &c.blocks()[p / BLOCK] else {
+                panic!("an f32 cache");
+            };
+            for layer in 0..SHAPE.layers {
+                let view = b.layer(&SHAPE, layer);
+                let base = 1000.0 * layer as f32;
+                let (k, v) = (view.keys[p % BLOCK], view.values[(p % BLOCK) * SHAPE.rows]);
+                assert_eq!(k, v, "position {p}, layer {layer}");
+                out.push(k - base);
+            }
+        }
+        out
+    }
+
+    fn tags(parts: &[(std::ops::Range<usize>, f32)]) -> Vec<f32> {
+        parts
+            .iter()
+            .flat_map(|(r, tag)| r.clone().flat_map(move |p| [tag + p as f32; 2]))
+            .collect()
+    }
+
+    /// Drafted positions written past a shared prefix, then cut back and written again,
+    /// never reach the blocks the cache shares: the other holder reads what it wrote.
+    #[test]
+    fn truncating_a_cache_that_shares_blocks_leaves_them_as_they_were() {
+        let mut original = KvCache::new(SHAPE);
+        fill(&mut original, 0, 100, 0.0);
+        let want = read(&original);
+        // A sequence sharing 70 positions (a whole block and part of the next) drafts ten,
+        // keeps two of them, and goes on.
+        let mut seq = original.prefix(70);
+        fill(&mut seq, 70, 80, 5000.0);
+        seq.truncate(72);
+        assert_eq!(seq.len(), 72);
+        fill(&mut seq, 72, 75, 9000.0);
+        assert_eq!(read(&original), want);
+        assert_eq!(
+            read(&seq),
+            tags(&[(0..70, 0.0), (70..72, 5000.0), (72..75, 9000.0)])
+        );
+        drop(seq);
+        // Cut back to a block boundary: the blocks past it go, the shared one stays shared.
+        let mut seq = original.prefix(64);
+        fill(&mut seq, 64, 150, 5000.0);
+        assert_eq!(seq.blocks().len(), 3);
+        seq.truncate(64);
+        assert_eq!((seq.len(), seq.blocks().len()), (64, 1));
+        assert_eq!(seq.blocks()[0].holders(), 2, "still the original's block");
+        fill(&mut seq, 64, 66, 9000.0);
+        assert_eq!(read(&original), want);
+        assert_eq!(read(&seq), tags(&[(0..64, 0.0), (64..66, 9000.0)]));
+        // Truncating past the end changes nothing.
+        seq.truncate(1000);
+        assert_eq!(seq.len(), 66);
+    }
 }

@@ -3,8 +3,9 @@
 //! `gguf` reads model files, `tokenizer` and `template` turn chat messages into tokens and
 //! `prompt` combines them into a model's input (message contents cannot forge special
 //! tokens there), `quant` holds the quantized weight formats and their matrix kernels,
-//! `model` runs the batched forward pass, `quantize` re-encodes a model file's weights in
-//! another type, `eval` measures what a quantization costs in quality. It knows nothing of
+//! `model` runs the batched forward pass, `scheduler` batches requests into its steps and
+//! `speculate` drafts tokens for them to verify, `quantize` re-encodes a model file's weights
+//! in another type, `eval` measures what a quantization costs in quality. It knows nothing of
 //! HTTP or money.
 
 /// The default model, relative to the repository root; `scripts/fetch-models.sh` fetches it.
@@ -37,6 +38,7 @@ pub mod quant;
 pub mod quantize;
 pub mod sampling;
 pub mod scheduler;
+pub mod speculate;
 pub mod template;
 pub mod tokenizer;
 

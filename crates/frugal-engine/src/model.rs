@@ -149,8 +149,9 @@ pub struct Model {
 pub struct Chunk<'a> {
     pub tokens: &'a [u32],
     pub cache: &'a mut KvCache,
-    /// Whether the last token's logits are wanted (not for the middle of a prefill).
-    pub logits: bool,
+    /// Of how many of its last tokens the logits are wanted: none in the middle of a
+    /// prefill, the last one to sample the next token, several to verify drafted tokens.
+    pub logits: usize,
 }
 
 /// The type matrices without an integer kernel of their own (F16) run as: Q8_0 keeps their
@@ -423,31 +424,15 @@ impl Model {
             + self.output.as_ref().map_or(0, QMatrix::bytes)
     }
 
-    /// Runs one step over every chunk; returns the logits of the chunks that asked for
-    /// them, in order, each `vocab` long.
+    /// Runs one step over every chunk; returns the logits the chunks asked for, chunk by
+    /// chunk and position by position, each `vocab` long.
     pub fn forward(&self, chunks: &mut [Chunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         // Inside the pool every matmul starts on a pool thread and the other steals half;
         // from outside, each call would hand work over and sleep (3x slower per step).
-        self.pool.install(|| self.step(chunks, None))
+        self.pool.install(|| self.step(chunks))
     }
 
-    /// Runs `chunk` and returns the logits of each of its tokens from the `first`th on (a
-    /// perplexity evaluation scores every position, not only the last).
-    pub fn forward_from(
-        &self,
-        chunk: Chunk<'_>,
-        first: usize,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.pool.install(|| self.step(&mut [chunk], Some(first)))
-    }
-
-    /// One step; `every_from` asks for the logits of each chunk's tokens from that index on
-    /// instead of its last token's.
-    fn step(
-        &self,
-        chunks: &mut [Chunk<'_>],
-        every_from: Option<usize>,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+    fn step(&self, chunks: &mut [Chunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         let (d, kvd, hd) = (c.n_embd, c.kv_dim(), c.head_dim);
         let total: usize = chunks.iter().map(|ch| ch.tokens.len()).sum();
@@ -535,17 +520,14 @@ impl Model {
         for ch in chunks.iter_mut() {
             ch.cache.advance(ch.tokens.len());
         }
-        // Logits only for the last token of the chunks that want them: the output
-        // projection is a fifth of the weights, and prefill positions need none.
+        // Logits only for the positions asked for: the output projection is a fifth of the
+        // weights, and prefill positions need none.
         let mut wanted = Vec::new();
         let mut end = 0;
         for ch in chunks.iter() {
-            let start = end;
             end += ch.tokens.len();
-            if ch.logits {
-                let from = every_from.map_or(end - 1, |f| (start + f).min(end));
-                wanted.extend_from_slice(&x[from * d..end * d]);
-            }
+            let from = end - ch.logits.min(ch.tokens.len());
+            wanted.extend_from_slice(&x[from * d..end * d]);
         }
         let n = wanted.len() / d;
         if n == 0 {

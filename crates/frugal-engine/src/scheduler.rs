@@ -37,6 +37,7 @@ use crate::kv::{BLOCK, Shape};
 use crate::model::{Chunk, Config, KvCache, Model, ModelError};
 use crate::prefix::PrefixCache;
 use crate::sampling::{Sampled, Sampler, SamplingParams};
+use crate::speculate::{Drafter, Speculate};
 
 /// When waiting requests may join the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,6 +80,8 @@ pub struct SchedulerConfig {
     /// Reuse the KV blocks of prompt prefixes already computed (system prompts, earlier
     /// turns); off, every request prefills from its first token.
     pub prefix_cache: bool,
+    /// Draft tokens for decoding sequences to verify in their step (`crate::speculate`).
+    pub speculate: Speculate,
 }
 
 impl Default for SchedulerConfig {
@@ -90,6 +93,7 @@ impl Default for SchedulerConfig {
             kv_positions: 64 * 1024,
             max_queue: 256,
             prefix_cache: true,
+            speculate: Speculate::None,
         }
     }
 }
@@ -200,6 +204,10 @@ pub struct Stats {
     pub prefix_hit_tokens: AtomicU64,
     /// Cached blocks evicted (least recently used) to make room.
     pub prefix_evictions: AtomicU64,
+    /// Tokens drafted and verified in decode steps, and those of them accepted (each an
+    /// emitted token that took no step of its own).
+    pub drafted_tokens: AtomicU64,
+    pub accepted_tokens: AtomicU64,
     /// KV blocks by state: held by running sequences, held only by the prefix cache
     /// (evictable), and never used or freed.
     pub kv_blocks_used: AtomicUsize,
@@ -356,12 +364,18 @@ struct Sequence {
     computed: usize,
     /// Answered, and kept computing as static batching's padding.
     padding: bool,
+    /// Its drafter, when the engine speculates.
+    drafter: Option<Drafter>,
+    /// Tokens drafted to follow the pending one in the next step.
+    draft: Vec<u32>,
 }
 
 impl Sequence {
-    fn new(job: Job, model: &Config) -> Sequence {
+    fn new(job: Job, model: &Config, speculate: Speculate) -> Sequence {
         Sequence {
             cache: KvCache::new(model),
+            drafter: (speculate == Speculate::Ngram).then(|| Drafter::new(&job.request.prompt)),
+            draft: Vec::new(),
             sampler: Sampler::new(job.request.sampling),
             fed: Vec::new(),
             next: None,
@@ -411,13 +425,16 @@ struct Progress {
     context: usize,
     /// The sampled token to feed next.
     pending: Option<u32>,
+    /// Tokens drafted to follow it.
+    drafts: usize,
 }
 
 /// A sequence's part in one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Part {
-    /// Feeds its pending token and samples the next.
-    Decode(u32),
+    /// Feeds its pending token and `drafts` drafted tokens after it, and samples from the
+    /// logits of each until a draft is not the token drawn.
+    Decode { token: u32, drafts: usize },
     /// Feeds context positions `start..end`. `logits` at the end of a new prompt, to
     /// sample the first token; a recomputed context ends without (its next token waits).
     Prefill {
@@ -428,23 +445,30 @@ enum Part {
 }
 
 impl Part {
-    fn logits(self) -> bool {
+    /// Positions whose logits it samples from.
+    fn logits(self) -> usize {
         match self {
-            Part::Decode(_) => true,
-            Part::Prefill { logits, .. } => logits,
+            Part::Decode { drafts, .. } => 1 + drafts,
+            Part::Prefill { logits, .. } => usize::from(logits),
         }
     }
 }
 
+/// Tokens a step may reach with drafted ones. The drafter weighs a drafted token against a
+/// decode step of its sequence; in a large step, bound by its arithmetic, every token costs
+/// about as much as any other and refused drafts only slow the batch.
+const DRAFT_STEP_TOKENS: usize = 32;
+
 /// A step's work under a budget of `step_tokens`, in running order: every decode (never
 /// starved), then interactive prefill chunks, then batch ones in what is left, each class
-/// in running order, which is admission order.
+/// in running order, which is admission order; then drafted tokens, in what the budget and
+/// [`DRAFT_STEP_TOKENS`] leave, so that they never hold a prefill back.
 fn plan_step(step_tokens: usize, seqs: &[Progress]) -> Vec<(usize, Part)> {
     let mut budget = step_tokens.max(seqs.len());
     let mut plan = Vec::with_capacity(seqs.len());
     for (i, s) in seqs.iter().enumerate() {
         if let Some(token) = s.pending.filter(|_| s.cached == s.context) {
-            plan.push((i, Part::Decode(token)));
+            plan.push((i, Part::Decode { token, drafts: 0 }));
             budget -= 1;
         }
     }
@@ -463,6 +487,14 @@ fn plan_step(step_tokens: usize, seqs: &[Progress]) -> Vec<(usize, Part)> {
                 ));
                 budget -= end - s.cached;
             }
+        }
+    }
+    let used = step_tokens.max(seqs.len()) - budget;
+    let mut room = budget.min(DRAFT_STEP_TOKENS.saturating_sub(used));
+    for (i, part) in plan.iter_mut() {
+        if let Part::Decode { drafts, .. } = part {
+            *drafts = seqs[*i].drafts.min(room);
+            room -= *drafts;
         }
     }
     plan.sort_by_key(|(i, _)| *i);
@@ -535,7 +567,7 @@ impl Worker {
     }
 
     fn enqueue(&mut self, job: Job) {
-        let s = Sequence::new(job, &self.model.config);
+        let s = Sequence::new(job, &self.model.config, self.config.speculate);
         if self.rank(&s) == Priority::Batch {
             self.waiting_batch.push_back(s);
         } else {
@@ -795,8 +827,21 @@ impl Worker {
     }
 
     /// One forward step of the work [`plan_step`] gives it; then each sequence that wanted
-    /// logits samples its next token.
+    /// logits samples its next token, or, after drafted tokens, its next few.
     fn step(&mut self) {
+        let ctx_len = self.model.config.ctx_len;
+        for s in self.running.iter_mut() {
+            s.draft.clear();
+            let decodes = s.next.is_some() && s.cache.len() == s.context_len() && !s.padding;
+            // The step emits a drafted token's successor too: none past max_tokens, and
+            // every position within the sequence's reservation and the context.
+            let left = s.job.request.max_tokens.saturating_sub(s.generated);
+            let room = s.worst.min(ctx_len).saturating_sub(s.context_len() + 1);
+            if let Some(d) = s.drafter.as_mut().filter(|_| decodes) {
+                s.draft
+                    .extend_from_slice(d.propose(left.saturating_sub(1).min(room)));
+            }
+        }
         let progress: Vec<Progress> = self
             .running
             .iter()
@@ -805,14 +850,16 @@ impl Worker {
                 cached: s.cache.len(),
                 context: s.context_len(),
                 pending: s.next,
+                drafts: s.draft.len(),
             })
             .collect();
         let plan: Vec<(usize, Part, Vec<u32>)> = plan_step(self.config.step_tokens, &progress)
             .into_iter()
             .map(|(i, part)| {
+                let s = &self.running[i];
                 let tokens = match part {
-                    Part::Decode(token) => vec![token],
-                    Part::Prefill { start, end, .. } => self.running[i].context(start, end),
+                    Part::Decode { token, drafts } => [&[token], &s.draft[..drafts]].concat(),
+                    Part::Prefill { start, end, .. } => s.context(start, end),
                 };
                 (i, part, tokens)
             })
@@ -866,9 +913,6 @@ impl Worker {
                 return;
             }
         };
-        for (i, _, _) in &plan {
-            self.index(*i, false);
-        }
         let mut logits = logits.into_iter();
         let mut finished = Vec::new();
         for (i, part, tokens) in &plan {
@@ -879,11 +923,14 @@ impl Worker {
             let share = elapsed.mul_f64(tokens.len() as f64 / tokens_in_step.max(1) as f64);
             s.engine.shared += share;
             s.engine.alone += match (solo, part) {
-                (Some(solo), Part::Decode(_)) => solo.max(share),
+                (Some(solo), Part::Decode { .. }) => solo.max(share),
                 _ => share,
             };
-            match *part {
-                Part::Decode(token) => s.fed.push(token),
+            let drafts = match *part {
+                Part::Decode { token, drafts } => {
+                    s.fed.push(token);
+                    &tokens[1..=drafts]
+                }
                 Part::Prefill { start, end, .. } => {
                     let again = end.min(s.computed).saturating_sub(start);
                     self.stats
@@ -892,67 +939,102 @@ impl Worker {
                     self.stats
                         .prompt_tokens
                         .fetch_add((end - start - again) as u64, Ordering::Relaxed);
+                    &[]
                 }
-            }
-            if !part.logits() {
-                continue;
-            }
-            let Some(row) = logits.next() else { continue };
-            let sampled = s.sampler.sample(&row);
-            let token = sampled.token;
-            let room = s.cache.len() < s.worst.min(self.model.config.ctx_len);
-            if s.padding {
-                self.stats.padding_tokens.fetch_add(1, Ordering::Relaxed);
-                if room {
-                    s.next = Some(token);
-                } else {
+            };
+            // Each position's logits are drawn from in turn, exactly once per emitted token,
+            // as plain decoding draws: the sequence goes on past a drafted token only when
+            // it is the token drawn, which is then in the cache already.
+            let rows: Vec<Vec<f32>> = logits.by_ref().take(part.logits()).collect();
+            let mut accepted = 0;
+            for row in &rows {
+                let sampled = self.running[*i].sampler.sample(row);
+                let token = sampled.token;
+                if !self.emit(*i, sampled) {
                     finished.push(*i);
+                    break;
                 }
-                continue;
-            }
-            s.first_token.get_or_insert_with(|| s.job.arrived.elapsed());
-            let stop = !s.job.request.ignore_eos && s.job.request.stop_tokens.contains(&token);
-            if !stop {
-                s.generated += 1;
-                self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-                if s.job.events.send(Event::Token(sampled, s.engine)).is_err() {
-                    finished.push(*i);
-                    continue;
+                // (An answer kept as static batching's padding never drafts.)
+                if self.running[*i].padding || drafts.get(accepted) != Some(&token) {
+                    break;
                 }
+                self.running[*i].fed.push(token);
+                accepted += 1;
             }
-            let full = s.generated >= s.job.request.max_tokens
-                || s.cache.len() + 1 > self.model.config.ctx_len;
-            if stop || full {
-                let reason = if stop {
-                    FinishReason::Stop
-                } else {
-                    FinishReason::Length
-                };
-                let queued = s
-                    .admitted
-                    .map_or(Duration::ZERO, |a| a.duration_since(s.job.arrived));
-                let _ = s.job.events.send(Event::Done {
-                    reason,
-                    prompt_tokens: s.job.request.prompt.len(),
-                    completion_tokens: s.generated,
-                    queued,
-                    first_token: s.first_token.unwrap_or_default(),
-                    engine: s.engine,
-                });
-                if self.config.batching == Batching::Static && room {
-                    s.padding = true;
-                    s.next = Some(token);
-                } else {
-                    finished.push(*i);
-                }
-            } else {
-                s.next = Some(token);
+            let s = &mut self.running[*i];
+            // Positions of refused drafts go; the cache holds the sequence's context again.
+            s.cache.truncate(s.context_len());
+            if let Some(d) = s.drafter.as_mut().filter(|_| !drafts.is_empty()) {
+                d.verified(drafts.len(), accepted);
+                self.stats
+                    .drafted_tokens
+                    .fetch_add(drafts.len() as u64, Ordering::Relaxed);
+                self.stats
+                    .accepted_tokens
+                    .fetch_add(accepted as u64, Ordering::Relaxed);
             }
+        }
+        for (i, _, _) in &plan {
+            self.index(*i, false);
         }
         if self.running.iter().all(|s| s.padding) {
             finished = (0..self.running.len()).collect();
         }
         self.remove(&finished);
+    }
+
+    /// Hands sequence `i` its sampled token: to its client, unless it is a stop token, then
+    /// `Done` if it ends the sequence. False when the sequence is over (answered, or its
+    /// client gone); static batching keeps an answered one as padding.
+    fn emit(&mut self, i: usize, sampled: Sampled) -> bool {
+        let ctx_len = self.model.config.ctx_len;
+        let s = &mut self.running[i];
+        let token = sampled.token;
+        let room = s.context_len() < s.worst.min(ctx_len);
+        if s.padding {
+            self.stats.padding_tokens.fetch_add(1, Ordering::Relaxed);
+            s.next = Some(token);
+            return room;
+        }
+        s.first_token.get_or_insert_with(|| s.job.arrived.elapsed());
+        let stop = !s.job.request.ignore_eos && s.job.request.stop_tokens.contains(&token);
+        if !stop {
+            s.generated += 1;
+            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            if s.job.events.send(Event::Token(sampled, s.engine)).is_err() {
+                return false;
+            }
+        }
+        let full = s.generated >= s.job.request.max_tokens || s.context_len() + 1 > ctx_len;
+        if !(stop || full) {
+            s.next = Some(token);
+            if let Some(d) = s.drafter.as_mut() {
+                d.push(token);
+            }
+            return true;
+        }
+        let reason = if stop {
+            FinishReason::Stop
+        } else {
+            FinishReason::Length
+        };
+        let queued = s
+            .admitted
+            .map_or(Duration::ZERO, |a| a.duration_since(s.job.arrived));
+        let _ = s.job.events.send(Event::Done {
+            reason,
+            prompt_tokens: s.job.request.prompt.len(),
+            completion_tokens: s.generated,
+            queued,
+            first_token: s.first_token.unwrap_or_default(),
+            engine: s.engine,
+        });
+        if self.config.batching == Batching::Static && room {
+            s.padding = true;
+            s.next = Some(token);
+            return true;
+        }
+        false
     }
 
     /// What a decode step of one sequence takes, for a step that batches a decode with
@@ -961,7 +1043,7 @@ impl Worker {
     fn solo_decode(&mut self, plan: &[(usize, Part, Vec<u32>)]) -> Option<Duration> {
         let decodes = plan
             .iter()
-            .filter(|(_, part, _)| matches!(part, Part::Decode(_)));
+            .filter(|(_, part, _)| matches!(part, Part::Decode { .. }));
         if self.solo_decode.is_none() && decodes.count() > 0 {
             let mut cache = KvCache::with_capacity(&self.model.config, 2);
             let mut times = Vec::with_capacity(2);
@@ -970,7 +1052,7 @@ impl Worker {
                 let mut chunk = [Chunk {
                     tokens: &[token],
                     cache: &mut cache,
-                    logits: true,
+                    logits: 1,
                 }];
                 if self.model.forward(&mut chunk).is_err() {
                     return None;
@@ -1334,7 +1416,9 @@ mod tests {
             cached,
             context,
             pending,
+            drafts: 0,
         };
+        let decode = |token, drafts| Part::Decode { token, drafts };
         let prefill = |start, end, logits| Part::Prefill { start, end, logits };
         let seqs = [
             // A batch line's long prompt, admitted first.
@@ -1349,18 +1433,52 @@ mod tests {
             [
                 (0, prefill(0, 5, false)),
                 (1, prefill(0, 10, true)),
-                (2, Part::Decode(9)),
+                (2, decode(9, 0)),
             ]
         );
         assert_eq!(
             plan_step(8, &seqs),
-            [(1, prefill(0, 7, false)), (2, Part::Decode(9))]
+            [(1, prefill(0, 7, false)), (2, decode(9, 0))]
         );
         // A preempted line recomputes without sampling, then feeds its pending token.
         let resumed = p(Priority::Batch, 0, 7, Some(3));
         assert_eq!(plan_step(16, &[resumed]), [(0, prefill(0, 7, false))]);
         let resumed = p(Priority::Batch, 7, 7, Some(3));
-        assert_eq!(plan_step(16, &[resumed]), [(0, Part::Decode(3))]);
+        assert_eq!(plan_step(16, &[resumed]), [(0, decode(3, 0))]);
+    }
+
+    #[test]
+    fn drafted_tokens_take_only_what_decodes_and_prefill_leave() {
+        let p = |cached, context, pending, drafts| Progress {
+            priority: Priority::Interactive,
+            cached,
+            context,
+            pending,
+            drafts,
+        };
+        let decode = |token, drafts| Part::Decode { token, drafts };
+        let seqs = [p(4, 4, Some(9), 5), p(0, 10, None, 0), p(6, 6, Some(3), 7)];
+        // Two decodes and a prompt of ten in 16 tokens: four left, for the first's drafts.
+        let prompt = Part::Prefill {
+            start: 0,
+            end: 10,
+            logits: true,
+        };
+        assert_eq!(
+            plan_step(16, &seqs),
+            [(0, decode(9, 4)), (1, prompt), (2, decode(3, 0))]
+        );
+        assert_eq!(
+            plan_step(256, &seqs),
+            [(0, decode(9, 5)), (1, prompt), (2, decode(3, 7))]
+        );
+        // Eight decodes drafting seven each: the step stops at DRAFT_STEP_TOKENS.
+        let many = [p(4, 4, Some(9), 7); 8];
+        let drafts: Vec<usize> = plan_step(256, &many)
+            .into_iter()
+            .map(|(_, part)| part.logits() - 1)
+            .collect();
+        assert_eq!(drafts, [7, 7, 7, 3, 0, 0, 0, 0]);
     }
 
     /// A greedy request for `prompt` that reports its top logprobs.

@@ -69,7 +69,7 @@ fn ours(model: &Model, tokens: &[u32]) -> Vec<f32> {
     let mut chunks = [Chunk {
         tokens,
         cache: &mut cache,
-        logits: true,
+        logits: 1,
     }];
     model.forward(&mut chunks).unwrap().remove(0)
 }
@@ -381,7 +381,7 @@ fn batching_does_not_change_greedy_tokens() {
                 .forward(&mut [Chunk {
                     tokens,
                     cache: &mut cache,
-                    logits: true,
+                    logits: 1,
                 }])
                 .unwrap()[0],
         ) as u32;
@@ -393,7 +393,7 @@ fn batching_does_not_change_greedy_tokens() {
                     .forward(&mut [Chunk {
                         tokens: &t,
                         cache: &mut cache,
-                        logits: true,
+                        logits: 1,
                     }])
                     .unwrap()[0],
             ) as u32;
@@ -431,7 +431,7 @@ fn batching_does_not_change_greedy_tokens() {
             .map(|((t, c), w)| Chunk {
                 tokens: t,
                 cache: c,
-                logits: *w,
+                logits: usize::from(*w),
             })
             .collect();
         let logits = model.forward(&mut chunks).unwrap();
@@ -482,7 +482,7 @@ fn an_8_bit_kv_cache_keeps_the_logits() {
             m.forward(&mut [Chunk {
                 tokens: piece,
                 cache,
-                logits: true,
+                logits: 1,
             }])
             .unwrap()
             .remove(0)
@@ -524,7 +524,7 @@ fn a_shared_prefix_gives_the_logits_of_a_cache_computed_whole() {
                 .forward(&mut [Chunk {
                     tokens: part,
                     cache,
-                    logits: true,
+                    logits: 1,
                 }])
                 .unwrap()
                 .remove(0)

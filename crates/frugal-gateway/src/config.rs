@@ -9,7 +9,11 @@
 
 use std::path::PathBuf;
 
+use frugal_engine::speculate::Speculate;
 use serde::{Deserialize, Serialize};
+
+/// `[serve] speculate` when it is not set.
+pub const DEFAULT_SPECULATE: Speculate = Speculate::Ngram;
 
 /// `[serve]`: the gateway, its caches, upstreams, routes and keys, and the local model's
 /// settings (which the binary reads: `model`, `name`, `host`, `port`, the machine's price,
@@ -28,6 +32,9 @@ pub struct RawServe {
     /// The engine reuses the KV of prompt prefixes it has seen (system prompts, earlier
     /// turns) [default: true]; pools' replicas follow it.
     pub prefix_cache: Option<bool>,
+    /// How the engine drafts tokens to verify in its decode steps: `ngram` (prompt lookup)
+    /// or `none` [default: [`DEFAULT_SPECULATE`]]; pools' `local` replicas follow it.
+    pub speculate: Option<Speculate>,
     pub workload: Option<String>,
     pub cache: Option<bool>,
     /// Megabytes the exact cache holds at most [default: 256].

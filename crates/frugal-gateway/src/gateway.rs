@@ -264,6 +264,7 @@ fn pools(raw: &RawServe, inputs: &Inputs<'_>) -> Result<Vec<Arc<Pool>>, ConfigEr
             names.push(&p.name);
             let mut config = pool_settings(p, inputs.catalog)?;
             config.prefix_cache = raw.prefix_cache.unwrap_or(true);
+            config.speculate = raw.speculate.unwrap_or(crate::config::DEFAULT_SPECULATE);
             Pool::new(config, inputs.pool_logs.to_owned())
                 .map_err(|e| invalid(format!("pool `{}`", p.name), e.to_string()))
         })

@@ -313,6 +313,9 @@ pub struct Gauges {
     pub prefix_hits: u64,
     pub prefix_hit_tokens: u64,
     pub prefix_evictions: u64,
+    /// Tokens drafted by speculative decoding, and those of them accepted.
+    pub drafted_tokens: u64,
+    pub accepted_tokens: u64,
     /// KV blocks held by running sequences, held only by the prefix cache, and free.
     pub kv_blocks: [usize; 3],
     /// The integer kernel the engine runs, its threads, and how the kernel was chosen
@@ -560,6 +563,20 @@ impl Metrics {
             "Cached KV blocks evicted (least recently used) to make room.",
             "counter",
             g.prefix_evictions as f64,
+        );
+        gauge(
+            out,
+            "frugal_speculation_drafted_tokens_total",
+            "Tokens drafted by speculative decoding ([serve] speculate) and verified in decode steps.",
+            "counter",
+            g.drafted_tokens as f64,
+        );
+        gauge(
+            out,
+            "frugal_speculation_accepted_tokens_total",
+            "Drafted tokens accepted: each a generated token that took no decode step of its own.",
+            "counter",
+            g.accepted_tokens as f64,
         );
         let _ = writeln!(
             out,

@@ -859,6 +859,12 @@ pub struct ServeArgs {
     /// before (system prompts, earlier turns); pools' replicas follow
     #[arg(long, env = "FRUGAL_NO_PREFIX_CACHE")]
     pub no_prefix_cache: bool,
+    /// Speculative decoding: `ngram` drafts the tokens that followed the answer's last few
+    /// tokens where they occurred before (in the prompt: summaries, extractions, code edits)
+    /// and verifies them in one step, the output unchanged; `none` decodes a token a step
+    /// [default: [serve] speculate, else ngram]
+    #[arg(long, value_name = "ngram|none")]
+    pub speculate: Option<frugal_engine::speculate::Speculate>,
     /// Price of this machine per hour, for the ledger and x-frugal-cost-usd
     #[arg(long, value_name = "USD", conflicts_with = "instance")]
     pub price_per_hour: Option<String>,

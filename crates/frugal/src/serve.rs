@@ -217,6 +217,7 @@ fn with_flags(file: &RawServe, args: &ServeArgs) -> RawServe {
     if args.no_prefix_cache {
         s.prefix_cache = Some(false);
     }
+    s.speculate = args.speculate.or(s.speculate);
     s.workload = args.workload.clone().or(s.workload);
     if args.no_cache {
         s.cache = Some(false);
@@ -314,6 +315,9 @@ fn start_local(
         max_queue: serve.max_queue.unwrap_or(256),
         kv_positions: four_contexts(c),
         prefix_cache: serve.prefix_cache.unwrap_or(true),
+        speculate: serve
+            .speculate
+            .unwrap_or(frugal_gateway::config::DEFAULT_SPECULATE),
         ..SchedulerConfig::default()
     };
     let machine = Machine {

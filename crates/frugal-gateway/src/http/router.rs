@@ -246,6 +246,8 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
             prefix_hits: st.prefix_hits.load(Ordering::Relaxed),
             prefix_hit_tokens: st.prefix_hit_tokens.load(Ordering::Relaxed),
             prefix_evictions: st.prefix_evictions.load(Ordering::Relaxed),
+            drafted_tokens: st.drafted_tokens.load(Ordering::Relaxed),
+            accepted_tokens: st.accepted_tokens.load(Ordering::Relaxed),
             kv_blocks: [
                 st.kv_blocks_used.load(Ordering::Relaxed),
                 st.kv_blocks_cached.load(Ordering::Relaxed),

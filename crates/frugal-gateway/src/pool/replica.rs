@@ -355,6 +355,7 @@ async fn start_local(pool: &PoolConfig, id: u32, model: &Path) -> Result<Serving
     let scheduler = SchedulerConfig {
         max_batch: (pool.target_in_flight as usize).clamp(1, 64),
         prefix_cache: pool.prefix_cache,
+        speculate: pool.speculate,
         ..SchedulerConfig::default()
     };
     let load = tokio::task::spawn_blocking(move || {

@@ -10,6 +10,7 @@ use frugal_cost::money::HourlyRate;
 
 use crate::assemble::ConfigError;
 use crate::config::{PoolBackend, PoolRouting, RawPool};
+use frugal_engine::speculate::Speculate;
 
 /// Knative's KPA defaults: demand averaged over 60 s, a 6 s panic window entered at 200% of
 /// capacity. See docs/pools.md for why these, against KEDA's and Ray Serve's.
@@ -72,6 +73,8 @@ pub struct PoolConfig {
     /// Replicas reuse cached prompt prefixes (`[serve] prefix_cache`): `local` ones in
     /// their engine, `process` ones told by `FRUGAL_NO_PREFIX_CACHE` when it is off.
     pub prefix_cache: bool,
+    /// How `local` replicas' engines draft tokens to verify (`[serve] speculate`).
+    pub speculate: Speculate,
 }
 
 impl PoolConfig {
@@ -99,6 +102,7 @@ impl PoolConfig {
             timeout: Duration::from_secs(120),
             image: None,
             prefix_cache: true,
+            speculate: Speculate::None,
         }
     }
 }
