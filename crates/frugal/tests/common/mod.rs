@@ -157,10 +157,16 @@ impl Server {
         let lines = said.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("http://").nth(1) {
-                    let _ = tx.send(rest.split('/').next().unwrap_or_default().to_owned());
-                }
+                // Kept before the address is sent: a test that reads the logs once the
+                // server is up finds its start line there.
+                let addr = line
+                    .split("http://")
+                    .nth(1)
+                    .map(|rest| rest.split('/').next().unwrap_or_default().to_owned());
                 lines.lock().unwrap().push(line);
+                if let Some(addr) = addr {
+                    let _ = tx.send(addr);
+                }
             }
         });
         let addr = rx
