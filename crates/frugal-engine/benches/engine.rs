@@ -13,6 +13,8 @@
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -118,15 +120,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{label}: {:.0} tok/s", 128.0 * batch as f64 / secs);
     }
 
-    let long: Vec<u32> = (0..512).map(|i| 1000 + (i * 37) % 20000).collect();
-    let mut caches: Vec<KvCache> = (0..16).map(|_| KvCache::new(&model.config)).collect();
-    for c in caches.iter_mut() {
-        model.forward(&mut [Chunk {
-            tokens: &long,
-            cache: c,
-            logits: 0,
-        }])?;
-    }
+    let mut caches = common::prefilled(&model, 16, 512)?;
     let secs = best(3, &mut || decode(&model, &mut caches, 16));
     println!("decode B=16 after 512: {:.0} tok/s", 16.0 * 16.0 / secs);
     Ok(())

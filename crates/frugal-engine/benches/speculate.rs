@@ -13,11 +13,13 @@
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use frugal_engine::gguf::Gguf;
-use frugal_engine::model::{Chunk, KvCache, LoadOptions, Model};
+use frugal_engine::model::{Chunk, LoadOptions, Model};
 use frugal_engine::prompt::encode_chat;
 use frugal_engine::sampling::SamplingParams;
 use frugal_engine::scheduler::{Engine, Event, Priority, Request, SchedulerConfig};
@@ -251,15 +253,8 @@ fn collect(
 /// What a step costs with drafted tokens added: one sequence after 300 positions, and eight
 /// decoding together, each with `k` drafted tokens; milliseconds, best of 5.
 fn step_costs(model: &Model) -> Result<(), Error> {
-    let context: Vec<u32> = (0..300).map(|i| 1000 + (i * 37) % 20000).collect();
-    let mut caches: Vec<KvCache> = (0..8).map(|_| KvCache::new(&model.config)).collect();
-    for c in caches.iter_mut() {
-        model.forward(&mut [Chunk {
-            tokens: &context,
-            cache: c,
-            logits: 0,
-        }])?;
-    }
+    const CONTEXT: u32 = 300;
+    let mut caches = common::prefilled(model, 8, CONTEXT)?;
     print!("step ms by drafted tokens per sequence:");
     for batch in [1usize, 8] {
         print!("\n  {batch} sequence(s):");
@@ -278,7 +273,7 @@ fn step_costs(model: &Model) -> Result<(), Error> {
                 let t = Instant::now();
                 model.forward(&mut chunks)?;
                 best = best.min(t.elapsed().as_secs_f64());
-                caches.iter_mut().for_each(|c| c.truncate(context.len()));
+                caches.iter_mut().for_each(|c| c.truncate(CONTEXT as usize));
             }
             print!(" k={k} {:.1}", best * 1e3);
         }

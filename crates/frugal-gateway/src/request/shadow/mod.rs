@@ -120,12 +120,14 @@ fn answer_text(body: &Body, kind: crate::http::validate::Kind) -> Option<String>
     }
 }
 
-/// The verdict on two answers ([`agree`]), the embedding off the async threads.
+/// The verdict on two answers ([`agree`]): the exact comparison here, the embedding (when
+/// the texts differ) off the async threads, the exact verdict kept if that fails.
 async fn compare(embedder: Option<Arc<Embedder>>, served: String, reference: String) -> Verdict {
+    let exact = agree(None, &served, &reference);
+    if exact.agreed || embedder.is_none() {
+        return exact;
+    }
     tokio::task::spawn_blocking(move || agree(embedder.as_deref(), &served, &reference))
         .await
-        .unwrap_or(Verdict {
-            agreed: false,
-            method: frugal_cost::Agreement::Exact,
-        })
+        .unwrap_or(exact)
 }
