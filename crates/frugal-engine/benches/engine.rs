@@ -7,7 +7,9 @@
 //! (default: the default model as stored, one thread per core; TYPE a GGML type name such as
 //! q8_0, q4_k), on the kernel that
 //! `FRUGAL_ISA=avx512|avx2|scalar` names (default: the one `frugal serve` would run, chosen
-//! by measurement at start or from its cache; `FRUGAL_CALIBRATE=1` measures again). Figures
+//! by measurement at start or from its cache; `FRUGAL_CALIBRATE=1` measures again;
+//! `FRUGAL_PREFETCH=l1|l2` fixes the weight prefetch). `--tg-only` runs tg128 alone 20 times
+//! (for profiling a single stream) and prints the mean, median and best. Figures
 //! go to BENCHMARKS.md beside llama.cpp's.
 
 // A benchmark reports on stdout.
@@ -20,7 +22,7 @@ use std::time::Instant;
 
 use frugal_engine::gguf::Gguf;
 use frugal_engine::model::{Calibrate, Chunk, KvCache, KvType, LoadOptions, Model};
-use frugal_engine::quant::{Kernel, WeightType};
+use frugal_engine::quant::{Kernel, Prefetch, WeightType};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args()
@@ -32,6 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         PathBuf::from,
     );
     Kernel::select_from_env()?;
+    Prefetch::set_from_env()?;
     let requantize = match args
         .iter()
         .position(|a| a == "--quant")
@@ -83,6 +86,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         started.elapsed().as_secs_f64() * 1e3
     );
     let prompt: Vec<u32> = (0..128).map(|i| 1000 + (i * 37) % 20000).collect();
+    // `--tg-only`: tg128 alone, 20 times (for profiling it).
+    if args.iter().any(|a| a == "--tg-only") {
+        let mut secs = 0.0;
+        let mut each = Vec::new();
+        for _ in 0..20 {
+            let mut cache = KvCache::new(&model.config);
+            let _ = model.forward(&mut [Chunk {
+                tokens: &prompt[..8],
+                cache: &mut cache,
+                logits: 0,
+            }]);
+            let s = decode(&model, &mut [cache], 128);
+            each.push(128.0 / s);
+            secs += s;
+        }
+        each.sort_by(f64::total_cmp);
+        println!(
+            "tg128 x 20: {:.0} tok/s, median {:.0}, best {:.0}",
+            20.0 * 128.0 / secs,
+            each[10],
+            each[19]
+        );
+        return Ok(());
+    }
     let best =
         |runs: usize, f: &mut dyn FnMut() -> f64| (0..runs).map(|_| f()).fold(f64::MAX, f64::min);
 

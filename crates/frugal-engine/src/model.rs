@@ -15,7 +15,7 @@ use crate::gguf::{Gguf, GgufError};
 use crate::kv::{BLOCK, BlockRef, Elem, LayerView, Shape};
 use crate::quant::{self, QMatrix, QuantError, WeightType};
 
-pub use calibrate::{Calibrate, Calibration, Source, Timing};
+pub use calibrate::{Calibrate, Calibration, Choice, Source, Timing};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -12,7 +12,8 @@
 //!   tile meets every activation row with integer dot products, so a batch reuses each weight
 //!   block from registers. The kernel is fixed once per process: AVX-512 VNNI, AVX2 or
 //!   scalar, the one [`Kernel::select`] chose (`frugal serve` times the model's matrices on
-//!   each at start, see `model::calibrate`), else the widest the CPU has.
+//!   each at start, see `model::calibrate`), else the widest the CPU has. The SIMD kernels
+//!   prefetch the weights ahead into L1 or L2, as [`Prefetch`] says (chosen the same way).
 //!   Work is split over the rayon pool by row tiles.
 //!
 //! Threading: run the whole decode step inside `pool.install(..)`, so that each matmul starts
@@ -39,6 +40,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::ops::Range;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use rayon::prelude::*;
 
@@ -235,6 +237,8 @@ pub enum QuantError {
     KernelUnavailable(Kernel),
     #[error("unknown kernel {0:?}: expected avx512, avx2 or scalar")]
     UnknownKernel(String),
+    #[error("unknown prefetch {0:?}: expected l1 or l2")]
+    UnknownPrefetch(String),
     #[error("kernel {wanted} asked for after {active} was already in use")]
     KernelInUse { wanted: Kernel, active: Kernel },
 }
@@ -371,12 +375,12 @@ impl Kernel {
     }
 
     /// `FRUGAL_ISA=avx512|avx2|scalar`: the kernel it names, [`select`](Kernel::select)ed,
-    /// so each path can be tested and benchmarked on any machine; unset, the fastest the CPU
-    /// has runs.
+    /// so each path can be tested and benchmarked on any machine; unset or empty, the fastest
+    /// the CPU has runs.
     pub fn select_from_env() -> Result<(), QuantError> {
         match std::env::var_os("FRUGAL_ISA") {
-            Some(name) => Kernel::from_name(&name.to_string_lossy())?.select(),
-            None => Ok(()),
+            Some(name) if !name.is_empty() => Kernel::from_name(&name.to_string_lossy())?.select(),
+            _ => Ok(()),
         }
     }
 
@@ -412,6 +416,78 @@ impl Kernel {
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
         }
+    }
+}
+
+/// Where the SIMD kernels prefetch the weights they will stream: the cache level, and so
+/// how far ahead. Only a hint, so results never depend on it, only the speed: on the Intel
+/// Xeon hosts measured `L1` streamed a decode step fastest, on AMD EPYC (Zen 4) `L2` decoded
+/// 1.3x faster. `model::calibrate` measures both at start; `FRUGAL_PREFETCH=l1|l2` fixes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefetch {
+    /// `prefetcht0` 32 blocks ahead (8 KiB of Q4, 16 KiB of Q8).
+    L1,
+    /// `prefetcht1` 16 KiB ahead.
+    L2,
+}
+
+/// The prefetch in use: 0 unset (then [`Prefetch::L1`]), else 1 + the variant's index.
+static PREFETCH: AtomicU8 = AtomicU8::new(0);
+
+impl Prefetch {
+    pub const ALL: [Prefetch; 2] = [Prefetch::L1, Prefetch::L2];
+
+    /// The prefetch the kernels use now: the one last [set](Prefetch::set), else `L1`.
+    #[inline]
+    pub fn active() -> Prefetch {
+        match PREFETCH.load(Ordering::Relaxed) {
+            2 => Prefetch::L2,
+            _ => Prefetch::L1,
+        }
+    }
+
+    /// Use `self` from the next tile on. Unlike the kernel it may change at any time: it
+    /// moves no result, only the speed.
+    pub fn set(self) {
+        PREFETCH.store(self as u8 + 1, Ordering::Relaxed);
+    }
+
+    /// Whether one was [set](Prefetch::set) (by `FRUGAL_PREFETCH` or a calibration).
+    pub fn is_set() -> bool {
+        PREFETCH.load(Ordering::Relaxed) != 0
+    }
+
+    /// `FRUGAL_PREFETCH=l1|l2`: the prefetch it names, [set](Prefetch::set); unset or empty,
+    /// nothing changes.
+    pub fn set_from_env() -> Result<(), QuantError> {
+        match std::env::var("FRUGAL_PREFETCH") {
+            Ok(name) if !name.is_empty() => {
+                Prefetch::from_name(&name)?.set();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub fn from_name(name: &str) -> Result<Prefetch, QuantError> {
+        match name.to_ascii_lowercase().as_str() {
+            "l1" => Ok(Prefetch::L1),
+            "l2" => Ok(Prefetch::L2),
+            _ => Err(QuantError::UnknownPrefetch(name.to_owned())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Prefetch::L1 => "l1",
+            Prefetch::L2 => "l2",
+        }
+    }
+}
+
+impl fmt::Display for Prefetch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -788,11 +864,18 @@ pub fn matmul_with_scratch(
     pool: &rayon::ThreadPool,
     scratch: &mut Scratch,
 ) -> Result<(), QuantError> {
-    matmul_with_kernel(w, x, batch, out, pool, scratch, Kernel::active())
+    let input = scratch.prepare(x, batch, w.cols, needs_q8(w), Some(pool), Kernel::active())?;
+    matmul_input(w, &input, out, pool)
 }
 
-/// [`matmul_with_scratch`] on `kernel`, which also quantizes the activations, whatever the
-/// process's kernel: what the calibration at start times.
+fn needs_q8(w: &QMatrix) -> bool {
+    matches!(w.repr, Repr::Packed(_))
+}
+
+/// [`matmul_with_scratch`] on `kernel` prefetching as `prefetch` says, which also quantizes
+/// the activations, whatever the process's kernel and prefetch: what the calibration at
+/// start times.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_with_kernel(
     w: &QMatrix,
     x: &[f32],
@@ -801,10 +884,13 @@ pub fn matmul_with_kernel(
     pool: &rayon::ThreadPool,
     scratch: &mut Scratch,
     kernel: Kernel,
+    prefetch: Prefetch,
 ) -> Result<(), QuantError> {
-    let needs_q8 = matches!(w.repr, Repr::Packed(_));
-    let input = scratch.prepare(x, batch, w.cols, needs_q8, Some(pool), kernel)?;
-    matmul_input_with_kernel(w, &input, out, pool, kernel)
+    let input = scratch.prepare(x, batch, w.cols, needs_q8(w), Some(pool), kernel)?;
+    let isa = kernel.isa().ok_or(QuantError::KernelUnavailable(kernel))?;
+    check_shapes(w, &input, w.rows, out.len())?;
+    let mut out = StripedOut::new(out, w.rows);
+    run(w, &input, 0..w.rows, &mut out, Some(pool), (isa, prefetch))
 }
 
 /// [`matmul`] on prepared activations (quantized once, used for several matrices).
@@ -828,7 +914,14 @@ pub fn matmul_input_with_kernel(
     let isa = kernel.isa().ok_or(QuantError::KernelUnavailable(kernel))?;
     check_shapes(w, input, w.rows, out.len())?;
     let mut out = StripedOut::new(out, w.rows);
-    run(w, input, 0..w.rows, &mut out, Some(pool), isa)
+    run(
+        w,
+        input,
+        0..w.rows,
+        &mut out,
+        Some(pool),
+        (isa, Prefetch::active()),
+    )
 }
 
 /// Only output rows `rows` of `W x`, on the calling thread: `out` is `batch` x `rows.len()`,
@@ -851,7 +944,7 @@ pub fn matmul_rows(
         .ok_or(QuantError::KernelUnavailable(Kernel::active()))?;
     check_shapes(w, input, rows.len(), out.len())?;
     let mut out = StripedOut::new(out, rows.len());
-    run(w, input, rows, &mut out, None, isa)
+    run(w, input, rows, &mut out, None, (isa, Prefetch::active()))
 }
 
 fn check_shapes(
@@ -894,7 +987,7 @@ fn run(
     rows: Range<usize>,
     out: &mut StripedOut<'_>,
     pool: Option<&rayon::ThreadPool>,
-    isa: Isa,
+    isa: (Isa, Prefetch),
 ) -> Result<(), QuantError> {
     if rows.is_empty() || input.batch == 0 {
         return Ok(());
@@ -935,7 +1028,7 @@ fn compute_tiles(
     tiles: Range<usize>,
     rows: &Range<usize>,
     part: &Part<'_>,
-    isa: Isa,
+    isa: (Isa, Prefetch),
 ) {
     let mut buf = [0f32; TILE * MAX_NB];
     for t in tiles {
@@ -967,7 +1060,7 @@ fn tile_packed(
     act: &ActRef<'_>,
     b0: usize,
     nbat: usize,
-    isa: Isa,
+    (isa, pf): (Isa, Prefetch),
     buf: &mut [f32; TILE * MAX_NB],
 ) {
     let call = TileCall {
@@ -980,9 +1073,9 @@ fn tile_packed(
     };
     let done = match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512(k) => k.tile(&call, buf),
+        Isa::Avx512(k) => k.tile(&call, buf, pf),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2(k) => k.tile(&call, buf),
+        Isa::Avx2(k) => k.tile(&call, buf, pf),
         Isa::Scalar => false,
     };
     if !done {

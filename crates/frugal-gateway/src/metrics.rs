@@ -318,9 +318,9 @@ pub struct Gauges {
     pub accepted_tokens: u64,
     /// KV blocks held by running sequences, held only by the prefix cache, and free.
     pub kv_blocks: [usize; 3],
-    /// The integer kernel the engine runs, its threads, and how the kernel was chosen
-    /// (`measured` at start, `cached`, `flags`, `fixed`).
-    pub kernel: (&'static str, usize, &'static str),
+    /// The integer kernel the engine runs, its weight prefetch, its threads, and how they
+    /// were chosen (`measured` at start, `cached`, `flags`, `fixed`).
+    pub kernel: (&'static str, &'static str, usize, &'static str),
 }
 
 impl Metrics {
@@ -503,10 +503,10 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
         };
-        let (kernel, threads, chosen) = g.kernel;
+        let (kernel, prefetch, threads, chosen) = g.kernel;
         let _ = writeln!(
             out,
-            "# HELP frugal_engine_info The engine's integer kernel, its threads, and how the kernel was chosen.\n# TYPE frugal_engine_info gauge\nfrugal_engine_info{{kernel=\"{kernel}\",threads=\"{threads}\",chosen=\"{chosen}\"}} 1"
+            "# HELP frugal_engine_info The engine's integer kernel, its weight prefetch, its threads, and how they were chosen.\n# TYPE frugal_engine_info gauge\nfrugal_engine_info{{kernel=\"{kernel}\",prefetch=\"{prefetch}\",threads=\"{threads}\",chosen=\"{chosen}\"}} 1"
         );
         gauge(
             out,

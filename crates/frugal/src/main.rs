@@ -67,13 +67,16 @@ fn ansi_for(stream: &impl IsTerminal) -> bool {
     stream.is_terminal() && !no_color
 }
 
-/// `FRUGAL_ISA` picks the local engine's kernels ([`frugal_engine::quant::Kernel`]).
+/// `FRUGAL_ISA` picks the local engine's kernels ([`frugal_engine::quant::Kernel`]) and
+/// `FRUGAL_PREFETCH` their prefetch ([`frugal_engine::quant::Prefetch`]).
 fn select_isa() -> anyhow::Result<()> {
     use anyhow::Context;
-    frugal_engine::quant::Kernel::select_from_env().with_context(|| {
-        let name = std::env::var_os("FRUGAL_ISA").unwrap_or_default();
-        format!("FRUGAL_ISA={}", name.to_string_lossy())
-    })
+    let var = |name| {
+        let value = std::env::var_os(name).unwrap_or_default();
+        format!("{name}={}", value.to_string_lossy())
+    };
+    frugal_engine::quant::Kernel::select_from_env().with_context(|| var("FRUGAL_ISA"))?;
+    frugal_engine::quant::Prefetch::set_from_env().with_context(|| var("FRUGAL_PREFETCH"))
 }
 
 fn init_tracing(verbose: u8) {

@@ -456,11 +456,12 @@ fn the_kernel_choice_is_said_at_start_and_in_the_metrics() {
         .lines()
         .find(|l| l.contains("on http://"))
         .and_then(|l| l.split_once("; "))
-        .map(|(_, rest)| rest.split(" kernels on ").collect::<Vec<_>>())
+        .map(|(_, rest)| rest.split(" kernels, ").collect::<Vec<_>>())
         .unwrap_or_default();
     let [kernel, rest] = said[..] else {
         panic!("no kernels in the start line: {logs}");
     };
+    let (prefetch, rest) = rest.split_once(" prefetch, on ").unwrap();
     let (threads, how) = rest.split_once(" threads, ").unwrap();
     let chosen = if how.starts_with("measured:") {
         "measured"
@@ -469,7 +470,7 @@ fn the_kernel_choice_is_said_at_start_and_in_the_metrics() {
         "flags"
     };
     let info = format!(
-        "frugal_engine_info{{kernel=\"{kernel}\",threads=\"{threads}\",chosen=\"{chosen}\"}} "
+        "frugal_engine_info{{kernel=\"{kernel}\",prefetch=\"{prefetch}\",threads=\"{threads}\",chosen=\"{chosen}\"}} "
     );
     assert_eq!(server.metric(&info), 1.0, "{info}");
     let file = cache.join("frugal/kernels.json");

@@ -1,15 +1,18 @@
-//! Which integer kernel runs this model fastest on this CPU, measured at start rather than
-//! read off the instruction-set flags: on AMD Zen 4, whose 512-bit operations issue as two
-//! 256-bit halves, the AVX-512 kernel decoded SmolLM2-135M Q4_0 slower than the AVX2 one.
+//! Which integer kernel and weight prefetch run this model fastest on this CPU, measured at
+//! start rather than read off the instruction-set flags: on AMD EPYC (Zen 4) the kernels
+//! decode 1.3x faster prefetching into L2 than into L1, the reverse of the Intel Xeon hosts
+//! they were first tuned on, and which SIMD width wins a lone decode differs by CPU too.
 //!
-//! [`Model::calibrate`] times the model's own matrices (two layers' and the output
-//! projection) on each SIMD kernel the CPU has, as a decode step (one activation row) and as a
-//! batched one (8 rows), a few interleaved rounds each, and keeps the fastest per token for
-//! the process. The result is cached per CPU and model shape in
+//! [`Model::calibrate`] times every (kernel, [`Prefetch`]) pair the CPU has: a decode step
+//! (one activation row) over all the model's matrices, streamed from memory as a real step
+//! streams them (a prefetch only shows there), and a batched one (8 rows) over two layers'
+//! matrices and the output projection, a few interleaved rounds each; it keeps the fastest
+//! per token for the process. The result is cached per CPU and model shape in
 //! `$XDG_CACHE_HOME/frugal/kernels.json` (else `~/.cache/frugal/kernels.json`), so later
-//! starts skip the measurement. `FRUGAL_ISA` still forces a kernel (nothing is measured);
-//! `FRUGAL_CALIBRATE=1` measures again (and rewrites the cache), `FRUGAL_CALIBRATE=0` takes
-//! the fastest kernel by instruction set without measuring.
+//! starts skip the measurement. `FRUGAL_ISA` fixes the kernel and `FRUGAL_PREFETCH` the
+//! prefetch (only what is left is measured); `FRUGAL_CALIBRATE=1` measures again (and
+//! rewrites the cache), `FRUGAL_CALIBRATE=0` takes the widest kernel and the L1 prefetch
+//! without measuring.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::Model;
-use crate::quant::{self, Kernel, QMatrix, Scratch};
+use crate::quant::{self, Kernel, Prefetch, QMatrix, Scratch};
 
 /// Activation rows of the batched measurement (a few sequences decoding together).
 const BATCH: usize = 8;
@@ -27,8 +30,8 @@ const BATCH: usize = 8;
 const MIN_ROUNDS: usize = 3;
 const MAX_ROUNDS: usize = 9;
 const SOFT_LIMIT: Duration = Duration::from_millis(150);
-/// The cache file's format; a file of another is ignored.
-const CACHE_VERSION: u32 = 1;
+/// The cache file's format; a file of another is ignored (1 had no prefetch).
+const CACHE_VERSION: u32 = 2;
 
 /// How [`Model::calibrate`] goes about it.
 #[derive(Debug, Clone, Default)]
@@ -37,7 +40,7 @@ pub struct Calibrate {
     pub cache: Option<PathBuf>,
     /// Measure even when the cache holds a choice for this CPU and model.
     pub force: bool,
-    /// Measure nothing: the fastest kernel by instruction set.
+    /// Measure nothing: the widest kernel by instruction set, prefetching into L1.
     pub off: bool,
 }
 
@@ -63,8 +66,8 @@ impl Calibrate {
 /// Where the kernel in use came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
-    /// Fixed before the calibration: `FRUGAL_ISA`, [`Kernel::select`], or a matmul already
-    /// run in this process.
+    /// Fixed before the calibration: `FRUGAL_ISA` ([`Kernel::select`], or a matmul already
+    /// run in this process) and `FRUGAL_PREFETCH` (or a kernel without prefetch).
     Fixed,
     /// The fastest by instruction set, unmeasured: calibration off, or one kernel to run.
     Flags,
@@ -85,11 +88,25 @@ impl Source {
     }
 }
 
-/// One kernel's measurement: the sampled matrices' time at one activation row and at
-/// [`BATCH`] rows, the best of the rounds.
+/// A kernel with the prefetch it runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub kernel: Kernel,
+    pub prefetch: Prefetch,
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kernel, self.prefetch)
+    }
+}
+
+/// One choice's measurement, the best of the rounds: a decode step's matmuls at one
+/// activation row (all matrices), and a batched step's at [`BATCH`] rows (estimated from the
+/// sampled matrices, scaled by bytes to all of them).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timing {
-    pub kernel: Kernel,
+    pub choice: Choice,
     pub decode: Duration,
     pub batch: Duration,
 }
@@ -106,6 +123,7 @@ impl Timing {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
     pub kernel: Kernel,
+    pub prefetch: Prefetch,
     /// Threads of the model's pool.
     pub threads: usize,
     pub source: Source,
@@ -115,9 +133,13 @@ pub struct Calibration {
 
 impl fmt::Display for Calibration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} kernels on {} threads, ", self.kernel, self.threads)?;
+        write!(
+            f,
+            "{} kernels, {} prefetch, on {} threads, ",
+            self.kernel, self.prefetch, self.threads
+        )?;
         f.write_str(match self.source {
-            Source::Fixed => "fixed before (FRUGAL_ISA)",
+            Source::Fixed => "fixed before (FRUGAL_ISA, FRUGAL_PREFETCH)",
             Source::Flags => "by instruction set",
             Source::Cached => "measured before",
             Source::Measured => "measured",
@@ -125,7 +147,7 @@ impl fmt::Display for Calibration {
         for (i, t) in self.timings.iter().enumerate() {
             let sep = if i == 0 { ": " } else { ", " };
             let us = t.per_token().as_secs_f64() * 1e6;
-            write!(f, "{sep}{} {us:.0} us/token", t.kernel)?;
+            write!(f, "{sep}{} {us:.0} us/token", t.choice)?;
         }
         Ok(())
     }
@@ -137,83 +159,110 @@ impl Model {
     /// over with a debug line, and a kernel fixed before stays.
     pub fn calibrate(&self, how: &Calibrate) -> Calibration {
         let threads = self.pool.current_num_threads();
-        let chosen = |kernel: Kernel, source, timings| {
-            let kernel = match kernel.select() {
-                Ok(()) => kernel,
+        let chosen = |choice: Choice, source, timings| {
+            let kernel = match choice.kernel.select() {
+                Ok(()) => choice.kernel,
                 Err(why) => {
                     tracing::debug!(%why, "kernel already fixed");
                     Kernel::active()
                 }
             };
+            choice.prefetch.set();
             let c = Calibration {
                 kernel,
+                prefetch: choice.prefetch,
                 threads,
                 source,
                 timings,
             };
             tracing::info!(
                 kernel = %c.kernel,
+                prefetch = %c.prefetch,
                 threads,
                 source = c.source.name(),
                 "engine kernels: {c}"
             );
             c
         };
-        if let Some(k) = Kernel::fixed() {
-            return chosen(k, Source::Fixed, Vec::new());
+        let widest = Choice {
+            kernel: Kernel::fixed().unwrap_or_else(Kernel::best),
+            prefetch: Prefetch::active(),
+        };
+        if how.off {
+            return chosen(widest, Source::Flags, Vec::new());
         }
-        let kernels = candidates();
-        if how.off || kernels.len() < 2 {
-            return chosen(Kernel::best(), Source::Flags, Vec::new());
+        let choices = candidates();
+        if choices.len() < 2 {
+            let source = if Kernel::fixed().is_some() {
+                Source::Fixed
+            } else {
+                Source::Flags
+            };
+            return chosen(
+                choices.first().copied().unwrap_or(widest),
+                source,
+                Vec::new(),
+            );
         }
-        let key = self.cache_key(&kernels);
+        let key = self.cache_key(&choices);
         if !how.force
             && let Some(path) = &how.cache
-            && let Some((k, timings)) = cached(path, &key, &kernels)
+            && let Some((c, timings)) = cached(path, &key, &choices)
         {
-            return chosen(k, Source::Cached, timings);
+            return chosen(c, Source::Cached, timings);
         }
-        let timings = self.measure(&kernels);
+        let timings = self.measure(&choices);
         let Some(best) = timings.iter().min_by_key(|t| t.per_token()) else {
-            return chosen(Kernel::best(), Source::Flags, Vec::new());
+            return chosen(widest, Source::Flags, Vec::new());
         };
         if let Some(path) = &how.cache
-            && let Err(why) = store(path, &key, best.kernel, &timings)
+            && let Err(why) = store(path, &key, best.choice, &timings)
         {
             tracing::debug!(path = %path.display(), %why, "kernel choice not cached");
         }
-        chosen(best.kernel, Source::Measured, timings)
+        chosen(best.choice, Source::Measured, timings)
     }
 
-    /// Times `kernels` on the sampled matrices, each round every kernel in turn (so a burst
-    /// of other load on the machine slows them alike), after one round unmeasured.
-    pub fn measure(&self, kernels: &[Kernel]) -> Vec<Timing> {
-        let matrices = self.sample();
-        let cols = matrices.iter().map(|m| m.cols()).max().unwrap_or(0);
-        let rows = matrices.iter().map(|m| m.rows()).max().unwrap_or(0);
+    /// Times `choices` (see the module's comment), each round every choice in turn (so a
+    /// burst of other load on the machine slows them alike), after one round unmeasured.
+    pub fn measure(&self, choices: &[Choice]) -> Vec<Timing> {
+        let all = self.matrices();
+        let sample = self.sample();
+        let bytes = |ms: &[&QMatrix]| ms.iter().map(|m| m.bytes()).sum::<usize>().max(1) as f64;
+        let scale = bytes(&all) / bytes(&sample);
+        let cols = all.iter().map(|m| m.cols()).max().unwrap_or(0);
+        let rows = all.iter().map(|m| m.rows()).max().unwrap_or(0);
         // Activations of both signs and many magnitudes, as a hidden state has.
         let x: Vec<f32> = (0..cols * BATCH)
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1.0 + (i % 13) as f32))
             .collect();
         let mut out = vec![0f32; rows * BATCH];
         let mut scratch = Scratch::new();
-        let mut pass = |kernel: Kernel, batch: usize| {
+        let mut pass = |c: Choice, matrices: &[&QMatrix], batch: usize| {
             let started = Instant::now();
-            for m in &matrices {
+            for m in matrices {
                 let (x, out) = (&x[..m.cols() * batch], &mut out[..m.rows() * batch]);
-                let done =
-                    quant::matmul_with_kernel(m, x, batch, out, &self.pool, &mut scratch, kernel);
+                let done = quant::matmul_with_kernel(
+                    m,
+                    x,
+                    batch,
+                    out,
+                    &self.pool,
+                    &mut scratch,
+                    c.kernel,
+                    c.prefetch,
+                );
                 if let Err(why) = done {
-                    tracing::debug!(%kernel, %why, "calibration matmul failed");
+                    tracing::debug!(choice = %c, %why, "calibration matmul failed");
                     return Duration::MAX;
                 }
             }
             started.elapsed()
         };
-        let mut best: Vec<Timing> = kernels
+        let mut best: Vec<Timing> = choices
             .iter()
-            .map(|&kernel| Timing {
-                kernel,
+            .map(|&choice| Timing {
+                choice,
                 decode: Duration::MAX,
                 batch: Duration::MAX,
             })
@@ -226,16 +275,27 @@ impl Model {
                     break;
                 }
                 for t in &mut best {
-                    let (decode, batch) = (pass(t.kernel, 1), pass(t.kernel, BATCH));
-                    if round > 0 {
+                    let decode = pass(t.choice, &all, 1);
+                    let batch = pass(t.choice, &sample, BATCH);
+                    if round > 0 && batch < Duration::MAX {
                         t.decode = t.decode.min(decode);
-                        t.batch = t.batch.min(batch);
+                        t.batch = t.batch.min(batch.mul_f64(scale));
                     }
                 }
             }
         });
         best.retain(|t| t.decode < Duration::MAX && t.batch < Duration::MAX);
         best
+    }
+
+    /// Every matrix a decode step streams, in its order: each layer's, then the output
+    /// projection.
+    fn matrices(&self) -> Vec<&QMatrix> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down])
+            .chain([self.output.as_ref().unwrap_or(&self.embedding)])
+            .collect()
     }
 
     /// The matrices timed: every matrix of the first layer and of a middle one (their shapes
@@ -254,10 +314,10 @@ impl Model {
             .collect()
     }
 
-    /// What a measurement holds for: the CPU, the pool, the kernels to choose from, and the
-    /// sampled matrices' types and shapes.
-    fn cache_key(&self, kernels: &[Kernel]) -> String {
-        let kernels: Vec<&str> = kernels.iter().map(|k| k.name()).collect();
+    /// What a measurement holds for: the CPU, the pool, the choices, and the sampled
+    /// matrices' types and shapes.
+    fn cache_key(&self, choices: &[Choice]) -> String {
+        let choices: Vec<String> = choices.iter().map(Choice::to_string).collect();
         let matrices: Vec<String> = self
             .sample()
             .iter()
@@ -269,24 +329,43 @@ impl Model {
             "{}; {} threads; {}; {}",
             cpu_name(),
             self.pool.current_num_threads(),
-            kernels.join(" "),
+            choices.join(" "),
             matrices.join(" ")
         )
     }
 }
 
-/// The kernels worth timing: the SIMD ones the CPU has (the scalar kernel is there for
-/// CPUs without them, and is several times slower than either).
-pub fn candidates() -> Vec<Kernel> {
-    let simd: Vec<Kernel> = [Kernel::Avx512Vnni, Kernel::Avx2]
+/// The choices worth timing: the SIMD kernels the CPU has (the scalar kernel is there for
+/// CPUs without them, and is several times slower than either), or the one fixed before,
+/// each with every prefetch unless `FRUGAL_PREFETCH` fixed it (the scalar kernel has none).
+pub fn candidates() -> Vec<Choice> {
+    let kernels: Vec<Kernel> = match Kernel::fixed() {
+        Some(k) => vec![k],
+        None => {
+            let simd: Vec<Kernel> = [Kernel::Avx512Vnni, Kernel::Avx2]
+                .into_iter()
+                .filter(|k| k.is_available())
+                .collect();
+            if simd.is_empty() {
+                vec![Kernel::Scalar]
+            } else {
+                simd
+            }
+        }
+    };
+    kernels
         .into_iter()
-        .filter(|k| k.is_available())
-        .collect();
-    if simd.is_empty() {
-        vec![Kernel::Scalar]
-    } else {
-        simd
-    }
+        .flat_map(|kernel| {
+            let prefetches = if kernel == Kernel::Scalar || Prefetch::is_set() {
+                vec![Prefetch::active()]
+            } else {
+                Prefetch::ALL.to_vec()
+            };
+            prefetches
+                .into_iter()
+                .map(move |prefetch| Choice { kernel, prefetch })
+        })
+        .collect()
 }
 
 /// The CPU's vendor and model as `/proc/cpuinfo` names them, and its logical cores.
@@ -316,12 +395,14 @@ struct CacheFile {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Entry {
     kernel: String,
+    prefetch: String,
     timings: Vec<EntryTiming>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct EntryTiming {
     kernel: String,
+    prefetch: String,
     decode_us: f64,
     batch_us: f64,
 }
@@ -338,8 +419,8 @@ fn read_cache(path: &Path) -> Result<CacheFile, String> {
     Ok(file)
 }
 
-/// The cached choice for `key`, when the file has one this CPU can still run.
-fn cached(path: &Path, key: &str, kernels: &[Kernel]) -> Option<(Kernel, Vec<Timing>)> {
+/// The cached choice for `key`, when the file has one among `choices`.
+fn cached(path: &Path, key: &str, choices: &[Choice]) -> Option<(Choice, Vec<Timing>)> {
     let file = read_cache(path)
         .map_err(|why| tracing::debug!(path = %path.display(), %why, "kernel cache ignored"))
         .ok()?;
@@ -347,9 +428,15 @@ fn cached(path: &Path, key: &str, kernels: &[Kernel]) -> Option<(Kernel, Vec<Tim
         tracing::debug!(path = %path.display(), key, "kernel cache has no entry for this CPU and model");
         return None;
     };
-    let known = |name: &str| Kernel::from_name(name).ok().filter(|k| kernels.contains(k));
-    let Some(kernel) = known(&entry.kernel) else {
-        tracing::debug!(path = %path.display(), kernel = entry.kernel, "cached kernel not runnable here");
+    let known = |kernel: &str, prefetch: &str| {
+        let c = Choice {
+            kernel: Kernel::from_name(kernel).ok()?,
+            prefetch: Prefetch::from_name(prefetch).ok()?,
+        };
+        choices.contains(&c).then_some(c)
+    };
+    let Some(choice) = known(&entry.kernel, &entry.prefetch) else {
+        tracing::debug!(path = %path.display(), kernel = entry.kernel, prefetch = entry.prefetch, "cached choice not among those here");
         return None;
     };
     let us = |v: f64| Duration::from_secs_f64(v.max(0.0) / 1e6);
@@ -358,18 +445,18 @@ fn cached(path: &Path, key: &str, kernels: &[Kernel]) -> Option<(Kernel, Vec<Tim
         .iter()
         .filter_map(|t| {
             Some(Timing {
-                kernel: known(&t.kernel)?,
+                choice: known(&t.kernel, &t.prefetch)?,
                 decode: us(t.decode_us),
                 batch: us(t.batch_us),
             })
         })
         .collect();
-    Some((kernel, timings))
+    Some((choice, timings))
 }
 
 /// Adds `key`'s choice to the cache file (others' entries kept, a broken file replaced),
 /// written whole beside it and renamed over it, so that a reader never sees half of it.
-fn store(path: &Path, key: &str, kernel: Kernel, timings: &[Timing]) -> std::io::Result<()> {
+fn store(path: &Path, key: &str, choice: Choice, timings: &[Timing]) -> std::io::Result<()> {
     let mut file = read_cache(path).unwrap_or(CacheFile {
         version: CACHE_VERSION,
         entries: BTreeMap::new(),
@@ -378,11 +465,13 @@ fn store(path: &Path, key: &str, kernel: Kernel, timings: &[Timing]) -> std::io:
     file.entries.insert(
         key.to_owned(),
         Entry {
-            kernel: kernel.name().to_owned(),
+            kernel: choice.kernel.name().to_owned(),
+            prefetch: choice.prefetch.name().to_owned(),
             timings: timings
                 .iter()
                 .map(|t| EntryTiming {
-                    kernel: t.kernel.name().to_owned(),
+                    kernel: t.choice.kernel.name().to_owned(),
+                    prefetch: t.choice.prefetch.name().to_owned(),
                     decode_us: us(t.decode),
                     batch_us: us(t.batch),
                 })
@@ -402,9 +491,13 @@ fn store(path: &Path, key: &str, kernel: Kernel, timings: &[Timing]) -> std::io:
 mod tests {
     use super::*;
 
-    fn timing(kernel: Kernel, decode_us: u64, batch_us: u64) -> Timing {
+    fn choice(kernel: Kernel, prefetch: Prefetch) -> Choice {
+        Choice { kernel, prefetch }
+    }
+
+    fn timing(c: Choice, decode_us: u64, batch_us: u64) -> Timing {
         Timing {
-            kernel,
+            choice: c,
             decode: Duration::from_micros(decode_us),
             batch: Duration::from_micros(batch_us),
         }
@@ -415,16 +508,19 @@ mod tests {
     fn the_cache_round_trips() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/kernels.json");
-        let kernels = candidates();
-        let k = kernels[kernels.len() - 1];
-        let timings: Vec<Timing> = kernels.iter().map(|&k| timing(k, 1500, 4000)).collect();
+        let choices: Vec<Choice> = Prefetch::ALL
+            .into_iter()
+            .map(|p| choice(Kernel::Scalar, p))
+            .collect();
+        let k = choices[1];
+        let timings: Vec<Timing> = choices.iter().map(|&c| timing(c, 1500, 4000)).collect();
         store(&path, "cpu a", k, &timings).unwrap();
-        store(&path, "cpu b", kernels[0], &timings[..1]).unwrap();
-        let (got, back) = cached(&path, "cpu a", &kernels).unwrap();
+        store(&path, "cpu b", choices[0], &timings[..1]).unwrap();
+        let (got, back) = cached(&path, "cpu a", &choices).unwrap();
         assert_eq!(got, k);
         assert_eq!(back, timings);
-        assert_eq!(cached(&path, "cpu b", &kernels).unwrap().0, kernels[0]);
-        assert!(cached(&path, "cpu c", &kernels).is_none());
+        assert_eq!(cached(&path, "cpu b", &choices).unwrap().0, choices[0]);
+        assert!(cached(&path, "cpu c", &choices).is_none());
         // No temporary file is left beside it.
         assert_eq!(
             std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
@@ -432,58 +528,71 @@ mod tests {
         );
     }
 
-    /// A file that is not the cache, of another format, or naming a kernel not among those
-    /// to choose from gives no choice, and is replaced by the next store.
+    /// A file that is not the cache, of another format (1 had no prefetch), or naming a
+    /// choice not among those to choose from gives no choice, and is replaced by the next
+    /// store.
     #[test]
     fn a_broken_or_foreign_cache_is_passed_over() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kernels.json");
-        let kernels = [Kernel::Avx2];
+        let choices = [choice(Kernel::Avx2, Prefetch::L2)];
+        let entry = |version: u32, kernel: &str, prefetch: &str| {
+            format!(
+                "{{\"version\": {version}, \"entries\": {{\"k\": {{\"kernel\": \"{kernel}\", \"prefetch\": \"{prefetch}\", \"timings\": []}}}}}}"
+            )
+        };
         for text in [
             "not json".to_owned(),
-            "{\"version\": 1}".to_owned(),
-            "{\"version\": 99, \"entries\": {\"k\": {\"kernel\": \"avx2\", \"timings\": []}}}"
+            "{\"version\": 2}".to_owned(),
+            "{\"version\": 1, \"entries\": {\"k\": {\"kernel\": \"avx2\", \"timings\": []}}}"
                 .to_owned(),
-            "{\"version\": 1, \"entries\": {\"k\": {\"kernel\": \"neon\", \"timings\": []}}}"
-                .to_owned(),
-            "{\"version\": 1, \"entries\": {\"k\": {\"kernel\": \"avx512\", \"timings\": []}}}"
-                .to_owned(),
+            entry(99, "avx2", "l2"),
+            entry(2, "neon", "l2"),
+            entry(2, "avx512", "l2"),
+            entry(2, "avx2", "l1"),
+            entry(2, "avx2", "l9"),
         ] {
             std::fs::write(&path, &text).unwrap();
-            assert!(cached(&path, "k", &kernels).is_none(), "{text}");
+            assert!(cached(&path, "k", &choices).is_none(), "{text}");
         }
-        assert!(cached(&dir.path().join("absent.json"), "k", &kernels).is_none());
+        std::fs::write(&path, entry(2, "avx2", "l2")).unwrap();
+        assert_eq!(cached(&path, "k", &choices).unwrap().0, choices[0]);
+        assert!(cached(&dir.path().join("absent.json"), "k", &choices).is_none());
         std::fs::write(&path, "not json").unwrap();
-        store(&path, "k", Kernel::Avx2, &[]).unwrap();
-        assert_eq!(cached(&path, "k", &kernels).unwrap().0, Kernel::Avx2);
+        store(&path, "k", choices[0], &[]).unwrap();
+        assert_eq!(cached(&path, "k", &choices).unwrap().0, choices[0]);
     }
 
-    /// The measurement times every kernel asked for on the model's own matrices (two
-    /// layers' four and the output projection), and fixes none for the process.
+    /// The measurement times every choice asked for on the model's own matrices (all of
+    /// them for a decode, two layers' four and the output projection batched), and fixes
+    /// no prefetch for the process.
     #[test]
-    fn measure_times_each_kernel_on_the_models_matrices() {
+    fn measure_times_each_choice_on_the_models_matrices() {
         let g = crate::gguf::testutil::test_model();
         let model = Model::from_gguf(g, crate::model::LoadOptions::default()).unwrap();
         assert_eq!(model.sample().len(), 9);
-        let kernels = candidates();
-        let timings = model.measure(&kernels);
-        let got: Vec<Kernel> = timings.iter().map(|t| t.kernel).collect();
-        assert_eq!(got, kernels);
+        assert_eq!(model.matrices().len(), 4 * model.layers.len() + 1);
+        let choices = candidates();
+        let prefetch = Prefetch::active();
+        let timings = model.measure(&choices);
+        assert_eq!(Prefetch::active(), prefetch);
+        let got: Vec<Choice> = timings.iter().map(|t| t.choice).collect();
+        assert_eq!(got, choices);
         for t in &timings {
             assert!(
                 t.decode > Duration::ZERO && t.batch > Duration::ZERO,
                 "{t:?}"
             );
         }
-        let key = model.cache_key(&kernels);
+        let key = model.cache_key(&choices);
         assert!(key.contains("x576") && key.contains("threads"), "{key}");
     }
 
     /// The choice is the least mean time per token of a lone and a batched decode.
     #[test]
     fn per_token_weighs_decode_and_batch() {
-        let a = timing(Kernel::Avx512Vnni, 1000, 4000);
-        let b = timing(Kernel::Avx2, 900, 8000);
+        let a = timing(choice(Kernel::Avx512Vnni, Prefetch::L1), 1000, 4000);
+        let b = timing(choice(Kernel::Avx2, Prefetch::L2), 900, 8000);
         assert_eq!(a.per_token(), Duration::from_micros(750));
         assert_eq!(b.per_token(), Duration::from_micros(950));
     }

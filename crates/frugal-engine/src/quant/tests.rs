@@ -600,7 +600,8 @@ fn simd_tiles_match_scalar() {
         let mut scratch = Scratch::new();
         let input = scratch.quantize(&x, 11, 512).unwrap();
         let act = input.act.unwrap();
-        for kernel in available_kernels() {
+        let kernels = available_kernels().into_iter();
+        for (kernel, pf) in kernels.flat_map(|k| Prefetch::ALL.map(|p| (k, p))) {
             let isa = kernel.isa().unwrap();
             for tile in 0..2 {
                 for (b0, nbat) in [(0, 1), (1, 2), (0, 8), (3, 8), (5, 6)] {
@@ -615,10 +616,10 @@ fn simd_tiles_match_scalar() {
                     };
                     packed::tile_scalar(&call, &mut want);
                     let mut got = [0f32; TILE * MAX_NB];
-                    tile_packed(p, tile, &act, b0, nbat, isa, &mut got);
+                    tile_packed(p, tile, &act, b0, nbat, (isa, pf), &mut got);
                     for i in 0..nbat * TILE {
                         let tol = 1e-5 * want[i].abs().max(1.0);
-                        assert!((got[i] - want[i]).abs() <= tol, "{t} {kernel:?} {i}");
+                        assert!((got[i] - want[i]).abs() <= tol, "{t} {kernel:?} {pf} {i}");
                     }
                 }
             }

@@ -11,16 +11,23 @@
 
 use std::arch::x86_64::*;
 
+use super::Prefetch;
 use super::blocks::QK;
 use super::packed::{MAX_NB, PackKind, Sums, TILE, TileCall, TileGeom};
 use super::wide::Wide;
 
-/// Software prefetch distance, in blocks of the tile being streamed. A decode step streams
-/// each weight once, and on this VM the hardware prefetchers alone got the kernel to 7-11 GB/s
-/// on cold weights; prefetching 32 blocks (8 KiB of Q4, 16 KiB of Q8) ahead reached ~30 GB/s
-/// (distances of 1-16 KiB and 16-64 blocks were tried; 32 blocks was at or near the best
-/// for both Q4 and Q8, which at 143 MB per step is DRAM-bound at ~24 GB/s either way).
+/// Software prefetch distance into L1 ([`Prefetch::L1`]), in blocks of the tile being
+/// streamed. A decode step streams each weight once, and on an Intel Xeon VM the hardware
+/// prefetchers alone got the kernel to 7-11 GB/s on cold weights; prefetching 32 blocks (8 KiB
+/// of Q4, 16 KiB of Q8) ahead reached ~30 GB/s (distances of 1-16 KiB and 16-64 blocks were
+/// tried; 32 blocks was at or near the best for both Q4 and Q8).
 const PREFETCH_BLOCKS: usize = 32;
+
+/// Software prefetch distance into L2 ([`Prefetch::L2`]), in bytes. On AMD EPYC (Zen 4)
+/// `prefetcht0` 8-16 KiB ahead held single-stream decode at 15-18 GB/s, while `prefetcht1`
+/// 16 KiB ahead reached 26 GB/s of the ~29 GB/s two cores stream (8 KiB was 20% slower,
+/// 32 KiB the same within noise; SmolLM2 Q4_0, Q8_0 and Qwen2.5 Q4_K_M files).
+const PREFETCH_L2_BYTES: usize = 16 << 10;
 
 const K_Q8_0: u8 = 0;
 const K_Q4_0: u8 = 1;
@@ -138,20 +145,20 @@ fn act_blocks(x: &[f32], q: &[i8], d: &[f32], s: &Sums<'_>) -> Option<usize> {
 /// Calls `$kernel::<NB, KIND>($a, $out)`, one monomorphized kernel for each packing and
 /// batch of 1 to 8 rows; returns false from the caller for any other pair.
 macro_rules! dispatch {
-    ($kernel:ident, $kind:expr, $nbat:expr, $a:expr, $out:expr) => {
-        dispatch!(@ $kernel, $kind, $nbat, $a, $out; 1 2 3 4 5 6 7 8)
+    ($kernel:ident, $kind:expr, $nbat:expr, $a:expr, $out:expr, $pf:expr) => {
+        dispatch!(@ $kernel, $kind, $nbat, $a, $out, $pf; 1 2 3 4 5 6 7 8)
     };
-    (@ $kernel:ident, $kind:expr, $nbat:expr, $a:expr, $out:expr; $($n:literal)*) => {
+    (@ $kernel:ident, $kind:expr, $nbat:expr, $a:expr, $out:expr, $pf:expr; $($n:literal)*) => {
         match (kind_id($kind), $nbat) {
             $(
-                (K_Q8_0, $n) => $kernel::<$n, K_Q8_0>($a, $out),
-                (K_Q4_0, $n) => $kernel::<$n, K_Q4_0>($a, $out),
-                (K_Q4_1, $n) => $kernel::<$n, K_Q4_1>($a, $out),
-                (K_Q5_0, $n) => $kernel::<$n, K_Q5_0>($a, $out),
-                (K_Q5_1, $n) => $kernel::<$n, K_Q5_1>($a, $out),
-                (K_Q4_K, $n) => $kernel::<$n, K_Q4_K>($a, $out),
-                (K_Q5_K, $n) => $kernel::<$n, K_Q5_K>($a, $out),
-                (K_Q6_K, $n) => $kernel::<$n, K_Q6_K>($a, $out),
+                (K_Q8_0, $n) => $kernel::<$n, K_Q8_0>($a, $out, $pf),
+                (K_Q4_0, $n) => $kernel::<$n, K_Q4_0>($a, $out, $pf),
+                (K_Q4_1, $n) => $kernel::<$n, K_Q4_1>($a, $out, $pf),
+                (K_Q5_0, $n) => $kernel::<$n, K_Q5_0>($a, $out, $pf),
+                (K_Q5_1, $n) => $kernel::<$n, K_Q5_1>($a, $out, $pf),
+                (K_Q4_K, $n) => $kernel::<$n, K_Q4_K>($a, $out, $pf),
+                (K_Q5_K, $n) => $kernel::<$n, K_Q5_K>($a, $out, $pf),
+                (K_Q6_K, $n) => $kernel::<$n, K_Q6_K>($a, $out, $pf),
             )*
             _ => return false,
         }
@@ -186,15 +193,21 @@ impl Avx512Vnni {
         .then_some(Avx512Vnni(()))
     }
 
-    /// One tile against activation rows `b0 .. b0 + nbat`; `out[b * TILE + r]`.
-    pub(crate) fn tile(self, a: &TileCall<'_>, out: &mut [f32; TILE * MAX_NB]) -> bool {
+    /// One tile against activation rows `b0 .. b0 + nbat`; `out[b * TILE + r]`; weights
+    /// ahead prefetched as `pf` says.
+    pub(crate) fn tile(
+        self,
+        a: &TileCall<'_>,
+        out: &mut [f32; TILE * MAX_NB],
+        pf: Prefetch,
+    ) -> bool {
         let Some(a) = checked(a) else {
             return false;
         };
         // SAFETY: `self` proves the CPU has the features `vnni_tile` is compiled for, and
         // `check` established the lengths its pointer arithmetic relies on.
         unsafe {
-            dispatch!(vnni_tile, a.kind, a.nbat, &a, out);
+            dispatch!(vnni_tile, a.kind, a.nbat, &a, out, pf);
         }
         true
     }
@@ -226,7 +239,12 @@ impl Avx2 {
         .then_some(Avx2(()))
     }
 
-    pub(crate) fn tile(self, a: &TileCall<'_>, out: &mut [f32; TILE * MAX_NB]) -> bool {
+    pub(crate) fn tile(
+        self,
+        a: &TileCall<'_>,
+        out: &mut [f32; TILE * MAX_NB],
+        pf: Prefetch,
+    ) -> bool {
         let Some(a) = checked(a) else {
             return false;
         };
@@ -244,7 +262,7 @@ impl Avx2 {
             // lengths for rows b0 .. b0 + nbat, and `o` holds (nbat - done) * TILE >= n * TILE
             // floats.
             unsafe {
-                dispatch!(avx2_tile, a.kind, n, &rows, o);
+                dispatch!(avx2_tile, a.kind, n, &rows, o, pf);
             }
             done += n;
         }
@@ -273,6 +291,7 @@ impl Avx2 {
 unsafe fn vnni_tile<const NB: usize, const KIND: u8>(
     a: &TileCall<'_>,
     out: &mut [f32; TILE * MAX_NB],
+    pf: Prefetch,
 ) {
     let kind = kind_of(KIND);
     let nb = a.geom.nb;
@@ -286,7 +305,7 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(
         let mut acc = [_mm512_setzero_ps(); NB];
         for k in 0..nb {
             let wq = tile.add(k * qb);
-            prefetch_block(tile, a.geom, kind, k);
+            prefetch_block(tile, a.geom, kind, k, pf);
             // Macros, not closures: a closure would not be compiled with this function's
             // target features and the intrinsics inside it would stop inlining.
             macro_rules! ld {
@@ -468,7 +487,11 @@ unsafe fn vnni_tile<const NB: usize, const KIND: u8>(
 /// AVX2, FMA and F16C must be available and `check(a)` must hold, `a.nbat` being `NB`.
 /// `out` must hold at least `NB * TILE` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &TileCall<'_>, out: &mut [f32]) {
+unsafe fn avx2_tile<const NB: usize, const KIND: u8>(
+    a: &TileCall<'_>,
+    out: &mut [f32],
+    pf: Prefetch,
+) {
     let kind = kind_of(KIND);
     let nb = a.geom.nb;
     let qb = kind.qb();
@@ -485,7 +508,7 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &TileCall<'_>, out: &mut
             for k in 0..nb {
                 let wq = tile.add(k * qb + 32 * h);
                 if h == 0 {
-                    prefetch_block(tile, a.geom, kind, k);
+                    prefetch_block(tile, a.geom, kind, k, pf);
                 }
                 macro_rules! ld {
                     ($i:expr) => {
@@ -622,19 +645,29 @@ unsafe fn avx2_tile<const NB: usize, const KIND: u8>(a: &TileCall<'_>, out: &mut
 /// bytes streamed anyway; `wrapping_add` because the address may lie past the allocation
 /// (prefetches never fault, but `add` out of bounds would be UB).
 #[inline(always)]
-fn prefetch_block(tile: *const u8, geom: TileGeom, kind: PackKind, k: usize) {
+fn prefetch_block(tile: *const u8, geom: TileGeom, kind: PackKind, k: usize, pf: Prefetch) {
     let qb = kind.qb();
-    let ahead = tile.wrapping_add((k + PREFETCH_BLOCKS) * qb);
-    let scales = tile.wrapping_add(geom.block_scales(kind, k + PREFETCH_BLOCKS));
-    // SAFETY: `prefetcht0` needs only SSE, part of the x86-64 baseline, and is a hint that
-    // never faults and reads no memory architecturally, whatever the address.
+    let ahead = match pf {
+        Prefetch::L1 => PREFETCH_BLOCKS,
+        Prefetch::L2 => PREFETCH_L2_BYTES / qb,
+    };
+    let at = tile.wrapping_add((k + ahead) * qb);
+    let scales = tile.wrapping_add(geom.block_scales(kind, k + ahead));
+    // SAFETY: `prefetcht0` / `prefetcht1` need only SSE, part of the x86-64 baseline, and are
+    // hints that never fault and read no memory architecturally, whatever the address.
     unsafe {
         let mut l = 0;
         while l < qb {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
+            match pf {
+                Prefetch::L1 => _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(l).cast()),
+                Prefetch::L2 => _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(l).cast()),
+            }
             l += 64;
         }
-        _mm_prefetch::<_MM_HINT_T0>(scales.cast());
+        match pf {
+            Prefetch::L1 => _mm_prefetch::<_MM_HINT_T0>(scales.cast()),
+            Prefetch::L2 => _mm_prefetch::<_MM_HINT_T1>(scales.cast()),
+        }
     }
 }
 

@@ -255,6 +255,7 @@ async fn open_metrics(State(s): State<AppState>) -> Response {
             ],
             kernel: (
                 l.kernels.kernel.name(),
+                l.kernels.prefetch.name(),
                 l.kernels.threads,
                 l.kernels.source.name(),
             ),
