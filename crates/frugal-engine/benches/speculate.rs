@@ -278,6 +278,9 @@ fn step_costs(model: &Model) -> Result<(), Error> {
             print!(" k={k} {:.1}", best * 1e3);
         }
     }
-    println!();
+    println!(
+        "\na drafted token adds {:.2} of a step, as the engine measures it at start",
+        frugal_engine::speculate::draft_cost(model)
+    );
     Ok(())
 }

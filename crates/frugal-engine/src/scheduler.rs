@@ -37,7 +37,7 @@ use crate::kv::{BLOCK, Shape};
 use crate::model::{Chunk, Config, KvCache, Model, ModelError};
 use crate::prefix::PrefixCache;
 use crate::sampling::{Sampled, Sampler, SamplingParams};
-use crate::speculate::{Drafter, Speculate};
+use crate::speculate::{self, DRAFT_COST, Drafter, Speculate};
 
 /// When waiting requests may join the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -276,6 +276,7 @@ impl Engine {
             prefix: PrefixCache::default(),
             reserved: 0,
             solo_decode: None,
+            draft_cost: DRAFT_COST,
         };
         let engine = Engine {
             tx,
@@ -371,10 +372,11 @@ struct Sequence {
 }
 
 impl Sequence {
-    fn new(job: Job, model: &Config, speculate: Speculate) -> Sequence {
+    /// `draft_cost`: what a drafted token adds to a step, when the engine speculates.
+    fn new(job: Job, model: &Config, draft_cost: Option<f32>) -> Sequence {
         Sequence {
             cache: KvCache::new(model),
-            drafter: (speculate == Speculate::Ngram).then(|| Drafter::new(&job.request.prompt)),
+            drafter: draft_cost.map(|cost| Drafter::new(&job.request.prompt, cost)),
             draft: Vec::new(),
             sampler: Sampler::new(job.request.sampling),
             fed: Vec::new(),
@@ -523,6 +525,9 @@ struct Worker {
     /// A decode step with one sequence: a moving average of the steps that had one, first
     /// measured on a throwaway sequence when the batch first holds more than one.
     solo_decode: Option<Duration>,
+    /// What a drafted token adds to a step, as a share of it: measured when the worker
+    /// starts to run, if it speculates (`speculate::draft_cost`).
+    draft_cost: f32,
 }
 
 /// Times a waiting request may be passed over for one with a longer cached prefix.
@@ -536,6 +541,14 @@ const SOLO_WEIGHT: f64 = 0.1;
 
 impl Worker {
     fn run(mut self) {
+        if self.config.speculate == Speculate::Ngram {
+            self.draft_cost = speculate::draft_cost(&self.model);
+            tracing::info!(
+                draft_cost = self.draft_cost,
+                "speculation: a drafted token adds {:.2} of a decode step",
+                self.draft_cost
+            );
+        }
         while self.turn() {}
     }
 
@@ -567,7 +580,8 @@ impl Worker {
     }
 
     fn enqueue(&mut self, job: Job) {
-        let s = Sequence::new(job, &self.model.config, self.config.speculate);
+        let cost = (self.config.speculate == Speculate::Ngram).then_some(self.draft_cost);
+        let s = Sequence::new(job, &self.model.config, cost);
         if self.rank(&s) == Priority::Batch {
             self.waiting_batch.push_back(s);
         } else {

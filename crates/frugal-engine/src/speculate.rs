@@ -14,8 +14,15 @@
 //! per sequence: it estimates how likely a drafted token is to be accepted after a match of
 //! each n-gram length, drafts as many tokens as pay for themselves at that rate, and after
 //! a few steps of drafts all refused stops drafting for a while, twice as long each time.
+//! What a drafted token costs is measured once per engine on its model ([`draft_cost`]): a
+//! third of a step for SmolLM2-135M, a fourteenth for Qwen2.5-0.5B, whose longer step
+//! streams more weights that the extra rows reuse.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::kv::KvCache;
+use crate::model::{Chunk, Model};
 
 /// How the engine drafts tokens to verify (`[serve] speculate`, written by [`Speculate::name`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -58,11 +65,17 @@ const MIN_N: usize = 1;
 /// Drafted tokens per step at most: with the pending token, one pass of the matmul kernels
 /// (`MAX_NB` = 8 rows); a ninth row takes a second pass.
 pub const MAX_DRAFT: usize = 7;
-/// What a drafted token adds to a decode step of one sequence, as a share of the step:
-/// `cargo bench -p frugal-engine --bench speculate` measured 1.3, 1.66, 2.23 and 2.7 steps
-/// for 1, 2, 4 and 7 drafted tokens (SmolLM2-135M on 2 idle AVX-512 cores; a larger model,
-/// or a busier machine, streams its weights longer and pays less for each drafted token).
-const DRAFT_COST: f32 = 0.25;
+/// What a drafted token adds to a decode step of one sequence, as a share of the step, until
+/// [`draft_cost`] measured it: `cargo bench -p frugal-engine --bench speculate` measured 1.3,
+/// 1.66, 2.23 and 2.7 steps for 1, 2, 4 and 7 drafted tokens (SmolLM2-135M on 2 idle
+/// AVX-512 cores; a larger model, or a busier machine, streams its weights longer and pays
+/// less for each drafted token).
+pub const DRAFT_COST: f32 = 0.25;
+/// [`draft_cost`]'s measurement: rounds, each a step of one token then one of one plus
+/// `COST_DRAFT`, after a prompt of `COST_PROMPT` tokens.
+const COST_ROUNDS: usize = 4;
+const COST_DRAFT: usize = 4;
+const COST_PROMPT: usize = 16;
 /// The first estimate of a drafted token's chance, how far each verified token moves it,
 /// and how far each match not worth drafting moves it back towards the first estimate (so
 /// that drafting is tried again now and then).
@@ -100,6 +113,8 @@ pub(crate) struct Drafter {
     /// Steps left without drafting, and the next pause.
     paused: u32,
     pause: u32,
+    /// What a drafted token adds to a step, as a share of it.
+    cost: f32,
 }
 
 fn key(ngram: &[u32]) -> u64 {
@@ -109,7 +124,9 @@ fn key(ngram: &[u32]) -> u64 {
 }
 
 impl Drafter {
-    pub fn new(prompt: &[u32]) -> Drafter {
+    /// A drafter for a sequence of `prompt`, a drafted token costing `cost` of a step (see
+    /// [`draft_cost`]).
+    pub fn new(prompt: &[u32], cost: f32) -> Drafter {
         Drafter {
             tokens: prompt.to_vec(),
             after: Default::default(),
@@ -120,6 +137,7 @@ impl Drafter {
             misses: 0,
             paused: 0,
             pause: FIRST_PAUSE,
+            cost,
         }
     }
 
@@ -152,7 +170,7 @@ impl Drafter {
         if let Some((n, p)) = found {
             self.matched = n;
             let odds = &mut self.odds[n - 1];
-            let worth = worth_drafting(*odds);
+            let worth = worth_drafting(*odds, self.cost);
             if worth == 0 {
                 *odds += RECOVER * (FIRST_ODDS - *odds);
             }
@@ -197,16 +215,47 @@ impl Drafter {
     }
 }
 
+/// What a drafted token adds to a one-sequence decode step of `model` on this machine, as a
+/// share of the step: the least times of [`COST_ROUNDS`] interleaved steps of one token and
+/// of one plus [`COST_DRAFT`] on a throwaway cache (some tens of milliseconds, once per
+/// engine). [`DRAFT_COST`] if a step fails.
+pub fn draft_cost(model: &Model) -> f32 {
+    let positions = COST_PROMPT + COST_ROUNDS * (2 + COST_DRAFT);
+    let mut cache = KvCache::with_capacity(&model.config, positions);
+    let prompt: Vec<u32> = (0..COST_PROMPT as u32).collect();
+    let mut step = |tokens: &[u32]| {
+        let started = Instant::now();
+        let mut chunk = [Chunk {
+            tokens,
+            cache: &mut cache,
+            logits: tokens.len(),
+        }];
+        model.forward(&mut chunk).ok().map(|_| started.elapsed())
+    };
+    if step(&prompt).is_none() {
+        return DRAFT_COST;
+    }
+    let (mut one, mut drafted) = (Duration::MAX, Duration::MAX);
+    for _ in 0..COST_ROUNDS {
+        let (Some(a), Some(b)) = (step(&[1]), step(&[1; 1 + COST_DRAFT])) else {
+            return DRAFT_COST;
+        };
+        (one, drafted) = (one.min(a), drafted.min(b));
+    }
+    let extra = drafted.saturating_sub(one).as_secs_f32() / COST_DRAFT as f32;
+    (extra / one.as_secs_f32().max(1e-9)).clamp(0.02, 1.0)
+}
+
 /// The draft length that makes the most tokens per unit of step time when each drafted
 /// token is accepted with chance `odds` after the ones before it: 1 + p + ... + p^k tokens
-/// for 1 + k * DRAFT_COST of a step; none when no draft beats plain decoding.
-fn worth_drafting(odds: f32) -> usize {
+/// for 1 + k * `cost` of a step; none when no draft beats plain decoding.
+fn worth_drafting(odds: f32, cost: f32) -> usize {
     let (mut best, mut best_rate) = (0, 1.0);
     let (mut tokens, mut chance) = (1.0, 1.0);
     for k in 1..=MAX_DRAFT {
         chance *= odds;
         tokens += chance;
-        let rate = tokens / (1.0 + k as f32 * DRAFT_COST);
+        let rate = tokens / (1.0 + k as f32 * cost);
         if rate > best_rate {
             (best, best_rate) = (k, rate);
         }
@@ -228,7 +277,7 @@ mod tests {
 
     /// A drafter of `prompt` sure of its drafts: as long as the bound lets them be.
     fn sure(prompt: &[u32]) -> Drafter {
-        let mut d = Drafter::new(prompt);
+        let mut d = Drafter::new(prompt, DRAFT_COST);
         d.odds = [1.0; MAX_N];
         d
     }
@@ -267,12 +316,12 @@ mod tests {
 
     #[test]
     fn drafts_are_as_long_as_their_acceptance_pays_for() {
-        let lengths = [0.05, 0.3, 0.6, 0.8, 0.9, 0.95].map(worth_drafting);
+        let lengths = [0.05, 0.3, 0.6, 0.8, 0.9, 0.95].map(|p| worth_drafting(p, DRAFT_COST));
         assert_eq!(lengths, [0, 1, 2, 3, 6, MAX_DRAFT]);
         // A loop drafts whole turns of itself, as many tokens as the odds of its 3-gram
         // match are worth: one at first, more once drafts were accepted, fewer after some
         // were refused.
-        let mut d = Drafter::new(&[1, 2, 1, 2, 1, 2, 1]);
+        let mut d = Drafter::new(&[1, 2, 1, 2, 1, 2, 1], DRAFT_COST);
         assert_eq!(d.propose(8), [2]);
         d.verified(1, 1);
         assert_eq!(d.propose(8), [2, 1]);
@@ -282,14 +331,14 @@ mod tests {
         d.verified(3, 1);
         assert_eq!(d.propose(8).len(), 2);
         // The odds are kept per n-gram length: a 1-gram match starts afresh.
-        let mut d = Drafter::new(&[7, 1, 2, 3, 4, 5]);
+        let mut d = Drafter::new(&[7, 1, 2, 3, 4, 5], DRAFT_COST);
         d.push(7);
         assert_eq!(d.propose(8), [1]);
     }
 
     #[test]
     fn refused_drafts_stop_drafting_for_longer_and_longer() {
-        let mut d = Drafter::new(&[1, 2, 1, 2, 1, 2, 1]);
+        let mut d = Drafter::new(&[1, 2, 1, 2, 1, 2, 1], DRAFT_COST);
         for _ in 0..MISSES {
             assert_eq!(d.propose(8).len(), 1);
             d.verified(1, 0);
@@ -307,5 +356,29 @@ mod tests {
         d.paused = 0;
         d.verified(1, 1);
         assert_eq!(d.pause, FIRST_PAUSE, "a kept token resets the pause");
+    }
+
+    /// The cheaper a drafted token, the longer the drafts worth making at the same odds, and
+    /// none pays when a drafted token costs a whole step at even odds.
+    #[test]
+    fn cheaper_drafted_tokens_make_longer_drafts_worth_it() {
+        let lengths: Vec<usize> = [1.0, 0.25, 0.07, 0.02]
+            .into_iter()
+            .map(|cost| worth_drafting(0.7, cost))
+            .collect();
+        assert!(lengths.windows(2).all(|w| w[0] <= w[1]), "{lengths:?}");
+        assert!(lengths[0] < lengths[3], "{lengths:?}");
+        assert_eq!(worth_drafting(0.5, 1.0), 0);
+        assert_eq!(worth_drafting(0.99, 0.02), MAX_DRAFT);
+    }
+
+    /// The measured cost is a share of a step within the bounds the drafter can use, and
+    /// leaves no trace in the model.
+    #[test]
+    fn the_draft_cost_is_measured_on_the_model() {
+        let g = crate::gguf::testutil::test_model();
+        let model = Model::from_gguf(g, crate::model::LoadOptions::default()).unwrap();
+        let cost = draft_cost(&model);
+        assert!((0.02..=1.0).contains(&cost), "{cost}");
     }
 }
