@@ -844,16 +844,20 @@ impl Worker {
     /// logits samples its next token, or, after drafted tokens, its next few.
     fn step(&mut self) {
         let ctx_len = self.model.config.ctx_len;
+        let decodes =
+            |s: &Sequence| s.next.is_some() && s.cache.len() == s.context_len() && !s.padding;
+        let decoding = self.running.iter().filter(|s| decodes(s)).count();
         for s in self.running.iter_mut() {
             s.draft.clear();
-            let decodes = s.next.is_some() && s.cache.len() == s.context_len() && !s.padding;
             // The step emits a drafted token's successor too: none past max_tokens, and
             // every position within the sequence's reservation and the context.
             let left = s.job.request.max_tokens.saturating_sub(s.generated);
             let room = s.worst.min(ctx_len).saturating_sub(s.context_len() + 1);
-            if let Some(d) = s.drafter.as_mut().filter(|_| decodes) {
+            if decodes(s)
+                && let Some(d) = s.drafter.as_mut()
+            {
                 s.draft
-                    .extend_from_slice(d.propose(left.saturating_sub(1).min(room)));
+                    .extend_from_slice(d.propose(left.saturating_sub(1).min(room), decoding));
             }
         }
         let progress: Vec<Progress> = self
