@@ -431,7 +431,7 @@ fn cached(path: &Path, key: &str, choices: &[Choice]) -> Option<(Choice, Vec<Tim
     let known = |kernel: &str, prefetch: &str| {
         let c = Choice {
             kernel: Kernel::from_name(kernel).ok()?,
-            prefetch: Prefetch::from_name(prefetch).ok()?,
+            prefetch: Prefetch::from_name(prefetch)?,
         };
         choices.contains(&c).then_some(c)
     };

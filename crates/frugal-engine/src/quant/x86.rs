@@ -11,9 +11,9 @@
 
 use std::arch::x86_64::*;
 
-use super::Prefetch;
 use super::blocks::QK;
 use super::packed::{MAX_NB, PackKind, Sums, TILE, TileCall, TileGeom};
+use super::prefetch::Prefetch;
 use super::wide::Wide;
 
 /// Software prefetch distance into L1 ([`Prefetch::L1`]), in blocks of the tile being
