@@ -526,7 +526,8 @@ struct Worker {
     /// measured on a throwaway sequence when the batch first holds more than one.
     solo_decode: Option<Duration>,
     /// What a drafted token adds to a step, as a share of it: measured when the worker
-    /// starts to run, if it speculates (`speculate::draft_cost`).
+    /// starts to run, if it speculates (`speculate::draft_cost`), then followed on the
+    /// steps of a lone sequence with drafts (`speculate::learn_cost`).
     draft_cost: f32,
 }
 
@@ -910,6 +911,12 @@ impl Worker {
             self.solo_decode = Some(self.solo_decode.map_or(elapsed, |s| {
                 s.mul_f64(1.0 - SOLO_WEIGHT) + elapsed.mul_f64(SOLO_WEIGHT)
             }));
+        }
+        // A lone sequence's step with drafts: what they cost at this context and load.
+        if let ([(_, Part::Decode { drafts, .. }, _)], Some(solo)) = (&plan[..], self.solo_decode)
+            && *drafts > 0
+        {
+            self.draft_cost = speculate::learn_cost(self.draft_cost, solo, elapsed, *drafts);
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         self.stats

@@ -249,6 +249,21 @@ pub fn draft_cost(model: &Model) -> f32 {
     (extra / one.as_secs_f32().max(1e-9)).clamp(0.02, 1.0)
 }
 
+/// Weight of the newest step in [`learn_cost`]'s moving average.
+const COST_WEIGHT: f32 = 0.05;
+
+/// `cost` moved towards what a step of one sequence with `drafts` drafted tokens that took
+/// `elapsed` says a drafted token costs, against `solo`, the plain step's moving average:
+/// the measurement at start was at a short context, and the machine's load moves.
+pub fn learn_cost(cost: f32, solo: Duration, elapsed: Duration, drafts: usize) -> f32 {
+    let plain = solo.as_secs_f32();
+    if plain <= 0.0 || drafts == 0 {
+        return cost;
+    }
+    let seen = (elapsed.as_secs_f32() - plain) / plain / drafts as f32;
+    (cost + COST_WEIGHT * (seen.clamp(0.02, 1.0) - cost)).clamp(0.02, 1.0)
+}
+
 /// The draft length that makes the most tokens per unit of step time when each drafted
 /// token is accepted with chance `odds` after the ones before it: 1 + p + ... + p^k tokens
 /// for 1 + k * `cost` of a step; none when no draft beats plain decoding.
@@ -392,5 +407,21 @@ mod tests {
         let prompt = [1, 2, 1, 2, 1, 2, 1];
         assert_eq!(Drafter::new(&prompt, DRAFT_COST).propose(8, 1), [2]);
         assert!(Drafter::new(&prompt, DRAFT_COST).propose(8, 8).is_empty());
+    }
+
+    /// The cost follows the steps it sees, a little per step, within its bounds.
+    #[test]
+    fn the_cost_follows_the_steps() {
+        let ms = Duration::from_millis;
+        // Steps of 10 ms plain that take 14 ms with 2 drafts: 0.2 per drafted token.
+        let mut cost = 0.5;
+        for _ in 0..200 {
+            cost = learn_cost(cost, ms(10), ms(14), 2);
+        }
+        assert!((cost - 0.2).abs() < 0.01, "{cost}");
+        // Noise faster than a plain step, or a stall, stays within bounds.
+        assert_eq!(learn_cost(0.02, ms(10), ms(5), 3), 0.02);
+        assert!(learn_cost(0.2, ms(10), ms(1000), 1) < 0.25);
+        assert_eq!(learn_cost(0.3, Duration::ZERO, ms(5), 1), 0.3);
     }
 }
