@@ -537,7 +537,10 @@ mod tests {
         for _ in 0..during {
             meter.record(row("m", Money::from_nanos(2), None, None));
         }
-        assert_eq!(meter.health().undurable(), 0);
+        // Had the frozen ledger held them, every one would have waited past DURABLE_WAIT;
+        // a journal write slowed past 50 ms by other load on a shared machine is not that.
+        let undurable = meter.health().undurable();
+        assert!(undurable < during / 10, "{undurable} of {during} waited");
         assert!(Journal::open(&journal).unwrap().rows() >= during);
         // A killed gateway leaves its journal behind; close returns without the ledger.
         meter.close();
