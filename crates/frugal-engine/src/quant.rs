@@ -809,12 +809,8 @@ pub fn matmul_with_scratch(
     pool: &rayon::ThreadPool,
     scratch: &mut Scratch,
 ) -> Result<(), QuantError> {
-    let input = scratch.prepare(x, batch, w.cols, needs_q8(w), Some(pool), Kernel::active())?;
-    matmul_input(w, &input, out, pool)
-}
-
-fn needs_q8(w: &QMatrix) -> bool {
-    matches!(w.repr, Repr::Packed(_))
+    let (kernel, prefetch) = (Kernel::active(), Prefetch::active());
+    matmul_with_kernel(w, x, batch, out, pool, scratch, kernel, prefetch)
 }
 
 /// [`matmul_with_scratch`] on `kernel` prefetching as `prefetch` says, which also quantizes
@@ -831,11 +827,9 @@ pub fn matmul_with_kernel(
     kernel: Kernel,
     prefetch: Prefetch,
 ) -> Result<(), QuantError> {
-    let input = scratch.prepare(x, batch, w.cols, needs_q8(w), Some(pool), kernel)?;
-    let isa = kernel.isa().ok_or(QuantError::KernelUnavailable(kernel))?;
-    check_shapes(w, &input, w.rows, out.len())?;
-    let mut out = StripedOut::new(out, w.rows);
-    run(w, &input, 0..w.rows, &mut out, Some(pool), (isa, prefetch))
+    let needs_q8 = matches!(w.repr, Repr::Packed(_));
+    let input = scratch.prepare(x, batch, w.cols, needs_q8, Some(pool), kernel)?;
+    matmul_input_tuned(w, &input, out, pool, kernel, prefetch)
 }
 
 /// [`matmul`] on prepared activations (quantized once, used for several matrices).
@@ -856,17 +850,21 @@ pub fn matmul_input_with_kernel(
     pool: &rayon::ThreadPool,
     kernel: Kernel,
 ) -> Result<(), QuantError> {
+    matmul_input_tuned(w, input, out, pool, kernel, Prefetch::active())
+}
+
+fn matmul_input_tuned(
+    w: &QMatrix,
+    input: &Input<'_>,
+    out: &mut [f32],
+    pool: &rayon::ThreadPool,
+    kernel: Kernel,
+    prefetch: Prefetch,
+) -> Result<(), QuantError> {
     let isa = kernel.isa().ok_or(QuantError::KernelUnavailable(kernel))?;
     check_shapes(w, input, w.rows, out.len())?;
     let mut out = StripedOut::new(out, w.rows);
-    run(
-        w,
-        input,
-        0..w.rows,
-        &mut out,
-        Some(pool),
-        (isa, Prefetch::active()),
-    )
+    run(w, input, 0..w.rows, &mut out, Some(pool), (isa, prefetch))
 }
 
 /// Only output rows `rows` of `W x`, on the calling thread: `out` is `batch` x `rows.len()`,

@@ -655,20 +655,16 @@ fn prefetch_block(tile: *const u8, geom: TileGeom, kind: PackKind, k: usize, pf:
     let scales = tile.wrapping_add(geom.block_scales(kind, k + ahead));
     // SAFETY: `prefetcht0` / `prefetcht1` need only SSE, part of the x86-64 baseline, and are
     // hints that never fault and read no memory architecturally, whatever the address.
-    unsafe {
-        let mut l = 0;
-        while l < qb {
-            match pf {
-                Prefetch::L1 => _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(l).cast()),
-                Prefetch::L2 => _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(l).cast()),
-            }
-            l += 64;
-        }
+    let fetch = |p: *const u8| unsafe {
         match pf {
-            Prefetch::L1 => _mm_prefetch::<_MM_HINT_T0>(scales.cast()),
-            Prefetch::L2 => _mm_prefetch::<_MM_HINT_T1>(scales.cast()),
+            Prefetch::L1 => _mm_prefetch::<_MM_HINT_T0>(p.cast()),
+            Prefetch::L2 => _mm_prefetch::<_MM_HINT_T1>(p.cast()),
         }
+    };
+    for l in (0..qb).step_by(64) {
+        fetch(at.wrapping_add(l));
     }
+    fetch(scales);
 }
 
 /// # Safety
